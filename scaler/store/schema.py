@@ -1,0 +1,119 @@
+"""The store's tables. Alembic revisions in ``migrations/`` create and change them."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+# Bucket widths, in steps, of the pre-aggregated levels charts read from.
+ROLLUP_LEVELS: dict[int, int] = {1: 64, 2: 4096, 3: 262144}
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("uid", String(32), nullable=False, unique=True),
+    Column("name", String(200), nullable=False),
+    Column("status", String(16), nullable=False),  # running | finished | crashed
+    Column("world_size", Integer, nullable=False),
+    Column("config", JSON, nullable=False),  # the scaler's constructor configuration
+    Column("control", JSON, nullable=False),  # values in effect, see scaler.store.control
+    Column("control_version", Integer, nullable=False, default=0),
+    Column("torch_version", String(64), nullable=False),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("ended_at", Float, nullable=True),
+    Column("heartbeat_at", Float, nullable=False),
+    Column("last_step", Integer, nullable=False, default=0),
+    Column("dropped", Integer, nullable=False, default=0),  # telemetry records lost
+)
+
+steps = Table(
+    "steps",
+    metadata,
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+    Column("step", Integer, primary_key=True),
+    Column("wall_time", Float, nullable=False),
+    Column("scale", Float, nullable=False),  # scale used this step
+    Column("overflow", Boolean, nullable=False),
+    Column("skipped", Boolean, nullable=False),
+    Column("inf_ranks", String, nullable=False),  # "1,3"; "" when none
+    Column("scale_after", Float, nullable=False),
+    Column("growth_tracker", Integer, nullable=False),  # after the update
+    Column("growth_interval", Integer, nullable=False),
+    Column("growth_factor", Float, nullable=False),
+    Column("backoff_factor", Float, nullable=False),
+    Column("control_version", Integer, nullable=False),
+)
+
+# Overflow steps, for keyset paging and chart markers without scanning steps.
+Index("ix_steps_overflow", steps.c.run_id, steps.c.step, sqlite_where=steps.c.overflow)
+
+step_rollups = Table(
+    "step_rollups",
+    metadata,
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+    Column("level", Integer, primary_key=True),  # key of ROLLUP_LEVELS
+    Column("bucket", Integer, primary_key=True),  # step // width
+    Column("first_step", Integer, nullable=False),
+    Column("last_step", Integer, nullable=False),
+    Column("n", Integer, nullable=False),
+    Column("scale_min", Float, nullable=False),
+    Column("scale_max", Float, nullable=False),
+    Column("scale_last", Float, nullable=False),  # scale_after of last_step
+    Column("tracker_min", Integer, nullable=False),
+    Column("tracker_max", Integer, nullable=False),
+    Column("tracker_last", Integer, nullable=False),
+    Column("overflows", Integer, nullable=False),
+    Column("skipped", Integer, nullable=False),
+)
+
+control_requests = Table(
+    "control_requests",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("values", JSON, nullable=False),  # the fields requested, e.g. {"growth_interval": 500}
+    Column("source", String(16), nullable=False),  # api | cli | code
+    Column("requested_by", String(200), nullable=False),
+    Column("requested_at", Float, nullable=False),
+    Column("status", String(16), nullable=False),  # pending | applied | rejected
+    Column("applied_step", Integer, nullable=True),
+    Column("applied_at", Float, nullable=True),
+    Column("reason", Text, nullable=True),
+    Index("ix_control_requests_run_status", "run_id", "status"),
+)
+
+telemetry_gaps = Table(
+    "telemetry_gaps",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("first_step", Integer, nullable=False),
+    Column("last_step", Integer, nullable=False),
+    Column("dropped", Integer, nullable=False),
+    Column("recorded_at", Float, nullable=False),
+    Column("reason", Text, nullable=False),
+)
