@@ -1,0 +1,1 @@
+"""Revisions of the scalewatch store, oldest first by ``down_revision``."""

@@ -1,0 +1,198 @@
+"""Opening a store: the SQLAlchemy engine, SQLite pragmas, and upgrading to the Alembic head.
+
+>>> store = open_store("sqlite:////tmp/example.db")  # created and upgraded if needed
+>>> store.engine.dialect.name
+'sqlite'
+>>> store.close()
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, create_engine, event, make_url
+
+import migrations
+
+ENV_VAR = "SCALEWATCH_DB"
+DEFAULT_URL = "sqlite:///scalewatch.db"
+BUSY_TIMEOUT_MS = 30_000
+
+_PRAGMAS = (
+    # busy_timeout first: switching a fresh file to WAL needs a lock another process may hold.
+    f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}",
+    "PRAGMA journal_mode = WAL",
+    "PRAGMA synchronous = NORMAL",
+    "PRAGMA foreign_keys = ON",
+)
+
+
+def default_url() -> str:
+    """``$SCALEWATCH_DB`` when set, else ``sqlite:///scalewatch.db`` (relative to the cwd)."""
+    return os.environ.get(ENV_VAR) or DEFAULT_URL
+
+
+class Store:
+    """An open store: a SQLAlchemy engine on one SQLite database at the Alembic head.
+
+    Writers use :meth:`write`, which takes SQLite's write lock up front (``BEGIN
+    IMMEDIATE``), so a write transaction never fails half-way on a lock upgrade.
+    """
+
+    def __init__(self, url: str, engine: Engine) -> None:
+        self.url = url
+        self.engine = engine
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A connection in a read transaction (one consistent snapshot), rolled back after."""
+        with self.engine.connect() as conn:
+            yield conn
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        """A connection in a write transaction: committed on success, rolled back on error."""
+        with self.engine.connect() as conn:
+            conn.execution_options(sqlite_begin="IMMEDIATE")
+            with conn.begin():
+                yield conn
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def make_engine(url: str) -> Engine:
+    """An engine on a SQLite ``url`` whose every connection has the store's pragmas.
+
+    Transactions are begun by SQLAlchemy itself (the driver's implicit BEGIN skips DDL),
+    as ``BEGIN`` or, with the execution option ``sqlite_begin="IMMEDIATE"``, ``BEGIN
+    IMMEDIATE``.
+    """
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        raise ValueError(f"a scalewatch store is a SQLite database; got {url!r}")
+    database = parsed.database or ""
+    if database and database != ":memory:" and not database.startswith("file:"):
+        parent = Path(database).expanduser().absolute().parent
+        if not parent.is_dir():
+            raise FileNotFoundError(
+                f"cannot open the store {url!r}: the directory {str(parent)!r} does not exist"
+            )
+    engine = create_engine(url)
+    event.listen(engine, "connect", _on_connect)
+    event.listen(engine, "begin", _on_begin)
+    return engine
+
+
+def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        for pragma in _PRAGMAS:
+            cursor.execute(pragma)
+    finally:
+        cursor.close()
+
+
+def _on_begin(conn: Connection) -> None:
+    mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
+    conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def _alembic_config(connection: Connection | None = None) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    """The revision the installed migrations lead to."""
+    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+    if head is None:
+        raise RuntimeError("the installed migrations package has no revisions")
+    return head
+
+
+def _current_revision(conn: Connection) -> str | None:
+    return MigrationContext.configure(conn).get_current_revision()
+
+
+@contextmanager
+def _migration_lock(engine: Engine) -> Iterator[Connection]:
+    # SQLite's write lock serialises migrations across processes; whoever waits for it
+    # re-reads the version inside the lock and finds the work already done.
+    with engine.connect() as conn:
+        conn.execution_options(sqlite_begin="IMMEDIATE")
+        with conn.begin():
+            yield conn
+
+
+def upgrade_engine(engine: Engine) -> str:
+    """Upgrade the database behind ``engine`` to the head revision; return the head."""
+    head = head_revision()
+    with engine.connect() as conn:
+        if _current_revision(conn) == head:
+            return head
+    with _migration_lock(engine) as conn:
+        if _current_revision(conn) != head:
+            command.upgrade(_alembic_config(conn), "head")
+    return head
+
+
+def upgrade(url: str | None = None) -> str:
+    """Create or upgrade the store at ``url`` (default: :func:`default_url`); return the head."""
+    engine = make_engine(url or default_url())
+    try:
+        return upgrade_engine(engine)
+    finally:
+        engine.dispose()
+
+
+def downgrade(url: str | None = None, revision: str = "base") -> None:
+    """Downgrade the store at ``url`` to ``revision`` (``"base"``: no tables at all)."""
+    engine = make_engine(url or default_url())
+    try:
+        with _migration_lock(engine) as conn:
+            command.downgrade(_alembic_config(conn), revision)
+    finally:
+        engine.dispose()
+
+
+def open_store(url: str | None = None) -> Store:
+    """Open the store at ``url`` (default: :func:`default_url`), upgrading it to the head.
+
+    Safe when several processes open the same new file at the same moment.
+    """
+    resolved = url or default_url()
+    engine = make_engine(resolved)
+    try:
+        upgrade_engine(engine)
+    except BaseException:
+        engine.dispose()
+        raise
+    return Store(resolved, engine)
