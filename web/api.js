@@ -1,0 +1,93 @@
+// The service's HTTP API (docs/ARCHITECTURE.md). Paths are relative so the
+// dashboard also works behind a reverse proxy under a prefix.
+
+export class ApiError extends Error {
+  constructor(status, detail) {
+    super(typeof detail === "string" ? detail : `HTTP ${status}`);
+    this.status = status;
+    this.detail = detail;
+  }
+}
+
+async function readDetail(response) {
+  try {
+    const body = await response.json();
+    return body && "detail" in body ? body.detail : body;
+  } catch {
+    return response.statusText || `HTTP ${response.status}`;
+  }
+}
+
+export async function getJSON(url, { signal } = {}) {
+  const response = await fetch(url, { signal, headers: { Accept: "application/json" } });
+  if (!response.ok) throw new ApiError(response.status, await readDetail(response));
+  return response.json();
+}
+
+export async function postJSON(url, body, token) {
+  const response = await fetch(url, {
+    method: "POST",
+    headers: {
+      Accept: "application/json",
+      "Content-Type": "application/json",
+      Authorization: `Bearer ${token}`,
+    },
+    body: JSON.stringify(body),
+  });
+  if (!response.ok) throw new ApiError(response.status, await readDetail(response));
+  return response.json();
+}
+
+const enc = encodeURIComponent;
+
+export const paths = {
+  runs: () => "api/runs",
+  run: (id) => `api/runs/${enc(id)}`,
+  steps: (id, { start, end, maxPoints } = {}) => {
+    const query = new URLSearchParams();
+    if (start !== undefined && start !== null) query.set("start", String(start));
+    if (end !== undefined && end !== null) query.set("end", String(end));
+    if (maxPoints) query.set("max_points", String(maxPoints));
+    const text = query.toString();
+    return `api/runs/${enc(id)}/steps${text ? `?${text}` : ""}`;
+  },
+  overflows: (id, after, limit) => {
+    const query = new URLSearchParams({ limit: String(limit) });
+    if (after !== null && after !== undefined) query.set("after", String(after));
+    return `api/runs/${enc(id)}/overflows?${query}`;
+  },
+  stream: (id) => `api/runs/${enc(id)}/stream`,
+  control: (id) => `api/runs/${enc(id)}/control`,
+  exportFile: (id, what, format) =>
+    `api/runs/${enc(id)}/export?what=${enc(what)}&format=${enc(format)}`,
+};
+
+// 422 bodies: FastAPI's list of {loc, msg} or a {field: message} mapping,
+// possibly under "errors". Returns [fieldMessages, generalMessages].
+export function fieldErrors(detail, fields) {
+  const byField = {};
+  const general = [];
+  const add = (field, message) => {
+    if (fields.includes(field)) byField[field] = byField[field] ? `${byField[field]}; ${message}` : message;
+    else general.push(field ? `${field}: ${message}` : message);
+  };
+  if (Array.isArray(detail)) {
+    for (const item of detail) {
+      if (item && typeof item === "object") {
+        const loc = Array.isArray(item.loc) ? item.loc : [];
+        const field = [...loc].reverse().find((part) => fields.includes(part));
+        add(field || loc.filter((p) => p !== "body").join("."), String(item.msg ?? item.message ?? ""));
+      } else {
+        general.push(String(item));
+      }
+    }
+  } else if (detail && typeof detail === "object") {
+    const errors = detail.errors && typeof detail.errors === "object" ? detail.errors : detail;
+    for (const [field, message] of Object.entries(errors)) {
+      add(field, Array.isArray(message) ? message.join("; ") : String(message));
+    }
+  } else if (detail) {
+    general.push(String(detail));
+  }
+  return [byField, general];
+}

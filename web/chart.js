@@ -1,0 +1,418 @@
+// The run's charts: loss scale (log axis) over the growth tracker and the
+// rolling skipped-step rate, one shared step axis. Buckets come from
+// /steps (min, max, last per bucket, so no spike is ever averaged away); live
+// steps are appended with Plotly.extendTraces; zoom re-queries finer buckets.
+
+import { getJSON, paths } from "./api.js";
+
+const Plotly = window.Plotly;
+
+const T = {
+  scaleMax: 0,
+  scaleMin: 1,
+  scaleLast: 2,
+  overflows: 3,
+  trackerMax: 4,
+  trackerMin: 5,
+  trackerLast: 6,
+  skipRate: 7,
+};
+const LINE_TRACES = [
+  T.scaleMax,
+  T.scaleMin,
+  T.scaleLast,
+  T.trackerMax,
+  T.trackerMin,
+  T.trackerLast,
+  T.skipRate,
+];
+const MIN_WINDOW = 200; // steps in the rolling skipped-step rate
+const REQUERY_DELAY_MS = 300;
+const FLUSH_MS = 100;
+const COMPACT_AFTER = 5000; // live points appended before the whole run is re-bucketed
+const OVERFLOW_PAGE = 1000;
+
+// Skipped steps over the last `window` steps, fed bucket by bucket.
+class RollingRate {
+  constructor(window) {
+    this.window = window;
+    this.entries = [];
+    this.head = 0;
+    this.n = 0;
+    this.skipped = 0;
+  }
+
+  push(lastStep, n, skipped) {
+    this.entries.push([lastStep, n, skipped]);
+    this.n += n;
+    this.skipped += skipped;
+    while (this.head < this.entries.length - 1 && this.entries[this.head][0] <= lastStep - this.window) {
+      const [, oldN, oldSkipped] = this.entries[this.head];
+      this.n -= oldN;
+      this.skipped -= oldSkipped;
+      this.head += 1;
+    }
+    if (this.head > 4096) {
+      this.entries = this.entries.slice(this.head);
+      this.head = 0;
+    }
+    return this.n > 0 ? this.skipped / this.n : 0;
+  }
+}
+
+function emptyColumns() {
+  return { x: [], scaleMin: [], scaleMax: [], scaleLast: [], trMin: [], trMax: [], trLast: [], rate: [], cdScale: [], cdTracker: [] };
+}
+
+// One live step row, as its own one-step bucket.
+function stepAsBucket(row) {
+  const used = Number(row.scale);
+  const after = Number(row.scale_after);
+  return {
+    first_step: row.step,
+    last_step: row.step,
+    n: 1,
+    scale_min: Math.min(used, after),
+    scale_max: Math.max(used, after),
+    scale_last: after,
+    tracker_min: row.growth_tracker,
+    tracker_max: row.growth_tracker,
+    tracker_last: row.growth_tracker,
+    skipped: row.skipped ? 1 : 0,
+  };
+}
+
+function overflowPoint(item) {
+  const ranks = (item.inf_ranks || []).join(", ") || "none recorded";
+  return { x: item.step, y: item.scale, cd: [item.scale_after, ranks] };
+}
+
+export class RunChart {
+  constructor(node, runId, { onInfo, onError } = {}) {
+    this.node = node;
+    this.runId = runId;
+    this.onInfo = onInfo || (() => {});
+    this.onError = onError || (() => {});
+    this.view = null; // null: the whole run; else [start, end] in steps
+    this.lastStep = -1; // last step drawn
+    this.pending = []; // live step rows not drawn yet
+    this.loading = null; // AbortController of the bucket query in flight
+    this.ready = false;
+    this.appended = 0;
+    this.rate = new RollingRate(MIN_WINDOW);
+    this.bucketWidth = 1;
+    this.overflowSteps = new Set();
+    this.markers = [];
+    this.plotted = false;
+    this.requeryTimer = null;
+    this.flushTimer = null;
+  }
+
+  async start() {
+    await Plotly.newPlot(this.node, this.traces(emptyColumns(), []), this.layout(), {
+      responsive: true,
+      displaylogo: false,
+      modeBarButtonsToRemove: ["lasso2d", "select2d"],
+    });
+    this.node.on("plotly_relayout", (event) => this.onRelayout(event));
+    this.plotted = true;
+    if (this.markers.length) this.applyMarkers();
+    await Promise.all([this.loadBuckets(), this.loadOverflows()]);
+  }
+
+  traces(cols, overflows) {
+    const band = (y, yaxis, name, fill) => ({
+      type: "scatter",
+      mode: "lines",
+      x: cols.x.slice(),
+      y,
+      yaxis,
+      name,
+      line: { width: 0, color: "rgba(11,87,208,0.25)" },
+      fill: fill ? "tonexty" : "none",
+      fillcolor: "rgba(11,87,208,0.18)",
+      hoverinfo: "skip",
+      showlegend: false,
+      customdata: [],
+    });
+    return [
+      band(cols.scaleMax, "y", "scale max", false),
+      { ...band(cols.scaleMin, "y", "scale min–max", true), showlegend: true },
+      {
+        type: "scatter",
+        mode: "lines",
+        name: "scale (last)",
+        x: cols.x.slice(),
+        y: cols.scaleLast,
+        customdata: cols.cdScale,
+        line: { color: "#0b57d0", width: 1.6 },
+        hovertemplate:
+          "steps %{customdata[0]}–%{x}<br>last %{y:.6g}<br>" +
+          "min %{customdata[1]:.6g} · max %{customdata[2]:.6g}<extra>scale</extra>",
+      },
+      {
+        type: "scatter",
+        mode: "markers",
+        name: "overflow",
+        x: overflows.map((p) => p.x),
+        y: overflows.map((p) => p.y),
+        customdata: overflows.map((p) => p.cd),
+        marker: { symbol: "x-thin-open", size: 9, color: "#b42318", line: { width: 2, color: "#b42318" } },
+        hovertemplate:
+          "overflow at step %{x}<br>scale %{y:.6g} → %{customdata[0]:.6g}" +
+          "<br>ranks with inf/NaN: %{customdata[1]}<extra></extra>",
+      },
+      {
+        ...band(cols.trMax, "y2", "tracker max", false),
+        line: { width: 0, color: "rgba(26,127,55,0.25)" },
+      },
+      {
+        ...band(cols.trMin, "y2", "tracker min", true),
+        line: { width: 0, color: "rgba(26,127,55,0.25)" },
+        fillcolor: "rgba(26,127,55,0.18)",
+      },
+      {
+        type: "scatter",
+        mode: "lines",
+        name: "growth tracker",
+        x: cols.x.slice(),
+        y: cols.trLast,
+        yaxis: "y2",
+        customdata: cols.cdTracker,
+        line: { color: "#1a7f37", width: 1.4, shape: "hv" },
+        hovertemplate: "steps %{customdata[0]}–%{x}<br>tracker %{y}<extra></extra>",
+      },
+      {
+        type: "scatter",
+        mode: "lines",
+        name: "skipped-step rate",
+        x: cols.x.slice(),
+        y: cols.rate,
+        yaxis: "y3",
+        customdata: [],
+        line: { color: "#8a5300", width: 1.4 },
+        hovertemplate: "step %{x}<br>skipped %{y:.2%}<extra></extra>",
+      },
+    ];
+  }
+
+  layout() {
+    return {
+      uirevision: "keep",
+      autosize: true,
+      margin: { l: 70, r: 16, t: 36, b: 44 },
+      font: { family: "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size: 12 },
+      hovermode: "closest",
+      legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },
+      xaxis: { title: { text: "step" }, anchor: "y3", showspikes: true, spikemode: "across", spikethickness: 1 },
+      yaxis: { type: "log", title: { text: "loss scale" }, domain: [0.44, 1], fixedrange: true, exponentformat: "power", anchor: "x" },
+      yaxis2: { title: { text: "tracker" }, domain: [0.23, 0.4], fixedrange: true, rangemode: "tozero", anchor: "x" },
+      yaxis3: { title: { text: "skipped" }, domain: [0, 0.19], fixedrange: true, rangemode: "tozero", tickformat: ".0%", anchor: "x" },
+      shapes: [],
+      annotations: [],
+    };
+  }
+
+  onRelayout(event) {
+    if (event["xaxis.autorange"] || event.autosize) {
+      if (event["xaxis.autorange"]) this.setView(null);
+      return;
+    }
+    let range = null;
+    if ("xaxis.range[0]" in event && "xaxis.range[1]" in event) {
+      range = [event["xaxis.range[0]"], event["xaxis.range[1]"]];
+    } else if (Array.isArray(event["xaxis.range"])) {
+      range = event["xaxis.range"];
+    }
+    if (range) this.setView([Math.max(0, Math.floor(range[0])), Math.ceil(range[1])]);
+  }
+
+  setView(view) {
+    this.view = view;
+    clearTimeout(this.requeryTimer);
+    this.requeryTimer = setTimeout(() => {
+      this.loadBuckets().catch((error) => this.onError(error));
+    }, REQUERY_DELAY_MS);
+  }
+
+  maxPoints() {
+    return Math.min(4000, Math.max(100, Math.round(this.node.clientWidth || 1000)));
+  }
+
+  async loadBuckets() {
+    if (this.loading) this.loading.abort();
+    const controller = new AbortController();
+    this.loading = controller;
+    const view = this.view;
+    try {
+      const body = await getJSON(
+        paths.steps(this.runId, {
+          start: view ? view[0] : undefined,
+          end: view ? view[1] : undefined,
+          maxPoints: this.maxPoints(),
+        }),
+        { signal: controller.signal },
+      );
+      if (controller.signal.aborted) return;
+      await this.drawBuckets(body);
+    } catch (error) {
+      if (error.name !== "AbortError") throw error;
+    } finally {
+      if (this.loading === controller) this.loading = null;
+    }
+    this.scheduleFlush();
+  }
+
+  async drawBuckets(body) {
+    const s = body.series;
+    this.bucketWidth = Math.max(1, Number(body.bucket_width) || 1);
+    this.rate = new RollingRate(Math.max(MIN_WINDOW, this.bucketWidth));
+    const cols = emptyColumns();
+    for (let i = 0; i < s.last_step.length; i += 1) {
+      this.addBucket(cols, {
+        first_step: s.first_step[i],
+        last_step: s.last_step[i],
+        n: s.n[i],
+        scale_min: s.scale_min[i],
+        scale_max: s.scale_max[i],
+        scale_last: s.scale_last[i],
+        tracker_min: s.tracker_min[i],
+        tracker_max: s.tracker_max[i],
+        tracker_last: s.tracker_last[i],
+        skipped: s.skipped[i],
+      });
+    }
+    // Live steps after the last bucket still append, also beyond a zoomed view.
+    this.lastStep = cols.x.length ? cols.x[cols.x.length - 1] : -1;
+    this.pending = this.pending.filter((row) => row.step > this.lastStep);
+    this.appended = 0;
+    const fresh = this.traces(cols, []);
+    const update = { x: [], y: [], customdata: [] };
+    for (const index of LINE_TRACES) {
+      update.x.push(fresh[index].x);
+      update.y.push(fresh[index].y);
+      update.customdata.push(fresh[index].customdata);
+    }
+    await Plotly.restyle(this.node, update, LINE_TRACES);
+    const rateTitle = `skipped (last ${this.rate.window} steps)`;
+    if (this.node.layout.yaxis3.title.text !== rateTitle) {
+      await Plotly.relayout(this.node, { "yaxis3.title.text": rateTitle });
+    }
+    this.ready = true;
+    this.updateCounts();
+    this.onInfo({ bucketWidth: this.bucketWidth, view: this.view, points: cols.x.length });
+  }
+
+  addBucket(cols, b) {
+    cols.x.push(b.last_step);
+    cols.scaleMin.push(b.scale_min);
+    cols.scaleMax.push(b.scale_max);
+    cols.scaleLast.push(b.scale_last);
+    cols.cdScale.push([b.first_step, b.scale_min, b.scale_max]);
+    cols.trMin.push(b.tracker_min);
+    cols.trMax.push(b.tracker_max);
+    cols.trLast.push(b.tracker_last);
+    cols.cdTracker.push([b.first_step]);
+    cols.rate.push(this.rate.push(b.last_step, b.n, b.skipped));
+  }
+
+  async loadOverflows() {
+    let after = null;
+    for (;;) {
+      const page = await getJSON(paths.overflows(this.runId, after, OVERFLOW_PAGE));
+      this.appendOverflows(page.items || []);
+      if (page.next === null || page.next === undefined || !(page.items || []).length) break;
+      after = page.next;
+    }
+  }
+
+  appendOverflows(items) {
+    const points = items.filter((item) => !this.overflowSteps.has(item.step)).map(overflowPoint);
+    if (!points.length) return;
+    for (const p of points) this.overflowSteps.add(p.x);
+    Plotly.extendTraces(
+      this.node,
+      { x: [points.map((p) => p.x)], y: [points.map((p) => p.y)], customdata: [points.map((p) => p.cd)] },
+      [T.overflows],
+    );
+  }
+
+  // A step row from the server-sent event stream.
+  addLiveStep(row) {
+    if (row.step <= this.lastStep) return;
+    this.pending.push(row);
+    this.scheduleFlush();
+  }
+
+  scheduleFlush() {
+    if (this.flushTimer === null) this.flushTimer = setTimeout(() => this.flush(), FLUSH_MS);
+  }
+
+  flush() {
+    this.flushTimer = null;
+    if (!this.ready || this.loading || !this.pending.length) return;
+    const rows = this.pending.filter((row) => row.step > this.lastStep).sort((a, b) => a.step - b.step);
+    this.pending = [];
+    if (!rows.length) return;
+    const cols = emptyColumns();
+    for (const row of rows) this.addBucket(cols, stepAsBucket(row));
+    this.lastStep = rows[rows.length - 1].step;
+    const none = () => [];
+    Plotly.extendTraces(
+      this.node,
+      {
+        x: LINE_TRACES.map(() => cols.x),
+        y: [cols.scaleMax, cols.scaleMin, cols.scaleLast, cols.trMax, cols.trMin, cols.trLast, cols.rate],
+        customdata: [none(), none(), cols.cdScale, none(), none(), cols.cdTracker, none()],
+      },
+      LINE_TRACES,
+    );
+    const overflows = rows.filter((row) => row.overflow);
+    if (overflows.length) this.appendOverflows(overflows);
+    this.appended += rows.length;
+    this.updateCounts();
+    if (!this.view && this.appended > COMPACT_AFTER) this.setView(null);
+  }
+
+  // Applied control changes, as vertical dashed lines across all three charts.
+  setMarkers(markers) {
+    const key = JSON.stringify(markers);
+    if (key === this.markersKey) return;
+    this.markersKey = key;
+    this.markers = markers;
+    if (this.plotted) this.applyMarkers();
+  }
+
+  applyMarkers() {
+    const markers = this.markers;
+    const shapes = markers.map((m) => ({
+      type: "line",
+      name: `control-${m.id}`,
+      xref: "x",
+      yref: "paper",
+      x0: m.step,
+      x1: m.step,
+      y0: 0,
+      y1: 1,
+      line: { color: "#6e40c9", width: 1.5, dash: "dash" },
+    }));
+    const annotations = markers.map((m) => ({
+      xref: "x",
+      yref: "paper",
+      x: m.step,
+      y: 1,
+      yanchor: "bottom",
+      text: `#${m.id}`,
+      hovertext: `#${m.id} at step ${m.step}: ${m.label}`,
+      showarrow: false,
+      font: { color: "#6e40c9", size: 11 },
+    }));
+    Plotly.relayout(this.node, { shapes, annotations });
+    this.node.dataset.markers = String(shapes.length);
+  }
+
+  updateCounts() {
+    this.node.dataset.points = String(this.node.data[T.scaleLast].x.length);
+    this.node.dataset.lastStep = String(this.lastStep);
+  }
+}

@@ -1,0 +1,270 @@
+// The control panel: values in effect, the change form, the request history.
+
+import { ApiError, fieldErrors, getJSON, paths, postJSON } from "./api.js";
+import { badge, el, formatNumber, formatTime, formatValues, setText, showAlert } from "./dom.js";
+
+const TOKEN_KEY = "scalewatch.token";
+const PENDING_POLL_MS = 1000;
+
+const FIELDS = [
+  { name: "growth_interval", label: "Growth interval", hint: "Clean steps before the scale grows; integer ≥ 1", integer: true },
+  { name: "growth_factor", label: "Growth factor", hint: "Multiplier on growth; > 1" },
+  { name: "backoff_factor", label: "Backoff factor", hint: "Multiplier on overflow; between 0 and 1" },
+  { name: "scale", label: "Scale", hint: "Set the loss scale now; > 0" },
+  { name: "min_scale", label: "Min scale", hint: "Floor for the scale; > 0" },
+  { name: "max_scale", label: "Max scale", hint: "Ceiling for the scale; ≥ min scale" },
+  { name: "hysteresis", label: "Hysteresis", hint: "Overflows tolerated before backing off; integer ≥ 1", integer: true },
+];
+const FIELD_NAMES = FIELDS.map((f) => f.name);
+
+function storedToken() {
+  try {
+    return sessionStorage.getItem(TOKEN_KEY) || "";
+  } catch {
+    return "";
+  }
+}
+
+function storeToken(token) {
+  try {
+    if (token) sessionStorage.setItem(TOKEN_KEY, token);
+    else sessionStorage.removeItem(TOKEN_KEY);
+  } catch {
+    // Storage disabled: the token is asked for on every change instead.
+  }
+}
+
+export class ControlPanel {
+  constructor(runId, { onMarkers, onError } = {}) {
+    this.runId = runId;
+    this.onMarkers = onMarkers || (() => {});
+    this.onError = onError || (() => {});
+    this.history = new Map();
+    this.state = {};
+    this.pollTimer = null;
+    this.form = document.getElementById("control-form");
+    this.tokenBox = document.getElementById("token-box");
+    this.tokenInput = document.getElementById("token");
+    this.tokenError = document.getElementById("token-error");
+    this.formError = document.getElementById("form-error");
+    this.formNotice = document.getElementById("form-notice");
+    this.submitButton = document.getElementById("control-submit");
+    this.forgetButton = document.getElementById("forget-token");
+    this.inputs = {};
+    this.errors = {};
+    this.buildFields();
+    this.form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      this.submit();
+    });
+    this.forgetButton.addEventListener("click", () => {
+      storeToken("");
+      this.updateTokenUi();
+      this.notice("Token forgotten for this browser session.");
+    });
+    this.updateTokenUi();
+  }
+
+  buildFields() {
+    const box = document.getElementById("control-fields");
+    for (const field of FIELDS) {
+      const id = `f-${field.name}`;
+      const input = el("input", {
+        id,
+        name: field.name,
+        type: "text",
+        inputmode: field.integer ? "numeric" : "decimal",
+        autocomplete: "off",
+        spellcheck: "false",
+        "aria-describedby": `${id}-hint ${id}-error`,
+      });
+      const error = el("p", { class: "field-error", id: `${id}-error`, hidden: true });
+      box.append(
+        el(
+          "div",
+          { class: "field", dataset: { field: field.name } },
+          el("label", { for: id, text: field.label }),
+          input,
+          el("p", { class: "field-hint", id: `${id}-hint`, text: field.hint }),
+          error,
+        ),
+      );
+      this.inputs[field.name] = input;
+      this.errors[field.name] = error;
+    }
+  }
+
+  updateTokenUi(message) {
+    const have = Boolean(storedToken());
+    this.tokenBox.hidden = have && !message;
+    this.forgetButton.hidden = !have;
+    setText(this.tokenError, message || "");
+    this.tokenError.hidden = !message;
+    this.tokenInput.setAttribute("aria-invalid", message ? "true" : "false");
+  }
+
+  async refresh() {
+    const body = await getJSON(paths.control(this.runId));
+    this.renderState(body.state || {});
+    this.history = new Map((body.history || []).map((row) => [row.id, row]));
+    this.renderHistory();
+  }
+
+  // A control event from the run's stream.
+  onEvent(row) {
+    this.history.set(row.id, { ...(this.history.get(row.id) || {}), ...row });
+    this.renderHistory();
+    if (row.status === "applied") this.refresh().catch((error) => this.onError(error));
+  }
+
+  renderState(state) {
+    this.state = state;
+    const list = document.getElementById("control-state");
+    const entries = FIELDS.map((field) => [field.label, state[field.name], field.name]);
+    list.replaceChildren(
+      ...entries.flatMap(([label, value, name]) => [
+        el("dt", { text: label }),
+        el("dd", { dataset: { state: name }, text: name === "scale" && value == null ? "–" : formatNumber(value) }),
+      ]),
+    );
+    setText(
+      document.getElementById("control-version"),
+      state.version !== undefined ? `Control version ${state.version}` : "",
+    );
+    for (const field of FIELDS) {
+      const value = state[field.name];
+      this.inputs[field.name].placeholder = value === null || value === undefined ? "off" : `now ${value}`;
+    }
+  }
+
+  renderHistory() {
+    const rows = [...this.history.values()].sort((a, b) => b.id - a.id);
+    const tbody = document.querySelector("#history tbody");
+    tbody.replaceChildren(
+      ...rows.map((row) =>
+        el(
+          "tr",
+          { dataset: { requestId: row.id, status: row.status } },
+          el("td", { class: "num", text: row.id }),
+          el("td", { text: formatTime(row.requested_at) }),
+          el("td", { text: formatValues(row.values) }),
+          el("td", { text: [row.requested_by, row.source].filter(Boolean).join(" · ") }),
+          el("td", {}, badge(row.status)),
+          el("td", { class: "num", dataset: { cell: "applied-step" }, text: row.applied_step ?? "–" }),
+          el("td", { text: row.reason || "" }),
+        ),
+      ),
+    );
+    document.getElementById("history").dataset.count = String(rows.length);
+    document.getElementById("history-empty").hidden = rows.length > 0;
+    this.onMarkers(
+      rows
+        .filter((row) => row.status === "applied" && row.applied_step !== null && row.applied_step !== undefined)
+        .sort((a, b) => a.id - b.id)
+        .map((row) => ({ id: row.id, step: row.applied_step, label: formatValues(row.values) })),
+    );
+    clearTimeout(this.pollTimer);
+    if (rows.some((row) => row.status === "pending")) {
+      this.pollTimer = setTimeout(() => this.refresh().catch((error) => this.onError(error)), PENDING_POLL_MS);
+    }
+  }
+
+  clearMessages() {
+    for (const name of FIELD_NAMES) this.fieldError(name, "");
+    showAlert(this.formError, "");
+    showAlert(this.formNotice, "");
+  }
+
+  fieldError(name, message) {
+    setText(this.errors[name], message);
+    this.errors[name].hidden = !message;
+    this.inputs[name].setAttribute("aria-invalid", message ? "true" : "false");
+  }
+
+  notice(message) {
+    showAlert(this.formError, "");
+    showAlert(this.formNotice, message);
+  }
+
+  readValues() {
+    const values = {};
+    const bad = {};
+    for (const name of FIELD_NAMES) {
+      const raw = this.inputs[name].value.trim();
+      if (!raw) continue;
+      const number = Number(raw);
+      if (Number.isFinite(number)) values[name] = number;
+      else bad[name] = "Enter a finite number.";
+    }
+    return [values, bad];
+  }
+
+  async submit() {
+    this.clearMessages();
+    const [values, bad] = this.readValues();
+    if (Object.keys(bad).length) {
+      this.showFieldErrors(bad);
+      return;
+    }
+    if (!Object.keys(values).length) {
+      showAlert(this.formError, "Fill in at least one field to change.");
+      return;
+    }
+    const typed = this.tokenInput.value.trim();
+    const token = storedToken() || typed;
+    if (!token) {
+      this.updateTokenUi("Enter the access token to send changes.");
+      this.tokenInput.focus();
+      return;
+    }
+    this.submitButton.disabled = true;
+    try {
+      const row = await postJSON(paths.control(this.runId), values, token);
+      storeToken(token);
+      this.tokenInput.value = "";
+      this.updateTokenUi();
+      for (const name of Object.keys(values)) this.inputs[name].value = "";
+      this.notice(`Request #${row.id} sent (${formatValues(row.values || values)}); it applies at the run's next step.`);
+      this.history.set(row.id, row);
+      this.renderHistory();
+    } catch (error) {
+      this.showRefusal(error);
+    } finally {
+      this.submitButton.disabled = false;
+    }
+  }
+
+  showRefusal(error) {
+    if (!(error instanceof ApiError)) {
+      showAlert(this.formError, `Could not reach the server: ${error.message}`);
+      return;
+    }
+    if (error.status === 401 || error.status === 403) {
+      storeToken("");
+      this.tokenInput.value = "";
+      this.updateTokenUi("The token was refused. Enter it again.");
+      this.tokenInput.focus();
+    } else if (error.status === 409) {
+      showAlert(this.formError, "This run is not running, so it cannot take changes.");
+    } else if (error.status === 404) {
+      showAlert(this.formError, "This run does not exist (any more).");
+    } else if (error.status === 422) {
+      const [byField, general] = fieldErrors(error.detail, FIELD_NAMES);
+      this.showFieldErrors(byField);
+      if (general.length) showAlert(this.formError, `Refused: ${general.join("; ")}`);
+      else if (!Object.keys(byField).length) showAlert(this.formError, "The server refused these values.");
+    } else {
+      const message = typeof error.detail === "string" ? error.detail : error.message;
+      showAlert(this.formError, `The server refused the change (HTTP ${error.status}): ${message}`);
+    }
+  }
+
+  showFieldErrors(byField) {
+    let first = null;
+    for (const [name, message] of Object.entries(byField)) {
+      this.fieldError(name, message);
+      first = first || this.inputs[name];
+    }
+    if (first) first.focus();
+  }
+}

@@ -1,0 +1,148 @@
+// Run page: facts, charts (live over server-sent events), control, export.
+
+import { getJSON, paths } from "./api.js";
+import { RunChart } from "./chart.js";
+import { ControlPanel } from "./control.js";
+import {
+  badge,
+  el,
+  formatAgo,
+  formatCount,
+  formatRate,
+  formatScale,
+  formatTime,
+  setText,
+  showAlert,
+} from "./dom.js";
+
+const DETAIL_POLL_MS = 2000;
+const RECONNECT_MS = 5000;
+
+const runId = new URLSearchParams(window.location.search).get("run");
+const errorBox = document.getElementById("error");
+const live = document.getElementById("live");
+let currentStatus = null;
+let stream = null;
+
+function reportError(error) {
+  showAlert(errorBox, error && error.message ? error.message : String(error));
+}
+
+function setLive(state, text) {
+  live.dataset.state = state;
+  setText(live, text);
+}
+
+function renderDetail(run) {
+  setText(document.getElementById("run-name"), run.name);
+  document.title = `${run.name} · scalewatch`;
+  if (currentStatus !== run.status) {
+    document.getElementById("run-status").replaceChildren(badge(run.status));
+    currentStatus = run.status;
+  }
+  const facts = {
+    world_size: formatCount(run.world_size),
+    steps: formatCount(run.steps),
+    scale: formatScale(run.scale),
+    overflows: formatCount(run.overflows),
+    skipped_rate: formatRate(run.skipped_rate),
+    last_heartbeat: formatAgo(run.last_heartbeat),
+    started_at: formatTime(run.started_at),
+    dropped: formatCount(run.dropped),
+    host: [run.host, run.pid].filter((v) => v !== null && v !== undefined).join(" · ") || "–",
+    torch_version: run.torch_version || "–",
+  };
+  for (const [key, text] of Object.entries(facts)) {
+    setText(document.querySelector(`[data-fact="${key}"]`), text);
+  }
+}
+
+async function pollDetail() {
+  try {
+    renderDetail(await getJSON(paths.run(runId)));
+    if (errorBox.dataset.source === "detail") showAlert(errorBox, "");
+  } catch (error) {
+    errorBox.dataset.source = "detail";
+    reportError(new Error(`Could not load the run: ${error.message}`));
+  } finally {
+    setTimeout(pollDetail, DETAIL_POLL_MS);
+  }
+}
+
+function renderExports() {
+  const box = document.getElementById("exports");
+  for (const what of ["overflows", "steps"]) {
+    for (const format of ["csv", "jsonl"]) {
+      box.append(
+        el("a", {
+          class: "button secondary",
+          href: paths.exportFile(runId, what, format),
+          download: `run-${runId}-${what}.${format}`,
+          dataset: { export: `${what}-${format}` },
+          text: `${what[0].toUpperCase()}${what.slice(1)} · ${format.toUpperCase()}`,
+        }),
+      );
+    }
+  }
+}
+
+// EventSource resumes by itself with Last-Event-ID after a dropped connection;
+// a stream the server refused outright is reopened here after a pause.
+function openStream(chart, panel) {
+  stream = new EventSource(paths.stream(runId));
+  stream.addEventListener("open", () => setLive("live", "live"));
+  stream.addEventListener("step", (event) => chart.addLiveStep(JSON.parse(event.data)));
+  stream.addEventListener("control", (event) => panel.onEvent(JSON.parse(event.data)));
+  stream.addEventListener("end", (event) => {
+    stream.close();
+    let status = "";
+    try {
+      status = JSON.parse(event.data).status || "";
+    } catch {
+      // An end event without a body still ends the stream.
+    }
+    setLive("ended", status ? `not live: run ${status}` : "not live: run ended");
+  });
+  stream.addEventListener("error", () => {
+    if (stream.readyState === EventSource.CLOSED) {
+      if (live.dataset.state === "ended") return;
+      setLive("offline", "disconnected; retrying");
+      setTimeout(() => openStream(chart, panel), RECONNECT_MS);
+    } else {
+      setLive("reconnecting", "reconnecting");
+    }
+  });
+}
+
+async function main() {
+  if (!runId) {
+    setText(document.getElementById("run-name"), "No run selected");
+    showAlert(errorBox, "Open a run from the list of runs.");
+    for (const section of document.querySelectorAll("main section, #facts")) section.hidden = true;
+    setLive("ended", "");
+    return;
+  }
+  if (!window.Plotly) {
+    showAlert(errorBox, "The charting library (vendor/plotly.min.js) did not load.");
+    return;
+  }
+  renderExports();
+  const chartNode = document.getElementById("chart");
+  const info = document.getElementById("chart-info");
+  const chart = new RunChart(chartNode, runId, {
+    onError: reportError,
+    onInfo: ({ bucketWidth, view }) => {
+      const range = view ? `steps ${view[0]}–${view[1]}` : "whole run";
+      setText(info, `${range} · ${bucketWidth === 1 ? "every step" : `buckets of ${bucketWidth} steps`}`);
+    },
+  });
+  const panel = new ControlPanel(runId, {
+    onMarkers: (markers) => chart.setMarkers(markers),
+    onError: reportError,
+  });
+  pollDetail();
+  openStream(chart, panel);
+  await Promise.all([chart.start(), panel.refresh()]);
+}
+
+main().catch(reportError);
