@@ -1,0 +1,210 @@
+"""The ``scalewatch`` command line: ``serve``, ``runs``, ``export``, ``control``, ``db upgrade``.
+
+Each subcommand is one function registered with :func:`command`; a new one is added by
+decorating a function in this module (or in a module imported from :func:`main`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+from app.settings import Settings
+
+__all__ = ["COMMANDS", "Command", "command", "main"]
+
+Arguments = Callable[[argparse.ArgumentParser], None]
+Run = Callable[[argparse.Namespace], int]
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    arguments: Arguments
+    run: Run
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def _db_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db", help="store URL (default: $SCALEWATCH_DB or sqlite:///scalewatch.db)"
+    )
+
+
+def command(name: str, help: str, arguments: Arguments = _db_argument) -> Callable[[Run], Run]:
+    """Register ``run(args) -> exit code`` as the subcommand ``name``."""
+
+    def register(run: Run) -> Run:
+        COMMANDS[name] = Command(name, help, arguments, run)
+        return run
+
+    return register
+
+
+def _settings(args: argparse.Namespace, **overrides: object) -> Settings:
+    values = {key: value for key, value in overrides.items() if value is not None}
+    if getattr(args, "db", None):
+        values["db"] = args.db
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
+    _db_argument(parser)
+    parser.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (default 8765)")
+
+
+@command("serve", "run the service and the dashboard", _serve_arguments)
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.main import create_app
+    from app.serving import BindRefused, prepare
+
+    try:
+        settings = prepare(_settings(args, host=args.host, port=args.port), out=sys.stdout)
+    except BindRefused as refused:
+        print(f"scalewatch serve: {refused}", file=sys.stderr)
+        return 2
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port)
+    return 0
+
+
+def _print_table(rows: list[list[str]], out: TextIO) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip(),
+            file=out,
+        )
+
+
+@command("runs", "list the runs in the store")
+def runs(args: argparse.Namespace) -> int:
+    from scaler.store import queries
+    from scaler.store.engine import open_store
+
+    with open_store(_settings(args).db) as store:
+        infos = queries.list_runs(store)
+    table = [["ID", "NAME", "STATUS", "WORLD", "STEPS", "SCALE", "OVERFLOWS", "SKIPPED"]]
+    for run in infos:
+        scale = "-" if run.scale is None else f"{run.scale:g}"
+        table.append(
+            [
+                str(run.id),
+                run.name,
+                run.status,
+                str(run.world_size),
+                str(run.steps),
+                scale,
+                str(run.overflows),
+                f"{run.skipped_rate:.2%}",
+            ]
+        )
+    _print_table(table, sys.stdout)
+    return 0
+
+
+def _export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", type=int, help="run id")
+    parser.add_argument("--what", choices=["steps", "overflows"], default="steps")
+    parser.add_argument("--format", choices=["csv", "jsonl"], default="csv")
+    parser.add_argument("-o", "--output", help="file to write (default: standard output)")
+    _db_argument(parser)
+
+
+@command("export", "export a run's steps or overflows as CSV or JSON Lines", _export_arguments)
+def export(args: argparse.Namespace) -> int:
+    from app.exports import export_chunks
+    from scaler.store.engine import open_store
+    from scaler.store.queries import run_status
+
+    with open_store(_settings(args).db) as store:
+        if run_status(store, args.run) is None:
+            print(f"scalewatch export: no run {args.run}", file=sys.stderr)
+            return 1
+        chunks = export_chunks(store, args.run, what=args.what, fmt=args.format)
+        if args.output is None:
+            sys.stdout.writelines(chunks)
+        else:
+            with open(args.output, "w", encoding="utf-8", newline="") as out:
+                out.writelines(chunks)
+    return 0
+
+
+CONTROL_OPTIONS: dict[str, type] = {
+    "growth_interval": int,
+    "growth_factor": float,
+    "backoff_factor": float,
+    "scale": float,
+    "min_scale": float,
+    "max_scale": float,
+    "hysteresis": int,
+}
+
+
+def _control_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", type=int, help="run id")
+    for name, kind in CONTROL_OPTIONS.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind)
+    _db_argument(parser)
+
+
+@command("control", "request a change to a running job's scaler", _control_arguments)
+def control(args: argparse.Namespace) -> int:
+    from scaler.store.control import request_control
+
+    from scaler.store.engine import open_store
+    from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning
+
+    values = {name: getattr(args, name) for name in CONTROL_OPTIONS}
+    values = {name: value for name, value in values.items() if value is not None}
+    with open_store(_settings(args).db) as store:
+        try:
+            row = request_control(
+                store, args.run, values, requested_by=getpass.getuser(), source="cli"
+            )
+        except ControlValidationError as refused:
+            for name, message in refused.errors.items():
+                print(f"scalewatch control: {name}: {message}", file=sys.stderr)
+            return 2
+        except (RunNotFound, RunNotRunning) as refused:
+            print(f"scalewatch control: {refused}", file=sys.stderr)
+            return 1
+    print(json.dumps(row.to_dict(), indent=2))
+    return 0
+
+
+def _db_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=["upgrade"], help="upgrade: migrate to the head")
+    _db_argument(parser)
+
+
+@command("db", "manage the store's schema", _db_arguments)
+def db(args: argparse.Namespace) -> int:
+    from scaler.store.engine import upgrade
+
+    url = _settings(args).db
+    print(f"{url}: at revision {upgrade(url)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scalewatch", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for spec in COMMANDS.values():
+        spec.arguments(commands.add_parser(spec.name, help=spec.help, description=spec.help))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return COMMANDS[args.command].run(args)

@@ -1,0 +1,47 @@
+"""Builds the FastAPI application; ``scalewatch serve`` runs it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from app.dashboard import mount_dashboard
+from app.errors import install_error_handlers
+from app.routes import router
+from app.routes.metrics import metrics_registry
+from app.settings import Settings, get_settings
+from scaler.store.engine import open_store
+
+__all__ = ["create_app"]
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The service over the store at ``settings.db`` (default: ``get_settings()``).
+
+    Without a token in the settings every mutating request is refused with 401.
+    """
+    settings = settings if settings is not None else get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = open_store(settings.db)
+        app.state.store = store
+        app.state.metrics = metrics_registry(store)
+        try:
+            yield
+        finally:
+            store.close()
+
+    app = FastAPI(
+        title="scalewatch",
+        summary="Loss-scale telemetry and runtime control of fp16 training runs",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.dependency_overrides[get_settings] = lambda: settings
+    install_error_handlers(app)
+    app.include_router(router)
+    mount_dashboard(app)
+    return app

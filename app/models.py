@@ -1,0 +1,124 @@
+"""Pydantic models of the HTTP API, one per purpose."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, Strict
+
+__all__ = [
+    "ControlRequest",
+    "ControlRequestOut",
+    "ControlView",
+    "Health",
+    "OverflowItem",
+    "OverflowPage",
+    "RunDetail",
+    "RunList",
+    "RunSummary",
+    "SeriesColumns",
+    "StepSeries",
+]
+
+StrictInt = Annotated[int, Strict()]
+# Strict: ``true`` is not a number; an integer is still a valid float.
+StrictFloat = Annotated[float, Strict()]
+
+
+class RunSummary(BaseModel):
+    id: int
+    name: str
+    status: str = Field(description="running, finished or crashed")
+    world_size: int
+    steps: int
+    scale: float | None
+    overflows: int
+    skipped_rate: float
+    last_heartbeat: float
+    started_at: float
+    ended_at: float | None
+
+
+class RunList(BaseModel):
+    runs: list[RunSummary]
+
+
+class RunDetail(RunSummary):
+    config: dict[str, Any]
+    control: dict[str, Any]
+    control_version: int
+    dropped: int
+    torch_version: str
+    host: str
+    pid: int
+
+
+class SeriesColumns(BaseModel):
+    first_step: list[int]
+    last_step: list[int]
+    n: list[int]
+    scale_min: list[float]
+    scale_max: list[float]
+    scale_last: list[float]
+    tracker_min: list[int]
+    tracker_max: list[int]
+    tracker_last: list[int]
+    overflows: list[int]
+    skipped: list[int]
+
+
+class StepSeries(BaseModel):
+    run: int
+    start: int | None
+    end: int | None
+    bucket_width: int = Field(description="steps per bucket; 1 means one step per bucket")
+    series: SeriesColumns
+
+
+class OverflowItem(BaseModel):
+    step: int
+    wall_time: float
+    scale: float
+    scale_after: float
+    inf_ranks: list[int]
+
+
+class OverflowPage(BaseModel):
+    items: list[OverflowItem]
+    next: int | None = Field(description="pass as ?after= for the next page; null at the end")
+
+
+class ControlRequest(BaseModel):
+    """A change to the running scaler; any subset of the fields, applied together."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    growth_interval: StrictInt | None = None
+    growth_factor: StrictFloat | None = None
+    backoff_factor: StrictFloat | None = None
+    scale: StrictFloat | None = None
+    min_scale: StrictFloat | None = None
+    max_scale: StrictFloat | None = None
+    hysteresis: StrictInt | None = None
+
+
+class ControlRequestOut(BaseModel):
+    id: int
+    run_id: int
+    values: dict[str, Any]
+    source: str
+    requested_by: str
+    requested_at: float
+    status: str = Field(description="pending, applied or rejected")
+    applied_step: int | None
+    applied_at: float | None
+    reason: str | None
+
+
+class ControlView(BaseModel):
+    state: dict[str, Any] = Field(description="runs.control plus the current scale and version")
+    history: list[ControlRequestOut]
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"

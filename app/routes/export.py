@@ -1,0 +1,42 @@
+"""Exports of a run's steps or overflows, streamed as CSV or JSON Lines with flat memory."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
+
+from app.deps import StoreDep
+from app.exports import MEDIA_TYPES, export_chunks, export_filename
+from app.routes.runs import check_range, require_run
+
+router = APIRouter(prefix="/api/runs", tags=["export"])
+
+
+@router.get(
+    "/{run}/export",
+    response_class=StreamingResponse,
+    responses={200: {"content": {MEDIA_TYPES["csv"]: {}, MEDIA_TYPES["jsonl"]: {}}}},
+)
+def export(
+    store: StoreDep,
+    run: int,
+    what: Literal["steps", "overflows"] = "steps",
+    format: Literal["csv", "jsonl"] = "csv",
+    start: Annotated[int | None, Query(ge=0)] = None,
+    end: Annotated[int | None, Query(ge=0)] = None,
+) -> StreamingResponse:
+    """Columns: step, wall_time, scale, overflow, skipped, inf_ranks, scale_after,
+    growth_tracker, growth_interval, growth_factor, backoff_factor, control_version.
+
+    Everything is checked before the first byte: a bad request is a 4xx, never a broken 200.
+    """
+    check_range(start, end)
+    info = require_run(store, run)
+    filename = export_filename(info.name, run, what, format)
+    return StreamingResponse(
+        export_chunks(store, run, what=what, fmt=format, start=start, end=end),
+        media_type=MEDIA_TYPES[format],
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+    )

@@ -1,0 +1,71 @@
+"""Prometheus metrics, read from the store at each scrape, and the health check."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from app.models import Health
+from scaler.store import queries
+from scaler.store.engine import Store
+
+router = APIRouter(tags=["metrics"])
+
+LABELS = ["run_id", "run_name"]
+
+
+class StoreCollector(Collector):
+    """One sample per run and metric, labelled by run id and name."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        scale = GaugeMetricFamily("scalewatch_scale", "Current loss scale", labels=LABELS)
+        tracker = GaugeMetricFamily(
+            "scalewatch_growth_tracker",
+            "Clean steps since the last growth or backoff",
+            labels=LABELS,
+        )
+        running = GaugeMetricFamily(
+            "scalewatch_run_running", "1 while the run is running", labels=LABELS
+        )
+        steps = CounterMetricFamily("scalewatch_steps", "Steps reached", labels=LABELS)
+        overflows = CounterMetricFamily(
+            "scalewatch_overflows", "Steps with inf/NaN gradients", labels=LABELS
+        )
+        skipped = CounterMetricFamily(
+            "scalewatch_skipped_steps", "Optimizer steps skipped", labels=LABELS
+        )
+        for run in queries.list_runs(self.store):
+            labels = [str(run.id), run.name]
+            if run.scale is not None:
+                scale.add_metric(labels, run.scale)
+            if run.growth_tracker is not None:
+                tracker.add_metric(labels, run.growth_tracker)
+            running.add_metric(labels, 1.0 if run.status == "running" else 0.0)
+            steps.add_metric(labels, run.steps)
+            overflows.add_metric(labels, run.overflows)
+            skipped.add_metric(labels, run.skipped)
+        yield from (scale, tracker, running, steps, overflows, skipped)
+
+
+def metrics_registry(store: Store) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StoreCollector(store))
+    return registry
+
+
+@router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+def metrics(request: Request) -> Response:
+    registry: CollectorRegistry = request.app.state.metrics
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/healthz")
+def healthz() -> Health:
+    return Health()

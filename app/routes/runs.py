@@ -1,0 +1,116 @@
+"""Runs: the list, one run, its chart series and its overflows."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, status
+
+from app.deps import StoreDep
+from app.models import OverflowItem, OverflowPage, RunDetail, RunList, RunSummary, StepSeries
+from scaler.store import queries
+from scaler.store.queries import RunInfo
+
+router = APIRouter(prefix="/api/runs", tags=["runs"])
+
+NonNegative = Annotated[int | None, Query(ge=0)]
+
+
+def summary(run: RunInfo) -> RunSummary:
+    return RunSummary(
+        id=run.id,
+        name=run.name,
+        status=run.status,
+        world_size=run.world_size,
+        steps=run.steps,
+        scale=run.scale,
+        overflows=run.overflows,
+        skipped_rate=run.skipped_rate,
+        last_heartbeat=run.last_heartbeat,
+        started_at=run.started_at,
+        ended_at=run.ended_at,
+    )
+
+
+def require_run(store: StoreDep, run_id: int) -> RunInfo:
+    run = queries.get_run(store, run_id)
+    if run is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no run {run_id}")
+    return run
+
+
+def require_run_exists(store: StoreDep, run_id: int) -> None:
+    if queries.run_status(store, run_id) is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no run {run_id}")
+
+
+def check_range(start: int | None, end: int | None) -> None:
+    if start is not None and end is not None and start > end:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            detail=[
+                {
+                    "loc": ["query", "end"],
+                    "msg": "end must not be below start",
+                    "type": "value_error",
+                }
+            ],
+        )
+
+
+@router.get("")
+def list_runs(store: StoreDep) -> RunList:
+    return RunList(runs=[summary(run) for run in queries.list_runs(store)])
+
+
+@router.get("/{run}")
+def get_run(store: StoreDep, run: int) -> RunDetail:
+    info = require_run(store, run)
+    return RunDetail(
+        **summary(info).model_dump(),
+        config=info.config,
+        control=info.control,
+        control_version=info.control_version,
+        dropped=info.dropped,
+        torch_version=info.torch_version,
+        host=info.host,
+        pid=info.pid,
+    )
+
+
+@router.get("/{run}/steps")
+def get_steps(
+    store: StoreDep,
+    run: int,
+    start: NonNegative = None,
+    end: NonNegative = None,
+    max_points: Annotated[int, Query(ge=2, le=10_000)] = 1000,
+) -> StepSeries:
+    """Chart buckets with min/max/last per bucket: no overflow is ever sampled away."""
+    check_range(start, end)
+    require_run_exists(store, run)
+    series = queries.chart_series(store, run, start=start, end=end, max_points=max_points)
+    return StepSeries.model_validate(
+        {
+            "run": series.run,
+            "start": series.start,
+            "end": series.end,
+            "bucket_width": series.bucket_width,
+            "series": series.columns,
+        }
+    )
+
+
+@router.get("/{run}/overflows")
+def get_overflows(
+    store: StoreDep,
+    run: int,
+    after: Annotated[int | None, Query(ge=-1)] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+) -> OverflowPage:
+    """Overflow steps after ``after``, oldest first, keyset-paged by step."""
+    require_run_exists(store, run)
+    page = queries.overflow_page(store, run, after=after, limit=limit)
+    return OverflowPage(
+        items=[OverflowItem.model_validate(item) for item in page.items], next=page.next
+    )

@@ -1,0 +1,36 @@
+"""Getting ready to serve: the token, and the refusal to expose an unguarded service."""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from pydantic import SecretStr
+
+from app.security import is_loopback, new_token, write_token_file
+from app.settings import Settings
+
+__all__ = ["BindRefused", "prepare"]
+
+
+class BindRefused(RuntimeError):
+    """Binding a non-loopback address without an explicit token."""
+
+
+def prepare(settings: Settings, out: TextIO) -> Settings:
+    """Settings with a token: ``SCALEWATCH_TOKEN`` when set, else a new one, printed once on
+    ``out`` and written to ``settings.token_file`` (mode 0600).
+
+    Raises :class:`BindRefused` for a non-loopback host without an explicit token.
+    """
+    if settings.token is not None:
+        return settings
+    if not is_loopback(settings.host):
+        raise BindRefused(
+            f"refusing to bind {settings.host!r} without an explicit token: anyone who can"
+            " reach it could change running jobs. Set SCALEWATCH_TOKEN, or bind 127.0.0.1."
+        )
+    token = new_token()
+    path = write_token_file(settings.token_file, token)
+    print(f"scalewatch: bearer token for control requests (also in {path}, mode 0600):", file=out)
+    print(token, file=out, flush=True)
+    return settings.model_copy(update={"token": SecretStr(token)})

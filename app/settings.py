@@ -1,0 +1,35 @@
+"""Service settings, from the environment (``SCALEWATCH_*``) or the command line."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from scaler.store.engine import default_url
+
+__all__ = ["DEFAULT_TOKEN_FILE", "Settings", "get_settings"]
+
+DEFAULT_TOKEN_FILE = Path("~/.scalewatch/token")
+
+
+class Settings(BaseSettings):
+    """``SCALEWATCH_DB``, ``SCALEWATCH_TOKEN``, ``SCALEWATCH_HOST``, ``SCALEWATCH_PORT``..."""
+
+    model_config = SettingsConfigDict(env_prefix="SCALEWATCH_", extra="ignore")
+
+    db: str = Field(default_factory=default_url)
+    token: SecretStr | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(default=8765, ge=0, le=65535)
+    token_file: Path = DEFAULT_TOKEN_FILE
+    # Seconds between two polls of the store by a live stream, and between keep-alives.
+    stream_poll_s: float = Field(default=0.05, gt=0)
+    stream_keepalive_s: float = Field(default=15.0, gt=0)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,392 @@
+"""Read queries for the service: runs, chart series, overflow pages, exports, live tails.
+
+Chart series are spike-preserving: every bucket carries the min, max and last of the
+scale and growth tracker and the count of overflows, read from ``step_rollups`` when a
+bucket spans many steps and from ``steps`` when it spans few.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, RowMapping, text
+
+from scaler.store.engine import Store
+from scaler.store.runs import effective_status
+from scaler.store.schema import ROLLUP_LEVELS, runs
+
+__all__ = [
+    "EXPORT_COLUMNS",
+    "OverflowPage",
+    "RunInfo",
+    "Series",
+    "chart_series",
+    "get_run",
+    "iter_step_pages",
+    "list_runs",
+    "overflow_page",
+    "run_status",
+    "steps_after",
+]
+
+EXPORT_COLUMNS: tuple[str, ...] = (
+    "step",
+    "wall_time",
+    "scale",
+    "overflow",
+    "skipped",
+    "inf_ranks",
+    "scale_after",
+    "growth_tracker",
+    "growth_interval",
+    "growth_factor",
+    "backoff_factor",
+    "control_version",
+)
+_STEP_SELECT = ", ".join(EXPORT_COLUMNS)
+_TOP_LEVEL = max(ROLLUP_LEVELS)
+# (level, width), coarsest first.
+_LEVELS: tuple[tuple[int, int], ...] = tuple(
+    sorted(ROLLUP_LEVELS.items(), key=lambda item: item[1], reverse=True)
+)
+
+SERIES_KEYS: tuple[str, ...] = (
+    "first_step",
+    "last_step",
+    "n",
+    "scale_min",
+    "scale_max",
+    "scale_last",
+    "tracker_min",
+    "tracker_max",
+    "tracker_last",
+    "overflows",
+    "skipped",
+)
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One run with the figures the run list and the metrics show."""
+
+    id: int
+    uid: str
+    name: str
+    status: str  # effective: a silent "running" run reads as "crashed"
+    world_size: int
+    steps: int  # last step reached
+    recorded: int  # step rows stored
+    overflows: int
+    skipped: int
+    scale: float | None  # scale after the last recorded step
+    growth_tracker: int | None
+    last_heartbeat: float
+    started_at: float
+    ended_at: float | None
+    config: dict[str, Any]
+    control: dict[str, Any]
+    control_version: int
+    dropped: int
+    torch_version: str
+    host: str
+    pid: int
+
+    @property
+    def skipped_rate(self) -> float:
+        return self.skipped / self.recorded if self.recorded else 0.0
+
+
+@dataclass
+class Series:
+    """Columnar chart buckets over ``[start, end]``, each ``bucket_width`` steps wide."""
+
+    run: int
+    start: int | None
+    end: int | None
+    bucket_width: int
+    columns: dict[str, list[Any]] = field(default_factory=lambda: {key: [] for key in SERIES_KEYS})
+
+
+@dataclass(frozen=True)
+class OverflowPage:
+    items: list[dict[str, Any]]
+    next: int | None
+
+
+def _run_info(conn: Connection, row: RowMapping, now: float) -> RunInfo:
+    run_id = row["id"]
+    totals = conn.execute(
+        text(
+            "SELECT coalesce(sum(n), 0), coalesce(sum(overflows), 0), coalesce(sum(skipped), 0)"
+            " FROM step_rollups WHERE run_id = :run AND level = :level"
+        ),
+        {"run": run_id, "level": _TOP_LEVEL},
+    ).one()
+    last = conn.execute(
+        text(
+            "SELECT scale_after, growth_tracker FROM steps WHERE run_id = :run"
+            " ORDER BY step DESC LIMIT 1"
+        ),
+        {"run": run_id},
+    ).first()
+    return RunInfo(
+        id=run_id,
+        uid=row["uid"],
+        name=row["name"],
+        status=effective_status(row, now),
+        world_size=row["world_size"],
+        steps=row["last_step"],
+        recorded=int(totals[0]),
+        overflows=int(totals[1]),
+        skipped=int(totals[2]),
+        scale=None if last is None else float(last[0]),
+        growth_tracker=None if last is None else int(last[1]),
+        last_heartbeat=row["heartbeat_at"],
+        started_at=row["started_at"],
+        ended_at=row["ended_at"],
+        config=dict(row["config"] or {}),
+        control=dict(row["control"] or {}),
+        control_version=row["control_version"],
+        dropped=row["dropped"],
+        torch_version=row["torch_version"],
+        host=row["host"],
+        pid=row["pid"],
+    )
+
+
+def _run_rows(conn: Connection, run_id: int | None) -> list[RowMapping]:
+    query = runs.select().order_by(runs.c.id.desc())
+    if run_id is not None:
+        query = query.where(runs.c.id == run_id)
+    return [row._mapping for row in conn.execute(query)]
+
+
+def list_runs(store: Store, *, now: float | None = None) -> list[RunInfo]:
+    """All runs, newest first."""
+    now = time.time() if now is None else now
+    with store.engine.connect() as conn:
+        return [_run_info(conn, row, now) for row in _run_rows(conn, None)]
+
+
+def get_run(store: Store, run_id: int, *, now: float | None = None) -> RunInfo | None:
+    now = time.time() if now is None else now
+    with store.engine.connect() as conn:
+        rows = _run_rows(conn, run_id)
+        return _run_info(conn, rows[0], now) if rows else None
+
+
+def run_status(store: Store, run_id: int, *, now: float | None = None) -> str | None:
+    """The effective status of a run, or None when there is no such run."""
+    now = time.time() if now is None else now
+    with store.engine.connect() as conn:
+        row = conn.execute(runs.select().where(runs.c.id == run_id)).first()
+    return None if row is None else effective_status(row._mapping, now)
+
+
+def _pieces(lo: int, hi: int, levels: Sequence[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """Cover steps ``[lo, hi]`` with whole rollup buckets, coarsest first, and raw steps.
+
+    Returns ``(level, first, last)``: bucket indexes for a rollup level, steps for level 0.
+    >>> _pieces(10, 200, [(1, 64)])
+    [(0, 10, 63), (1, 1, 2), (0, 192, 200)]
+    """
+    if lo > hi:
+        return []
+    if not levels:
+        return [(0, lo, hi)]
+    (level, width), finer = levels[0], levels[1:]
+    first, last = -(-lo // width), (hi + 1) // width - 1
+    if first > last:
+        return _pieces(lo, hi, finer)
+    return [
+        *_pieces(lo, first * width - 1, finer),
+        (level, first, last),
+        *_pieces((last + 1) * width, hi, finer),
+    ]
+
+
+def _bucket_width(span: int, max_points: int) -> tuple[int, list[tuple[int, int]]]:
+    """The bucket width for ``span`` steps and the rollup levels that fit inside it.
+
+    Aligned buckets of width ``w >= (span - 1) / (max_points - 1)`` number at most
+    ``max_points``; the width is rounded up to a multiple of the coarsest rollup width
+    not above ``2 w``, so buckets are whole rollup buckets and at least about half of
+    ``max_points`` remain.
+    """
+    width = max(1, -(-(span - 1) // (max_points - 1)))
+    usable = [(level, w) for level, w in _LEVELS if w <= 2 * width]
+    if usable:
+        coarsest = usable[0][1]
+        width = -(-width // coarsest) * coarsest
+    return width, usable
+
+
+_RAW_PIECE = (
+    "SELECT step AS first_step, step AS last_step, 1 AS n,"
+    " min(scale, scale_after) AS scale_min, max(scale, scale_after) AS scale_max,"
+    " growth_tracker AS tracker_min, growth_tracker AS tracker_max,"
+    " overflow AS overflows, skipped AS skipped"
+    " FROM steps WHERE run_id = :run AND step BETWEEN :lo{i} AND :hi{i}"
+)
+_ROLLUP_PIECE = (
+    "SELECT first_step, last_step, n, scale_min, scale_max, tracker_min, tracker_max,"
+    " overflows, skipped FROM step_rollups"
+    " WHERE run_id = :run AND level = :level{i} AND bucket BETWEEN :lo{i} AND :hi{i}"
+)
+_GROUPED = (
+    "WITH p AS ({pieces})"
+    " SELECT g.first_step, g.last_step, g.n, g.scale_min, g.scale_max, s.scale_after,"
+    " g.tracker_min, g.tracker_max, s.growth_tracker, g.overflows, g.skipped FROM ("
+    "  SELECT first_step / :width AS ob, min(first_step) AS first_step,"
+    "  max(last_step) AS last_step, sum(n) AS n, min(scale_min) AS scale_min,"
+    "  max(scale_max) AS scale_max, min(tracker_min) AS tracker_min,"
+    "  max(tracker_max) AS tracker_max, sum(overflows) AS overflows,"
+    "  sum(skipped) AS skipped FROM p GROUP BY ob"
+    " ) AS g JOIN steps AS s ON s.run_id = :run AND s.step = g.last_step ORDER BY g.ob"
+)
+
+
+def _step_bounds(conn: Connection, run_id: int) -> tuple[int, int] | None:
+    # Two queries: SQLite answers a lone min() or max() from the index, not both at once.
+    sql = "SELECT step FROM steps WHERE run_id = :run ORDER BY step {} LIMIT 1"
+    first = conn.execute(text(sql.format("ASC")), {"run": run_id}).scalar()
+    last = conn.execute(text(sql.format("DESC")), {"run": run_id}).scalar()
+    return None if first is None or last is None else (int(first), int(last))
+
+
+def chart_series(
+    store: Store,
+    run_id: int,
+    *,
+    start: int | None = None,
+    end: int | None = None,
+    max_points: int = 1000,
+) -> Series:
+    """At most ``max_points`` buckets over steps ``[start, end]`` (default: the whole run).
+
+    A bucket with an overflow has ``overflows > 0`` and a ``scale_min`` at or below the
+    scale the overflow dropped to; narrow ranges come back one step per bucket.
+    """
+    if max_points < 2:
+        raise ValueError("max_points must be at least 2")
+    with store.engine.connect() as conn:
+        bounds = _step_bounds(conn, run_id)
+        if bounds is None:
+            return Series(run_id, start, end, 1)
+        lo = bounds[0] if start is None else max(start, bounds[0])
+        hi = bounds[1] if end is None else min(end, bounds[1])
+        series = Series(run_id, lo if start is None else start, hi if end is None else end, 1)
+        if lo > hi:
+            return series
+        width, levels = _bucket_width(hi - lo + 1, max_points)
+        series.bucket_width = width
+        params: dict[str, int] = {"run": run_id, "width": width}
+        selects = []
+        for i, (level, first, last) in enumerate(_pieces(lo, hi, levels)):
+            params[f"lo{i}"], params[f"hi{i}"] = first, last
+            if level:
+                params[f"level{i}"] = level
+                selects.append(_ROLLUP_PIECE.format(i=i))
+            else:
+                selects.append(_RAW_PIECE.format(i=i))
+        sql = _GROUPED.format(pieces=" UNION ALL ".join(selects))
+        rows = conn.exec_driver_sql(sql, params).fetchall()
+    for key, values in zip(SERIES_KEYS, zip(*rows, strict=True), strict=False):
+        series.columns[key] = list(values)
+    return series
+
+
+def overflow_page(
+    store: Store, run_id: int, *, after: int | None = None, limit: int = 100
+) -> OverflowPage:
+    """Overflow steps after ``after``, oldest first; ``next`` is the ``after`` of the next page."""
+    with store.engine.connect() as conn:
+        rows = conn.exec_driver_sql(
+            "SELECT step, wall_time, scale, scale_after, inf_ranks FROM steps"
+            " WHERE run_id = :run AND overflow AND step > :after ORDER BY step LIMIT :limit",
+            {"run": run_id, "after": -1 if after is None else after, "limit": limit + 1},
+        ).fetchall()
+    items = [
+        {
+            "step": step,
+            "wall_time": wall_time,
+            "scale": scale,
+            "scale_after": scale_after,
+            "inf_ranks": parse_ranks(ranks),
+        }
+        for step, wall_time, scale, scale_after, ranks in rows[:limit]
+    ]
+    return OverflowPage(items, items[-1]["step"] if len(rows) > limit else None)
+
+
+def parse_ranks(ranks: str) -> list[int]:
+    """``"1,3"`` -> ``[1, 3]``; ``""`` -> ``[]``."""
+    return [int(rank) for rank in ranks.split(",")] if ranks else []
+
+
+def iter_step_pages(
+    store: Store,
+    run_id: int,
+    *,
+    start: int | None = None,
+    end: int | None = None,
+    overflows_only: bool = False,
+    page_size: int = 5000,
+) -> Iterator[list[tuple[Any, ...]]]:
+    """Step rows in ``EXPORT_COLUMNS`` order, a page at a time, keyset-paged on the step.
+
+    Each page is read in its own short transaction, so a long export neither holds a
+    connection nor pins the WAL between pages.
+    """
+    after = -1 if start is None else start - 1
+    last = (1 << 62) if end is None else end
+    where = "run_id = :run AND step > :after AND step <= :last"
+    if overflows_only:
+        where += " AND overflow"
+    sql = f"SELECT {_STEP_SELECT} FROM steps WHERE {where} ORDER BY step LIMIT :limit"
+    while True:
+        raw = store.engine.raw_connection()
+        try:
+            cursor = raw.cursor()
+            cursor.execute(sql, {"run": run_id, "after": after, "last": last, "limit": page_size})
+            page = [tuple(row) for row in cursor.fetchall()]
+            cursor.close()
+        finally:
+            raw.close()
+        if not page:
+            return
+        yield page
+        if len(page) < page_size:
+            return
+        after = page[-1][0]
+
+
+def steps_after(
+    store: Store, run_id: int, after: int, *, limit: int = 1000
+) -> list[dict[str, Any]]:
+    """Step rows after ``after`` as JSON-ready dicts (``inf_ranks`` a list), oldest first."""
+    with store.engine.connect() as conn:
+        rows = conn.exec_driver_sql(
+            f"SELECT {_STEP_SELECT} FROM steps WHERE run_id = :run AND step > :after"
+            " ORDER BY step LIMIT :limit",
+            {"run": run_id, "after": after, "limit": limit},
+        ).fetchall()
+    return [step_dict(row) for row in rows]
+
+
+def step_dict(row: Sequence[Any]) -> dict[str, Any]:
+    """A raw step row in ``EXPORT_COLUMNS`` order as a JSON-ready dict."""
+    out = dict(zip(EXPORT_COLUMNS, row, strict=True))
+    out["overflow"] = bool(out["overflow"])
+    out["skipped"] = bool(out["skipped"])
+    out["inf_ranks"] = parse_ranks(out["inf_ranks"])
+    return out
+
+
+def last_step(store: Store, run_id: int) -> int | None:
+    with store.engine.connect() as conn:
+        bounds = _step_bounds(conn, run_id)
+    return None if bounds is None else bounds[1]

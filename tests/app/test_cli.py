@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.cli import COMMANDS, main
+from scaler.store.engine import Store
+from scaler.store.runs import end_run
+from tests.app.conftest import add_run, simulate
+from tests.app.test_export import GOLDEN_CSV, ROWS
+
+
+def test_commands_are_registered() -> None:
+    assert {"serve", "runs", "export", "control", "db"} <= set(COMMANDS)
+
+
+def test_runs_prints_a_table(
+    store: Store, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = add_run(store, simulate(100, {10}), name="bert")
+
+    assert main(["runs", "--db", db_url]) == 0
+
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split() == ["ID", "NAME", "STATUS", "WORLD", "STEPS", "SCALE", "OVERFLOWS",
+                              "SKIPPED"]  # fmt: skip
+    assert row.split()[:5] == [str(run), "bert", "running", "2", "100"]
+    assert row.split()[-2:] == ["1", "1.00%"]
+
+
+def test_export_writes_the_same_csv_as_the_api(
+    store: Store, db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = add_run(store, ROWS)
+    out = tmp_path / "steps.csv"
+
+    assert main(["export", str(run), "--what", "steps", "--format", "csv", "-o", str(out),
+                 "--db", db_url]) == 0  # fmt: skip
+    assert out.read_text() == GOLDEN_CSV
+
+    assert main(["export", str(run), "--what", "overflows", "--format", "jsonl", "--db",
+                 db_url]) == 0  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [2]
+    assert main(["export", "99", "--db", db_url]) == 1
+
+
+def test_control_prints_the_pending_request(
+    store: Store, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = add_run(store, simulate(10, set()))
+
+    code = main(["control", str(run), "--growth-interval", "500", "--growth-factor", "1.5",
+                 "--db", db_url])  # fmt: skip
+
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["status"] == "pending"
+    assert printed["source"] == "cli"
+    assert printed["values"] == {"growth_interval": 500, "growth_factor": 1.5}
+
+
+def test_control_refusals_exit_2_with_the_messages(
+    store: Store, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = add_run(store, simulate(10, set()))
+
+    code = main(["control", str(run), "--backoff-factor", "2", "--db", db_url])
+
+    assert code == 2
+    assert "backoff_factor" in capsys.readouterr().err
+    end_run(store, run)
+    assert main(["control", str(run), "--scale", "2", "--db", db_url]) == 1
+    assert "finished" in capsys.readouterr().err
+
+
+def test_db_upgrade_creates_a_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+
+    assert main(["db", "upgrade", "--db", url]) == 0
+
+    assert "at revision" in capsys.readouterr().out
+    assert (tmp_path / "new.db").exists()

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+from scaler.store.engine import Store
+from scaler.store.runs import end_run
+from tests.app.conftest import TOKEN, TestClient, add_run, auth, simulate
+
+
+def test_post_control_answers_202_with_the_pending_request(
+    client: TestClient, store: Store
+) -> None:
+    run = add_run(store, simulate(10, set()))
+
+    response = client.post(
+        f"/api/runs/{run}/control", json={"growth_interval": 500}, headers=auth()
+    )
+
+    assert response.status_code == 202
+    body = response.json()
+    assert body["status"] == "pending"
+    assert body["values"] == {"growth_interval": 500}
+    assert body["run_id"] == run
+    assert body["source"] == "api"
+    history = client.get(f"/api/runs/{run}/control").json()["history"]
+    assert [row["id"] for row in history] == [body["id"]]
+
+
+def test_get_control_shows_the_values_in_effect(client: TestClient, store: Store) -> None:
+    records = simulate(10, set())
+    run = add_run(store, records)
+
+    body = client.get(f"/api/runs/{run}/control").json()
+
+    assert body["state"]["growth_interval"] == 4
+    assert body["state"]["scale"] == records[-1].scale_after
+    assert body["state"]["version"] == 0
+    assert body["history"] == []
+
+
+def test_control_needs_the_token(client: TestClient, store: Store) -> None:
+    run = add_run(store, simulate(10, set()))
+    wrong_same_length = "x" * len(TOKEN)
+    for headers in (
+        {},
+        auth(wrong_same_length),
+        auth(TOKEN + "x"),
+        {"Authorization": TOKEN},
+        {"Authorization": f"Basic {TOKEN}"},
+    ):
+        response = client.post(f"/api/runs/{run}/control", json={"scale": 2.0}, headers=headers)
+        assert response.status_code == 401, headers
+        assert response.headers["www-authenticate"] == "Bearer"
+        assert TOKEN not in response.text
+    assert client.get(f"/api/runs/{run}/control").json()["history"] == []
+
+
+def test_invalid_values_are_422_naming_the_field(client: TestClient, store: Store) -> None:
+    run = add_run(store, simulate(10, set()))
+    for body, field in (
+        ({"growth_interval": 0}, "growth_interval"),
+        ({"growth_factor": 1.0}, "growth_factor"),
+        ({"backoff_factor": 1.5}, "backoff_factor"),
+        ({"growth_interval": True}, "growth_interval"),
+        ({"growth_interval": 1.5}, "growth_interval"),
+        ({"min_scale": 10.0, "max_scale": 1.0}, None),
+        ({"unknown": 1}, "unknown"),
+    ):
+        response = client.post(f"/api/runs/{run}/control", json=body, headers=auth())
+        assert response.status_code == 422, body
+        detail = response.json()["detail"]
+        if field is not None:
+            assert any(field in error["loc"] for error in detail), detail
+    assert client.post(f"/api/runs/{run}/control", json={}, headers=auth()).status_code == 422
+    assert client.get(f"/api/runs/{run}/control").json()["history"] == []
+
+
+def test_control_of_a_finished_or_unknown_run(client: TestClient, store: Store) -> None:
+    run = add_run(store, simulate(10, set()))
+    end_run(store, run)
+
+    finished = client.post(f"/api/runs/{run}/control", json={"scale": 2.0}, headers=auth())
+    unknown = client.post("/api/runs/999/control", json={"scale": 2.0}, headers=auth())
+
+    assert finished.status_code == 409
+    assert "finished" in finished.json()["detail"]
+    assert unknown.status_code == 404

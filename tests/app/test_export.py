@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from scaler.store.engine import Store
+from scaler.store.records import StepRecord
+from tests.app.conftest import TestClient, add_run
+
+ROWS = [
+    StepRecord(1, 1700000000.5, 65536.0, False, False, (), 65536.0, 1, 2, 2.0, 0.5, 0),
+    StepRecord(2, 1700000001.25, 65536.0, True, True, (0, 3), 32768.0, 0, 2, 2.0, 0.5, 0),
+    StepRecord(3, 1700000002.0, 32768.0, False, False, (), 32768.0, 1, 2, 2.0, 0.5, 1),
+]
+
+GOLDEN_CSV = (
+    "step,wall_time,scale,overflow,skipped,inf_ranks,scale_after,growth_tracker,"
+    "growth_interval,growth_factor,backoff_factor,control_version\n"
+    "1,1700000000.5,65536.0,0,0,,65536.0,1,2,2.0,0.5,0\n"
+    '2,1700000001.25,65536.0,1,1,"0,3",32768.0,0,2,2.0,0.5,0\n'
+    "3,1700000002.0,32768.0,0,0,,32768.0,1,2,2.0,0.5,1\n"
+)
+
+
+def test_csv_export_golden_body(client: TestClient, store: Store) -> None:
+    run = add_run(store, ROWS, name="bert large/fp16")
+
+    response = client.get(f"/api/runs/{run}/export?what=steps&format=csv")
+
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "text/csv; charset=utf-8"
+    assert response.headers["content-disposition"] == (
+        f'attachment; filename="bert-large-fp16-{run}-steps.csv"'
+    )
+    assert response.text == GOLDEN_CSV
+
+
+def test_overflows_export_as_json_lines_in_a_range(client: TestClient, store: Store) -> None:
+    run = add_run(store, ROWS, name="../../etc/passwd")
+
+    response = client.get(f"/api/runs/{run}/export?what=overflows&format=jsonl&start=2&end=3")
+
+    assert response.headers["content-disposition"] == (
+        f'attachment; filename="etc-passwd-{run}-overflows.jsonl"'
+    )
+    assert response.text == (
+        '{"step": 2, "wall_time": 1700000001.25, "scale": 65536.0, "overflow": true,'
+        ' "skipped": true, "inf_ranks": [0, 3], "scale_after": 32768.0, "growth_tracker": 0,'
+        ' "growth_interval": 2, "growth_factor": 2.0, "backoff_factor": 0.5,'
+        ' "control_version": 0}\n'
+    )
+
+
+def test_a_bad_export_is_refused_before_any_byte(client: TestClient, store: Store) -> None:
+    run = add_run(store, ROWS)
+    for query in ("format=xml", "what=everything", "start=3&end=1", "start=-5"):
+        with client.stream("GET", f"/api/runs/{run}/export?{query}") as response:
+            assert response.status_code == 422, query
+            assert response.headers["content-type"] == "application/json"
+            assert "content-disposition" not in response.headers
+            response.read()
+            assert "detail" in response.json()
+    assert client.get("/api/runs/42/export").status_code == 404
+
+
+def test_empty_export_has_the_header_only(client: TestClient, store: Store) -> None:
+    run = add_run(store, [])
+    assert client.get(f"/api/runs/{run}/export").text.startswith("step,wall_time,")
+    assert client.get(f"/api/runs/{run}/export").text.count("\n") == 1
+    assert client.get(f"/api/runs/{run}/export?format=jsonl").text == ""

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from scaler.store.engine import Store
+from tests.app.conftest import TestClient, add_run, simulate
+
+
+def test_metrics_parse_and_follow_the_store(client: TestClient, store: Store) -> None:
+    records = simulate(120, {5, 50, 51})
+    run = add_run(store, records, name="gpt")
+
+    response = client.get("/metrics")
+
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    samples = {
+        sample.name: sample
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+    labels = {"run_id": str(run), "run_name": "gpt"}
+    assert samples["scalewatch_scale"].labels == labels
+    assert samples["scalewatch_scale"].value == records[-1].scale_after
+    assert samples["scalewatch_steps_total"].value == 120
+    assert samples["scalewatch_overflows_total"].value == 3
+    assert samples["scalewatch_skipped_steps_total"].value == 3
+    assert samples["scalewatch_growth_tracker"].value == records[-1].growth_tracker
+    assert samples["scalewatch_run_running"].value == 1
+
+    add_run(store, simulate(5, set()), name="second")
+    families = list(text_string_to_metric_families(client.get("/metrics").text))
+    scale = next(family for family in families if family.name == "scalewatch_scale")
+    assert len(scale.samples) == 2

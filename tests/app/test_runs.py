@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+from scaler.store.engine import Store
+from scaler.store.runs import end_run
+from tests.app.conftest import add_run, simulate
+
+
+def test_list_runs_summarises_each_run(client: TestClient, store: Store) -> None:
+    first = add_run(store, simulate(100, {10, 20}), name="first")
+    second = add_run(store, simulate(50, set()), name="second")
+    end_run(store, first)
+
+    body = client.get("/api/runs").json()
+
+    by_id = {run["id"]: run for run in body["runs"]}
+    assert set(by_id) == {first, second}
+    assert by_id[first]["status"] == "finished"
+    assert by_id[first]["steps"] == 100
+    assert by_id[first]["overflows"] == 2
+    assert by_id[first]["skipped_rate"] == 0.02
+    assert by_id[first]["ended_at"] is not None
+    assert by_id[second]["status"] == "running"
+    assert by_id[second]["world_size"] == 2
+    assert by_id[second]["scale"] == simulate(50, set())[-1].scale_after
+    assert set(by_id[second]) == {
+        "id", "name", "status", "world_size", "steps", "scale", "overflows", "skipped_rate",
+        "last_heartbeat", "started_at", "ended_at",
+    }  # fmt: skip
+
+
+def test_run_detail_has_configuration(client: TestClient, store: Store) -> None:
+    run = add_run(store, simulate(10, set()))
+
+    body = client.get(f"/api/runs/{run}").json()
+
+    assert body["id"] == run
+    assert body["config"] == {"init_scale": 2.0**16}
+    assert body["control"]["growth_interval"] == 4
+    assert body["control_version"] == 0
+    assert body["dropped"] == 0
+    assert {"torch_version", "host", "pid"} <= set(body)
+
+
+def test_a_silent_running_run_reads_as_crashed(client: TestClient, store: Store) -> None:
+    run = add_run(store, simulate(10, set()))
+    with store.write() as conn:
+        conn.exec_driver_sql("UPDATE runs SET heartbeat_at = heartbeat_at - 60")
+
+    assert client.get(f"/api/runs/{run}").json()["status"] == "crashed"
+
+
+def test_unknown_run_is_404_json(client: TestClient) -> None:
+    for path in ("", "/steps", "/overflows", "/control", "/export", "/stream"):
+        response = client.get(f"/api/runs/999{path}")
+        assert response.status_code == 404, path
+        assert response.json() == {"detail": "no run 999"}
+
+
+def test_bad_parameters_are_422_json(client: TestClient, store: Store) -> None:
+    run = add_run(store, simulate(10, set()))
+    for query in ("max_points=1", "max_points=10001", "start=-1", "start=5&end=4", "end=x"):
+        response = client.get(f"/api/runs/{run}/steps?{query}")
+        assert response.status_code == 422, query
+        assert isinstance(response.json()["detail"], list)
+    assert client.get("/api/runs/abc").status_code == 422
+
+
+def test_health_and_unknown_paths(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    response = client.get("/api/nothing-here")
+    assert response.status_code == 404
+    assert response.json() == {"detail": "Not Found"}
+
+
+def test_dashboard_and_plotly_are_served(client: TestClient) -> None:
+    index = client.get("/")
+    assert index.status_code == 200
+    assert "text/html" in index.headers["content-type"]
+    plotly = client.get("/vendor/plotly.min.js")
+    assert plotly.status_code == 200
+    assert "javascript" in plotly.headers["content-type"]
+    assert len(plotly.content) > 1_000_000
+
+
+def test_openapi_lists_the_api(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {
+        "/api/runs", "/api/runs/{run}", "/api/runs/{run}/steps", "/api/runs/{run}/overflows",
+        "/api/runs/{run}/stream", "/api/runs/{run}/control", "/api/runs/{run}/export",
+        "/metrics", "/healthz",
+    } <= set(paths)  # fmt: skip
