@@ -1,0 +1,474 @@
+"""What GradScaler and ShardedGradScaler add to torch's classes, written once."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict, deque
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from . import _control
+from ._control import ControlUpdate
+from ._recorder import Captured, ControlOutcome, Recorder, Snapshot
+from ._torch_compat import _refresh_per_optimizer_state
+from .stats import ScalerCheckpoint, ScalerStats
+
+if TYPE_CHECKING:
+    from ._torch_compat import TorchGradScaler as _Base
+else:
+    _Base = object
+
+STATE_KEY = "scalewatch"
+
+
+class ScalerConfigError(ValueError, AssertionError):
+    """A constructor or setter value that would break training.
+
+    It is a ValueError; it is also an AssertionError because torch raises that
+    for the same growth/backoff checks, so code catching either keeps working.
+    """
+
+
+def validate_config(
+    *,
+    init_scale: float,
+    growth_factor: float,
+    backoff_factor: float,
+    growth_interval: int,
+    min_scale: float | None,
+    max_scale: float | None,
+    hysteresis: int | None,
+) -> None:
+    values: dict[str, Any] = {
+        "scale": init_scale,
+        "growth_factor": growth_factor,
+        "backoff_factor": backoff_factor,
+        "growth_interval": growth_interval,
+    }
+    values.update(
+        {
+            k: v
+            for k, v in (
+                ("min_scale", min_scale),
+                ("max_scale", max_scale),
+                ("hysteresis", hysteresis),
+            )
+            if v is not None
+        }
+    )
+    problem = _control.check(values, {})
+    if problem is not None:
+        raise ScalerConfigError(
+            problem.replace("scale must", "init_scale must", 1)
+            if problem.startswith("scale ")
+            else problem
+        )
+    if isinstance(growth_interval, float):
+        raise ScalerConfigError(f"growth_interval must be an integer, got {growth_interval!r}")
+
+
+class Instrumented(_Base):
+    """The scalewatch extras over torch's GradScaler state machine."""
+
+    _step_count: int
+    _control_version: int
+
+    def _setup_extras(
+        self,
+        *,
+        min_scale: float | None,
+        max_scale: float | None,
+        hysteresis: int | None,
+        telemetry: Any,
+        run_name: str | None,
+    ) -> None:
+        self._min_scale = None if min_scale is None else float(min_scale)
+        self._max_scale = None if max_scale is None else float(max_scale)
+        self._hysteresis = hysteresis
+        self._init_hysteresis_tracker = hysteresis
+        self._telemetry_option = telemetry
+        self._run_name = run_name
+        self._run_uid: str | None = None
+        self._step_count = 0
+        self._control_version = 0
+        self._reset_transient()
+
+    def _reset_transient(self) -> None:
+        self._hysteresis_tracker: torch.Tensor | None = None
+        self._recorder: Recorder | None = None
+        self._telemetry: Any = None
+        self._inbox: deque[ControlUpdate] = deque()
+        self._code_outcomes: list[ControlOutcome] = []
+        self._scale_host: float | None = None
+        self._last_found: torch.Tensor | None = None
+        self._stepped = False
+
+    # ------------------------------------------------------------------ steps
+
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> float | None:
+        retval = super().step(optimizer, *args, **kwargs)
+        self._stepped = True
+        return retval
+
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        if not self._enabled:
+            return
+        scale, tracker = self._check_scale_growth_tracker("update")
+        found: torch.Tensor | None = None
+        flags = self._step_flags()
+        if new_scale is not None:
+            super().update(new_scale)
+            scale_set = True
+        else:
+            found = self._combined_found_inf(scale)
+            self._update_scale(scale, tracker, found)
+            self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+            scale_set = False
+        self._step_count += 1
+        outcomes = self._code_outcomes
+        self._code_outcomes = []
+        for update, refusal in self._controls_for_step():
+            outcome = self._apply_control(update, refusal)
+            scale_set = scale_set or (outcome.applied and "scale" in update.values)
+            outcomes.append(outcome)
+        self._last_found = found
+        self._snapshot(found, flags, scale_set, tuple(outcomes))
+        self._stepped = False
+
+    def _combined_found_inf(self, scale: torch.Tensor) -> torch.Tensor:
+        # As torch: if every found_inf lives on the scale's device this is asynchronous.
+        found_infs = [
+            found_inf.to(device=scale.device, non_blocking=True)
+            for state in self._per_optimizer_states.values()
+            for found_inf in state["found_inf_per_device"].values()
+        ]
+        if len(found_infs) == 0:
+            raise AssertionError("No inf checks were recorded prior to update.")
+        combined: torch.Tensor = found_infs[0]
+        for other in found_infs[1:]:
+            combined += other
+        return combined
+
+    def _update_scale(
+        self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
+    ) -> None:
+        if self._hysteresis is None:
+            self._torch_update(scale, tracker, found)
+        else:
+            self._hysteresis_update(scale, tracker, found, self._hysteresis)
+        if self._min_scale is not None or self._max_scale is not None:
+            scale.clamp_(min=self._min_scale, max=self._max_scale)
+
+    def _torch_update(
+        self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
+    ) -> None:
+        raise NotImplementedError
+
+    def _hysteresis_update(
+        self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor, hysteresis: int
+    ) -> None:
+        """Megatron's rule: back off only after ``hysteresis`` overflows since the last growth."""
+        hyst = self._hysteresis_tensor(scale.device)
+        overflow = found.reshape(()) > 0
+        successful = tracker + 1
+        grow = ~overflow & (successful >= self._growth_interval)
+        new_hyst = torch.where(overflow, hyst - 1, torch.where(grow, hysteresis, hyst))
+        backoff = overflow & (new_hyst <= 0)
+        one = torch.ones((), dtype=torch.float64, device=scale.device)
+        factor = torch.where(
+            backoff, self._backoff_factor, torch.where(grow, self._growth_factor, one)
+        )
+        # torch's kernel multiplies in double and rounds once to float.
+        grown = (scale.double() * factor).float()
+        keep = grow & ~torch.isfinite(grown)
+        scale.copy_(torch.where(keep, scale, grown))
+        tracker.copy_(torch.where(overflow | grow, torch.zeros_like(tracker), successful))
+        hyst.copy_(new_hyst)
+
+    def _hysteresis_tensor(self, device: torch.device) -> torch.Tensor:
+        if self._hysteresis_tracker is None:
+            start = self._init_hysteresis_tracker or self._hysteresis or 1
+            self._hysteresis_tracker = torch.full((), start, dtype=torch.int32, device=device)
+        return self._hysteresis_tracker
+
+    # -------------------------------------------------------- telemetry hooks
+
+    def _step_flags(self) -> list[torch.Tensor]:
+        """The all-reduced per-rank flag payloads of this step (none for GradScaler)."""
+        return []
+
+    def _attribution_width(self) -> int:
+        """How many rank flags the payloads carry; 0: single process; -1: unknown."""
+        return 0
+
+    def _snapshot(
+        self,
+        found: torch.Tensor | None,
+        flags: list[torch.Tensor],
+        scale_set: bool,
+        outcomes: tuple[ControlOutcome, ...],
+    ) -> None:
+        assert self._scale is not None and self._growth_tracker is not None
+        recorder = self._recorder
+        if recorder is None:
+            recorder = self._recorder = Recorder(self._init_scale, self._make_sink())
+        recorder.submit(
+            Snapshot(
+                step=self._step_count,
+                wall_time=time.time(),
+                captured=Captured(self._scale, self._growth_tracker, found, flags),
+                world_size=self._attribution_width(),
+                scale_used=self._scale_host,
+                stepped=self._stepped,
+                growth_interval=self._growth_interval,
+                growth_factor=self._growth_factor,
+                backoff_factor=self._backoff_factor,
+                control_version=self._control_version,
+                scale_set=scale_set,
+                controls=outcomes,
+            )
+        )
+        self._scale_host = None
+
+    def _make_sink(self) -> Any:
+        return None
+
+    # ---------------------------------------------------------------- control
+
+    def _controls_for_step(self) -> list[tuple[ControlUpdate, str | None]]:
+        """Requests every rank applies at this update() boundary, each with a refusal or None."""
+        return []
+
+    def control_state(self) -> dict[str, float | int | None]:
+        """The factors in effect (no scale: reading it would sync)."""
+        return {
+            "growth_interval": self._growth_interval,
+            "growth_factor": self._growth_factor,
+            "backoff_factor": self._backoff_factor,
+            "min_scale": self._min_scale,
+            "max_scale": self._max_scale,
+            "hysteresis": self._hysteresis,
+        }
+
+    def _apply_control(self, update: ControlUpdate, refusal: str | None = None) -> ControlOutcome:
+        problem = refusal or _control.check(update.values, self.control_state())
+        if problem is None:
+            for name, value in update.values.items():
+                self._set_field(name, value)
+            self._control_version += 1
+        return ControlOutcome(
+            request_id=update.request_id,
+            values=dict(update.values),
+            applied=problem is None,
+            reason=problem,
+            state=self.control_state(),
+            version=self._control_version,
+        )
+
+    def _set_field(self, name: str, value: float | int) -> None:
+        """Apply one validated value so that the rule holds from the next update on."""
+        if name == "growth_interval":
+            self._growth_interval = int(value)
+            # torch grows only when tracker + 1 == interval: never leave the tracker past it.
+            if self._growth_tracker is not None:
+                self._growth_tracker.clamp_(max=int(value) - 1)
+            self._init_growth_tracker = min(self._init_growth_tracker, int(value) - 1)
+        elif name == "growth_factor":
+            self._growth_factor = float(value)
+        elif name == "backoff_factor":
+            self._backoff_factor = float(value)
+        elif name == "scale":
+            if self._scale is not None:
+                self._scale.fill_(float(value))
+            self._init_scale = float(value)
+        elif name in ("min_scale", "max_scale"):
+            setattr(self, f"_{name}", float(value))
+            if self._scale is not None:
+                self._scale.clamp_(min=self._min_scale, max=self._max_scale)
+        elif name == "hysteresis":
+            self._hysteresis = int(value)
+            if self._hysteresis_tracker is not None:
+                self._hysteresis_tracker.clamp_(max=int(value))
+            self._init_hysteresis_tracker = min(
+                self._init_hysteresis_tracker or int(value), int(value)
+            )
+
+    def _set_by_code(self, name: str, value: float | int) -> None:
+        problem = _control.check({name: value}, self.control_state())
+        if problem is not None:
+            raise ScalerConfigError(problem)
+        self._set_field(name, value)
+        if self._enabled:
+            self._control_version += 1
+            self._code_outcomes.append(
+                ControlOutcome(
+                    0, {name: value}, True, None, self.control_state(), self._control_version
+                )
+            )
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        """Set a new scale growth factor (> 1); recorded in the audit trail as a change by code."""
+        self._set_by_code("growth_factor", new_factor)
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        """Set a new scale backoff factor (in (0, 1)); recorded as a change by code."""
+        self._set_by_code("backoff_factor", new_factor)
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        """Set a new growth interval (an integer >= 1); recorded as a change by code.
+
+        Lowering it below the current growth tracker grows at the next clean step.
+        """
+        if isinstance(new_interval, float):
+            raise ScalerConfigError(f"growth_interval must be an integer, got {new_interval!r}")
+        self._set_by_code("growth_interval", new_interval)
+
+    # ------------------------------------------------------------------ extras
+
+    def had_overflow(self) -> bool:
+        """Whether the last ``update()`` saw inf/NaN gradients on any rank.
+
+        .. warning:: reads a device value: a CPU-GPU sync.
+        """
+        found = self._last_found
+        return bool(found is not None and found.reshape(-1).sum().item() > 0)
+
+    def stats(self, timeout: float = 30.0) -> ScalerStats:
+        """Counts since creation: steps, skipped steps, overflows, growths, backoffs, scales seen.
+
+        .. note:: waits for the background recorder to read the steps queued so far.
+        """
+        if self._recorder is None:
+            scale = self._init_scale if self._enabled else 1.0
+            return ScalerStats(current_scale=scale, min_scale_seen=scale, max_scale_seen=scale)
+        return self._recorder.stats(timeout)
+
+    @property
+    def min_scale(self) -> float | None:
+        return self._min_scale
+
+    @property
+    def max_scale(self) -> float | None:
+        return self._max_scale
+
+    @property
+    def hysteresis(self) -> int | None:
+        return self._hysteresis
+
+    @property
+    def steps(self) -> int:
+        """Number of ``update()`` calls, continued across a resume."""
+        return self._step_count
+
+    def _hysteresis_value(self) -> int | None:
+        if self._hysteresis_tracker is not None:
+            return int(self._hysteresis_tracker.item())
+        return self._init_hysteresis_tracker
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's five entries plus ``"scalewatch"`` (extras, step count, run id).
+
+        .. warning:: like torch's, reads the scale: a CPU-GPU sync.
+        """
+        state = super().state_dict()
+        if self._enabled:
+            state[STATE_KEY] = {
+                "step": self._step_count,
+                "run_uid": self._run_uid,
+                "min_scale": self._min_scale,
+                "max_scale": self._max_scale,
+                "hysteresis": self._hysteresis,
+                "hysteresis_tracker": self._hysteresis_value(),
+                "control_version": self._control_version,
+            }
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads torch's dicts and ours; ours continue the same run and step count."""
+        super().load_state_dict(state_dict)
+        if not self._enabled:
+            return
+        self._scale_host = float(state_dict["scale"])
+        extras = state_dict.get(STATE_KEY)
+        if extras is None:
+            return
+        self._step_count = int(extras["step"])
+        self._run_uid = extras.get("run_uid")
+        self._min_scale = extras.get("min_scale")
+        self._max_scale = extras.get("max_scale")
+        self._hysteresis = extras.get("hysteresis")
+        self._init_hysteresis_tracker = extras.get("hysteresis_tracker")
+        if self._hysteresis_tracker is not None and self._init_hysteresis_tracker is not None:
+            self._hysteresis_tracker.fill_(self._init_hysteresis_tracker)
+        self._control_version = int(extras.get("control_version", 0))
+
+    def checkpoint(self) -> ScalerCheckpoint:
+        """A typed ``state_dict()``. Reads the scale: a CPU-GPU sync."""
+        return ScalerCheckpoint(
+            scale=self.get_scale(),
+            growth_factor=self._growth_factor,
+            backoff_factor=self._backoff_factor,
+            growth_interval=self._growth_interval,
+            growth_tracker=self._get_growth_tracker(),
+            min_scale=self._min_scale,
+            max_scale=self._max_scale,
+            hysteresis=self._hysteresis,
+            hysteresis_tracker=self._hysteresis_value(),
+            step=self._step_count,
+            run_uid=self._run_uid,
+        )
+
+    def load_checkpoint(self, checkpoint: ScalerCheckpoint) -> None:
+        """Restore a ``checkpoint()``."""
+        self.load_state_dict(
+            {
+                "scale": checkpoint.scale,
+                "growth_factor": checkpoint.growth_factor,
+                "backoff_factor": checkpoint.backoff_factor,
+                "growth_interval": checkpoint.growth_interval,
+                "_growth_tracker": checkpoint.growth_tracker,
+                STATE_KEY: {
+                    "step": checkpoint.step,
+                    "run_uid": checkpoint.run_uid,
+                    "min_scale": checkpoint.min_scale,
+                    "max_scale": checkpoint.max_scale,
+                    "hysteresis": checkpoint.hysteresis,
+                    "hysteresis_tracker": checkpoint.hysteresis_tracker,
+                },
+            }
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        if self._enabled:
+            state["_init_hysteresis_tracker"] = self._hysteresis_value()
+        for name in (
+            "_hysteresis_tracker",
+            "_recorder",
+            "_telemetry",
+            "_inbox",
+            "_code_outcomes",
+            "_last_found",
+        ):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._reset_transient()
+
+    # ---------------------------------------------------------------- closing
+
+    def close(self) -> None:
+        """Flush telemetry and mark the run finished. Safe to call twice."""
+        if self._recorder is not None:
+            self._recorder.close()
+        if self._telemetry is not None:
+            self._telemetry.close()
+
+    def __enter__(self) -> Instrumented:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

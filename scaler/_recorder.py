@@ -1,0 +1,264 @@
+"""Per-step snapshots taken on the training thread, read on a background thread.
+
+The training thread only keeps references (cpu) or queues an asynchronous copy
+to pinned host memory (cuda); the recorder thread turns them into samples,
+folds the statistics and hands the samples to a sink (the telemetry writer).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from .stats import ScalerStats
+
+log = logging.getLogger("scaler")
+
+MAX_PENDING = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class ControlOutcome:
+    """What happened to a control change at a step (request_id 0: a setter called by code)."""
+
+    request_id: int
+    values: dict[str, float | int]
+    applied: bool
+    reason: str | None
+    state: dict[str, float | int | None]
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One ``update()`` as the host sees it."""
+
+    step: int
+    wall_time: float
+    scale: float
+    overflow: bool
+    skipped: bool
+    inf_ranks: tuple[int, ...]
+    scale_after: float
+    growth_tracker: int
+    growth_interval: int
+    growth_factor: float
+    backoff_factor: float
+    control_version: int
+    controls: tuple[ControlOutcome, ...] = ()
+
+
+class Captured:
+    """Device values of one step: [scale, growth tracker, found_inf, *payload flags]."""
+
+    __slots__ = ("_event", "_host", "_tensors")
+
+    def __init__(
+        self,
+        scale: torch.Tensor,
+        tracker: torch.Tensor,
+        found: torch.Tensor | None,
+        flags: Sequence[torch.Tensor],
+    ) -> None:
+        self._event: Any = None
+        self._host: torch.Tensor | None = None
+        if scale.device.type == "cuda":
+            parts = [scale.reshape(1).double(), tracker.reshape(1).double()]
+            parts.append(
+                found.reshape(-1)[:1].double() if found is not None else scale.new_zeros(1).double()
+            )
+            parts.extend(f.double() for f in flags)
+            joined = torch.cat(parts)
+            self._host = torch.empty(joined.shape, dtype=torch.float64, pin_memory=True)
+            self._host.copy_(joined, non_blocking=True)
+            self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self._event.record()
+            self._tensors: tuple[torch.Tensor | None, ...] = ()
+        else:
+            # scale and tracker are updated in place next step: keep copies.
+            self._tensors = (scale.clone(), tracker.clone(), found, *flags)
+
+    def read(self) -> tuple[float, int, float, list[float]]:
+        """(scale, growth tracker, found_inf, flags of each rank summed over optimizers)."""
+        if self._host is not None:
+            self._event.synchronize()
+            values = self._host.tolist()
+            return values[0], int(values[1]), values[2], values[3:]
+        scale, tracker, found, *flags = self._tensors
+        assert scale is not None and tracker is not None
+        found_value = float(found.reshape(-1).sum().item()) if found is not None else 0.0
+        summed: list[float] = []
+        for payload in flags:
+            assert payload is not None
+            values = payload.tolist()
+            summed = values if not summed else [a + b for a, b in zip(summed, values, strict=True)]
+        return float(scale.item()), int(tracker.item()), found_value, summed
+
+
+@dataclass(slots=True)
+class Snapshot:
+    step: int
+    wall_time: float
+    captured: Captured
+    world_size: int  # rank flags in the payload; 0: single process; -1: not known
+    scale_used: float | None  # known on the host (first step, after a load or a new_scale)
+    stepped: bool
+    growth_interval: int
+    growth_factor: float
+    backoff_factor: float
+    control_version: int
+    scale_set: bool  # the scale was set this step (new_scale or control), not grown/backed off
+    controls: tuple[ControlOutcome, ...] = ()
+
+
+Sink = Callable[[list[StepSample]], None]
+
+
+@dataclass
+class _Fold:
+    stats: ScalerStats = field(default_factory=ScalerStats)
+    last_scale: float | None = None
+
+
+class Recorder:
+    """Takes snapshots from the training thread; one daemon thread reads them."""
+
+    def __init__(self, init_scale: float, sink: Sink | None = None) -> None:
+        self._pending: deque[Snapshot] = deque()
+        self._cond = threading.Condition()
+        self._fold = _Fold(last_scale=init_scale)
+        self._submitted = 0
+        self._done = 0
+        self._dropped = 0
+        self._sink = sink
+        self._closed = False
+        self._thread = threading.Thread(
+            target=_run,
+            args=(weakref.ref(self), self._cond),
+            name="scalewatch-recorder",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def submit(self, snap: Snapshot) -> None:
+        """Never blocks: past MAX_PENDING unread snapshots the step is dropped and counted."""
+        if len(self._pending) >= MAX_PENDING:
+            self._dropped += 1
+            return
+        self._pending.append(snap)
+        self._submitted += 1
+        if len(self._pending) == 1:
+            with self._cond:
+                self._cond.notify()
+
+    def stats(self, timeout: float = 30.0) -> ScalerStats:
+        self.flush(timeout)
+        with self._cond:
+            return replace(self._fold.stats, dropped_records=self._dropped)
+
+    def flush(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._cond.notify()
+            while self._done < self._submitted:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("telemetry recorder did not catch up")
+                self._cond.wait(min(left, 0.05))
+
+    def close(self) -> None:
+        self.flush()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=10)
+
+    def _drain(self) -> bool:
+        """Read every pending snapshot; False once closed and empty."""
+        batch: list[StepSample] = []
+        popped = 0
+        while self._pending:
+            snap = self._pending.popleft()
+            popped += 1
+            try:
+                sample = _materialise(snap, self._fold)
+            except Exception:  # a broken snapshot must not stop the thread
+                log.exception("scalewatch: could not read step %d", snap.step)
+                sample = None
+            if sample is not None:
+                batch.append(sample)
+        if batch and self._sink is not None:
+            try:
+                self._sink(batch)
+            except Exception:
+                log.exception("scalewatch: telemetry sink failed")
+        with self._cond:
+            self._done += popped
+            self._cond.notify_all()
+            return not (self._closed and not self._pending)
+
+
+def _run(ref: weakref.ref[Recorder], cond: threading.Condition) -> None:
+    while True:
+        recorder = ref()
+        if recorder is None:
+            return
+        if not recorder._drain():
+            return
+        pending = bool(recorder._pending)
+        del recorder
+        if not pending:
+            with cond:
+                cond.wait(0.05)
+
+
+def _materialise(snap: Snapshot, fold: _Fold) -> StepSample:
+    scale_after, tracker, found, flags = snap.captured.read()
+    scale_used = snap.scale_used if snap.scale_used is not None else fold.last_scale
+    if scale_used is None:
+        scale_used = scale_after
+    overflow = found > 0
+    if snap.world_size > 0 and flags:
+        inf_ranks = tuple(i for i, f in enumerate(flags[: snap.world_size]) if f > 0)
+    elif snap.world_size < 0:
+        inf_ranks = ()
+    else:
+        inf_ranks = (0,) if overflow else ()
+    s = fold.stats
+    grew = not snap.scale_set and scale_after > scale_used
+    backed = not snap.scale_set and scale_after < scale_used
+    fold.stats = ScalerStats(
+        steps=s.steps + 1,
+        skipped=s.skipped + int(overflow and snap.stepped),
+        overflows=s.overflows + int(overflow),
+        growths=s.growths + int(grew),
+        backoffs=s.backoffs + int(backed),
+        current_scale=scale_after,
+        min_scale_seen=min(s.min_scale_seen, scale_used, scale_after),
+        max_scale_seen=max(s.max_scale_seen, scale_used, scale_after),
+    )
+    fold.last_scale = scale_after
+    return StepSample(
+        step=snap.step,
+        wall_time=snap.wall_time,
+        scale=scale_used,
+        overflow=overflow,
+        skipped=overflow and snap.stepped,
+        inf_ranks=inf_ranks,
+        scale_after=scale_after,
+        growth_tracker=tracker,
+        growth_interval=snap.growth_interval,
+        growth_factor=snap.growth_factor,
+        backoff_factor=snap.backoff_factor,
+        control_version=snap.control_version,
+        controls=snap.controls,
+    )

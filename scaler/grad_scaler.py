@@ -1,0 +1,103 @@
+"""``GradScaler``: torch.amp.GradScaler with telemetry, runtime control and extras."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._control import ControlUpdate
+from ._core import Instrumented, validate_config
+from ._torch_compat import TorchGradScaler, amp_update_scale_, process_group_info
+
+
+class GradScaler(Instrumented, TorchGradScaler):
+    """A drop-in ``torch.amp.GradScaler`` that records every step.
+
+    Example::
+
+        scaler = GradScaler("cuda", run_name="resnet-fp16")
+        for input, target in data:
+            optimizer.zero_grad()
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = loss_fn(model(input), target)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        scaler.close()
+
+    Args:
+        device (str, default "cuda"), init_scale (float, default 2.**16),
+        growth_factor (float, default 2.0), backoff_factor (float, default 0.5),
+        growth_interval (int, default 2000), enabled (bool, default True):
+            as torch.amp.GradScaler, in the same positional order.
+        min_scale, max_scale (float, keyword-only, default None): clamp the scale.
+        hysteresis (int, keyword-only, default None): back off only after this
+            many overflows since the last growth (Megatron's meaning).
+        telemetry (None, str, store or False, keyword-only): None records to the
+            default store (``$SCALEWATCH_DB`` or ``sqlite:///scalewatch.db``), a URL
+            or store picks another, False turns recording off.
+        run_name (str, keyword-only): the run's name in the store.
+
+    In a multi-process job every rank applies the same values only with
+    ``ShardedGradScaler``; this class refuses runtime control requests there.
+    """
+
+    def __init__(
+        self,
+        device: str = "cuda",
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+        *,
+        min_scale: float | None = None,
+        max_scale: float | None = None,
+        hysteresis: int | None = None,
+        telemetry: Any = None,
+        run_name: str | None = None,
+    ) -> None:
+        validate_config(
+            init_scale=init_scale,
+            growth_factor=growth_factor,
+            backoff_factor=backoff_factor,
+            growth_interval=growth_interval,
+            min_scale=min_scale,
+            max_scale=max_scale,
+            hysteresis=hysteresis,
+        )
+        super().__init__(
+            device, init_scale, growth_factor, backoff_factor, growth_interval, enabled
+        )
+        self._setup_extras(
+            min_scale=min_scale,
+            max_scale=max_scale,
+            hysteresis=hysteresis,
+            telemetry=telemetry,
+            run_name=run_name,
+        )
+
+    def _torch_update(
+        self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
+    ) -> None:
+        amp_update_scale_(
+            scale, tracker, found, self._growth_factor, self._backoff_factor, self._growth_interval
+        )
+
+    def _attribution_width(self) -> int:
+        info = process_group_info(None)
+        return -1 if info is not None and info[1] > 1 else 0
+
+    def _controls_for_step(self) -> list[tuple[ControlUpdate, str | None]]:
+        if not self._inbox:
+            return []
+        requests = list(self._inbox)
+        self._inbox.clear()
+        refusal = None
+        if self._attribution_width() < 0:
+            refusal = (
+                "GradScaler cannot apply a change on every rank at the same step; "
+                "use ShardedGradScaler in multi-process jobs"
+            )
+        return [(update, refusal) for update in requests]

@@ -1,0 +1,297 @@
+"""``ShardedGradScaler``: torch's FSDP scaler with per-rank attribution and telemetry."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import _control
+from ._control import ControlUpdate
+from ._core import Instrumented, validate_config
+from ._torch_compat import (
+    OptState,
+    TorchShardedGradScaler,
+    _GeneralMultiDeviceReplicator,
+    amp_update_scale_,
+    local_tensor,
+    non_finite_check_and_unscale_,
+    process_group_info,
+)
+
+
+class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
+    """A drop-in ``torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler``.
+
+    Example::
+
+        scaler = ShardedGradScaler(run_name="llm-fp16")   # was: torch's ShardedGradScaler()
+        for input, target in data:
+            optimizer.zero_grad()
+            loss = loss_fn(fsdp_model(input), target)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)      # skipped on every rank if any rank saw inf/NaN
+            scaler.update()
+        scaler.close()
+
+    Args:
+        device (str, default "cuda"), init_scale (float, default 2.**16),
+        backoff_factor (float, default 0.5), growth_factor (float, default 2.0),
+        growth_interval (int, default 2000), enabled (bool, default True),
+        process_group (default ``dist.group.WORLD``): as torch's, in its order.
+        min_scale, max_scale, hysteresis, telemetry, run_name (keyword-only):
+            see :class:`scaler.GradScaler`.
+
+    The all-reduce that agrees found_inf carries every rank's own flag (so the
+    reporting rank, rank 0 of the group, knows which ranks overflowed) and any
+    pending runtime-control request, so every rank applies it at the same step.
+    Without an initialised process group it works as a single process.
+
+    .. note:: unlike torch's class, the fused-optimizer path
+       (``_step_supports_amp_scaling``) also agrees found_inf across ranks.
+    """
+
+    def __init__(
+        self,
+        device: str = "cuda",
+        init_scale: float = 2.0**16,
+        backoff_factor: float = 0.5,
+        growth_factor: float = 2.0,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+        process_group: dist.ProcessGroup | None = dist.group.WORLD,
+        *,
+        min_scale: float | None = None,
+        max_scale: float | None = None,
+        hysteresis: int | None = None,
+        telemetry: Any = None,
+        run_name: str | None = None,
+    ) -> None:
+        validate_config(
+            init_scale=init_scale,
+            growth_factor=growth_factor,
+            backoff_factor=backoff_factor,
+            growth_interval=growth_interval,
+            min_scale=min_scale,
+            max_scale=max_scale,
+            hysteresis=hysteresis,
+        )
+        super().__init__(
+            device,
+            init_scale,
+            backoff_factor,
+            growth_factor,
+            growth_interval,
+            enabled,
+            process_group,
+        )
+        if not self._enabled:
+            self.process_group = process_group
+        self._setup_extras(
+            min_scale=min_scale,
+            max_scale=max_scale,
+            hysteresis=hysteresis,
+            telemetry=telemetry,
+            run_name=run_name,
+        )
+
+    def _reset_transient(self) -> None:
+        super()._reset_transient()
+        self._carried = False
+        self._step_states: list[dict[str, Any]] = []
+        self._step_host: list[float] | None = None
+        self._lagged: list[tuple[torch.Tensor, Any]] = []
+
+    # -------------------------------------------------------- found_inf
+
+    def _unscale_grads_(
+        self,
+        optimizer: torch.optim.Optimizer,
+        inv_scale: torch.Tensor,
+        found_inf: torch.Tensor,
+        allow_fp16: bool = True,
+    ) -> dict[torch.device, torch.Tensor]:
+        per_device_inv_scale = _GeneralMultiDeviceReplicator(inv_scale)
+        per_device_found_inf = _GeneralMultiDeviceReplicator(found_inf)
+        grouped: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    if param.grad is None:
+                        continue
+                    if (not allow_fp16) and param.grad.dtype == torch.float16:
+                        raise ValueError("Attempting to unscale FP16 gradients.")
+                    if param.grad.is_sparse:
+                        # Coalescing may overflow scaled fp16 values: check the coalesced ones.
+                        if param.grad.dtype is torch.float16:
+                            param_grad_fp32 = param.grad.type(torch.float32).coalesce()
+                            param.grad = param_grad_fp32.type(torch.float16)
+                        to_unscale = param.grad._values()
+                    else:
+                        to_unscale = local_tensor(param.grad)
+                    grouped[to_unscale.device][to_unscale.dtype].append(to_unscale)
+            for device, per_dtype in grouped.items():
+                for grads in per_dtype.values():
+                    non_finite_check_and_unscale_(
+                        grads, per_device_found_inf.get(device), per_device_inv_scale.get(device)
+                    )
+        # A rank may hold no gradient shard at all; it still takes part in the all-reduce.
+        if not per_device_found_inf._per_device_tensors:
+            assert self._scale is not None
+            per_device_found_inf.get(self._scale.device)
+        return per_device_found_inf._per_device_tensors
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self._enabled:
+            return
+        scale, _ = self._check_scale_growth_tracker("unscale_")
+        state = self._per_optimizer_states[id(optimizer)]
+        if state["stage"] is OptState.UNSCALED:
+            raise RuntimeError(
+                "unscale_() has already been called on this optimizer since the last update()."
+            )
+        if state["stage"] is OptState.STEPPED:
+            raise RuntimeError("unscale_() is being called after step().")
+        # FP32 division can be imprecise for some compile options: the reciprocal is taken in FP64.
+        inv_scale = scale.double().reciprocal().float()
+        found_inf = torch.full((1,), 0.0, dtype=torch.float32, device=scale.device)
+        state["found_inf_per_device"] = self._unscale_grads_(optimizer, inv_scale, found_inf, True)
+        state["stage"] = OptState.UNSCALED
+        self._agree_found_inf(state)
+
+    def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        found = super()._check_inf_per_device(optimizer)
+        self._agree_found_inf(self._per_optimizer_states[id(optimizer)])
+        return found
+
+    def _agree_found_inf(self, state: dict[str, Any]) -> None:
+        """One all-reduce: every rank's own flag, plus a control request from rank 0."""
+        info = process_group_info(self.process_group)
+        if info is None:
+            return
+        rank, world = info
+        assert self._scale is not None
+        device = self._scale.device
+        per_device: dict[torch.device, torch.Tensor] = state["found_inf_per_device"]
+        local = [f.to(device, non_blocking=True).reshape(()) for f in per_device.values()]
+        payload = torch.zeros(world + _control.SLOTS, dtype=torch.float64, device=device)
+        payload[rank] = local[0] if len(local) == 1 else torch.stack(local).sum()
+        if rank == 0 and self._inbox and not self._carried:
+            slots = torch.tensor(_control.encode(self._inbox.popleft()), dtype=torch.float64)
+            if device.type == "cuda":
+                slots = slots.pin_memory()
+            payload[world:] = slots.to(device, non_blocking=True)
+            self._carried = True
+        dist.all_reduce(payload, group=self.process_group)
+        total = payload[:world].sum()
+        for found in per_device.values():
+            found.copy_(total)
+        state["payload"] = payload
+        state["world"] = world
+        self._step_states.append(state)
+
+    def _maybe_opt_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        optimizer_state: dict[str, Any],
+        *args: Any,
+        **kwargs: Any,
+    ) -> float | None:
+        payload = optimizer_state.get("payload")
+        if payload is None:
+            return super()._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)
+        # One read of the whole payload replaces torch's read of each found_inf.
+        host = payload.tolist()
+        optimizer_state["host"] = host
+        if sum(host[: optimizer_state["world"]]):
+            return None
+        retval: float | None = optimizer.step(*args, **kwargs)
+        return retval
+
+    # ------------------------------------------------------------ update
+
+    def _step_flags(self) -> list[torch.Tensor]:
+        return [state["payload"] for state in self._step_states]
+
+    def _attribution_width(self) -> int:
+        return int(self._step_states[0]["world"]) if self._step_states else 0
+
+    def _host_payload(self) -> list[float] | None:
+        """This step's payloads summed on the host, reading at most once; None on cuda if unread."""
+        if self._step_host is not None or not self._step_states:
+            return self._step_host
+        unread = [s["payload"] for s in self._step_states if "host" not in s]
+        if unread and unread[0].device.type != "cpu":
+            return None
+        rows = [s["host"] for s in self._step_states if "host" in s]
+        if unread:
+            rows.append((unread[0] if len(unread) == 1 else torch.stack(unread).sum(0)).tolist())
+        self._step_host = [sum(col) for col in zip(*rows, strict=True)]
+        return self._step_host
+
+    def _torch_update(
+        self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
+    ) -> None:
+        if scale.device.type != "cpu":
+            amp_update_scale_(
+                scale,
+                tracker,
+                found,
+                self._growth_factor,
+                self._backoff_factor,
+                self._growth_interval,
+            )
+            return
+        # torch's ShardedGradScaler updates cpu scales in Python, with float32 arithmetic.
+        host = self._host_payload()
+        world = self._attribution_width()
+        overflow = sum(host[:world]) >= 1.0 if host is not None else found.item() >= 1.0
+        if overflow:
+            scale *= self._backoff_factor
+            tracker.fill_(0)
+        else:
+            successful = tracker + 1
+            if successful == self._growth_interval:
+                scale *= self._growth_factor
+                tracker.fill_(0)
+            else:
+                self._growth_tracker = successful
+
+    def _controls_for_step(self) -> list[tuple[ControlUpdate, str | None]]:
+        updates: list[ControlUpdate] = []
+        for slots, event in self._lagged:
+            event.synchronize()
+            update = _control.decode(slots.tolist())
+            if update is not None:
+                updates.append(update)
+        self._lagged = []
+        if self._step_states:
+            world = self._attribution_width()
+            host = self._host_payload()
+            if host is not None:
+                update = _control.decode(host[world:])
+                if update is not None:
+                    updates.append(update)
+            else:
+                self._lag_control_slots(world)
+        elif self._inbox and process_group_info(self.process_group) is None:
+            updates.extend(self._inbox)
+            self._inbox.clear()
+        self._step_states = []
+        self._step_host = None
+        self._carried = False
+        return [(update, None) for update in updates]
+
+    def _lag_control_slots(self, world: int) -> None:
+        """On cuda with no host read this step, the request applies at the next update."""
+        payloads = [s["payload"] for s in self._step_states]
+        slots = (payloads[0] if len(payloads) == 1 else torch.stack(payloads).sum(0))[world:]
+        host = torch.empty(slots.shape, dtype=torch.float64, pin_memory=True)
+        host.copy_(slots, non_blocking=True)
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record()
+        self._lagged.append((host, event))
