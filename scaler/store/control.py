@@ -1,0 +1,331 @@
+"""Runtime control requests: validation, the pending queue, and the audit trail.
+
+A request is validated against the values in effect, stored ``pending``, picked up by the
+run's reporting rank, and marked ``applied`` (with the step) or ``rejected`` (with why).
+
+>>> validate_control({"growth_interval": 500.0}, {"min_scale": None, "max_scale": None})
+{'growth_interval': 500}
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Connection, Row, RowMapping, select, update
+
+from scaler.store.engine import Store
+from scaler.store.errors import (
+    ControlValidationError,
+    RequestNotFound,
+    RunNotFound,
+    RunNotRunning,
+)
+from scaler.store.records import ControlRequestRow
+from scaler.store.runs import effective_status
+from scaler.store.schema import control_requests, runs
+
+__all__ = [
+    "CONTROL_FIELDS",
+    "CONTROL_SOURCES",
+    "ControlValidationError",
+    "RequestNotFound",
+    "RunNotFound",
+    "RunNotRunning",
+    "control_history",
+    "control_state",
+    "mark_applied",
+    "mark_rejected",
+    "pending_requests",
+    "record_code_change",
+    "request_control",
+    "validate_control",
+]
+
+CONTROL_FIELDS = (
+    "growth_interval",
+    "growth_factor",
+    "backoff_factor",
+    "scale",
+    "min_scale",
+    "max_scale",
+    "hysteresis",
+)
+CONTROL_SOURCES = ("api", "cli", "code")
+INT32_MAX = 2**31 - 1
+
+_RULES = {
+    "growth_interval": f"growth_interval must be an integer >= 1 and <= {INT32_MAX}",
+    "hysteresis": f"hysteresis must be an integer >= 1 and <= {INT32_MAX}",
+    "growth_factor": "growth_factor must be a finite number > 1",
+    "backoff_factor": "backoff_factor must be a number > 0 and < 1",
+    "scale": "scale must be a finite number > 0",
+    "min_scale": "min_scale must be a finite number > 0",
+    "max_scale": "max_scale must be a finite number > 0",
+}
+
+
+def _as_int(value: object) -> int | None:
+    """An integral number as ``int`` (``500.0`` -> ``500``), anything else ``None``."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _as_finite(value: object) -> float | None:
+    """A finite number as ``float``; booleans, strings, NaN and infinities ``None``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _check(field: str, value: object) -> int | float | None:
+    """The normalised value of ``field``, or ``None`` when it breaks the field's rule."""
+    if field in ("growth_interval", "hysteresis"):
+        integer = _as_int(value)
+        return integer if integer is not None and 1 <= integer <= INT32_MAX else None
+    number = _as_finite(value)
+    if number is None:
+        return None
+    if field == "growth_factor":
+        return number if number > 1 else None
+    if field == "backoff_factor":
+        return number if 0 < number < 1 else None
+    return number if number > 0 else None
+
+
+def validate_control(values: Mapping[str, object], current: Mapping[str, object]) -> dict[str, Any]:
+    """Check requested control ``values`` against the values in effect (``current``).
+
+    Returns the values normalised (integral fields as ``int``, the others ``float``), in
+    ``CONTROL_FIELDS`` order; raises :class:`ControlValidationError` naming every bad field.
+    """
+    if not isinstance(values, Mapping):
+        raise ControlValidationError({"request": "a request is an object of control fields"})
+    errors: dict[str, str] = {}
+    for field in values:
+        if field not in CONTROL_FIELDS:
+            errors[str(field)] = f"unknown field; allowed: {', '.join(CONTROL_FIELDS)}"
+    if not values:
+        errors["request"] = f"a request sets at least one of: {', '.join(CONTROL_FIELDS)}"
+    clean: dict[str, Any] = {}
+    for field in CONTROL_FIELDS:
+        if field in values:
+            checked = _check(field, values[field])
+            if checked is None:
+                errors[field] = _RULES[field]
+            else:
+                clean[field] = checked
+    low = clean.get("min_scale", current.get("min_scale"))
+    high = clean.get("max_scale", current.get("max_scale"))
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and low > high:
+        for field, other, bound in (
+            ("min_scale", "max_scale", high),
+            ("max_scale", "min_scale", low),
+        ):
+            if field in clean:
+                relation = "<=" if field == "min_scale" else ">="
+                errors[field] = f"{field} must be {relation} {other} ({bound!r})"
+    if errors:
+        raise ControlValidationError(errors)
+    return clean
+
+
+def request_control(
+    store: Store,
+    run_id: int,
+    values: Mapping[str, object],
+    *,
+    requested_by: str,
+    source: str = "api",
+) -> ControlRequestRow:
+    """Validate ``values`` and store them as a pending request of the running run ``run_id``.
+
+    Raises :class:`RunNotFound`, :class:`RunNotRunning` or :class:`ControlValidationError`;
+    nothing is written then.
+    """
+    if source not in CONTROL_SOURCES:
+        raise ValueError(f"source must be one of {CONTROL_SOURCES}, not {source!r}")
+    now = time.time()
+    with store.write() as conn:
+        run = _run_row(conn, run_id)
+        status = effective_status(run, now)
+        if status != "running":
+            raise RunNotRunning(run_id, status)
+        clean = validate_control(values, run["control"])
+        result = conn.execute(
+            control_requests.insert().values(
+                run_id=run_id,
+                values=clean,
+                source=source,
+                requested_by=requested_by,
+                requested_at=now,
+                status="pending",
+            )
+        )
+        key = result.inserted_primary_key
+        assert key is not None  # an INSERT of one row always has one
+        return _request(conn, int(key[0]))
+
+
+def pending_requests(store: Store, run_id: int) -> list[ControlRequestRow]:
+    """The run's pending requests, oldest first."""
+    with store.read() as conn:
+        rows = conn.execute(
+            select(control_requests)
+            .where(control_requests.c.run_id == run_id, control_requests.c.status == "pending")
+            .order_by(control_requests.c.id)
+        ).all()
+    return [_to_row(row) for row in rows]
+
+
+def mark_applied(
+    store: Store,
+    request_id: int,
+    *,
+    step: int,
+    at: float,
+    state: Mapping[str, Any],
+    version: int,
+) -> None:
+    """Record that the request took effect at ``step``; ``state`` is now the run's control."""
+    with store.write() as conn:
+        run_id = _settle(conn, request_id, status="applied", applied_step=step, applied_at=at)
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id)
+            .values(control=dict(state), control_version=version)
+        )
+
+
+def mark_rejected(
+    store: Store,
+    request_id: int,
+    *,
+    reason: str,
+    step: int | None = None,
+    at: float | None = None,
+) -> None:
+    """Record that the request was refused, and why; the run's control is unchanged."""
+    with store.write() as conn:
+        _settle(
+            conn,
+            request_id,
+            status="rejected",
+            reason=reason,
+            applied_step=step,
+            applied_at=time.time() if at is None else at,
+        )
+
+
+def record_code_change(
+    store: Store,
+    run_id: int,
+    values: Mapping[str, Any],
+    *,
+    step: int,
+    at: float,
+    state: Mapping[str, Any],
+    version: int,
+    requested_by: str = "code",
+) -> ControlRequestRow:
+    """Audit a change made by the training code itself (a public setter): applied at ``step``."""
+    with store.write() as conn:
+        _run_row(conn, run_id)
+        result = conn.execute(
+            control_requests.insert().values(
+                run_id=run_id,
+                values=dict(values),
+                source="code",
+                requested_by=requested_by,
+                requested_at=at,
+                status="applied",
+                applied_step=step,
+                applied_at=at,
+            )
+        )
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id)
+            .values(control=dict(state), control_version=version)
+        )
+        key = result.inserted_primary_key
+        assert key is not None  # an INSERT of one row always has one
+        return _request(conn, int(key[0]))
+
+
+def control_history(store: Store, run_id: int) -> list[ControlRequestRow]:
+    """Every request of the run, oldest first."""
+    with store.read() as conn:
+        _run_row(conn, run_id)
+        rows = conn.execute(
+            select(control_requests)
+            .where(control_requests.c.run_id == run_id)
+            .order_by(control_requests.c.id)
+        ).all()
+    return [_to_row(row) for row in rows]
+
+
+def control_state(store: Store, run_id: int) -> dict[str, Any]:
+    """The control values in effect plus their ``version`` (0 before any change)."""
+    with store.read() as conn:
+        run = _run_row(conn, run_id)
+    return {**run["control"], "version": run["control_version"]}
+
+
+def _run_row(conn: Connection, run_id: int) -> RowMapping:
+    row = conn.execute(
+        select(runs.c.status, runs.c.heartbeat_at, runs.c.control, runs.c.control_version).where(
+            runs.c.id == run_id
+        )
+    ).first()
+    if row is None:
+        raise RunNotFound(run_id)
+    return row._mapping
+
+
+def _settle(conn: Connection, request_id: int, **values: Any) -> int:
+    """Move a pending request to its final status; return its run id."""
+    row = conn.execute(
+        select(control_requests.c.run_id, control_requests.c.status).where(
+            control_requests.c.id == request_id
+        )
+    ).first()
+    if row is None:
+        raise RequestNotFound(request_id)
+    if row.status != "pending":
+        raise ValueError(f"control request {request_id} is {row.status} already")
+    conn.execute(
+        update(control_requests).where(control_requests.c.id == request_id).values(**values)
+    )
+    return int(row.run_id)
+
+
+def _request(conn: Connection, request_id: int) -> ControlRequestRow:
+    row = conn.execute(select(control_requests).where(control_requests.c.id == request_id)).one()
+    return _to_row(row)
+
+
+def _to_row(row: Row[Any]) -> ControlRequestRow:
+    return ControlRequestRow(
+        id=row.id,
+        run_id=row.run_id,
+        values=dict(row.values),
+        source=row.source,
+        requested_by=row.requested_by,
+        requested_at=row.requested_at,
+        status=row.status,
+        applied_step=row.applied_step,
+        applied_at=row.applied_at,
+        reason=row.reason,
+    )

@@ -1,0 +1,36 @@
+"""Errors the store raises for requests it refuses; the service maps them to HTTP answers."""
+
+from __future__ import annotations
+
+
+class RunNotFound(LookupError):
+    """No run has this id (404)."""
+
+    def __init__(self, run_id: int) -> None:
+        super().__init__(f"run {run_id} not found")
+        self.run_id = run_id
+
+
+class RunNotRunning(RuntimeError):
+    """The run has finished or crashed, so nothing will apply a request (409)."""
+
+    def __init__(self, run_id: int, status: str) -> None:
+        super().__init__(f"run {run_id} is {status}, not running")
+        self.run_id = run_id
+        self.status = status
+
+
+class RequestNotFound(LookupError):
+    """No control request has this id."""
+
+    def __init__(self, request_id: int) -> None:
+        super().__init__(f"control request {request_id} not found")
+        self.request_id = request_id
+
+
+class ControlValidationError(ValueError):
+    """Refused control values (422). ``errors`` maps each offending field to the rule it breaks."""
+
+    def __init__(self, errors: dict[str, str]) -> None:
+        super().__init__("; ".join(f"{field}: {message}" for field, message in errors.items()))
+        self.errors = errors

@@ -1,0 +1,62 @@
+"""Plain values passed in and out of the store."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One telemetry record: what one ``update()`` did. A ``steps`` row has the same fields."""
+
+    step: int
+    wall_time: float
+    scale: float  # the scale used this step
+    overflow: bool  # found inf/NaN on any rank
+    skipped: bool
+    inf_ranks: tuple[int, ...]  # ranks whose local grads had inf/NaN
+    scale_after: float
+    growth_tracker: int  # after the update
+    growth_interval: int
+    growth_factor: float
+    backoff_factor: float
+    control_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunRef:
+    """A run's row id (foreign key of every other table) and its globally unique ``uid``."""
+
+    id: int
+    uid: str
+
+
+@dataclass(frozen=True)
+class ControlRequestRow:
+    """One row of the control audit trail (``control_requests``)."""
+
+    id: int
+    run_id: int
+    values: dict[str, Any]
+    source: str  # api | cli | code
+    requested_by: str
+    requested_at: float
+    status: str  # pending | applied | rejected
+    applied_step: int | None
+    applied_at: float | None
+    reason: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``{"id": 1, "run_id": 1, "values": {"growth_interval": 500}, ...}``."""
+        return asdict(self)
+
+
+def format_inf_ranks(ranks: tuple[int, ...]) -> str:
+    """``(1, 3)`` -> ``"1,3"``; ``()`` -> ``""``."""
+    return ",".join(map(str, ranks))
+
+
+def parse_inf_ranks(text: str) -> tuple[int, ...]:
+    """``"1,3"`` -> ``(1, 3)``; ``""`` -> ``()``."""
+    return tuple(int(rank) for rank in text.split(",")) if text else ()

@@ -1,0 +1,327 @@
+"""Writes of a training run: its row, heartbeats, step records with their rollups, gaps.
+
+The trainer's telemetry thread is the one writer of a run's steps; every function here
+is one write transaction.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import socket
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, RowMapping, exc, select, text, update
+
+from scaler.store.engine import Store
+from scaler.store.errors import RunNotFound
+from scaler.store.records import RunRef, StepRecord
+from scaler.store.schema import ROLLUP_LEVELS, control_requests, runs, telemetry_gaps
+
+__all__ = [
+    "HEARTBEAT_INTERVAL_S",
+    "HEARTBEAT_TIMEOUT_S",
+    "RUN_STATUSES",
+    "create_run",
+    "effective_status",
+    "end_run",
+    "heartbeat",
+    "record_gap",
+    "resume_run",
+    "write_steps",
+]
+
+HEARTBEAT_TIMEOUT_S = 15.0
+HEARTBEAT_INTERVAL_S = 2.0
+RUN_STATUSES = ("running", "finished", "crashed")
+
+_STEP_COLUMNS = (
+    "run_id",
+    "step",
+    "wall_time",
+    "scale",
+    "overflow",
+    "skipped",
+    "inf_ranks",
+    "scale_after",
+    "growth_tracker",
+    "growth_interval",
+    "growth_factor",
+    "backoff_factor",
+    "control_version",
+)
+_INSERT_STEPS = (
+    f"INSERT INTO steps ({', '.join(_STEP_COLUMNS)}) VALUES ({', '.join('?' * len(_STEP_COLUMNS))})"
+)
+# A step written again (a retried batch, or steps replayed after resuming from an older
+# checkpoint) replaces the stored row; its buckets are then recomputed from what is stored.
+_REPLACE_STEPS = _INSERT_STEPS.replace("INSERT", "INSERT OR REPLACE", 1)
+
+_ROLLUP_COLUMNS = (
+    "run_id, level, bucket, first_step, last_step, n, scale_min, scale_max, scale_last,"
+    " tracker_min, tracker_max, tracker_last, overflows, skipped"
+)
+# Aliases are prefixed: SQLite resolves a bare name in WHERE/GROUP BY to a result alias.
+_ROLLUP_FROM_STEPS = text(
+    f"INSERT OR REPLACE INTO step_rollups ({_ROLLUP_COLUMNS})"
+    " SELECT :run, :level, a.agg_bucket, a.agg_first, a.agg_last, a.agg_n,"
+    " a.agg_scale_min, a.agg_scale_max, s.scale_after,"
+    " a.agg_tracker_min, a.agg_tracker_max, s.growth_tracker, a.agg_overflows, a.agg_skipped"
+    " FROM (SELECT step / :width AS agg_bucket, min(step) AS agg_first,"
+    " max(step) AS agg_last, count(*) AS agg_n,"
+    " min(min(scale), min(scale_after)) AS agg_scale_min,"
+    " max(max(scale), max(scale_after)) AS agg_scale_max,"
+    " min(growth_tracker) AS agg_tracker_min, max(growth_tracker) AS agg_tracker_max,"
+    " sum(overflow) AS agg_overflows, sum(skipped) AS agg_skipped"
+    " FROM steps WHERE run_id = :run AND step >= :lo AND step < :hi"
+    " GROUP BY step / :width) AS a"
+    " JOIN steps AS s ON s.run_id = :run AND s.step = a.agg_last"
+)
+_ROLLUP_FROM_CHILD = text(
+    f"INSERT OR REPLACE INTO step_rollups ({_ROLLUP_COLUMNS})"
+    " SELECT :run, :level, a.agg_bucket, a.agg_first, a.agg_last, a.agg_n,"
+    " a.agg_scale_min, a.agg_scale_max, c.scale_last,"
+    " a.agg_tracker_min, a.agg_tracker_max, c.tracker_last, a.agg_overflows, a.agg_skipped"
+    " FROM (SELECT bucket / :ratio AS agg_bucket, min(first_step) AS agg_first,"
+    " max(last_step) AS agg_last, sum(n) AS agg_n,"
+    " min(scale_min) AS agg_scale_min, max(scale_max) AS agg_scale_max,"
+    " min(tracker_min) AS agg_tracker_min, max(tracker_max) AS agg_tracker_max,"
+    " sum(overflows) AS agg_overflows, sum(skipped) AS agg_skipped"
+    " FROM step_rollups WHERE run_id = :run AND level = :child AND bucket >= :lo AND bucket < :hi"
+    " GROUP BY bucket / :ratio) AS a"
+    " JOIN step_rollups AS c ON c.run_id = :run AND c.level = :child"
+    " AND c.bucket = a.agg_last / :child_width"
+)
+
+
+def _rollup_plan() -> tuple[tuple[int, int, int | None, int], ...]:
+    """``(level, width, child level or None, child width)``, finest first.
+
+    A level whose width is a multiple of the next finer one is merged from that level's
+    rows (at most width/child_width of them per bucket) instead of from ``steps``.
+    """
+    plan: list[tuple[int, int, int | None, int]] = []
+    for level, width in sorted(ROLLUP_LEVELS.items(), key=lambda item: item[1]):
+        child = plan[-1] if plan else None
+        if child is not None and width % child[1] == 0:
+            plan.append((level, width, child[0], child[1]))
+        else:
+            plan.append((level, width, None, 1))
+    return tuple(plan)
+
+
+_ROLLUP_PLAN = _rollup_plan()
+
+
+def _torch_version() -> str:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def create_run(
+    store: Store,
+    *,
+    name: str,
+    world_size: int,
+    config: Mapping[str, Any],
+    control: Mapping[str, Any],
+    uid: str | None = None,
+    torch_version: str | None = None,
+) -> RunRef:
+    """Insert a running run owned by this process; ``uid`` defaults to a fresh UUID (hex)."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    uid = uid or uuid.uuid4().hex
+    now = time.time()
+    values = {
+        "uid": uid,
+        "name": name,
+        "status": "running",
+        "world_size": world_size,
+        "config": dict(config),
+        "control": dict(control),
+        "control_version": 0,
+        "torch_version": torch_version or _torch_version(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started_at": now,
+        "ended_at": None,
+        "heartbeat_at": now,
+        "last_step": 0,
+        "dropped": 0,
+    }
+    try:
+        with store.write() as conn:
+            result = conn.execute(runs.insert().values(values))
+    except exc.IntegrityError as error:
+        raise ValueError(f"a run with uid {uid!r} exists already; resume it instead") from error
+    key = result.inserted_primary_key
+    assert key is not None  # an INSERT of one row always has one
+    return RunRef(id=int(key[0]), uid=uid)
+
+
+def resume_run(store: Store, uid: str) -> RunRef | None:
+    """Mark the run ``uid`` running again, owned by this process; ``None`` if there is none."""
+    now = time.time()
+    with store.write() as conn:
+        run_id = conn.execute(select(runs.c.id).where(runs.c.uid == uid)).scalar_one_or_none()
+        if run_id is None:
+            return None
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id)
+            .values(
+                status="running",
+                ended_at=None,
+                heartbeat_at=now,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+            )
+        )
+    return RunRef(id=int(run_id), uid=uid)
+
+
+def heartbeat(store: Store, run_id: int, at: float | None = None) -> None:
+    """Record that the run's writer is alive at ``at`` (default: now)."""
+    with store.write() as conn:
+        _update_run(conn, run_id, heartbeat_at=time.time() if at is None else at)
+
+
+def end_run(store: Store, run_id: int, status: str = "finished") -> None:
+    """Mark the run ``finished`` or ``crashed``; its pending control requests are rejected."""
+    if status not in ("finished", "crashed"):
+        raise ValueError(f"a run ends as 'finished' or 'crashed', not {status!r}")
+    now = time.time()
+    with store.write() as conn:
+        _update_run(conn, run_id, status=status, ended_at=now, heartbeat_at=now)
+        conn.execute(
+            update(control_requests)
+            .where(control_requests.c.run_id == run_id, control_requests.c.status == "pending")
+            .values(status="rejected", applied_at=now, reason=f"the run {status} first")
+        )
+
+
+def effective_status(row: Mapping[str, Any] | RowMapping, now: float | None = None) -> str:
+    """A run's status as readers should show it: ``running`` with a stale heartbeat is crashed.
+
+    >>> effective_status({"status": "running", "heartbeat_at": 100.0}, now=120.0)
+    'crashed'
+    """
+    status: str = row["status"]
+    now = time.time() if now is None else now
+    if status == "running" and now - float(row["heartbeat_at"]) > HEARTBEAT_TIMEOUT_S:
+        return "crashed"
+    return status
+
+
+def write_steps(store: Store, run_id: int, records: Sequence[StepRecord]) -> None:
+    """Store ``records`` and refresh the rollups of their buckets, in one transaction.
+
+    Also advances ``runs.last_step`` and the heartbeat. Writing a step again replaces it,
+    so a retried batch leaves the same rows and rollups as one write.
+    """
+    if not records:
+        return
+    rows = [
+        (
+            run_id,
+            r.step,
+            r.wall_time,
+            r.scale,
+            r.overflow,
+            r.skipped,
+            ",".join(map(str, r.inf_ranks)) if r.inf_ranks else "",
+            r.scale_after,
+            r.growth_tracker,
+            r.growth_interval,
+            r.growth_factor,
+            r.backoff_factor,
+            r.control_version,
+        )
+        for r in records
+    ]
+    step_numbers = [r.step for r in records]
+    if min(step_numbers) < 0:
+        raise ValueError("step numbers are >= 0")
+    with store.write() as conn:
+        last_step = conn.execute(
+            select(runs.c.last_step).where(runs.c.id == run_id)
+        ).scalar_one_or_none()
+        if last_step is None:
+            raise RunNotFound(run_id)
+        fresh = min(step_numbers) > last_step and len(set(step_numbers)) == len(step_numbers)
+        conn.exec_driver_sql(_INSERT_STEPS if fresh else _REPLACE_STEPS, rows)
+        _refresh_rollups(conn, run_id, step_numbers)
+        conn.execute(
+            text(
+                "UPDATE runs SET last_step = max(last_step, :last), heartbeat_at = :now"
+                " WHERE id = :run"
+            ),
+            {"last": max(step_numbers), "now": time.time(), "run": run_id},
+        )
+
+
+def _refresh_rollups(conn: Connection, run_id: int, step_numbers: Sequence[int]) -> None:
+    touched: set[int] = set()
+    for level, width, child, child_width in _ROLLUP_PLAN:
+        if child is None:
+            touched = {step // width for step in step_numbers}
+            statement, unit = _ROLLUP_FROM_STEPS, width
+        else:
+            touched = {bucket * child_width // width for bucket in touched}
+            statement, unit = _ROLLUP_FROM_CHILD, width // child_width
+        for first, last in _contiguous(touched):
+            conn.execute(
+                statement,
+                {
+                    "run": run_id,
+                    "level": level,
+                    "child": child,
+                    "width": width,
+                    "ratio": unit,
+                    "child_width": child_width,
+                    "lo": first * unit,
+                    "hi": (last + 1) * unit,
+                },
+            )
+
+
+def _contiguous(values: set[int]) -> list[tuple[int, int]]:
+    """``{1, 2, 3, 7}`` -> ``[(1, 3), (7, 7)]``."""
+    ranges: list[tuple[int, int]] = []
+    for value in sorted(values):
+        if ranges and value == ranges[-1][1] + 1:
+            ranges[-1] = (ranges[-1][0], value)
+        else:
+            ranges.append((value, value))
+    return ranges
+
+
+def record_gap(
+    store: Store, run_id: int, first_step: int, last_step: int, dropped: int, reason: str
+) -> None:
+    """Record that ``dropped`` records of steps ``first_step..last_step`` were lost, and why."""
+    if dropped < 0 or last_step < first_step:
+        raise ValueError("a gap needs first_step <= last_step and dropped >= 0")
+    with store.write() as conn:
+        _update_run(conn, run_id, dropped=runs.c.dropped + dropped)
+        conn.execute(
+            telemetry_gaps.insert().values(
+                run_id=run_id,
+                first_step=first_step,
+                last_step=last_step,
+                dropped=dropped,
+                recorded_at=time.time(),
+                reason=reason,
+            )
+        )
+
+
+def _update_run(conn: Connection, run_id: int, **values: Any) -> None:
+    if conn.execute(update(runs).where(runs.c.id == run_id).values(**values)).rowcount == 0:
+        raise RunNotFound(run_id)
