@@ -8,7 +8,7 @@ bucket spans many steps and from ``steps`` when it spans few.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 

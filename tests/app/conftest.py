@@ -65,7 +65,9 @@ def simulate(
 def add_run(
     store: Store, records: list[StepRecord], *, name: str = "bert-large", batch: int = 50_000
 ) -> int:
-    ref = create_run(store, name=name, world_size=2, config={"init_scale": 2.0**16}, control=CONTROL)
+    ref = create_run(
+        store, name=name, world_size=2, config={"init_scale": 2.0**16}, control=CONTROL
+    )
     for i in range(0, len(records), batch):
         write_steps(store, ref.id, records[i : i + batch])
     return ref.id

@@ -16,9 +16,7 @@ def test_commands_are_registered() -> None:
     assert {"serve", "runs", "export", "control", "db"} <= set(COMMANDS)
 
 
-def test_runs_prints_a_table(
-    store: Store, db_url: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_runs_prints_a_table(store: Store, db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     run = add_run(store, simulate(100, {10}), name="bert")
 
     assert main(["runs", "--db", db_url]) == 0

@@ -20,7 +20,9 @@ BIG = max(ROLLUP_LEVELS.values()) + 40_000  # every rollup level has whole bucke
 
 
 @pytest.fixture(scope="module")
-def big_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Store, int, list[StepRecord]]]:
+def big_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Store, int, list[StepRecord]]]:
     path: Path = tmp_path_factory.mktemp("big") / "big.db"
     rng = random.Random(5)
     overflows = set(rng.sample(range(1, BIG + 1), 120)) | {1, 64, 4095, 4096, 262143, 262144}
@@ -58,7 +60,9 @@ def check_buckets(
             assert series["scale_min"][i] <= r.scale_after
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_big_run_buckets_never_lose_an_overflow(
     big_run: tuple[Store, int, list[StepRecord]], data: st.DataObject
@@ -72,7 +76,9 @@ def test_big_run_buckets_never_lose_an_overflow(
     check_buckets(body, records, start, end, max_points)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     steps=st.integers(1, 9000),
     first=st.integers(0, 5000),
@@ -98,8 +104,9 @@ def test_random_runs_buckets_never_lose_an_overflow(
     a, b = sorted(window)
     start, end = first + int(a * steps), first + int(b * steps)
 
-    response = client.get(f"/api/runs/{run}/steps", params={"start": start, "end": end,
-                                                            "max_points": max_points})
+    response = client.get(
+        f"/api/runs/{run}/steps", params={"start": start, "end": end, "max_points": max_points}
+    )
 
     assert response.status_code == 200
     body = response.json()

@@ -1,0 +1,335 @@
+"""Service benchmark: chart queries, CSV export and live-stream latency on a synthetic run.
+
+    .venv/bin/python bench/service.py             # 10M steps
+    .venv/bin/python bench/service.py --steps 2000000
+
+Builds one synthetic run in a temporary store (raw sqlite3 inserts in one transaction,
+rollups computed with ``INSERT ... SELECT ... GROUP BY``), starts ``uvicorn`` in a child
+process and measures it over HTTP on 127.0.0.1. Goals (DESIGN.md): chart p95 < 100 ms,
+export >= 200k rows/s with flat memory, a new step reaches an SSE client in < 1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import os
+import random
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scaler.store.engine import open_store  # noqa: E402
+from scaler.store.records import StepRecord  # noqa: E402
+from scaler.store.runs import create_run, end_run, write_steps  # noqa: E402
+from scaler.store.schema import ROLLUP_LEVELS  # noqa: E402
+
+CONTROL = {"growth_interval": 2000, "growth_factor": 2.0, "backoff_factor": 0.5}
+SERVER = """
+import sys, uvicorn
+from pydantic import SecretStr
+from app.main import create_app
+from app.settings import Settings
+settings = Settings(db=sys.argv[1], token=SecretStr("bench"))
+uvicorn.run(create_app(settings), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
+"""
+
+
+def step_rows(
+    run_id: int, steps: int, overflows: set[int], after: dict[int, float]
+) -> Iterator[tuple[Any, ...]]:
+    """Rows of a scaler with torch's rules (interval 2000) that overflows at ``overflows``."""
+    scale, tracker, t0 = 2.0**16, 0, 1_700_000_000.0
+    for step in range(1, steps + 1):
+        if step in overflows:
+            new, tracker, ranks = scale * 0.5, 0, str(step % 8)
+            after[step] = new
+        elif tracker == 1999:
+            new, tracker, ranks = min(scale * 2.0, 2.0**24), 0, ""
+        else:
+            new, tracker, ranks = scale, tracker + 1, ""
+        over = step in overflows
+        yield (
+            run_id,
+            step,
+            t0 + step * 0.1,
+            scale,
+            over,
+            over,
+            ranks,
+            new,
+            tracker,
+            2000,
+            2.0,
+            0.5,
+            0,
+        )
+        scale = new
+
+
+def build(url: str, path: Path, steps: int, n_overflows: int) -> tuple[int, dict[int, float]]:
+    """A finished run of ``steps`` steps; returns its id and ``{overflow step: scale after}``."""
+    with open_store(url) as store:
+        run = create_run(store, name="bench-10M", world_size=8, config={}, control=CONTROL).id
+        end_run(store, run)
+    rng = random.Random(0)
+    overflows = set(rng.sample(range(1, steps + 1), n_overflows))
+    after: dict[int, float] = {}
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA synchronous = OFF")
+    started = time.perf_counter()
+    conn.execute("BEGIN")
+    rows = step_rows(run, steps, overflows, after)
+    chunk = 1_000_000
+    for done in range(0, steps, chunk):
+        batch = [row for _, row in zip(range(chunk), rows, strict=False)]
+        conn.executemany("INSERT INTO steps VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", batch)
+        print(
+            f"  steps {done + len(batch):>11,} / {steps:,}  {time.perf_counter() - started:6.1f} s",
+            flush=True,
+        )
+    levels = sorted(ROLLUP_LEVELS.items(), key=lambda item: item[1])
+    child: tuple[int, int] | None = None
+    for level, width in levels:
+        if child is None:
+            source = (
+                "SELECT run_id, {level}, step / {w}, min(step), max(step), count(*),"
+                " min(min(scale), min(scale_after)), max(max(scale), max(scale_after)),"
+                " 0.0, min(growth_tracker), max(growth_tracker), 0, sum(overflow), sum(skipped)"
+                " FROM steps WHERE run_id = {run} GROUP BY step / {w}"
+            )
+        else:
+            source = (
+                "SELECT run_id, {level}, bucket / {ratio}, min(first_step), max(last_step),"
+                " sum(n), min(scale_min), max(scale_max), 0.0, min(tracker_min),"
+                " max(tracker_max), 0, sum(overflows), sum(skipped) FROM step_rollups"
+                " WHERE run_id = {run} AND level = {child} GROUP BY bucket / {ratio}"
+            )
+        conn.execute(
+            "INSERT INTO step_rollups "
+            + source.format(
+                level=level,
+                w=width,
+                run=run,
+                ratio=width // child[1] if child else 1,
+                child=child[0] if child else 0,
+            )
+        )
+        conn.execute(
+            "UPDATE step_rollups SET (scale_last, tracker_last) = (SELECT scale_after,"
+            " growth_tracker FROM steps WHERE steps.run_id = step_rollups.run_id"
+            " AND steps.step = step_rollups.last_step) WHERE run_id = ? AND level = ?",
+            (run, level),
+        )
+        child = (level, width)
+        print(
+            f"  rollups level {level} (width {width})  {time.perf_counter() - started:6.1f} s",
+            flush=True,
+        )
+    conn.execute("UPDATE runs SET last_step = ? WHERE id = ?", (steps, run))
+    conn.execute("COMMIT")
+    conn.execute("ANALYZE")
+    conn.close()
+    return run, after
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def start_server(url: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-c", SERVER, url, str(port)], cwd=ROOT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                return process, base
+        except httpx.TransportError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("the server did not start")
+
+
+def check_overflows(
+    body: dict[str, Any], lo: int, hi: int, after: dict[int, float], ordered: list[int]
+) -> int:
+    """Every overflow step in ``[lo, hi]`` lies in a bucket that shows it; returns their count."""
+    series = body["series"]
+    first, last = series["first_step"], series["last_step"]
+    inside = ordered[bisect.bisect_left(ordered, lo) : bisect.bisect_right(ordered, hi)]
+    for step in inside:
+        i = bisect.bisect_right(first, step) - 1
+        assert i >= 0 and first[i] <= step <= last[i], step
+        assert series["overflows"][i] > 0, step
+        assert series["scale_min"][i] <= after[step], step
+    return len(inside)
+
+
+def bench_charts(
+    http: httpx.Client, run: int, steps: int, after: dict[int, float], repeats: int
+) -> list[list[str]]:
+    ordered = sorted(after)
+    rng = random.Random(1)
+    table = []
+    for label, width in (
+        ("whole run", steps),
+        ("1M window", 1_000_000),
+        ("10k window", 10_000),
+        ("500 window", 500),
+    ):
+        width = min(width, steps)
+        times, buckets, seen = [], 0, 0
+        for _ in range(repeats):
+            lo = 1 if width == steps else rng.randint(1, steps - width + 1)
+            hi = lo + width - 1
+            params = {"start": lo, "end": hi, "max_points": 2000}
+            started = time.perf_counter()
+            response = http.get(f"/api/runs/{run}/steps", params=params)
+            times.append((time.perf_counter() - started) * 1000)
+            body = response.json()
+            buckets = len(body["series"]["n"])
+            assert buckets <= 2000 and sum(body["series"]["n"]) == width
+            seen += check_overflows(body, lo, hi, after, ordered)
+        q = statistics.quantiles(times, n=20)
+        table.append(
+            [
+                f"/steps {label} ({width:,} steps)",
+                f"{statistics.median(times):.1f} ms",
+                f"{q[18]:.1f} ms",
+                f"{buckets} buckets, {seen} overflows checked",
+            ]
+        )
+    return table
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def bench_export(http: httpx.Client, run: int, pid: int, rows: int) -> list[str]:
+    baseline, peak, stop = rss_kib(pid), [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], rss_kib(pid))
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    started, lines, size = time.perf_counter(), 0, 0
+    params = {"what": "steps", "format": "csv", "start": 1, "end": rows}
+    with http.stream("GET", f"/api/runs/{run}/export", params=params) as response:
+        for chunk in response.iter_bytes():
+            lines += chunk.count(b"\n")
+            size += len(chunk)
+    elapsed = time.perf_counter() - started
+    stop.set()
+    sampler.join()
+    assert lines == rows + 1, lines
+    return [
+        f"export CSV {rows:,} rows",
+        f"{rows / elapsed:,.0f} rows/s",
+        f"{size / elapsed / 1e6:.0f} MB/s",
+        f"server RSS +{(peak[0] - baseline) / 1024:.1f} MiB over {baseline / 1024:.0f} MiB",
+    ]
+
+
+def bench_stream(http: httpx.Client, url: str, count: int) -> list[str]:
+    store = open_store(url)
+    run = create_run(store, name="bench-live", world_size=1, config={}, control=CONTROL).id
+    write_steps(store, run, [_record(0)])
+    arrived: dict[int, float] = {}
+    ready = threading.Event()
+
+    def read() -> None:
+        with http.stream("GET", f"/api/runs/{run}/stream", timeout=30) as response:
+            for line in response.iter_lines():
+                ready.set()
+                if line.startswith("id: "):
+                    arrived[int(line[4:])] = time.perf_counter()
+                elif line == "event: end":
+                    return
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    ready.wait(10)
+    written: dict[int, float] = {}
+    for step in range(1, count + 1):
+        write_steps(store, run, [_record(step)])
+        written[step] = time.perf_counter()
+        time.sleep(0.05)  # ~20 steps/s, a fast fp16 job
+    end_run(store, run)
+    reader.join(10)
+    store.close()
+    latencies = [(arrived[step] - written[step]) * 1000 for step in written if step in arrived]
+    assert len(latencies) == count, f"{len(latencies)} of {count} steps arrived"
+    return [
+        f"step -> SSE client ({count} steps)",
+        f"{statistics.median(latencies):.0f} ms median",
+        f"{max(latencies):.0f} ms max",
+        "poll every 50 ms",
+    ]
+
+
+def _record(step: int) -> StepRecord:
+    return StepRecord(
+        step, time.time(), 65536.0, False, False, (), 65536.0, step % 2000, 2000, 2.0, 0.5, 0
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10_000_000)
+    parser.add_argument("--overflows", type=int, default=2000, help="overflow steps in the run")
+    parser.add_argument("--repeats", type=int, default=40, help="requests per chart window")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="scalewatch-bench-") as tmp:
+        path = Path(tmp) / "bench.db"
+        url = f"sqlite:///{path}"
+        print(f"building a {args.steps:,}-step run with {args.overflows} overflows in {path}")
+        started = time.perf_counter()
+        run, after = build(url, path, args.steps, args.overflows)
+        built = time.perf_counter() - started
+        print(f"built in {built:.1f} s ({path.stat().st_size / 1e9:.2f} GB)")
+        process, base = start_server(url)
+        try:
+            with httpx.Client(base_url=base, timeout=120) as http:
+                table = [["what", "p50 / rate", "p95 / max", "notes"]]
+                table += bench_charts(http, run, args.steps, after, args.repeats)
+                table.append(bench_export(http, run, process.pid, min(100_000, args.steps)))
+                table.append(bench_export(http, run, process.pid, min(1_000_000, args.steps)))
+                table.append(bench_stream(http, url, 50))
+        finally:
+            process.terminate()
+            process.wait(10)
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    print(f"\nservice benchmark: {args.steps:,} steps, {os.cpu_count()} CPUs, build {built:.0f} s")
+    for row in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+    print(json.dumps({"steps": args.steps, "overflows": args.overflows}))
+
+
+if __name__ == "__main__":
+    main()
