@@ -11,7 +11,7 @@ import torch
 from . import _control
 from ._control import ControlUpdate
 from ._recorder import Captured, ControlOutcome, Recorder, Snapshot
-from ._torch_compat import _refresh_per_optimizer_state
+from ._torch_compat import _refresh_per_optimizer_state, process_group_info
 from .stats import ScalerCheckpoint, ScalerStats
 
 if TYPE_CHECKING:
@@ -211,8 +211,8 @@ class Instrumented(_Base):
     ) -> None:
         assert self._scale is not None and self._growth_tracker is not None
         recorder = self._recorder
-        if recorder is None:
-            recorder = self._recorder = Recorder(self._init_scale, self._make_sink())
+        if recorder is None or recorder.closed:
+            recorder = self._recorder = Recorder(self._init_scale, self._make_sink(), recorder)
         recorder.submit(
             Snapshot(
                 step=self._step_count,
@@ -232,7 +232,52 @@ class Instrumented(_Base):
         self._scale_host = None
 
     def _make_sink(self) -> Any:
-        return None
+        """The telemetry writer's intake on the reporting rank; None elsewhere or when off."""
+        option = self._telemetry_option
+        info = self._group_info()
+        if option is False or (info is not None and info[0] != 0):
+            return None
+        from .telemetry import Telemetry, close_at_exit
+
+        self._telemetry = Telemetry(
+            None if option is None or option is True else option,
+            name=self._run_name,
+            world_size=1 if info is None else info[1],
+            config=self._config(),
+            control=self.control_state(),
+            inbox=self._inbox,
+            uid=self._run_uid,
+        )
+        self._run_uid = self._telemetry.uid
+        close_at_exit(self)
+        return self._telemetry.submit
+
+    def _group_info(self) -> tuple[int, int] | None:
+        """(rank, size) of the group whose rank 0 reports; None for a single process."""
+        return process_group_info(None)
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "class": type(self).__name__,
+            "device": self._device,
+            "init_scale": self._init_scale,
+            "growth_factor": self._growth_factor,
+            "backoff_factor": self._backoff_factor,
+            "growth_interval": self._growth_interval,
+            "min_scale": self._min_scale,
+            "max_scale": self._max_scale,
+            "hysteresis": self._hysteresis,
+        }
+
+    @property
+    def run_uid(self) -> str | None:
+        """The telemetry run this scaler writes to (None before the first update or when off)."""
+        return self._run_uid
+
+    @property
+    def run_id(self) -> int | None:
+        """The run's id in the store, once the writer has created it."""
+        return None if self._telemetry is None else self._telemetry.run_id
 
     # ---------------------------------------------------------------- control
 
@@ -461,11 +506,13 @@ class Instrumented(_Base):
     # ---------------------------------------------------------------- closing
 
     def close(self) -> None:
-        """Flush telemetry and mark the run finished. Safe to call twice."""
-        if self._recorder is not None:
-            self._recorder.close()
-        if self._telemetry is not None:
-            self._telemetry.close()
+        """Flush telemetry and mark the run finished. Safe to call twice; also runs at exit."""
+        recorder, telemetry = self._recorder, self._telemetry
+        self._telemetry = None
+        if recorder is not None:
+            recorder.close()
+        if telemetry is not None:
+            telemetry.close()
 
     def __enter__(self) -> Instrumented:
         return self

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from .stats import ScalerStats
+from .store.records import StepRecord
 
 log = logging.getLogger("scaler")
 
@@ -39,20 +40,9 @@ class ControlOutcome:
 
 @dataclass(frozen=True, slots=True)
 class StepSample:
-    """One ``update()`` as the host sees it."""
+    """One ``update()`` as the host sees it, with the control changes made at it."""
 
-    step: int
-    wall_time: float
-    scale: float
-    overflow: bool
-    skipped: bool
-    inf_ranks: tuple[int, ...]
-    scale_after: float
-    growth_tracker: int
-    growth_interval: int
-    growth_factor: float
-    backoff_factor: float
-    control_version: int
+    record: StepRecord
     controls: tuple[ControlOutcome, ...] = ()
 
 
@@ -131,13 +121,15 @@ class _Fold:
 class Recorder:
     """Takes snapshots from the training thread; one daemon thread reads them."""
 
-    def __init__(self, init_scale: float, sink: Sink | None = None) -> None:
+    def __init__(
+        self, init_scale: float, sink: Sink | None = None, previous: Recorder | None = None
+    ) -> None:
         self._pending: deque[Snapshot] = deque()
         self._cond = threading.Condition()
-        self._fold = _Fold(last_scale=init_scale)
+        self._fold: _Fold = previous._fold if previous is not None else _Fold(last_scale=init_scale)
         self._submitted = 0
         self._done = 0
-        self._dropped = 0
+        self._dropped: int = previous._dropped if previous is not None else 0
         self._sink = sink
         self._closed = False
         self._thread = threading.Thread(
@@ -174,7 +166,13 @@ class Recorder:
                     raise TimeoutError("telemetry recorder did not catch up")
                 self._cond.wait(min(left, 0.05))
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
+        if self._closed:
+            return
         self.flush()
         with self._cond:
             self._closed = True
@@ -247,7 +245,7 @@ def _materialise(snap: Snapshot, fold: _Fold) -> StepSample:
         max_scale_seen=max(s.max_scale_seen, scale_used, scale_after),
     )
     fold.last_scale = scale_after
-    return StepSample(
+    record = StepRecord(
         step=snap.step,
         wall_time=snap.wall_time,
         scale=scale_used,
@@ -260,5 +258,5 @@ def _materialise(snap: Snapshot, fold: _Fold) -> StepSample:
         growth_factor=snap.growth_factor,
         backoff_factor=snap.backoff_factor,
         control_version=snap.control_version,
-        controls=snap.controls,
     )
+    return StepSample(record, snap.controls)

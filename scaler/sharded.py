@@ -214,6 +214,9 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
 
     # ------------------------------------------------------------ update
 
+    def _group_info(self) -> tuple[int, int] | None:
+        return process_group_info(self.process_group)
+
     def _step_flags(self) -> list[torch.Tensor]:
         return [state["payload"] for state in self._step_states]
 

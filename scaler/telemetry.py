@@ -1,0 +1,304 @@
+"""The reporting rank's link to the store: a writer thread and a control poller.
+
+Training never waits for the store. Samples queue in memory; while the store is
+slow, locked or unwritable they wait, and past ``MAX_PENDING`` records the oldest
+are dropped and counted, then recorded as a gap once the store takes writes again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sqlalchemy.exc import OperationalError
+
+from ._control import ControlUpdate
+from ._recorder import ControlOutcome, StepSample
+from .store import control as store_control
+from .store import runs as store_runs
+from .store.engine import Store, open_store
+from .store.records import StepRecord
+
+log = logging.getLogger("scaler.telemetry")
+
+MAX_PENDING = 200_000
+BATCH = 5000
+POLL_INTERVAL_S = 0.2
+RETRY_S = 0.5
+
+
+class Telemetry:
+    """Writes one run's samples and control outcomes; feeds pending requests to ``inbox``.
+
+    ``target`` is a store URL, an open :class:`Store` (left open at the end), or
+    None for the default store (``$SCALEWATCH_DB`` or ``sqlite:///scalewatch.db``).
+    """
+
+    def __init__(
+        self,
+        target: str | Store | None,
+        *,
+        name: str | None,
+        world_size: int,
+        config: Mapping[str, Any],
+        control: Mapping[str, Any],
+        inbox: deque[ControlUpdate],
+        uid: str | None = None,
+    ) -> None:
+        self.uid = uid or uuid.uuid4().hex
+        self._resume = uid is not None
+        self._target = target
+        self._store: Store | None = target if isinstance(target, Store) else None
+        self._owns_store = not isinstance(target, Store)
+        self._name = name or f"{socket.gethostname()}-{os.getpid()}-{self.uid[:6]}"
+        self._world_size = world_size
+        self._config = dict(config)
+        self._control = dict(control)
+        self._inbox = inbox
+        self.run_id: int | None = None
+        self._records: deque[StepRecord] = deque()
+        self._outcomes: deque[tuple[int, float, ControlOutcome]] = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._idle = threading.Condition(self._lock)
+        self._in_flight = 0
+        self.dropped = 0
+        self._gap: tuple[int, int, int] | None = None  # first, last, count
+        self._failing: str | None = None
+        self._handed: set[int] = set()
+        self._closed = False
+        self._writer = threading.Thread(
+            target=self._write_loop, name="scalewatch-writer", daemon=True
+        )
+        self._poller = threading.Thread(
+            target=self._poll_loop, name="scalewatch-poller", daemon=True
+        )
+        self._writer.start()
+        self._poller.start()
+
+    # ------------------------------------------------------------- intake
+
+    def submit(self, samples: list[StepSample]) -> None:
+        """Called by the recorder thread; never blocks on the store."""
+        with self._lock:
+            for sample in samples:
+                self._records.append(sample.record)
+                for outcome in sample.controls:
+                    self._outcomes.append((sample.record.step, sample.record.wall_time, outcome))
+            overflow = len(self._records) - MAX_PENDING
+            for _ in range(max(0, overflow)):
+                self._drop(self._records.popleft().step)
+        self._wake.set()
+
+    def _drop(self, step: int) -> None:
+        self.dropped += 1
+        first, _, count = self._gap or (step, step, 0)
+        self._gap = (first, step, count + 1)
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until everything queued so far is in the store (or ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._records or self._outcomes or self._in_flight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.set()
+                self._idle.wait(min(left, 0.05))
+        return True
+
+    def close(self, status: str = "finished", timeout: float = 30.0) -> None:
+        """Flush, mark the run ``status`` and stop both threads. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        flushed = self.flush(timeout)
+        self._stop.set()
+        self._wake.set()
+        self._writer.join(timeout)
+        self._poller.join(timeout)
+        store = self._store
+        if store is not None and self.run_id is not None:
+            try:
+                store_runs.end_run(store, self.run_id, status)
+            except Exception as error:
+                log.warning("scalewatch: could not mark run %s %s: %s", self.run_id, status, error)
+        if not flushed:
+            log.warning("scalewatch: %d telemetry records not written at close", len(self._records))
+        if store is not None and self._owns_store:
+            store.close()
+
+    # ------------------------------------------------------------- writer
+
+    def _write_loop(self) -> None:
+        last_beat = 0.0
+        while True:
+            self._wake.wait(store_runs.HEARTBEAT_INTERVAL_S / 2)
+            self._wake.clear()
+            stopping = self._stop.is_set()
+            try:
+                if self._ensure_run():
+                    self._write_pending()
+                    now = time.monotonic()
+                    if now - last_beat >= store_runs.HEARTBEAT_INTERVAL_S:
+                        assert self._store is not None and self.run_id is not None
+                        store_runs.heartbeat(self._store, self.run_id)
+                        last_beat = now
+                    self._recovered()
+            except Exception as error:  # the store is down: keep the records, try again
+                self._failed(error)
+                if not stopping:
+                    self._stop.wait(RETRY_S)
+            with self._lock:
+                self._idle.notify_all()
+            if stopping:
+                return
+
+    def _ensure_run(self) -> bool:
+        if self.run_id is not None:
+            return True
+        if self._store is None:
+            self._store = open_store(self._target if isinstance(self._target, str) else None)
+        ref = store_runs.resume_run(self._store, self.uid) if self._resume else None
+        if ref is None:
+            ref = store_runs.create_run(
+                self._store,
+                name=self._name,
+                world_size=self._world_size,
+                config=self._config,
+                control=self._control,
+                uid=self.uid,
+            )
+        self.run_id = ref.id
+        return True
+
+    def _write_pending(self) -> None:
+        store, run_id = self._store, self.run_id
+        assert store is not None and run_id is not None
+        while True:
+            with self._lock:
+                batch = [self._records[i] for i in range(min(BATCH, len(self._records)))]
+                outcomes = list(self._outcomes)
+                self._in_flight = len(batch) + len(outcomes)
+            if not batch and not outcomes:
+                return
+            try:
+                if self._gap is not None:
+                    self._write_gap(store, run_id)
+                store_runs.write_steps(store, run_id, batch)
+                with self._lock:
+                    for _ in batch:
+                        if self._records:
+                            self._records.popleft()
+                for step, at, outcome in outcomes:
+                    try:
+                        _write_outcome(store, run_id, step, at, outcome)
+                    except OperationalError:
+                        raise
+                    except Exception as error:  # e.g. the request was settled meanwhile
+                        log.warning("scalewatch: control outcome not recorded: %s", error)
+                    with self._lock:
+                        self._outcomes.popleft()
+            finally:
+                with self._lock:
+                    self._in_flight = 0
+
+    def _write_gap(self, store: Store, run_id: int) -> None:
+        with self._lock:
+            gap, self._gap = self._gap, None
+        if gap is None:
+            return
+        try:
+            store_runs.record_gap(
+                store, run_id, gap[0], gap[1], gap[2], self._failing or "telemetry queue full"
+            )
+        except Exception:
+            with self._lock:
+                self._gap = _merge_gaps(gap, self._gap)
+            raise
+
+    def _failed(self, error: Exception) -> None:
+        if self._failing is None:
+            log.warning(
+                "scalewatch: the store is not taking writes (%s); records wait, then are dropped",
+                error,
+            )
+        self._failing = f"{type(error).__name__}: {error}"
+
+    def _recovered(self) -> None:
+        if self._failing is not None:
+            log.warning(
+                "scalewatch: the store takes writes again; %d records dropped", self.dropped
+            )
+            self._failing = None
+
+    # ------------------------------------------------------------- poller
+
+    def _poll_loop(self) -> None:
+        while not self._stop.wait(POLL_INTERVAL_S):
+            store, run_id = self._store, self.run_id
+            if store is None or run_id is None:
+                continue
+            try:
+                pending = store_control.pending_requests(store, run_id)
+            except Exception:  # a locked or missing store: try at the next poll
+                continue
+            for request in pending:
+                if request.id not in self._handed:
+                    self._handed.add(request.id)
+                    self._inbox.append(ControlUpdate(request.id, request.values))
+
+
+def _write_outcome(
+    store: Store, run_id: int, step: int, at: float, outcome: ControlOutcome
+) -> None:
+    if outcome.request_id == 0:
+        store_control.record_code_change(
+            store,
+            run_id,
+            outcome.values,
+            step=step,
+            at=at,
+            state=outcome.state,
+            version=outcome.version,
+        )
+    elif outcome.applied:
+        store_control.mark_applied(
+            store,
+            outcome.request_id,
+            step=step,
+            at=at,
+            state=outcome.state,
+            version=outcome.version,
+        )
+    else:
+        store_control.mark_rejected(
+            store, outcome.request_id, reason=outcome.reason or "refused", step=step, at=at
+        )
+
+
+def _merge_gaps(a: tuple[int, int, int], b: tuple[int, int, int] | None) -> tuple[int, int, int]:
+    if b is None:
+        return a
+    return min(a[0], b[0]), max(a[1], b[1]), a[2] + b[2]
+
+
+def close_at_exit(obj: Any) -> None:
+    """Call ``obj.close()`` at interpreter exit unless it was garbage-collected before."""
+    atexit.register(_close_ref, weakref.ref(obj))
+
+
+def _close_ref(ref: Callable[[], Any]) -> None:
+    obj = ref()
+    if obj is not None:
+        obj.close()
