@@ -56,7 +56,8 @@ export const paths = {
     if (after !== null && after !== undefined) query.set("after", String(after));
     return `api/runs/${enc(id)}/overflows?${query}`;
   },
-  stream: (id) => `api/runs/${enc(id)}/stream`,
+  stream: (id, after) =>
+    `api/runs/${enc(id)}/stream${after === undefined || after === null ? "" : `?after=${enc(after)}`}`,
   control: (id) => `api/runs/${enc(id)}/control`,
   exportFile: (id, what, format) =>
     `api/runs/${enc(id)}/export?what=${enc(what)}&format=${enc(format)}`,

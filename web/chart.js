@@ -31,6 +31,7 @@ const REQUERY_DELAY_MS = 300;
 const FLUSH_MS = 100;
 const COMPACT_AFTER = 5000; // live points appended before the whole run is re-bucketed
 const OVERFLOW_PAGE = 1000;
+const AUTORANGE_Y = { "yaxis.autorange": true, "yaxis2.autorange": true, "yaxis3.autorange": true };
 
 // Skipped steps over the last `window` steps, fed bucket by bucket.
 class RollingRate {
@@ -197,13 +198,15 @@ export class RunChart {
   }
 
   layout() {
+    const narrow = (this.node.clientWidth || 1000) < 600;
     return {
       uirevision: "keep",
       autosize: true,
-      margin: { l: 70, r: 16, t: 36, b: 44 },
+      margin: { l: narrow ? 52 : 70, r: 12, t: narrow ? 20 : 36, b: 44 },
       font: { family: "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size: 12 },
       hovermode: "closest",
-      legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },
+      showlegend: !narrow,
+      legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", traceorder: "normal" },
       xaxis: { title: { text: "step" }, anchor: "y3", showspikes: true, spikemode: "across", spikethickness: 1 },
       yaxis: { type: "log", title: { text: "loss scale" }, domain: [0.44, 1], fixedrange: true, exponentformat: "power", anchor: "x" },
       yaxis2: { title: { text: "tracker" }, domain: [0.23, 0.4], fixedrange: true, rangemode: "tozero", anchor: "x" },
@@ -294,13 +297,38 @@ export class RunChart {
       update.customdata.push(fresh[index].customdata);
     }
     await Plotly.restyle(this.node, update, LINE_TRACES);
-    const rateTitle = `skipped (last ${this.rate.window} steps)`;
-    if (this.node.layout.yaxis3.title.text !== rateTitle) {
-      await Plotly.relayout(this.node, { "yaxis3.title.text": rateTitle });
+    await Plotly.relayout(this.node, this.view ? this.viewRanges(cols) : AUTORANGE_Y);
+    const rateName = `skipped-step rate (last ${this.rate.window} steps)`;
+    if (this.node.data[T.skipRate].name !== rateName) {
+      await Plotly.restyle(this.node, { name: rateName }, [T.skipRate]);
     }
     this.ready = true;
+    this.node.dataset.view = this.view ? this.view.join("-") : "all";
+    this.node.dataset.bucketWidth = String(this.bucketWidth);
     this.updateCounts();
     this.onInfo({ bucketWidth: this.bucketWidth, view: this.view, points: cols.x.length });
+  }
+
+  // Plotly autoranges y over every point of a trace, not the visible ones, so a
+  // zoomed view gets its y ranges from the buckets and overflows inside it.
+  viewRanges(cols) {
+    const [start, end] = this.view;
+    const overflows = this.node.data[T.overflows];
+    const scales = [...cols.scaleMin, ...cols.scaleMax];
+    overflows.x.forEach((step, i) => {
+      if (step >= start && step <= end) scales.push(overflows.y[i]);
+    });
+    const positive = scales.filter((v) => v > 0);
+    if (!positive.length) return AUTORANGE_Y;
+    const lo = Math.log10(Math.min(...positive));
+    const hi = Math.log10(Math.max(...positive));
+    const pad = Math.max(0.1, (hi - lo) * 0.06);
+    const top = (values, floor) => Math.max(floor, ...values) * 1.08;
+    return {
+      "yaxis.range": [lo - pad, hi + pad],
+      "yaxis2.range": [0, top(cols.trMax, 1)],
+      "yaxis3.range": [0, top(cols.rate, 0.01)],
+    };
   }
 
   addBucket(cols, b) {

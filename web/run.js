@@ -88,8 +88,8 @@ function renderExports() {
 
 // EventSource resumes by itself with Last-Event-ID after a dropped connection;
 // a stream the server refused outright is reopened here after a pause.
-function openStream(chart, panel) {
-  stream = new EventSource(paths.stream(runId));
+function openStream(chart, panel, after) {
+  stream = new EventSource(paths.stream(runId, after));
   stream.addEventListener("open", () => setLive("live", "live"));
   stream.addEventListener("step", (event) => chart.addLiveStep(JSON.parse(event.data)));
   stream.addEventListener("control", (event) => panel.onEvent(JSON.parse(event.data)));
@@ -107,7 +107,7 @@ function openStream(chart, panel) {
     if (stream.readyState === EventSource.CLOSED) {
       if (live.dataset.state === "ended") return;
       setLive("offline", "disconnected; retrying");
-      setTimeout(() => openStream(chart, panel), RECONNECT_MS);
+      setTimeout(() => openStream(chart, panel, chart.lastStep >= 0 ? chart.lastStep : undefined), RECONNECT_MS);
     } else {
       setLive("reconnecting", "reconnecting");
     }

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _harness import CHROMIUM, CHROMIUM_ARGS, HOSTILE_NAME, Served, Tab, serve_live_run
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp_dir: Path = tmp_path_factory.mktemp("web")
+    with serve_live_run(tmp_dir, ended_runs=[(HOSTILE_NAME, "finished")]) as live:
+        yield live
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def tab(browser: Any, served: Served) -> Iterator[Tab]:
+    context = browser.new_context(
+        base_url=served.base_url, accept_downloads=True, viewport={"width": 1280, "height": 900}
+    )
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    tab = Tab(page)
+    page.on("console", lambda message: message.type == "error" and tab.errors.append(message.text))
+    page.on("pageerror", lambda error: tab.errors.append(f"uncaught: {error}"))
+
+    def on_dialog(dialog: Any) -> None:
+        tab.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", on_dialog)
+    yield tab
+    context.close()

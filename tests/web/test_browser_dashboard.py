@@ -1,0 +1,218 @@
+"""The dashboard in headless Chromium, against a real service and a run being written."""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import pytest
+from _harness import CHROMIUM, HOSTILE_NAME, Served, Tab
+from sqlalchemy import select
+
+from scaler.store import control, queries
+from scaler.store.schema import steps
+
+pytestmark = pytest.mark.browser
+
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
+pytest.importorskip("playwright.sync_api")
+
+POINTS = "Number(document.getElementById('chart').dataset.points)"
+
+
+def open_run(tab: Tab, run_id: int) -> None:
+    tab.page.goto(f"/run.html?run={run_id}")
+    tab.page.wait_for_function(f"{POINTS} > 0")
+
+
+def chart(tab: Tab, expression: str) -> object:
+    return tab.page.evaluate(f"(gd => {expression})(document.getElementById('chart'))")
+
+
+def submit(tab: Tab, token: str | None = None, **values: object) -> None:
+    page = tab.page
+    if token is not None:
+        page.fill("#token", token)
+    for name, value in values.items():
+        page.fill(f"#f-{name}", str(value))
+    page.click("#control-submit")
+
+
+def test_runs_page_lists_runs_live_and_links_to_them(tab: Tab, served: Served) -> None:
+    page = tab.page
+    page.goto("/")
+    row = page.locator(f'#runs tbody tr[data-run-id="{served.run_id}"]')
+    row.wait_for()
+    assert row.locator(".badge").inner_text() == "● running"
+    finished = page.locator(f'#runs tbody tr[data-run-id="{served.other_runs[HOSTILE_NAME]}"]')
+    assert finished.locator(".badge").inner_text() == "✓ finished"
+
+    steps_cell = row.locator("td").nth(3)
+    before = int(steps_cell.inner_text().replace(",", ""))
+    page.wait_for_function(
+        """([id, before]) => {
+            const cell = document.querySelector(`#runs tr[data-run-id='${id}'] td:nth-child(4)`);
+            return Number(cell.textContent.replace(/,/g, "")) > before;
+        }""",
+        arg=[served.run_id, before],
+        timeout=5000,
+    )
+
+    row.locator("a").click()
+    page.wait_for_url(f"**/run.html?run={served.run_id}")
+    assert tab.unexpected_errors() == []
+
+
+def test_hostile_run_name_renders_as_text(tab: Tab, served: Served) -> None:
+    page = tab.page
+    run_id = served.other_runs[HOSTILE_NAME]
+    page.goto("/")
+    link = page.locator(f'#runs tbody tr[data-run-id="{run_id}"] a')
+    assert link.inner_text() == HOSTILE_NAME
+    assert page.locator("#runs img").count() == 0
+
+    open_run(tab, run_id)
+    assert page.inner_text("#run-name") == HOSTILE_NAME
+    assert page.title() == f"{HOSTILE_NAME} · scalewatch"
+    assert page.locator("main img").count() == 0
+    assert tab.dialogs == []
+    assert tab.unexpected_errors() == []
+
+
+def test_run_chart_grows_live_with_overflows_marked(tab: Tab, served: Served) -> None:
+    open_run(tab, served.run_id)
+    before = chart(tab, "gd.data[2].x.length")
+    assert chart(tab, "Number(gd.dataset.points)") == before
+    tab.page.wait_for_function(f"{POINTS} > {before}", timeout=2000)
+
+    tab.page.wait_for_function("document.getElementById('chart').data[3].x.length > 0")
+    marked = chart(tab, "gd.data[3].x.map((step, i) => [step, gd.data[3].customdata[i][1]])")
+    assert isinstance(marked, list)
+    marked.sort()
+    with served.store.engine.connect() as conn:
+        stored = conn.execute(
+            select(steps.c.step, steps.c.inf_ranks)
+            .where(steps.c.run_id == served.run_id, steps.c.overflow, steps.c.step <= marked[-1][0])
+            .order_by(steps.c.step)
+        ).all()
+    assert [[step, ranks.replace(",", ", ")] for step, ranks in stored] == marked
+
+
+def test_zoom_requeries_finer_buckets_and_autoscale_returns(tab: Tab, served: Served) -> None:
+    page = tab.page
+    open_run(tab, served.run_id)
+    page.evaluate("Plotly.relayout(document.getElementById('chart'), {'xaxis.range': [50, 150]})")
+    page.locator("#chart[data-view='50-150']").wait_for(state="attached")
+    assert page.get_attribute("#chart", "data-bucket-width") == "1"
+    first = chart(tab, "gd.data[2].x.slice(0, 101)")
+    assert first == list(range(50, 151))
+
+    page.evaluate("Plotly.relayout(document.getElementById('chart'), {'xaxis.autorange': true})")
+    page.locator("#chart[data-view='all']").wait_for(state="attached")
+    assert chart(tab, "gd.data[2].x[0]") < 50
+    assert tab.unexpected_errors() == []
+
+
+def test_control_change_asks_token_again_then_applies_and_marks_chart(
+    tab: Tab, served: Served
+) -> None:
+    page = tab.page
+    open_run(tab, served.run_id)
+    assert page.is_visible("#token")
+
+    submit(tab, token="not-the-token", growth_interval=37)
+    page.locator("#token-error").wait_for()
+    assert "refused" in page.inner_text("#token-error")
+    assert page.evaluate("document.activeElement.id") == "token"
+
+    submit(tab, token=served.token)
+    row = page.locator("#history tbody tr[data-status=applied]", has_text="growth_interval = 37")
+    row.wait_for(timeout=5000)
+    applied_step = int(row.locator("[data-cell=applied-step]").inner_text())
+    stored = [
+        r
+        for r in control.control_history(served.store, served.run_id)
+        if r.values == {"growth_interval": 37}
+    ]
+    assert [(r.status, r.applied_step) for r in stored] == [("applied", applied_step)]
+
+    page.wait_for_function(
+        "step => document.getElementById('chart').layout.shapes.some(s => s.x0 === step)",
+        arg=applied_step,
+    )
+    page.locator("[data-state=growth_interval]", has_text="37").wait_for()
+    assert not page.is_visible("#token")  # kept for the browser session
+    assert page.evaluate("sessionStorage.getItem('scalewatch.token')") == served.token
+    assert tab.unexpected_errors(401) == []
+
+
+def test_refused_value_shows_the_field_message(tab: Tab, served: Served) -> None:
+    page = tab.page
+    open_run(tab, served.run_id)
+    submit(tab, token=served.token, growth_interval=0)
+    error = page.locator("#f-growth_interval-error")
+    error.wait_for()
+    run = queries.get_run(served.store, served.run_id)
+    assert run is not None
+    with pytest.raises(control.ControlValidationError) as refused:
+        control.validate_control({"growth_interval": 0}, run.control)
+    assert error.inner_text() == refused.value.errors["growth_interval"]
+    assert page.get_attribute("#f-growth_interval", "aria-invalid") == "true"
+    assert page.evaluate("document.activeElement.id") == "f-growth_interval"
+    assert tab.unexpected_errors(422) == []
+
+
+def test_finished_run_says_it_is_not_running(tab: Tab, served: Served) -> None:
+    page = tab.page
+    open_run(tab, served.other_runs[HOSTILE_NAME])
+    page.locator("#live[data-state=ended]").wait_for()
+    submit(tab, token=served.token, growth_factor=3)
+    page.locator("#form-error").wait_for()
+    assert "not running" in page.inner_text("#form-error")
+    assert tab.unexpected_errors(409) == []
+
+
+def test_overflow_csv_download_matches_store(tab: Tab, served: Served) -> None:
+    page = tab.page
+    open_run(tab, served.run_id)
+    with page.expect_download() as download:
+        page.click("[data-export=overflows-csv]")
+    path = download.value.path()
+    with open(path, newline="") as file:
+        rows = list(csv.DictReader(file))
+    assert rows, "the export has no overflow rows"
+    last = int(rows[-1]["step"])
+    with served.store.engine.connect() as conn:
+        stored = (
+            conn.execute(
+                select(steps)
+                .where(steps.c.run_id == served.run_id, steps.c.overflow, steps.c.step <= last)
+                .order_by(steps.c.step)
+            )
+            .mappings()
+            .all()
+        )
+    assert [int(row["step"]) for row in rows] == [row["step"] for row in stored]
+    for got, want in zip(rows, stored, strict=True):
+        assert float(got["scale"]) == want["scale"]
+        assert float(got["scale_after"]) == want["scale_after"]
+        assert re.findall(r"\d+", got["inf_ranks"]) == want["inf_ranks"].split(",")
+    for what in ("overflows", "steps"):
+        for fmt in ("csv", "jsonl"):
+            href = page.get_attribute(f"[data-export={what}-{fmt}]", "href")
+            assert href == f"api/runs/{served.run_id}/export?what={what}&format={fmt}"
+
+
+def test_no_console_errors_on_either_page(tab: Tab, served: Served) -> None:
+    page = tab.page
+    page.goto("/")
+    page.locator("#runs tbody tr").first.wait_for()
+    page.wait_for_function("document.getElementById('updated').textContent.startsWith('Updated')")
+    open_run(tab, served.run_id)
+    before = chart(tab, "gd.data[2].x.length")
+    page.wait_for_function(f"{POINTS} > {before}")
+    page.hover("#chart .nsewdrag")
+    assert tab.errors == []
+    assert tab.dialogs == []
