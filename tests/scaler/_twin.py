@@ -1,0 +1,152 @@
+"""Shared pieces of the scaler tests: a world-1 process group, tiny models, a traced loop."""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
+
+import scaler
+
+# step -> [(parameter index, value written into its gradient)]
+Injection = dict[int, list[tuple[int, float]]]
+
+
+@contextlib.contextmanager
+def world1() -> Iterator[None]:
+    """A gloo process group of one process, initialised in this process through a file store."""
+    assert not dist.is_initialized()
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{Path(tmp) / 'store'}", rank=0, world_size=1
+        )
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+def make_pair(kind: str, **kwargs: Any) -> tuple[Any, Any]:
+    """(torch's scaler, ours) built with the same keyword arguments on cpu."""
+    kwargs.setdefault("device", "cpu")
+    if kind == "plain":
+        return torch.amp.GradScaler(**kwargs), scaler.GradScaler(telemetry=False, **kwargs)
+    assert kind == "sharded"
+    return TorchSharded(**kwargs), scaler.ShardedGradScaler(telemetry=False, **kwargs)
+
+
+def mlp(seed: int = 0, dtype: torch.dtype = torch.float32, width: int = 8) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, width), nn.Tanh(), nn.Linear(width, 2)).to(dtype)
+
+
+def batch(step: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 + step)
+    return torch.randn(6, 4, generator=g).to(dtype)
+
+
+def poison(params: Sequence[torch.Tensor], index: int, value: float) -> None:
+    grad = params[index].grad
+    assert grad is not None
+    target = grad._values() if grad.is_sparse else grad
+    with torch.no_grad():
+        target.view(-1)[0] = value
+
+
+@dataclass
+class Trace:
+    scales: list[float] = field(default_factory=list)
+    trackers: list[int] = field(default_factory=list)
+    skipped: list[bool] = field(default_factory=list)  # every optimizer skipped its step
+    skipped_per_optimizer: list[tuple[bool, ...]] = field(default_factory=list)
+    params: list[torch.Tensor] = field(default_factory=list)
+    returns: list[Any] = field(default_factory=list)
+
+    def assert_same(self, other: Trace) -> None:
+        assert self.scales == other.scales
+        assert self.trackers == other.trackers
+        assert self.skipped == other.skipped
+        assert self.skipped_per_optimizer == other.skipped_per_optimizer
+        assert self.returns == other.returns
+        assert len(self.params) == len(other.params)
+        for mine, theirs in zip(self.params, other.params, strict=True):
+            assert mine.dtype == theirs.dtype
+            assert torch.equal(mine, theirs)
+
+
+def train(
+    gs: Any,
+    model: nn.Module,
+    optimizers: Sequence[torch.optim.Optimizer],
+    *,
+    steps: int,
+    inject: Injection | None = None,
+    dtype: torch.dtype = torch.float32,
+    before_step: Callable[[Any, torch.optim.Optimizer], None] | None = None,
+    forward: Callable[[nn.Module, int], torch.Tensor] | None = None,
+) -> Trace:
+    """Run ``steps`` iterations with scaler ``gs``; record what a user can observe."""
+    params = list(model.parameters())
+    trace = Trace()
+    for step in range(steps):
+        for opt in optimizers:
+            opt.zero_grad()
+        if forward is None:
+            loss = model(batch(step, dtype)).float().pow(2).mean()
+        else:
+            loss = forward(model, step)
+        gs.scale(loss).backward()
+        for index, value in (inject or {}).get(step, []):
+            poison(params, index, value)
+        per_optimizer = []
+        for opt in optimizers:
+            own = [p for group in opt.param_groups for p in group["params"]]
+            before = [p.detach().clone() for p in own]
+            if before_step is not None:
+                before_step(gs, opt)
+            trace.returns.append(gs.step(opt))
+            per_optimizer.append(
+                all(torch.equal(b, p.detach()) for b, p in zip(before, own, strict=True))
+            )
+        gs.update()
+        trace.scales.append(gs.get_scale())
+        trace.trackers.append(gs._get_growth_tracker())
+        trace.skipped.append(all(per_optimizer))
+        trace.skipped_per_optimizer.append(tuple(per_optimizer))
+    trace.params = [p.detach().clone() for p in params]
+    return trace
+
+
+def sgd(model: nn.Module) -> list[torch.optim.Optimizer]:
+    return [torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)]
+
+
+def twin_run(
+    kind: str,
+    *,
+    steps: int = 12,
+    inject: Injection | None = None,
+    optimizers: Callable[[nn.Module], list[torch.optim.Optimizer]] = sgd,
+    model: Callable[[], nn.Module] = mlp,
+    scaler_kwargs: dict[str, Any] | None = None,
+    **train_kwargs: Any,
+) -> tuple[Trace, Trace]:
+    """The same loop under torch's scaler and ours: (torch's trace, ours)."""
+    reference, ours = make_pair(kind, **(scaler_kwargs or {}))
+    traces = []
+    for gs in (reference, ours):
+        m = model()
+        traces.append(train(gs, m, optimizers(m), steps=steps, inject=inject, **train_kwargs))
+    return traces[0], traces[1]
+
+
+# inf and nan on chosen steps and parameters, with clean runs between to let the scale grow.
+INJECT: Injection = {2: [(0, float("inf"))], 3: [(3, float("nan"))], 7: [(1, float("-inf"))]}
