@@ -21,7 +21,7 @@ def check_token(authorization: str | None, expected: str | None) -> bool:
     >>> check_token("Bearer abc", "abc"), check_token("Bearer abd", "abc"), check_token(None, "abc")
     (True, False, False)
     """
-    if expected is None or not authorization:
+    if not expected or not authorization:
         return False
     scheme, _, presented = authorization.partition(" ")
     if scheme.lower() != "bearer":

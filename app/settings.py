@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scaler.store.engine import default_url
@@ -28,6 +28,12 @@ class Settings(BaseSettings):
     # Seconds between two polls of the store by a live stream, and between keep-alives.
     stream_poll_s: float = Field(default=0.05, gt=0)
     stream_keepalive_s: float = Field(default=15.0, gt=0)
+
+    @field_validator("token")
+    @classmethod
+    def _empty_is_unset(cls, token: SecretStr | None) -> SecretStr | None:
+        # An empty SCALEWATCH_TOKEN must not become a token that an empty header matches.
+        return token if token is not None and token.get_secret_value().strip() else None
 
 
 @lru_cache

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request, status
 from app.deps import StoreDep, TokenDep
 from app.models import ControlRequest, ControlRequestOut, ControlView
 from app.routes.runs import require_run
-from scaler.store import control
+from scaler.store.control import control_history, request_control
 
 router = APIRouter(prefix="/api/runs", tags=["control"])
 
@@ -20,7 +20,7 @@ def request_out(row: object) -> ControlRequestOut:
 def get_control(store: StoreDep, run: int) -> ControlView:
     info = require_run(store, run)
     state = {**info.control, "scale": info.scale, "version": info.control_version}
-    history = [request_out(row) for row in control.control_history(store, run)]
+    history = [request_out(row) for row in control_history(store, run)]
     return ControlView(state=state, history=history)
 
 
@@ -38,7 +38,7 @@ def post_control(
 ) -> ControlRequestOut:
     """Request a change; the reporting rank applies it at the next step boundary."""
     client = request.client.host if request.client else "unknown"
-    row = control.request_control(
+    row = request_control(
         store, run, body.model_dump(exclude_unset=True), requested_by=f"api@{client}"
     )
     return request_out(row)

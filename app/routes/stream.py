@@ -14,7 +14,8 @@ from starlette.concurrency import run_in_threadpool
 
 from app.deps import SettingsDep, StoreDep
 from app.routes.control import request_out
-from scaler.store import control, queries
+from scaler.store import queries
+from scaler.store.control import control_history
 from scaler.store.engine import Store
 
 router = APIRouter(prefix="/api/runs", tags=["stream"])
@@ -32,7 +33,7 @@ def sse_event(event: str, data: Any, event_id: int | None = None) -> str:
 
 def _control_marks(store: Store, run_id: int) -> dict[int, tuple[str, Any]]:
     return {
-        row.id: (row.status, row.applied_step) for row in control.control_history(store, run_id)
+        row.id: (row.status, row.applied_step) for row in control_history(store, run_id)
     }
 
 
@@ -51,7 +52,7 @@ class _Tail:
 
     def poll_control(self) -> list[str]:
         events = []
-        for row in control.control_history(self.store, self.run_id):
+        for row in control_history(self.store, self.run_id):
             mark = (row.status, row.applied_step)
             if self.control.get(row.id) != mark:
                 self.control[row.id] = mark

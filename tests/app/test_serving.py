@@ -57,3 +57,17 @@ def test_token_check_and_loopback() -> None:
     assert not check_token("", "abc")
     assert all(map(is_loopback, ["127.0.0.1", "127.5.0.1", "::1", "[::1]", "localhost"]))
     assert not any(map(is_loopback, ["0.0.0.0", "::", "192.168.1.4", "example.org"]))
+
+
+def test_an_empty_token_is_no_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCALEWATCH_TOKEN", " ")
+    assert Settings().token is None
+    assert not check_token("Bearer ", "")
+
+
+def test_exported_members() -> None:
+    import app
+
+    assert app.__all__ == ["Settings", "create_app", "get_settings"]
+    for name in app.__all__:
+        assert getattr(app, name).__module__.startswith("app.")

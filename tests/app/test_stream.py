@@ -1,0 +1,171 @@
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import uvicorn
+from pydantic import SecretStr
+
+from app.main import create_app
+from app.routes.stream import sse_event
+from app.settings import Settings
+from scaler.store.engine import Store
+from scaler.store.runs import end_run
+from tests.app.conftest import TestClient, add_run, simulate
+
+WRITER = """
+import sys, time
+from scaler.store.engine import open_store
+from scaler.store.runs import end_run, write_steps
+from tests.app.conftest import simulate
+url, run = sys.argv[1], int(sys.argv[2])
+store = open_store(url)
+print("ready", flush=True)
+for line in sys.stdin:
+    word, _, arg = line.strip().partition(" ")
+    if word == "write":
+        step = int(arg)
+        write_steps(store, run, simulate(1, set(), first=step))
+    elif word == "end":
+        end_run(store, run)
+    print("done", flush=True)
+"""
+
+
+@dataclass
+class Event:
+    event: str
+    data: str
+    id: str | None
+
+
+def events(response: httpx.Response) -> Iterator[Event]:
+    fields: dict[str, str] = {}
+    for line in response.iter_lines():
+        if not line:
+            if "event" in fields:
+                yield Event(fields["event"], fields.get("data", ""), fields.get("id"))
+            fields = {}
+        elif not line.startswith(":"):
+            name, _, value = line.partition(":")
+            fields[name] = value.removeprefix(" ")
+
+
+class Writer:
+    """Another process that writes steps to the store, one command at a time."""
+
+    def __init__(self, url: str, run: int) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", WRITER, url, str(run)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self._reply() == "ready"
+
+    def _reply(self) -> str:
+        assert self.process.stdout is not None
+        return self.process.stdout.readline().strip()
+
+    def send(self, command: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        assert self._reply() == "done"
+
+    def close(self) -> None:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.close()
+        self.process.wait(timeout=30)
+        self.process.stdout.close()
+
+
+@pytest.fixture
+def server(db_url: str, store: Store) -> Iterator[str]:
+    """A real uvicorn on a free port of 127.0.0.1, in a thread, stopped after the test."""
+    settings = Settings(db=db_url, token=SecretStr("t"), stream_poll_s=0.05)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(create_app(settings), log_level="warning", lifespan="on")
+    uv = uvicorn.Server(config)
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not uv.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{port}"
+    uv.should_exit = True
+    thread.join(timeout=10)
+    sock.close()
+    assert not thread.is_alive(), "the server kept a stream open after its client left"
+
+
+def test_live_steps_resume_and_end(server: str, db_url: str, store: Store) -> None:
+    run = add_run(store, simulate(5, set()))
+    writer = Writer(db_url, run)
+    try:
+        with httpx.Client(base_url=server, timeout=5) as http:
+            with http.stream("GET", f"/api/runs/{run}/stream") as response:
+                assert response.headers["content-type"].startswith("text/event-stream")
+                stream = events(response)
+                sent = time.monotonic()
+                writer.send("write 6")
+                first = next(stream)
+                latency = time.monotonic() - sent
+                assert (first.event, first.id) == ("step", "6")
+                assert json.loads(first.data)["step"] == 6
+                assert latency < 1.0
+
+            headers = {"Last-Event-ID": "3"}
+            with http.stream("GET", f"/api/runs/{run}/stream", headers=headers) as response:
+                stream = events(response)
+                assert [next(stream).id for _ in range(3)] == ["4", "5", "6"]
+                writer.send("write 7")
+                assert next(stream).id == "7"
+                writer.send("end")
+                end = next(stream)
+                assert (end.event, json.loads(end.data)) == ("end", {"status": "finished"})
+                assert list(stream) == []
+    finally:
+        writer.close()
+
+
+def test_stream_of_a_finished_run_golden_body(client: TestClient, store: Store) -> None:
+    run = add_run(store, simulate(3, {2}))
+    end_run(store, run)
+
+    body = client.get(f"/api/runs/{run}/stream?after=1").text
+
+    assert body == (
+        f"retry: 1000\n: streaming run {run} after step 1\n\n"
+        'id: 2\nevent: step\ndata: {"step":2,"wall_time":1700000000.5,"scale":65536.0,'
+        '"overflow":true,"skipped":true,"inf_ranks":[1],"scale_after":32768.0,'
+        '"growth_tracker":0,"growth_interval":4,"growth_factor":2.0,"backoff_factor":0.5,'
+        '"control_version":0}\n\n'
+        'id: 3\nevent: step\ndata: {"step":3,"wall_time":1700000000.75,"scale":32768.0,'
+        '"overflow":false,"skipped":false,"inf_ranks":[],"scale_after":32768.0,'
+        '"growth_tracker":1,"growth_interval":4,"growth_factor":2.0,"backoff_factor":0.5,'
+        '"control_version":0}\n\n'
+        'event: end\ndata: {"status":"finished"}\n\n'
+    )
+
+
+def test_bad_last_event_id_is_422(client: TestClient, store: Store) -> None:
+    run = add_run(store, simulate(3, set()))
+    response = client.get(f"/api/runs/{run}/stream", headers={"Last-Event-ID": "abc"})
+    assert response.status_code == 422
+
+
+def test_sse_event_format() -> None:
+    assert sse_event("end", {"status": "finished"}) == 'event: end\ndata: {"status":"finished"}\n\n'
+    assert sse_event("step", {"step": 7}, 7) == 'id: 7\nevent: step\ndata: {"step":7}\n\n'
