@@ -62,7 +62,14 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="port (default 8765)")
 
 
-@command("serve", "run the service and the dashboard", _serve_arguments)
+@command(
+    "serve",
+    "run the service and the dashboard. Control requests need the bearer token from"
+    " $SCALEWATCH_TOKEN; without it a new token is generated, printed once and written to"
+    " ~/.scalewatch/token (mode 0600; $SCALEWATCH_TOKEN_FILE to move it). Binding an"
+    " address other than loopback requires $SCALEWATCH_TOKEN.",
+    _serve_arguments,
+)
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -161,7 +168,6 @@ def _control_arguments(parser: argparse.ArgumentParser) -> None:
 @command("control", "request a change to a running job's scaler", _control_arguments)
 def control(args: argparse.Namespace) -> int:
     from scaler.store.control import request_control
-
     from scaler.store.engine import open_store
     from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning
 

@@ -32,9 +32,7 @@ def sse_event(event: str, data: Any, event_id: int | None = None) -> str:
 
 
 def _control_marks(store: Store, run_id: int) -> dict[int, tuple[str, Any]]:
-    return {
-        row.id: (row.status, row.applied_step) for row in control_history(store, run_id)
-    }
+    return {row.id: (row.status, row.applied_step) for row in control_history(store, run_id)}
 
 
 class _Tail:
