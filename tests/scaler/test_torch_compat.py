@@ -1,0 +1,125 @@
+"""Pins every torch internal that ``scaler._torch_compat`` reaches for."""
+
+from __future__ import annotations
+
+import enum
+import math
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
+
+import scaler
+from scaler import _torch_compat as compat
+
+
+def test_non_finite_check_and_unscale_multiplies_in_place_and_flags() -> None:
+    grads = [torch.tensor([2.0, -4.0]), torch.tensor([8.0])]
+    found = torch.zeros(1)
+    compat.non_finite_check_and_unscale_(grads, found, torch.tensor(0.5))
+    assert [g.tolist() for g in grads] == [[1.0, -2.0], [4.0]]
+    assert found.item() == 0.0
+
+    for bad in (math.inf, -math.inf, math.nan):
+        grads = [torch.tensor([2.0, bad]), torch.tensor([8.0])]
+        compat.non_finite_check_and_unscale_(grads, found, torch.tensor(0.5))
+        assert found.item() == 1.0
+        assert grads[1].tolist() == [4.0]  # still unscaled: the check does not stop early
+        found.zero_()
+
+
+def test_non_finite_check_and_unscale_fp16_and_sets_flag_to_one_only() -> None:
+    grads = [torch.tensor([math.inf, 2.0], dtype=torch.float16)]
+    found = torch.zeros(1)
+    compat.non_finite_check_and_unscale_(grads, found, torch.tensor(0.25))
+    compat.non_finite_check_and_unscale_(grads, found, torch.tensor(0.25))
+    assert found.item() == 1.0  # set, not added
+    assert grads[0].dtype == torch.float16
+
+
+def update(scale: float, tracker: int, found: float, interval: int = 3) -> tuple[float, int]:
+    s = torch.tensor(scale)
+    t = torch.tensor(tracker, dtype=torch.int32)
+    compat.amp_update_scale_(s, t, torch.tensor([found]), 2.0, 0.25, interval)
+    return s.item(), int(t.item())
+
+
+def test_amp_update_scale_rule() -> None:
+    assert update(8.0, 0, 0.0) == (8.0, 1)
+    assert update(8.0, 1, 0.0) == (8.0, 2)
+    assert update(8.0, 2, 0.0) == (16.0, 0)  # tracker + 1 == interval: grow
+    assert update(8.0, 2, 1.0) == (2.0, 0)  # overflow: back off, reset
+    # the stall the scaler avoids: grows only on equality, so a tracker past it never grows
+    assert update(8.0, 5, 0.0) == (8.0, 6)
+
+
+def test_amp_update_scale_never_grows_to_inf() -> None:
+    big = torch.finfo(torch.float32).max / 1.5
+    s = torch.tensor(big)
+    t = torch.tensor(0, dtype=torch.int32)
+    compat.amp_update_scale_(s, t, torch.zeros(1), 2.0, 0.5, 1)
+    assert s.item() == torch.tensor(big).item()
+    assert t.item() == 0
+
+
+def test_opt_state_members() -> None:
+    assert issubclass(compat.OptState, enum.Enum)
+    assert [m.name for m in compat.OptState] == ["READY", "UNSCALED", "STEPPED"]
+    assert compat.OptState is torch.amp.grad_scaler.OptState
+
+
+def test_refresh_per_optimizer_state_shape() -> None:
+    fresh = compat._refresh_per_optimizer_state()
+    assert fresh == {"stage": compat.OptState.READY, "found_inf_per_device": {}}
+    assert fresh is not compat._refresh_per_optimizer_state()
+
+
+def test_our_fresh_per_optimizer_state_equals_torchs() -> None:
+    ours = scaler.GradScaler("cpu", telemetry=False)
+    theirs = torch.amp.GradScaler("cpu")
+    assert ours._per_optimizer_states[7] == theirs._per_optimizer_states[7]
+    sharded = scaler.ShardedGradScaler("cpu", telemetry=False)
+    assert sharded._per_optimizer_states[7] == theirs._per_optimizer_states[7]
+
+
+def test_replicators_serve_the_master_per_device() -> None:
+    master = torch.ones(1)
+    general = compat._GeneralMultiDeviceReplicator(master)
+    served = general.get(torch.device("cpu"))
+    assert torch.equal(served, master)
+    assert general.get(torch.device("cpu")) is served  # one tensor per device, reused
+    assert list(general._per_device_tensors) == [torch.device("cpu")]
+    assert issubclass(compat._GeneralMultiDeviceReplicator, compat._MultiDeviceReplicator)
+
+
+def test_base_classes_are_torchs() -> None:
+    assert compat.TorchGradScaler is torch.amp.GradScaler
+    assert issubclass(scaler.GradScaler, compat.TorchGradScaler)
+    assert issubclass(scaler.ShardedGradScaler, compat.TorchShardedGradScaler)
+    for name in ("_scale", "_growth_tracker", "_init_scale", "_init_growth_tracker"):
+        assert name in vars(torch.amp.GradScaler("cpu"))
+    for name in ("_unscale_grads_", "_check_inf_per_device", "_get_scale_async", "_maybe_opt_step"):
+        assert callable(getattr(compat.TorchGradScaler, name))
+
+
+def test_local_tensor_of_plain_tensor_is_itself() -> None:
+    t = torch.ones(3)
+    assert compat.local_tensor(t) is t
+
+
+def test_process_group_info_without_group(no_group: None) -> None:
+    assert compat.process_group_info(None) is None
+    assert compat.process_group_info(dist.group.WORLD) is None
+
+
+def test_process_group_info_and_local_tensor_of_dtensor(group: None) -> None:
+    assert compat.process_group_info(None) == (0, 1)
+    assert compat.process_group_info(dist.group.WORLD) == (0, 1)
+    mesh = init_device_mesh("cpu", (1,))
+    full = torch.arange(6.0)
+    sharded = distribute_tensor(full, mesh, [Shard(0)])
+    assert isinstance(sharded, DTensor)
+    local = compat.local_tensor(sharded)
+    assert type(local) is torch.Tensor
+    assert local is sharded._local_tensor
+    assert torch.equal(local, full)
