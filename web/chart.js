@@ -61,6 +61,34 @@ class RollingRate {
   }
 }
 
+// Loss scales are powers of two in practice: tick the log axis at 2^k.
+function powerTicks([lo, hi]) {
+  if (!(lo > 0) || !(hi > 0)) return {};
+  let a = Math.floor(Math.log2(lo));
+  let b = Math.ceil(Math.log2(hi));
+  if (a === b) {
+    a -= 1;
+    b += 1;
+  }
+  const every = Math.max(1, Math.ceil((b - a) / 8));
+  const tickvals = [];
+  const ticktext = [];
+  for (let k = Math.ceil(a / every) * every; k <= b; k += every) {
+    tickvals.push(2 ** k);
+    ticktext.push(`2<sup>${k}</sup>`);
+  }
+  return { "yaxis.tickmode": "array", "yaxis.tickvals": tickvals, "yaxis.ticktext": ticktext };
+}
+
+function extent(values, start = [Infinity, -Infinity]) {
+  let [lo, hi] = start;
+  for (const v of values) {
+    if (v > 0 && v < lo) lo = v;
+    if (v > hi) hi = v;
+  }
+  return [lo, hi];
+}
+
 function emptyColumns() {
   return { x: [], scaleMin: [], scaleMax: [], scaleLast: [], trMin: [], trMax: [], trLast: [], rate: [], cdScale: [], cdTracker: [] };
 }
@@ -104,6 +132,7 @@ export class RunChart {
     this.bucketWidth = 1;
     this.overflowSteps = new Set();
     this.markers = [];
+    this.scaleExtent = [Infinity, -Infinity];
     this.plotted = false;
     this.requeryTimer = null;
     this.flushTimer = null;
@@ -208,9 +237,9 @@ export class RunChart {
       showlegend: !narrow,
       legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", traceorder: "normal" },
       xaxis: { title: { text: "step" }, anchor: "y3", showspikes: true, spikemode: "across", spikethickness: 1 },
-      yaxis: { type: "log", title: { text: "loss scale" }, domain: [0.44, 1], fixedrange: true, exponentformat: "power", anchor: "x" },
+      yaxis: { type: "log", title: { text: "loss scale" }, domain: [0.44, 1], fixedrange: true, anchor: "x" },
       yaxis2: { title: { text: "tracker" }, domain: [0.23, 0.4], fixedrange: true, rangemode: "tozero", anchor: "x" },
-      yaxis3: { title: { text: "skipped" }, domain: [0, 0.19], fixedrange: true, rangemode: "tozero", tickformat: ".0%", anchor: "x" },
+      yaxis3: { title: { text: "skipped" }, domain: [0, 0.19], fixedrange: true, rangemode: "tozero", tickformat: ".1~%", anchor: "x" },
       shapes: [],
       annotations: [],
     };
@@ -297,7 +326,11 @@ export class RunChart {
       update.customdata.push(fresh[index].customdata);
     }
     await Plotly.restyle(this.node, update, LINE_TRACES);
-    await Plotly.relayout(this.node, this.view ? this.viewRanges(cols) : AUTORANGE_Y);
+    this.scaleExtent = extent([...cols.scaleMin, ...cols.scaleMax, ...this.node.data[T.overflows].y]);
+    await Plotly.relayout(this.node, {
+      ...(this.view ? this.viewRanges(cols) : AUTORANGE_Y),
+      ...powerTicks(this.scaleExtent),
+    });
     const rateName = `skipped-step rate (last ${this.rate.window} steps)`;
     if (this.node.data[T.skipRate].name !== rateName) {
       await Plotly.restyle(this.node, { name: rateName }, [T.skipRate]);
@@ -397,6 +430,11 @@ export class RunChart {
     );
     const overflows = rows.filter((row) => row.overflow);
     if (overflows.length) this.appendOverflows(overflows);
+    const wider = extent([...cols.scaleMin, ...cols.scaleMax], this.scaleExtent);
+    if (wider[0] !== this.scaleExtent[0] || wider[1] !== this.scaleExtent[1]) {
+      this.scaleExtent = wider;
+      Plotly.relayout(this.node, powerTicks(wider));
+    }
     this.appended += rows.length;
     this.updateCounts();
     if (!this.view && this.appended > COMPACT_AFTER) this.setView(null);

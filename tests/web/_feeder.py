@@ -24,8 +24,6 @@ from scaler.store import control, runs
 from scaler.store.engine import Store, open_store
 from scaler.store.records import StepRecord
 
-HEARTBEAT_S = 2.0
-
 
 @dataclass
 class Scaler:
@@ -86,11 +84,15 @@ class Scaler:
         )
 
 
-def inf_ranks_at(step: int, every: int, ranks: tuple[int, ...]) -> tuple[int, ...]:
-    """Overflow on every ``every``-th step, alternately on the first given rank and on all."""
-    if every <= 0 or step % every:
+def inf_ranks_at(
+    step: int, every: int, ranks: tuple[int, ...], scale: float = 0.0, ceiling: float = 0.0
+) -> tuple[int, ...]:
+    """Overflow on every ``every``-th step, and on any step whose scale reaches ``ceiling``
+    (when set), alternately on the first given rank and on all of them."""
+    periodic = every > 0 and step % every == 0
+    if not periodic and not (ceiling > 0 and scale >= ceiling):
         return ()
-    return ranks if (step // every) % 2 == 0 else ranks[:1]
+    return ranks if step % 2 == 0 else ranks[:1]
 
 
 def apply_pending(store: Store, run_id: int, scaler: Scaler, step: int) -> None:
@@ -105,22 +107,19 @@ def feed(
     store: Store, run_id: int, scaler: Scaler, args: argparse.Namespace, stop: threading.Event
 ) -> None:
     ranks = tuple(int(rank) for rank in args.ranks.split(",") if rank)
-    history = [
-        scaler.update(step, inf_ranks_at(step, args.overflow_every, ranks))
-        for step in range(1, args.history + 1)
-    ]
-    runs.write_steps(store, run_id, history)
+
+    def record(step: int) -> StepRecord:
+        inf_ranks = inf_ranks_at(step, args.overflow_every, ranks, scaler.scale, args.ceiling)
+        return scaler.update(step, inf_ranks)
+
+    # write_steps also refreshes the run's heartbeat.
+    runs.write_steps(store, run_id, [record(step) for step in range(1, args.history + 1)])
     step = args.history
     started = time.monotonic()
-    last_beat = started
     while not stop.wait(max(0.0, started + (step - args.history) / args.rate - time.monotonic())):
         step += 1
         apply_pending(store, run_id, scaler, step)
-        record = scaler.update(step, inf_ranks_at(step, args.overflow_every, ranks))
-        runs.write_steps(store, run_id, [record])
-        if time.monotonic() - last_beat > HEARTBEAT_S:
-            runs.heartbeat(store, run_id)
-            last_beat = time.monotonic()
+        runs.write_steps(store, run_id, [record(step)])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -132,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--history", type=int, default=300, help="steps written at start")
     parser.add_argument("--overflow-every", type=int, default=40)
     parser.add_argument("--ranks", default="1,3", help="ranks that overflow")
+    parser.add_argument("--ceiling", type=float, default=0.0, help="scale that overflows; 0: off")
     args = parser.parse_args(argv)
 
     stop = threading.Event()

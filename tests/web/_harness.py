@@ -182,6 +182,7 @@ def serve_live_run(
     rate: float = 20.0,
     overflow_every: int = 40,
     ranks: str = "1,3",
+    ceiling: float = 0.0,
     ended_runs: Sequence[tuple[str, str]] = (),
 ) -> Iterator[Served]:
     """Start a feeder writing a running run and ``scalewatch serve`` over the same store.
@@ -211,6 +212,8 @@ def serve_live_run(
                 str(overflow_every),
                 "--ranks",
                 ranks,
+                "--ceiling",
+                str(ceiling),
             ],
             stdout=subprocess.PIPE,
             text=True,
