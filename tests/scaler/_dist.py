@@ -1,0 +1,124 @@
+"""Real gloo process groups for the scaler tests: ranks spawned on 127.0.0.1, results collected."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+# A worker is called as fn(rank, world, *args) inside an initialised gloo group; what it returns
+# (picklable) is handed back to the test.
+Worker = Callable[..., Any]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _entry(
+    rank: int, world: int, port: int, fn: Worker, args: tuple[Any, ...], results: Any
+) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        GLOO_SOCKET_IFNAME="lo",
+        OMP_NUM_THREADS="1",
+    )
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+        try:
+            results.put((rank, "ok", fn(rank, world, *args)))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:
+        results.put((rank, "error", traceback.format_exc()))
+
+
+class Ranks:
+    """``fn`` running on ``world`` spawned ranks; a context manager that never leaves one behind.
+
+    Start it, do what the test does meanwhile (the ranks run), then :meth:`results`.
+    On exit every rank still alive is killed, so a hung collective never hangs the test.
+    """
+
+    def __init__(self, fn: Worker, world: int, *args: Any) -> None:
+        ctx = mp.get_context("spawn")
+        self._results = ctx.Queue()
+        port = free_port()
+        self._procs = [
+            ctx.Process(
+                target=_entry, args=(rank, world, port, fn, args, self._results), daemon=True
+            )
+            for rank in range(world)
+        ]
+        self.world = world
+
+    def __enter__(self) -> Ranks:
+        for proc in self._procs:
+            proc.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self._procs:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(10)
+        self._results.close()
+        self._results.join_thread()
+
+    def results(self, timeout: float = 120.0) -> list[Any]:
+        """Each rank's result, in rank order; raises with a failed rank's traceback."""
+        deadline = time.monotonic() + timeout
+        got: dict[int, Any] = {}
+        while len(got) < self.world:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(set(range(self.world)) - set(got))
+                raise TimeoutError(f"ranks {missing} did not finish")
+            try:
+                rank, status, value = self._results.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                dead = [
+                    r for r, p in enumerate(self._procs) if r not in got and p.exitcode is not None
+                ]
+                if dead:
+                    raise RuntimeError(f"ranks {dead} died without a result") from None
+                continue
+            if status != "ok":
+                raise RuntimeError(f"rank {rank} failed:\n{value}")
+            got[rank] = value
+        for proc in self._procs:
+            proc.join(max(0.1, deadline - time.monotonic()))
+        return [got[rank] for rank in range(self.world)]
+
+
+def run_ranks(fn: Worker, world: int, *args: Any, timeout: float = 120.0) -> list[Any]:
+    """Run ``fn`` on ``world`` spawned ranks and return each rank's result, in rank order."""
+    with Ranks(fn, world, *args) as ranks:
+        return ranks.results(timeout)
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.01)
