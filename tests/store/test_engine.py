@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from scaler.store import Store, default_url, open_store
+from scaler.store.engine import DEFAULT_URL, head_revision
+
+from ._workers import open_together
+
+
+def test_every_connection_has_the_pragmas(store: Store) -> None:
+    with store.engine.connect() as first, store.engine.connect() as second:
+        for conn in (first, second):
+            pragma = conn.exec_driver_sql
+            assert pragma("PRAGMA journal_mode").scalar_one() == "wal"
+            assert pragma("PRAGMA busy_timeout").scalar_one() == 30000
+            assert pragma("PRAGMA synchronous").scalar_one() == 1  # NORMAL
+            assert pragma("PRAGMA foreign_keys").scalar_one() == 1
+
+
+def test_write_takes_the_write_lock_at_begin(store: Store) -> None:
+    with store.write() as conn:
+        other = sqlite3.connect(store.engine.url.database or "", timeout=0)
+        try:
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                other.execute("BEGIN IMMEDIATE")
+        finally:
+            other.close()
+        assert conn.in_transaction()
+
+
+def test_default_url_comes_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SCALEWATCH_DB", raising=False)
+    assert default_url() == DEFAULT_URL == "sqlite:///scalewatch.db"
+    url = f"sqlite:///{tmp_path / 'env.db'}"
+    monkeypatch.setenv("SCALEWATCH_DB", url)
+    with open_store() as store:
+        assert store.url == url
+    assert (tmp_path / "env.db").is_file()
+
+
+def test_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "such"
+    with pytest.raises(FileNotFoundError, match=r"directory .* does not exist"):
+        open_store(f"sqlite:///{missing / 'store.db'}")
+    assert not missing.exists()
+
+
+def test_only_sqlite_urls_are_stores() -> None:
+    with pytest.raises(ValueError, match="SQLite"):
+        open_store("postgresql://localhost/scalewatch")
+
+
+def test_close_checkpoints_and_releases_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "closed.db"
+    with open_store(f"sqlite:///{path}") as store, store.read() as conn:
+        conn.exec_driver_sql("SELECT 1").scalar_one()
+    assert not Path(f"{path}-wal").exists()  # the last connection closed cleanly
+
+
+def test_opening_an_up_to_date_store_needs_no_write_lock(url: str, store: Store) -> None:
+    # A service starting while the trainer holds the write lock must not wait for it.
+    holder = sqlite3.connect(store.engine.url.database or "", timeout=0, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        with open_store(url) as second:
+            assert second.url == url
+    finally:
+        holder.close()
+
+
+@pytest.mark.slow
+def test_processes_opening_a_fresh_file_together_all_succeed(tmp_path: Path) -> None:
+    processes, rounds = 4, 15
+    urls = [f"sqlite:///{tmp_path / f'round{i}.db'}" for i in range(rounds)]
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(processes)
+    results = context.Queue()
+    workers = [
+        context.Process(target=open_together, args=(urls, barrier, results))
+        for _ in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        outcomes = [results.get(timeout=120) for _ in range(processes * rounds)]
+    finally:
+        for worker in workers:
+            worker.join(timeout=30)
+            if worker.is_alive():
+                worker.kill()
+    assert [worker.exitcode for worker in workers] == [0] * processes
+    assert sorted(outcomes) == sorted((url, "ok") for url in urls for _ in range(processes))
+    for i in range(rounds):
+        db = sqlite3.connect(tmp_path / f"round{i}.db")
+        try:
+            assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [
+                (head_revision(),)
+            ]
+            assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        finally:
+            db.close()

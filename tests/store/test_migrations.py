@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect
+
+from scaler.store import downgrade, open_store, upgrade
+from scaler.store.engine import head_revision, make_engine
+from scaler.store.schema import metadata
+
+TABLES = {"runs", "steps", "step_rollups", "control_requests", "telemetry_gaps"}
+
+
+def _tables(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_creates_the_schema_of_the_models(url: str) -> None:
+    assert upgrade(url) == head_revision()
+    assert _tables(url) == TABLES | {"alembic_version"}
+    assert set(metadata.tables) == TABLES
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"compare_type": True})
+            assert context.get_current_revision() == head_revision()
+            assert compare_metadata(context, metadata) == []
+            indexes = {ix["name"] for ix in inspect(conn).get_indexes("steps")}
+            assert indexes == {"ix_steps_overflow"}
+            sql = conn.exec_driver_sql(
+                "SELECT sql FROM sqlite_master WHERE name = 'ix_steps_overflow'"
+            ).scalar_one()
+            assert sql.endswith("WHERE overflow")
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_twice_is_a_no_op(url: str) -> None:
+    assert upgrade(url) == upgrade(url) == head_revision()
+
+
+def test_downgrade_to_base_and_upgrade_again(url: str) -> None:
+    upgrade(url)
+    downgrade(url, "base")
+    assert _tables(url) == {"alembic_version"}
+    with open_store(url) as store, store.read() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM runs").scalar_one() == 0
+    assert _tables(url) == TABLES | {"alembic_version"}
+
+
+def test_migrations_ship_as_package_files() -> None:
+    package = resources.files("migrations")
+    assert package.joinpath("env.py").is_file()
+    assert package.joinpath("script.py.mako").is_file()
+    versions = [Path(entry.name) for entry in package.joinpath("versions").iterdir()]
+    assert f"{head_revision()}_initial_schema.py" in {path.name for path in versions}

@@ -1,0 +1,236 @@
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Iterable
+
+import pytest
+from sqlalchemy import select
+
+from scaler.store import RunNotFound, RunRef, StepRecord, Store
+from scaler.store.records import format_inf_ranks, parse_inf_ranks
+from scaler.store.runs import (
+    HEARTBEAT_TIMEOUT_S,
+    create_run,
+    effective_status,
+    end_run,
+    heartbeat,
+    record_gap,
+    resume_run,
+    write_steps,
+)
+from scaler.store.schema import ROLLUP_LEVELS, runs, step_rollups, steps, telemetry_gaps
+
+
+def _run_row(store: Store, run_id: int) -> dict[str, object]:
+    with store.read() as conn:
+        return dict(conn.execute(select(runs).where(runs.c.id == run_id)).one()._mapping)
+
+
+def _record(rng: random.Random, step: int) -> StepRecord:
+    overflow = rng.random() < 0.15
+    return StepRecord(
+        step=step,
+        wall_time=1_700_000_000.0 + step * 0.05,
+        scale=2.0 ** rng.randint(-4, 24),
+        overflow=overflow,
+        skipped=overflow,
+        inf_ranks=tuple(sorted(rng.sample(range(4), rng.randint(1, 3)))) if overflow else (),
+        scale_after=2.0 ** rng.randint(-4, 24),
+        growth_tracker=rng.randint(0, 2000),
+        growth_interval=2000,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        control_version=rng.randint(0, 3),
+    )
+
+
+def _brute_force_rollups(
+    run_id: int, records: Iterable[StepRecord]
+) -> set[tuple[int | float, ...]]:
+    expected: set[tuple[int | float, ...]] = set()
+    for level, width in ROLLUP_LEVELS.items():
+        buckets: dict[int, list[StepRecord]] = {}
+        for record in records:
+            buckets.setdefault(record.step // width, []).append(record)
+        for bucket, members in buckets.items():
+            last = max(members, key=lambda r: r.step)
+            scales = [r.scale for r in members] + [r.scale_after for r in members]
+            trackers = [r.growth_tracker for r in members]
+            expected.add(
+                (
+                    run_id,
+                    level,
+                    bucket,
+                    min(r.step for r in members),
+                    last.step,
+                    len(members),
+                    min(scales),
+                    max(scales),
+                    last.scale_after,
+                    min(trackers),
+                    max(trackers),
+                    last.growth_tracker,
+                    sum(r.overflow for r in members),
+                    sum(r.skipped for r in members),
+                )
+            )
+    return expected
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_rollups_equal_a_brute_force_aggregation(store: Store, run: RunRef, seed: int) -> None:
+    rng = random.Random(seed)
+    # Segments straddle bucket edges of every level, with gaps between them.
+    numbers = sorted(
+        {
+            *range(1, 1500),
+            *range(3 * 4096 - 300, 3 * 4096 + 300),
+            *range(262144 - 900, 262144 + 700),
+        }
+    )
+    batches: list[list[StepRecord]] = []
+    position = 0
+    while position < len(numbers):
+        size = rng.choice([1, 7, 64, 200, 1000])
+        batches.append([_record(rng, step) for step in numbers[position : position + size]])
+        position += size
+    stored: dict[int, StepRecord] = {}
+    for batch in batches:
+        write_steps(store, run.id, batch)
+        stored.update((r.step, r) for r in batch)
+        roll = rng.random()
+        if roll < 0.15:  # a retry of the same batch
+            write_steps(store, run.id, batch)
+        elif roll < 0.25:  # an older batch replayed with new values (resume from a checkpoint)
+            replay = [_record(rng, r.step) for r in rng.choice(batches)]
+            write_steps(store, run.id, replay)
+            stored.update((r.step, r) for r in replay)
+        elif roll < 0.3:  # one step twice in a batch: the later one is kept
+            twice = [*batch, _record(rng, batch[0].step)]
+            write_steps(store, run.id, twice)
+            stored.update((r.step, r) for r in twice)
+
+    with store.read() as conn:
+        rollups = {tuple(row) for row in conn.execute(select(step_rollups)).all()}
+        rows = conn.execute(select(steps).order_by(steps.c.step)).all()
+    assert rollups == _brute_force_rollups(run.id, stored.values())
+    assert [row.step for row in rows] == sorted(stored)
+    for row in rows:
+        record = stored[row.step]
+        assert parse_inf_ranks(row.inf_ranks) == record.inf_ranks
+        assert (row.scale, row.scale_after, row.overflow, row.growth_tracker) == (
+            record.scale,
+            record.scale_after,
+            record.overflow,
+            record.growth_tracker,
+        )
+    assert _run_row(store, run.id)["last_step"] == max(stored)
+
+
+def test_write_steps_is_one_transaction(store: Store, run: RunRef) -> None:
+    rng = random.Random(7)
+    write_steps(store, run.id, [_record(rng, step) for step in range(1, 11)])
+    with pytest.raises(ValueError, match=">= 0"):
+        write_steps(store, run.id, [_record(rng, 11), _record(rng, -1)])
+    with pytest.raises(RunNotFound):
+        write_steps(store, run.id + 1, [_record(rng, 12)])
+    with store.read() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM steps").scalar_one() == 10
+        assert conn.exec_driver_sql("SELECT sum(n) FROM step_rollups").scalar_one() == 30
+
+
+def test_write_steps_advances_last_step_and_heartbeat(store: Store, run: RunRef) -> None:
+    heartbeat(store, run.id, at=100.0)
+    write_steps(store, run.id, [_record(random.Random(3), step) for step in (5, 9, 7)])
+    row = _run_row(store, run.id)
+    assert row["last_step"] == 9
+    assert isinstance(row["heartbeat_at"], float) and row["heartbeat_at"] > 100.0
+    write_steps(store, run.id, [])
+    assert _run_row(store, run.id)["last_step"] == 9
+
+
+def test_inf_ranks_text_form() -> None:
+    assert format_inf_ranks((1, 3)) == "1,3"
+    assert format_inf_ranks(()) == ""
+    assert parse_inf_ranks("1,3") == (1, 3)
+    assert parse_inf_ranks("") == ()
+
+
+def test_create_run_records_identity(store: Store) -> None:
+    ref = create_run(
+        store,
+        name="llama",
+        world_size=8,
+        config={"growth_interval": 2000},
+        control={"growth_interval": 2000},
+        torch_version="2.4.0",
+    )
+    row = _run_row(store, ref.id)
+    assert len(ref.uid) == 32
+    assert row["uid"] == ref.uid
+    assert row["status"] == "running"
+    assert (row["world_size"], row["pid"], row["torch_version"]) == (8, os.getpid(), "2.4.0")
+    assert row["config"] == {"growth_interval": 2000}
+    assert (row["control_version"], row["last_step"], row["dropped"]) == (0, 0, 0)
+    assert row["ended_at"] is None
+    default = create_run(store, name="b", world_size=1, config={}, control={})
+    assert _run_row(store, default.id)["torch_version"] != ""
+    with pytest.raises(ValueError, match="exists"):
+        create_run(store, name="c", world_size=1, config={}, control={}, uid=ref.uid)
+
+
+def test_end_and_resume(store: Store, run: RunRef) -> None:
+    end_run(store, run.id, "crashed")
+    row = _run_row(store, run.id)
+    assert row["status"] == "crashed"
+    assert row["ended_at"] is not None
+    assert resume_run(store, run.uid) == run
+    row = _run_row(store, run.id)
+    assert (row["status"], row["ended_at"]) == ("running", None)
+    assert resume_run(store, "0" * 32) is None
+    end_run(store, run.id)
+    assert _run_row(store, run.id)["status"] == "finished"
+    with pytest.raises(ValueError, match="finished"):
+        end_run(store, run.id, "paused")
+    with pytest.raises(RunNotFound):
+        end_run(store, run.id + 1)
+
+
+def test_effective_status_detects_a_stopped_heartbeat(store: Store, run: RunRef) -> None:
+    now = time.time()
+    assert effective_status(_run_row(store, run.id), now) == "running"
+    heartbeat(store, run.id, at=now - HEARTBEAT_TIMEOUT_S - 1)
+    assert effective_status(_run_row(store, run.id), now) == "crashed"
+    assert effective_status(_run_row(store, run.id)) == "crashed"
+    heartbeat(store, run.id)
+    assert effective_status(_run_row(store, run.id)) == "running"
+    assert effective_status({"status": "running", "heartbeat_at": 100.0}, 100.0 + 15.0) == (
+        "running"
+    )
+    assert effective_status({"status": "finished", "heartbeat_at": 0.0}, 1e9) == "finished"
+    with pytest.raises(RunNotFound):
+        heartbeat(store, run.id + 1)
+
+
+def test_gaps_are_recorded_and_counted(store: Store, run: RunRef) -> None:
+    record_gap(store, run.id, 10, 19, 10, "store locked")
+    record_gap(store, run.id, 40, 44, 5, "disk full")
+    assert _run_row(store, run.id)["dropped"] == 15
+    with store.read() as conn:
+        gaps = conn.execute(
+            select(
+                telemetry_gaps.c.first_step,
+                telemetry_gaps.c.last_step,
+                telemetry_gaps.c.dropped,
+                telemetry_gaps.c.reason,
+            ).order_by(telemetry_gaps.c.id)
+        ).all()
+    assert [tuple(gap) for gap in gaps] == [(10, 19, 10, "store locked"), (40, 44, 5, "disk full")]
+    with pytest.raises(RunNotFound):
+        record_gap(store, run.id + 1, 1, 2, 2, "x")
+    with pytest.raises(ValueError):
+        record_gap(store, run.id, 5, 4, 1, "backwards")
+    with store.read() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM telemetry_gaps").scalar_one() == 2
