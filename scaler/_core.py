@@ -117,6 +117,8 @@ class Instrumented(_Base):
         scale, tracker = self._check_scale_growth_tracker("update")
         found: torch.Tensor | None = None
         flags = self._step_flags()
+        # Read before _controls_for_step(), which forgets this step's payloads.
+        width = self._attribution_width()
         if new_scale is not None:
             super().update(new_scale)
             scale_set = True
@@ -133,7 +135,7 @@ class Instrumented(_Base):
             scale_set = scale_set or (outcome.applied and "scale" in update.values)
             outcomes.append(outcome)
         self._last_found = found
-        self._snapshot(found, flags, scale_set, tuple(outcomes))
+        self._snapshot(found, flags, width, scale_set, tuple(outcomes))
         self._stepped = False
 
     def _combined_found_inf(self, scale: torch.Tensor) -> torch.Tensor:
@@ -179,12 +181,16 @@ class Instrumented(_Base):
         factor = torch.where(
             backoff, self._backoff_factor, torch.where(grow, self._growth_factor, one)
         )
-        # torch's kernel multiplies in double and rounds once to float.
-        grown = (scale.double() * factor).float()
+        grown = self._multiply_scale(scale, factor)
         keep = grow & ~torch.isfinite(grown)
         scale.copy_(torch.where(keep, scale, grown))
         tracker.copy_(torch.where(overflow | grow, torch.zeros_like(tracker), successful))
         hyst.copy_(new_hyst)
+
+    def _multiply_scale(self, scale: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+        """``scale * factor`` rounded as torch's update rounds it."""
+        # torch's kernel multiplies in double and rounds once to float.
+        return (scale.double() * factor).float()
 
     def _hysteresis_tensor(self, device: torch.device) -> torch.Tensor:
         if self._hysteresis_tracker is None:
@@ -206,6 +212,7 @@ class Instrumented(_Base):
         self,
         found: torch.Tensor | None,
         flags: list[torch.Tensor],
+        width: int,
         scale_set: bool,
         outcomes: tuple[ControlOutcome, ...],
     ) -> None:
@@ -218,7 +225,7 @@ class Instrumented(_Base):
                 step=self._step_count,
                 wall_time=time.time(),
                 captured=Captured(self._scale, self._growth_tracker, found, flags),
-                world_size=self._attribution_width(),
+                world_size=width,
                 scale_used=self._scale_host,
                 stepped=self._stepped,
                 growth_interval=self._growth_interval,

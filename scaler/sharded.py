@@ -264,6 +264,12 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
             else:
                 self._growth_tracker = successful
 
+    def _multiply_scale(self, scale: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+        if scale.device.type != "cpu":
+            return super()._multiply_scale(scale, factor)
+        # As torch's cpu update (``scale *= factor``): float32 arithmetic.
+        return scale * factor.float()
+
     def _controls_for_step(self) -> list[tuple[ControlUpdate, str | None]]:
         updates: list[ControlUpdate] = []
         for slots, event in self._lagged:
