@@ -1,0 +1,244 @@
+"""The extras over torch's scalers: stats, had_overflow, checkpoints, clamps, hysteresis."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import pytest
+import torch
+from _twin import INJECT, Injection, Trace, make_pair, mlp, sgd, train
+
+import scaler
+
+
+def ours_cls(kind: str) -> type:
+    return scaler.GradScaler if kind == "plain" else scaler.ShardedGradScaler
+
+
+def run(gs: Any, steps: int = 16, inject: Injection | None = INJECT, seed: int = 0) -> Trace:
+    model = mlp(seed=seed)
+    return train(gs, model, sgd(model), steps=steps, inject=inject)
+
+
+def expected_stats(init_scale: float, trace: Trace, inject: Injection) -> scaler.ScalerStats:
+    before = [init_scale, *trace.scales[:-1]]
+    seen = [init_scale, *trace.scales]
+    return scaler.ScalerStats(
+        steps=len(trace.scales),
+        skipped=sum(trace.skipped),
+        overflows=len([s for s in inject if s < len(trace.scales)]),
+        growths=sum(a > b for a, b in zip(trace.scales, before, strict=True)),
+        backoffs=sum(a < b for a, b in zip(trace.scales, before, strict=True)),
+        current_scale=trace.scales[-1],
+        min_scale_seen=min(seen),
+        max_scale_seen=max(seen),
+    )
+
+
+def test_stats_count_what_torchs_run_shows(kind: str) -> None:
+    kwargs = {"init_scale": 512.0, "growth_factor": 1.7, "backoff_factor": 0.3}
+    reference, ours = make_pair(kind, growth_interval=2, **kwargs)
+    theirs = run(reference)
+    mine = run(ours)
+    mine.assert_same(theirs)
+    stats = ours.stats()
+    assert stats == expected_stats(512.0, theirs, INJECT)
+    assert stats.overflows == stats.skipped == stats.backoffs == 3
+    assert stats.growths >= 3
+    assert ours.steps == 16
+
+
+def test_stats_before_any_step(kind: str) -> None:
+    _, ours = make_pair(kind, init_scale=8.0)
+    assert ours.stats() == scaler.ScalerStats(
+        current_scale=8.0, min_scale_seen=8.0, max_scale_seen=8.0
+    )
+    assert not ours.had_overflow()
+
+
+def test_had_overflow_after_each_update(kind: str) -> None:
+    _, ours = make_pair(kind, init_scale=64.0, growth_interval=2)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    seen = []
+    for step in range(9):
+        trace = train(ours, model, [opt], steps=1, inject={0: INJECT.get(step, [])})
+        seen.append(ours.had_overflow())
+        assert trace.skipped == [ours.had_overflow()]
+    assert seen == [step in INJECT for step in range(9)]
+
+
+def test_checkpoint_round_trip_continues_identically(kind: str) -> None:
+    kwargs = {"init_scale": 512.0, "growth_factor": 1.7, "backoff_factor": 0.3}
+    _, original = make_pair(kind, growth_interval=3, **kwargs)
+    run(original, steps=7)
+    checkpoint = original.checkpoint()
+    assert isinstance(checkpoint, scaler.ScalerCheckpoint)
+    assert checkpoint.scale == original.get_scale()
+    assert checkpoint.growth_tracker == original._get_growth_tracker()
+    assert (checkpoint.growth_factor, checkpoint.backoff_factor) == (1.7, 0.3)
+    assert (checkpoint.growth_interval, checkpoint.step) == (3, 7)
+    assert scaler.ScalerCheckpoint.from_dict(checkpoint.to_dict()) == checkpoint
+
+    _, restored = make_pair(kind)
+    restored.load_checkpoint(checkpoint)
+    assert restored.checkpoint() == checkpoint
+    after_restore = run(restored, steps=9, inject={2: [(0, float("inf"))]}, seed=3)
+    after_original = run(original, steps=9, inject={2: [(0, float("inf"))]}, seed=3)
+    after_restore.assert_same(after_original)
+    assert restored.steps == original.steps == 16
+
+
+def test_checkpoint_keeps_the_extras(kind: str) -> None:
+    _, ours = make_pair(kind, init_scale=8.0, growth_interval=4)
+    ours = ours_cls(kind)(
+        "cpu", init_scale=8.0, min_scale=2.0, max_scale=64.0, hysteresis=3, telemetry=False
+    )
+    run(ours, steps=4, inject={1: [(0, float("inf"))]})
+    checkpoint = ours.checkpoint()
+    assert (checkpoint.min_scale, checkpoint.max_scale) == (2.0, 64.0)
+    assert (checkpoint.hysteresis, checkpoint.hysteresis_tracker) == (3, 2)
+    fresh = ours_cls(kind)("cpu", telemetry=False)
+    fresh.load_checkpoint(checkpoint)
+    assert (fresh.min_scale, fresh.max_scale, fresh.hysteresis) == (2.0, 64.0, 3)
+    assert fresh.checkpoint() == checkpoint
+
+
+def test_min_scale_stops_repeated_overflows_at_the_floor(kind: str) -> None:
+    every_step = {s: [(0, float("inf"))] for s in range(8)}
+    kwargs = {"init_scale": 8.0, "backoff_factor": 1e-9}
+    reference, _ = make_pair(kind, **kwargs)
+    ours = ours_cls(kind)("cpu", min_scale=0.5, telemetry=False, **kwargs)
+    theirs = run(reference, steps=8, inject=every_step)
+    mine = run(ours, steps=8, inject=every_step)
+    assert theirs.scales[-1] == 0.0  # torch's scale collapses to zero
+    assert mine.scales == [0.5] * 8
+    assert mine.skipped == theirs.skipped == [True] * 8
+    assert ours.stats().min_scale_seen == 0.5
+
+
+def test_max_scale_caps_growth(kind: str) -> None:
+    kwargs = {"init_scale": 1.0, "growth_factor": 1000.0, "growth_interval": 1}
+    reference, _ = make_pair(kind, **kwargs)
+    ours = ours_cls(kind)("cpu", max_scale=1e6, telemetry=False, **kwargs)
+    theirs = run(reference, steps=6, inject=None)
+    mine = run(ours, steps=6, inject=None)
+    assert theirs.scales[:3] == [1e3, 1e6, pytest.approx(1e9)]
+    assert mine.scales == [1e3, 1e6, 1e6, 1e6, 1e6, 1e6]
+    assert ours.stats().max_scale_seen == 1e6
+
+
+def f32(x: float) -> float:
+    """Round to float32, as the scale tensor stores it."""
+    rounded: float = struct.unpack("f", struct.pack("f", x))[0]
+    return rounded
+
+
+def megatron(
+    init_scale: float,
+    overflows: list[bool],
+    *,
+    growth_factor: float,
+    backoff_factor: float,
+    growth_interval: int,
+    hysteresis: int,
+    float32_math: bool,
+) -> list[tuple[float, int]]:
+    """Megatron's DynamicGradScaler rule: (scale, growth tracker) after each step.
+
+    Rounded as the torch class underneath rounds: its kernel multiplies in double
+    and rounds once; torch's sharded class multiplies cpu scales in float32.
+    """
+
+    def times(scale: float, factor: float) -> float:
+        return f32(scale * f32(factor)) if float32_math else f32(scale * factor)
+
+    scale, tracker, hyst = f32(init_scale), 0, hysteresis
+    out = []
+    for overflow in overflows:
+        if overflow:
+            tracker = 0
+            hyst -= 1
+            if hyst <= 0:
+                scale = times(scale, backoff_factor)
+        else:
+            tracker += 1
+            if tracker == growth_interval:
+                tracker = 0
+                hyst = hysteresis
+                scale = times(scale, growth_factor)
+        out.append((scale, tracker))
+    return out
+
+
+@pytest.mark.parametrize("hysteresis", [2, 3])
+def test_hysteresis_follows_megatrons_rule(kind: str, hysteresis: int) -> None:
+    inject = {s: [(s % 4, float("inf"))] for s in (1, 2, 3, 4, 8, 9, 15, 17, 18, 19)}
+    factors = {"growth_factor": 1.7, "backoff_factor": 0.3, "growth_interval": 3}
+    ours = ours_cls(kind)(
+        "cpu", init_scale=1024.0, hysteresis=hysteresis, telemetry=False, **factors
+    )
+    trace = run(ours, steps=22, inject=inject)
+    expected = megatron(
+        1024.0,
+        [s in inject for s in range(22)],
+        hysteresis=hysteresis,
+        float32_math=kind == "sharded",
+        **factors,
+    )
+    assert list(zip(trace.scales, trace.trackers, strict=True)) == expected
+    assert trace.skipped == [s in inject for s in range(22)]
+    stats = ours.stats()
+    assert stats.overflows == stats.skipped == 10
+    assert stats.backoffs < 10  # hysteresis absorbed some overflows
+
+
+def test_hysteresis_one_equals_torch(kind: str) -> None:
+    factors = {"init_scale": 512.0, "growth_factor": 1.7, "backoff_factor": 0.3}
+    reference, _ = make_pair(kind, growth_interval=2, **factors)
+    ours = ours_cls(kind)("cpu", growth_interval=2, hysteresis=1, telemetry=False, **factors)
+    run(ours).assert_same(run(reference))
+
+
+def clean_steps(gs: Any, model: torch.nn.Module, opt: Any, steps: int) -> list[float]:
+    return train(gs, model, [opt], steps=steps).scales
+
+
+def test_lowering_growth_interval_below_the_tracker_grows_next_clean_step(kind: str) -> None:
+    reference, ours = make_pair(kind, init_scale=16.0, growth_interval=10)
+    scales = {}
+    for name, gs in (("torch", reference), ("ours", ours)):
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        assert clean_steps(gs, model, opt, 5) == [16.0] * 5
+        assert gs._get_growth_tracker() == 5
+        gs.set_growth_interval(3)
+        scales[name] = clean_steps(gs, model, opt, 7)
+    # torch's kernel grows only when tracker + 1 == interval: past it, growth stalls
+    assert scales["torch"] == [16.0] * 7
+    assert reference._get_growth_tracker() == 12
+    assert scales["ours"] == [32.0, 32.0, 32.0, 64.0, 64.0, 64.0, 128.0]
+
+
+def test_defaults_equal_torchs(kind: str) -> None:
+    reference, ours = make_pair(kind)
+    assert ours.get_scale() == reference.get_scale() == 2.0**16
+    assert ours.get_growth_factor() == reference.get_growth_factor() == 2.0
+    assert ours.get_backoff_factor() == reference.get_backoff_factor() == 0.5
+    assert ours.get_growth_interval() == reference.get_growth_interval() == 2000
+    assert ours._get_growth_tracker() == reference._get_growth_tracker() == 0
+    assert ours.is_enabled() and reference.is_enabled()
+    assert (ours.min_scale, ours.max_scale, ours.hysteresis) == (None, None, None)
+    assert ours.state_dict().keys() - reference.state_dict().keys() == {"scalewatch"}
+    run(ours, steps=10).assert_same(run(reference, steps=10))
+
+
+def test_default_device_is_cuda_and_disables_without_it_as_torch(kind: str) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available: the scalers stay enabled")
+    cls = torch.amp.GradScaler if kind == "plain" else make_pair(kind)[0].__class__
+    with pytest.warns(UserWarning, match="CUDA is not available.  Disabling."):
+        assert not cls().is_enabled()
+    with pytest.warns(UserWarning, match="CUDA is not available.  Disabling."):
+        assert not ours_cls(kind)(telemetry=False).is_enabled()
