@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint venv clean
+.PHONY: test lint venv clean demo bench
 
 venv: $(STAMP)
 
@@ -23,3 +23,6 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+demo: $(STAMP)
+	$(BIN)/scalewatch demo

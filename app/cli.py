@@ -212,5 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import app.demo  # noqa: F401  (registers ``demo``)
+
     args = build_parser().parse_args(argv)
     return COMMANDS[args.command].run(args)

@@ -1,11 +1,19 @@
-"""scalewatch: an instrumented, drop-in ShardedGradScaler and GradScaler for PyTorch."""
+"""scalewatch: an instrumented, drop-in ShardedGradScaler and GradScaler for PyTorch.
+
+The scalers are imported on first use, so ``import scaler.store`` (all the service
+needs) does not import torch.
+"""
 
 from __future__ import annotations
 
-from ._core import ScalerConfigError
-from .grad_scaler import GradScaler
-from .sharded import ShardedGradScaler
-from .stats import ScalerCheckpoint, ScalerStats
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._core import ScalerConfigError
+    from .grad_scaler import GradScaler
+    from .sharded import ShardedGradScaler
+    from .stats import ScalerCheckpoint, ScalerStats
 
 __all__ = [
     "GradScaler",
@@ -14,3 +22,24 @@ __all__ = [
     "ScalerStats",
     "ShardedGradScaler",
 ]
+
+_HOMES = {
+    "GradScaler": ".grad_scaler",
+    "ScalerCheckpoint": ".stats",
+    "ScalerConfigError": "._core",
+    "ScalerStats": ".stats",
+    "ShardedGradScaler": ".sharded",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'scaler' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

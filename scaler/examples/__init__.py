@@ -1,0 +1,1 @@
+"""Runnable examples of training with scalewatch's scalers."""

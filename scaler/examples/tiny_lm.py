@@ -1,0 +1,213 @@
+"""A small transformer language model trained with FSDP2 in fp16 and ``ShardedGradScaler``.
+
+Run it with ``python -m scaler.examples.tiny_lm --steps 300 --world-size 2``. It makes its
+own text (no downloads), uses gloo on CPU or NCCL on GPUs, and writes every step's
+loss-scale state to the store. The initial scale is deliberately high, so the first
+steps overflow and back off; afterwards the scale grows every ``growth_interval`` steps
+until it overflows again, and a rare batch of noise makes the loss spike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import socket
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from scaler import ShardedGradScaler
+
+VOCAB = 128
+SEQ = 32
+NOISE_EVERY = 250
+
+_WORDS = [
+    "the",
+    "a",
+    "cat",
+    "dog",
+    "bird",
+    "scale",
+    "loss",
+    "grows",
+    "falls",
+    "step",
+    "rank",
+    "sees",
+    "inf",
+    "nan",
+    "and",
+    "or",
+    "on",
+    "under",
+]
+
+
+def make_text(rng: random.Random, n_chars: int) -> str:
+    """Sentences from a tiny grammar with sums to learn, e.g. ``"the cat sees 3 + 4 = 7. "``."""
+    parts: list[str] = []
+    size = 0
+    while size < n_chars:
+        a, b = rng.randint(0, 49), rng.randint(0, 49)
+        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(2, 5)))
+        sentence = f"{words} {a} + {b} = {a + b}. "
+        parts.append(sentence)
+        size += len(sentence)
+    return "".join(parts)
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        attn = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
+        out: torch.Tensor = x + self.mlp(self.norm2(x))
+        return out
+
+
+class TinyLM(nn.Module):
+    def __init__(self, dim: int = 64, layers: int = 2, heads: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, dim)
+        self.pos = nn.Parameter(torch.zeros(SEQ, dim))
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens) + self.pos[: tokens.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        logits: torch.Tensor = self.head(self.norm(x))
+        return logits
+
+
+def corpus(rank: int, seed: int) -> torch.Tensor:
+    """This rank's text as byte tokens."""
+    text = make_text(random.Random(seed * 1000 + rank), 200_000).encode("ascii")
+    return torch.tensor(list(text), dtype=torch.long).clamp_(max=VOCAB - 1)
+
+
+def train(rank: int, args: argparse.Namespace) -> None:
+    use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= args.world_size
+    device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(1)
+    dist.init_process_group(
+        "nccl" if use_cuda else "gloo",
+        init_method=f"tcp://127.0.0.1:{args.port}",
+        rank=rank,
+        world_size=args.world_size,
+    )
+    torch.manual_seed(args.seed)
+    model = TinyLM().to(device)
+    policy = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    scaler = ShardedGradScaler(
+        device.type,
+        init_scale=2.0**20,
+        growth_interval=args.growth_interval,
+        telemetry=args.db,
+        run_name=args.run_name,
+    )
+    data = corpus(rank, args.seed)
+    gen = torch.Generator().manual_seed(args.seed + rank)
+    started = time.monotonic()
+    try:
+        for step in range(1, args.steps + 1):
+            starts = torch.randint(0, len(data) - SEQ - 1, (args.batch_size,), generator=gen)
+            chunk = torch.stack([data[s : s + SEQ + 1] for s in starts.tolist()])
+            if step % NOISE_EVERY == 0:
+                chunk = torch.randint(0, VOCAB, chunk.shape, generator=gen)  # a bad batch
+            chunk = chunk.to(device)
+            optimizer.zero_grad(set_to_none=True)
+            logits = model(chunk[:, :-1])
+            loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), chunk[:, 1:].reshape(-1))
+            scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+            scaler.step(optimizer)
+            scaler.update()
+            if rank == 0 and (step % 5 == 0 or step == args.steps):
+                _progress(step, args.steps, loss.item(), scaler.get_scale(), started)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        scaler.close()
+        if rank == 0:
+            print(file=sys.stderr, flush=True)
+        dist.destroy_process_group()
+
+
+def _progress(step: int, total: int, loss: float, scale: float, started: float) -> None:
+    width = 30
+    done = width * step // total
+    rate = step / max(time.monotonic() - started, 1e-9)
+    bar = "#" * done + "." * (width - done)
+    sys.stderr.write(
+        f"\r[{bar}] step {step}/{total}  loss {loss:6.3f}  scale {scale:>10.0f}  {rate:5.1f} it/s"
+    )
+    sys.stderr.flush()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--db", default=None, help="store URL (default: $SCALEWATCH_DB)")
+    parser.add_argument("--run-name", default="tiny-lm-fp16")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--growth-interval", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--port", type=int, default=0, help="rendezvous port (default: free)")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.world_size < 1:
+        parser.error("--steps and --world-size must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.port = args.port or free_port()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        mp.spawn(train, args=(args,), nprocs=args.world_size, join=True)  # type: ignore[attr-defined,no-untyped-call]
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
