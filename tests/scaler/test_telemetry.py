@@ -1,0 +1,491 @@
+"""Telemetry into the store: one row per step as torch's scaler sees it, and a store that fails.
+
+The multi-process and kill tests run real processes on 127.0.0.1 and end by themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from _dist import run_ranks, wait_for
+from _twin import batch, mlp, poison, sgd
+from sqlalchemy import event, select
+from torch import nn
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
+
+import scaler
+from scaler import telemetry as telemetry_module
+from scaler.store import Store, open_store
+from scaler.store.runs import HEARTBEAT_TIMEOUT_S, effective_status
+from scaler.store.schema import runs, steps, telemetry_gaps
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def db_url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+def step_rows(store: Store, run_id: int | None = None) -> list[dict[str, Any]]:
+    query = select(steps).order_by(steps.c.run_id, steps.c.step)
+    if run_id is not None:
+        query = query.where(steps.c.run_id == run_id)
+    with store.read() as conn:
+        return [dict(row._mapping) for row in conn.execute(query)]
+
+
+def run_rows(store: Store) -> list[dict[str, Any]]:
+    with store.read() as conn:
+        return [dict(row._mapping) for row in conn.execute(select(runs).order_by(runs.c.id))]
+
+
+def flush(gs: Any) -> None:
+    """Wait until every step so far is in the store: the recorder hands over, the writer writes."""
+    gs._recorder.flush(30)
+    assert gs._telemetry.flush(30)
+
+
+def train_step(gs: Any, model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+    opt.zero_grad()
+    gs.scale(model(batch(step)).pow(2).mean()).backward()
+    gs.step(opt)
+    gs.update()
+
+
+# ------------------------------------------------------------ 2-rank FSDP2, side by side
+
+FSDP_STEPS = 14
+FSDP_INJECT = (4, 8, 9)  # steps (1-based update() count) with inf in rank 1's shard
+FSDP_INIT = 2.0**10
+
+
+def _fsdp_twin(rank: int, world: int, url: str) -> dict[str, Any]:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    def sharded() -> nn.Module:
+        model = mlp(seed=0)
+        fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float16))
+        return model
+
+    kwargs = {"device": "cpu", "init_scale": FSDP_INIT, "growth_interval": 3}
+    ours = scaler.ShardedGradScaler(**kwargs, telemetry=url, run_name="fsdp2")
+    theirs = TorchSharded(**kwargs)
+    pairs = [(gs, sharded()) for gs in (ours, theirs)]
+    pairs = [(gs, model, sgd(model)[0]) for gs, model in pairs]
+    scales: dict[str, list[float]] = {"ours": [], "torch": []}
+    for step in range(1, FSDP_STEPS + 1):
+        for gs, model, opt in pairs:
+            opt.zero_grad()
+            loss = model(batch(step * world + rank)).float().pow(2).mean()
+            gs.scale(loss).backward()
+            if rank == 1 and step in FSDP_INJECT:
+                grad = next(iter(model.parameters())).grad
+                assert grad is not None
+                grad._local_tensor.view(-1)[0] = float("inf")  # type: ignore[attr-defined]
+            gs.step(opt)
+            gs.update()
+        scales["ours"].append(ours.get_scale())
+        scales["torch"].append(theirs.get_scale())
+    params_equal = all(
+        torch.equal(a._local_tensor, b._local_tensor)  # type: ignore[attr-defined]
+        for a, b in zip(pairs[0][1].parameters(), pairs[1][1].parameters(), strict=True)
+    )
+    if ours._telemetry is not None:
+        flush(ours)
+    db_name = url.rsplit("/", 1)[-1]
+    store_fds = [
+        fd
+        for fd in os.listdir("/proc/self/fd")
+        if db_name in (os.readlink(f"/proc/self/fd/{fd}") if _is_link(fd) else "")
+    ]
+    result = {
+        "scales": scales,
+        "params_equal": params_equal,
+        "telemetry_none": ours._telemetry is None,
+        "store_open": bool(store_fds),
+        "run_id": ours.run_id,
+        "steps": ours.steps,
+    }
+    ours.close()
+    return result
+
+
+def _is_link(fd: str) -> bool:
+    return os.path.islink(f"/proc/self/fd/{fd}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/self/fd")
+def test_two_rank_fsdp2_rows_match_torchs_sharded_scaler(tmp_path: Path) -> None:
+    url = db_url(tmp_path / "fsdp2.db")
+    rank0, rank1 = run_ranks(_fsdp_twin, 2, url, timeout=150)
+
+    for rank in (rank0, rank1):
+        assert rank["scales"]["ours"] == rank["scales"]["torch"]
+        assert rank["params_equal"]
+        assert rank["steps"] == FSDP_STEPS
+    torch_scales = rank0["scales"]["torch"]
+    assert rank1["scales"]["torch"] == torch_scales
+    # Only the reporting rank opened the store.
+    assert not rank0["telemetry_none"] and rank0["store_open"]
+    assert rank1["telemetry_none"] and not rank1["store_open"] and rank1["run_id"] is None
+
+    with open_store(url) as store:
+        (run,) = run_rows(store)
+        rows = step_rows(store)
+    assert run["id"] == rank0["run_id"] and run["world_size"] == 2
+    assert run["status"] == "finished" and run["dropped"] == 0
+    assert [r["step"] for r in rows] == list(range(1, FSDP_STEPS + 1))
+    assert [r["step"] for r in rows if r["overflow"]] == list(FSDP_INJECT)
+    assert [r["step"] for r in rows if r["skipped"]] == list(FSDP_INJECT)
+    assert [r["inf_ranks"] for r in rows] == ["1" if r["overflow"] else "" for r in rows]
+    assert [r["scale_after"] for r in rows] == torch_scales
+    assert [r["scale"] for r in rows] == [FSDP_INIT, *torch_scales[:-1]]
+    assert len(set(torch_scales)) > 2  # the run grew and backed off
+
+
+# ------------------------------------------------------------ kill -9 mid-run
+
+TRAINER = """
+import sys, time, torch, scaler
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+gs = scaler.GradScaler("cpu", growth_interval=50, telemetry=sys.argv[1], run_name="killed")
+step = 0
+while True:
+    opt.zero_grad()
+    gs.scale(model(torch.randn(8, 4)).pow(2).mean()).backward()
+    gs.step(opt)
+    gs.update()
+    step += 1
+    print(step, repr(time.time()), flush=True)
+    time.sleep(0.002)
+"""
+
+
+@pytest.fixture
+def trainer(tmp_path: Path) -> Iterator[Callable[[str], subprocess.Popen[str]]]:
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(url: str) -> subprocess.Popen[str]:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
+        proc = subprocess.Popen(
+            [sys.executable, "-c", TRAINER, url],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _lines(proc: subprocess.Popen[str]) -> queue.Queue[str]:
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+@pytest.mark.slow
+def test_kill_9_leaves_an_intact_store_with_every_step_older_than_a_second(
+    tmp_path: Path, trainer: Callable[[str], subprocess.Popen[str]]
+) -> None:
+    db = tmp_path / "killed.db"
+    proc = trainer(db_url(db))
+    lines = _lines(proc)
+    done: dict[int, float] = {}
+
+    def progressed() -> bool:
+        while not lines.empty():
+            step, at = lines.get().split()
+            done[int(step)] = float(at)
+        return len(done) >= 300 and max(done.values()) - min(done.values()) >= 2.5
+
+    wait_for(progressed, 90, "the trainer to run 300 steps over 2.5 s")
+    killed_at = time.time()
+    proc.kill()
+    proc.wait(10)
+
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    with open_store(db_url(db)) as store:
+        (run,) = run_rows(store)
+        stored = {r["step"] for r in step_rows(store)}
+    old = {step for step, at in done.items() if at < killed_at - 1.0}
+    assert len(old) >= 100
+    assert old <= stored
+    # Nobody marked it: the run reads as crashed once its heartbeat is stale.
+    assert run["status"] == "running"
+    beat = run["heartbeat_at"]
+    assert effective_status(run, now=beat + 1.0) == "running"
+    assert effective_status(run, now=beat + HEARTBEAT_TIMEOUT_S + 1.0) == "crashed"
+
+
+# ------------------------------------------------------------ single process
+
+
+def test_close_marks_finished_and_a_finished_run_never_reads_as_crashed(tmp_path: Path) -> None:
+    url = db_url(tmp_path / "sw.db")
+    model = mlp()
+    opt = sgd(model)[0]
+    with scaler.GradScaler("cpu", growth_interval=2, telemetry=url, run_name="closed") as gs:
+        for step in range(1, 6):
+            train_step(gs, model, opt, step)
+        flush(gs)
+        run_id = gs.run_id
+    with open_store(url) as store:
+        (run,) = run_rows(store)
+        assert len(step_rows(store)) == 5
+    assert run["id"] == run_id and run["name"] == "closed"
+    assert run["status"] == "finished" and run["ended_at"] is not None
+    assert effective_status(run, now=run["heartbeat_at"] + 10 * HEARTBEAT_TIMEOUT_S) == "finished"
+    gs.close()  # twice is fine
+
+
+def test_resume_continues_the_run_and_a_torch_dict_starts_a_new_one(tmp_path: Path) -> None:
+    url = db_url(tmp_path / "sw.db")
+    model = mlp()
+    opt = sgd(model)[0]
+    first = scaler.GradScaler("cpu", growth_interval=2, telemetry=url)
+    for step in range(1, 5):
+        train_step(first, model, opt, step)
+    state = first.state_dict()
+    flush(first)
+    run_id = first.run_id
+    first.close()
+
+    second = scaler.GradScaler("cpu", growth_interval=2, telemetry=url)
+    second.load_state_dict(state)
+    for step in range(5, 8):
+        train_step(second, model, opt, step)
+    flush(second)
+    assert second.run_id == run_id and second.steps == 7
+    second.close()
+
+    fresh = scaler.GradScaler("cpu", growth_interval=2, telemetry=url)
+    fresh.load_state_dict(torch.amp.GradScaler("cpu", growth_interval=2).state_dict())
+    for step in range(1, 3):
+        train_step(fresh, model, opt, step)
+    flush(fresh)
+    new_id = fresh.run_id
+    fresh.close()
+
+    with open_store(url) as store:
+        resumed = step_rows(store, run_id)
+        other = step_rows(store, new_id)
+        all_runs = run_rows(store)
+    assert new_id != run_id and len(all_runs) == 2
+    assert all(run["status"] == "finished" for run in all_runs)
+    assert [r["step"] for r in resumed] == list(range(1, 8))
+    # The resumed steps start from the scale the checkpoint held.
+    assert [r["scale"] for r in resumed[1:]] == [r["scale_after"] for r in resumed[:-1]]
+    assert [r["step"] for r in other] == [1, 2]
+
+
+def test_a_locked_store_never_stops_training_and_loses_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "sw.db"
+    model = mlp()
+    opt = sgd(model)[0]
+    gs = scaler.GradScaler("cpu", growth_interval=50, telemetry=db_url(db))
+    for step in range(1, 6):
+        train_step(gs, model, opt, step)
+    flush(gs)
+
+    blocker = sqlite3.connect(db, timeout=10, isolation_level=None)
+    blocker.execute("BEGIN EXCLUSIVE")
+    try:
+        started = time.monotonic()
+        slowest = 0.0
+        step = 5
+        while time.monotonic() - started < 3.0:
+            before = time.monotonic()
+            step += 1
+            train_step(gs, model, opt, step)
+            slowest = max(slowest, time.monotonic() - before)
+        locked_steps = step - 5
+        with sqlite3.connect(db) as reader:  # WAL: readers see the last commit
+            (written,) = reader.execute("SELECT count(*) FROM steps").fetchone()
+        assert written == 5
+    finally:
+        blocker.execute("COMMIT")
+        blocker.close()
+    for _ in range(5):
+        step += 1
+        train_step(gs, model, opt, step)
+    flush(gs)
+    dropped = gs._telemetry.dropped
+    gs.close()
+
+    assert locked_steps >= 30 and slowest < 1.0  # training went on while the store was locked
+    with open_store(db_url(db)) as store:
+        assert [r["step"] for r in step_rows(store)] == list(range(1, step + 1))
+        (run,) = run_rows(store)
+    assert dropped == 0 and run["dropped"] == 0
+
+
+def _read_only(store: Store) -> Callable[[bool], None]:
+    """Switch every connection of ``store`` to SQLite's read-only mode and back.
+
+    Works whoever runs the tests (root ignores a chmod 0444), and fails writes with the
+    same error as a read-only file: "attempt to write a readonly database".
+    """
+    state = {"on": False}
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        if state["on"]:
+            dbapi_connection.execute("PRAGMA query_only = ON")
+
+    event.listen(store.engine, "connect", on_connect)
+
+    def switch(on: bool) -> None:
+        state["on"] = on
+        store.engine.dispose()
+
+    return switch
+
+
+@pytest.mark.parametrize("fault", ["read-only", "directory-removed"])
+def test_an_unwritable_store_drops_past_the_bound_and_records_the_gap(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    fault: str,
+) -> None:
+    monkeypatch.setattr(telemetry_module, "MAX_PENDING", 16)
+    caplog.set_level(logging.WARNING, logger="scaler.telemetry")
+    folder = tmp_path / "store"
+    folder.mkdir()
+    url = db_url(folder / "sw.db")
+    store = open_store(url)
+    model = mlp()
+    opt = sgd(model)[0]
+    step = 0
+    if fault == "read-only":
+        gs = scaler.GradScaler("cpu", growth_interval=50, telemetry=store)
+        for step in range(1, 6):
+            train_step(gs, model, opt, step)
+        flush(gs)
+        switch = _read_only(store)
+        switch(True)
+    else:
+        # The store's directory is gone when the writer first opens it.
+        gs = scaler.GradScaler("cpu", growth_interval=50, telemetry=url)
+        store.close()
+        folder.rename(tmp_path / "elsewhere")
+    steps_before_fault = step
+
+    def dropping() -> bool:
+        nonlocal step
+        step += 1
+        train_step(gs, model, opt, step)
+        return gs._telemetry is not None and gs._telemetry.dropped >= 40
+
+    wait_for(dropping, 60, "records to be dropped past the queue bound")
+    telemetry = gs._telemetry
+    assert telemetry is not None
+    if fault == "read-only":
+        switch(False)
+    else:
+        (tmp_path / "elsewhere").rename(folder)
+    for _ in range(5):
+        step += 1
+        train_step(gs, model, opt, step)
+    flush(gs)
+    dropped = telemetry.dropped
+    run_id = gs.run_id
+    gs.close()
+    store.close()
+
+    warnings = [r for r in caplog.records if "not taking writes" in r.getMessage()]
+    assert len(warnings) == 1
+    assert step - steps_before_fault > 40  # training went on
+    with open_store(url) as reader:
+        stored = [r["step"] for r in step_rows(reader, run_id)]
+        (run,) = run_rows(reader)
+        with reader.read() as conn:
+            gaps = [dict(g._mapping) for g in conn.execute(select(telemetry_gaps))]
+    (gap,) = gaps
+    assert gap["run_id"] == run_id and gap["dropped"] == dropped == run["dropped"]
+    lost = set(range(gap["first_step"], gap["last_step"] + 1))
+    assert len(lost) == dropped
+    assert sorted(set(stored) | lost) == list(range(1, step + 1))
+    assert not lost & set(stored)
+    assert gap["reason"]
+
+
+# ------------------------------------------------------------ host-device syncs
+
+SYNC_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__")
+
+
+@pytest.fixture
+def count_syncs(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts the tensor reads that sync, made by the main thread (background threads may)."""
+    counts = {"n": 0}
+    main = threading.main_thread()
+    for name in SYNC_METHODS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self: torch.Tensor, *args: Any, _original: Any = original) -> Any:
+            if threading.current_thread() is main:
+                counts["n"] += 1
+            return _original(self, *args)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return counts
+
+
+def test_telemetry_adds_no_sync_to_a_training_step(
+    kind: str, tmp_path: Path, count_syncs: dict[str, int]
+) -> None:
+    url = db_url(tmp_path / "sw.db")
+    kwargs = {"device": "cpu", "growth_interval": 3}
+    if kind == "plain":
+        pair = [torch.amp.GradScaler(**kwargs), scaler.GradScaler(**kwargs, telemetry=url)]
+    else:
+        pair = [TorchSharded(**kwargs), scaler.ShardedGradScaler(**kwargs, telemetry=url)]
+    syncs = []
+    for gs in pair:
+        model = mlp()
+        opt = sgd(model)[0]
+        count_syncs["n"] = 0
+        for step in range(1, 13):
+            opt.zero_grad()
+            gs.scale(model(batch(step)).pow(2).mean()).backward()
+            if step in (3, 7):
+                poison(list(model.parameters()), 0, float("inf"))
+            gs.step(opt)
+            gs.update()
+        syncs.append(count_syncs["n"])
+    ours = pair[1]
+    assert ours._telemetry is not None  # the store was really on
+    ours.close()
+    assert syncs[1] <= syncs[0]
