@@ -1,6 +1,6 @@
 // Run page: facts, charts (live over server-sent events), control, export.
 
-import { getJSON, paths } from "./api.js";
+import { ApiError, getJSON, paths } from "./api.js";
 import { RunChart } from "./chart.js";
 import { ControlPanel } from "./control.js";
 import {
@@ -23,8 +23,13 @@ const errorBox = document.getElementById("error");
 const live = document.getElementById("live");
 let currentStatus = null;
 let stream = null;
+let runMissing = false;
 
 function reportError(error) {
+  if (runMissing || (error instanceof ApiError && error.status === 404)) {
+    showAlert(errorBox, `There is no run ${runId} in this store. Open one from the list of runs.`);
+    return;
+  }
   showAlert(errorBox, error && error.message ? error.message : String(error));
 }
 
@@ -63,10 +68,16 @@ async function pollDetail() {
     if (errorBox.dataset.source === "detail") showAlert(errorBox, "");
   } catch (error) {
     errorBox.dataset.source = "detail";
+    if (error instanceof ApiError && error.status === 404) {
+      runMissing = true;
+      reportError(error);
+      if (stream) stream.close();
+      setLive("ended", "not live: no such run");
+      return;
+    }
     reportError(new Error(`Could not load the run: ${error.message}`));
-  } finally {
-    setTimeout(pollDetail, DETAIL_POLL_MS);
   }
+  setTimeout(pollDetail, DETAIL_POLL_MS);
 }
 
 function renderExports() {
@@ -105,7 +116,7 @@ function openStream(chart, panel, after) {
   });
   stream.addEventListener("error", () => {
     if (stream.readyState === EventSource.CLOSED) {
-      if (live.dataset.state === "ended") return;
+      if (live.dataset.state === "ended" || runMissing) return;
       setLive("offline", "disconnected; retrying");
       setTimeout(() => openStream(chart, panel, chart.lastStep >= 0 ? chart.lastStep : undefined), RECONNECT_MS);
     } else {
