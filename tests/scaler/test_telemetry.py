@@ -22,6 +22,7 @@ import torch
 from _dist import run_ranks, wait_for
 from _twin import batch, mlp, poison, sgd
 from sqlalchemy import event, select
+from test_sync_count import counting_host_reads
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
@@ -443,29 +444,8 @@ def test_an_unwritable_store_drops_past_the_bound_and_records_the_gap(
 
 # ------------------------------------------------------------ host-device syncs
 
-SYNC_METHODS = ("item", "tolist", "__bool__", "__float__", "__int__")
 
-
-@pytest.fixture
-def count_syncs(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Counts the tensor reads that sync, made by the main thread (background threads may)."""
-    counts = {"n": 0}
-    main = threading.main_thread()
-    for name in SYNC_METHODS:
-        original = getattr(torch.Tensor, name)
-
-        def counted(self: torch.Tensor, *args: Any, _original: Any = original) -> Any:
-            if threading.current_thread() is main:
-                counts["n"] += 1
-            return _original(self, *args)
-
-        monkeypatch.setattr(torch.Tensor, name, counted)
-    return counts
-
-
-def test_telemetry_adds_no_sync_to_a_training_step(
-    kind: str, tmp_path: Path, count_syncs: dict[str, int]
-) -> None:
+def test_telemetry_adds_no_sync_to_a_training_step(kind: str, tmp_path: Path) -> None:
     url = db_url(tmp_path / "sw.db")
     kwargs = {"device": "cpu", "growth_interval": 3}
     if kind == "plain":
@@ -476,15 +456,15 @@ def test_telemetry_adds_no_sync_to_a_training_step(
     for gs in pair:
         model = mlp()
         opt = sgd(model)[0]
-        count_syncs["n"] = 0
-        for step in range(1, 13):
-            opt.zero_grad()
-            gs.scale(model(batch(step)).pow(2).mean()).backward()
-            if step in (3, 7):
-                poison(list(model.parameters()), 0, float("inf"))
-            gs.step(opt)
-            gs.update()
-        syncs.append(count_syncs["n"])
+        with counting_host_reads() as counts:
+            for step in range(1, 13):
+                opt.zero_grad()
+                gs.scale(model(batch(step)).pow(2).mean()).backward()
+                if step in (3, 7):
+                    poison(list(model.parameters()), 0, float("inf"))
+                gs.step(opt)
+                gs.update()
+        syncs.append(sum(counts.values()))
     ours = pair[1]
     assert ours._telemetry is not None  # the store was really on
     ours.close()
