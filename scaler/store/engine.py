@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,12 +29,11 @@ DEFAULT_URL = "sqlite:///scalewatch.db"
 BUSY_TIMEOUT_MS = 30_000
 
 _PRAGMAS = (
-    # busy_timeout first: switching a fresh file to WAL needs a lock another process may hold.
-    f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}",
-    "PRAGMA journal_mode = WAL",
     "PRAGMA synchronous = NORMAL",
     "PRAGMA foreign_keys = ON",
 )
+# Attempts at switching a new file to WAL; each failed one waits for the lock holder.
+_WAL_ATTEMPTS = 100
 
 
 def default_url() -> str:
@@ -107,14 +107,33 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
-def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+def _on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     try:
+        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        _use_wal(cursor)
         for pragma in _PRAGMAS:
             cursor.execute(pragma)
     finally:
         cursor.close()
+
+
+def _use_wal(cursor: sqlite3.Cursor) -> None:
+    """Switch the database to WAL, also when other processes switch the same new file."""
+    for _ in range(_WAL_ATTEMPTS):
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error):
+                raise
+        # Two connections switching at once: SQLite refuses one without calling the busy
+        # handler (it would deadlock). Wait for the other's lock, then try again, which
+        # then finds WAL in place.
+        cursor.execute("BEGIN IMMEDIATE")
+        cursor.execute("ROLLBACK")
+    cursor.execute("PRAGMA journal_mode = WAL")
 
 
 def _on_begin(conn: Connection) -> None:
