@@ -73,6 +73,8 @@ def check(
     >>> check({"min_scale": 8.0}, {"max_scale": 4.0})
     'min_scale must be <= max_scale (4.0)'
     """
+    if not values:
+        return f"a request sets at least one of: {', '.join(FIELDS)}"
     for name, value in values.items():
         problem = _check_field(name, value)
         if problem:
