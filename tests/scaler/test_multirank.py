@@ -1,0 +1,161 @@
+"""Real gloo ranks on 127.0.0.1: torch's ShardedGradScaler and ours side by side in every rank.
+
+One spawn per world size runs every scenario (DDP, FSDP2 with an fp16
+MixedPrecisionPolicy, FSDP1; FSDP1 with CPUOffload, which torch refuses without an
+accelerator): in each rank torch's scaler and ours train
+identical model copies in the same WORLD group, one after the other, with an
+inf/NaN injected into one chosen rank's local gradients at chosen steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from _dist import run_ranks
+from torch import nn
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
+
+import scaler
+
+STEPS = 8
+WIDTH = 16
+
+
+class Recorded(scaler.ShardedGradScaler):
+    """Ours, keeping the per-step samples the recorder hands to telemetry (testing only)."""
+
+    def _make_sink(self) -> Any:
+        self.samples: list[Any] = []
+        return self.samples.extend
+
+
+def model_copy() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, WIDTH), nn.Tanh(), nn.Linear(WIDTH, 4))
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    inner = getattr(t, "_local_tensor", None)
+    return inner if isinstance(inner, torch.Tensor) else t
+
+
+def wrap(kind: str, module: nn.Module) -> nn.Module:
+    if kind == "ddp":
+        return nn.parallel.DistributedDataParallel(module)
+    if kind == "fsdp2":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy(param_dtype=torch.float16)
+        for layer in (module[0], module[2]):
+            fully_shard(layer, mp_policy=policy)
+        return fully_shard(module, mp_policy=policy)
+    from torch.distributed.fsdp import CPUOffload
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    if kind == "fsdp1":
+        return FSDP(module, device_id=torch.device("cpu"))
+    assert kind == "fsdp1-offload"
+    return FSDP(module, device_id=torch.device("cpu"), cpu_offload=CPUOffload(offload_params=True))
+
+
+def train(kind: str, gs: Any, rank: int, plan: dict[int, tuple[int, float]]) -> dict[str, Any]:
+    """plan: step -> (the rank whose local gradient gets ``value``, value)."""
+    model = wrap(kind, model_copy())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    out: dict[str, Any] = {"scales": [], "trackers": [], "skipped": []}
+    for step in range(STEPS):
+        opt.zero_grad()
+        g = torch.Generator().manual_seed(100 * step + rank)
+        loss = model(torch.randn(6, 4, generator=g)).float().pow(2).mean()
+        gs.scale(loss).backward()
+        first = next(p for p in model.parameters() if local(p.grad).numel() > 0)
+        bad_rank, value = plan.get(step, (-1, 0.0))
+        if rank == bad_rank:
+            with torch.no_grad():
+                local(first.grad).view(-1)[0] = value
+        before = [local(p).detach().clone() for p in model.parameters()]
+        gs.step(opt)
+        gs.update()
+        out["scales"].append(gs.get_scale())
+        out["trackers"].append(gs._get_growth_tracker())
+        after = [local(p).detach() for p in model.parameters()]
+        out["skipped"].append(all(torch.equal(b, a) for b, a in zip(before, after, strict=True)))
+    # plain lists: tensors would cross the result queue as shared memory owned by a dying rank
+    out["params"] = [local(p).detach().tolist() for p in model.parameters()]
+    out["grad_dtype"] = str(local(next(iter(model.parameters())).grad).dtype)
+    return out
+
+
+def plan_for(world: int) -> dict[int, tuple[int, float]]:
+    last = world - 1
+    return {1: (last, float("inf")), 2: (1, float("nan")), 5: (0, float("-inf"))}
+
+
+def worker(rank: int, world: int, kinds: list[str]) -> dict[str, Any]:
+    factors = {"init_scale": 1024.0, "growth_factor": 1.7, "backoff_factor": 0.3}
+    results: dict[str, Any] = {}
+    plan = plan_for(world)
+    for kind in kinds:
+        try:
+            reference = train(kind, TorchSharded("cpu", growth_interval=2, **factors), rank, plan)
+        except Exception as exc:  # reported to the test, which decides
+            results[kind] = {"unsupported": f"{type(exc).__name__}: {exc}"}
+            dist.barrier()
+            continue
+        ours = Recorded("cpu", growth_interval=2, telemetry=False, **factors)
+        mine = train(kind, ours, rank, plan)
+        stats = ours.stats()
+        samples = [sample.record for sample in ours.samples]
+        results[kind] = {
+            "torch": reference,
+            "ours": mine,
+            "stats": stats,
+            "inf_ranks": [s.inf_ranks for s in samples],
+            "overflow": [s.overflow for s in samples],
+        }
+        dist.barrier()
+    return results
+
+
+KINDS = ["ddp", "fsdp2", "fsdp1", "fsdp1-offload"]
+
+
+def check(world: int, per_rank: list[dict[str, Any]]) -> None:
+    plan = plan_for(world)
+    expected_ranks = [(plan[s][0],) if s in plan else () for s in range(STEPS)]
+    supported = KINDS if torch.cuda.is_available() else KINDS[:-1]
+    for kind in supported:
+        unsupported = {r[kind].get("unsupported") for r in per_rank}
+        assert unsupported == {None}, (kind, unsupported)
+        for rank, result in enumerate(per_rank):
+            theirs, mine = result[kind]["torch"], result[kind]["ours"]
+            assert mine["scales"] == theirs["scales"], (kind, rank)
+            assert mine["trackers"] == theirs["trackers"], (kind, rank)
+            # the inf on one rank skips the step on every rank
+            assert theirs["skipped"] == [s in plan for s in range(STEPS)], (kind, rank)
+            assert mine["skipped"] == theirs["skipped"], (kind, rank)
+            assert mine["params"] == theirs["params"], (kind, rank)  # exact float equality
+            assert result[kind]["overflow"] == [s in plan for s in range(STEPS)]
+            # every rank learns from the one all-reduce which rank it was
+            assert result[kind]["inf_ranks"] == expected_ranks, (kind, rank)
+            stats = result[kind]["stats"]
+            assert (stats.steps, stats.overflows, stats.skipped) == (STEPS, 3, 3)
+            assert stats.current_scale == theirs["scales"][-1]
+        # all ranks agree
+        assert len({tuple(r[kind]["ours"]["scales"]) for r in per_rank}) == 1
+    # torch's FSDP1 offloads parameters only with an accelerator present (torch 2.13, cpu build)
+    if not torch.cuda.is_available():
+        assert {r["fsdp1-offload"].get("unsupported") for r in per_rank} == {
+            "RuntimeError: Cannot access accelerator device when none is available."
+        }
+    fsdp2 = per_rank[0]["fsdp2"]["ours"]
+    assert fsdp2["grad_dtype"] == "torch.float32"  # fp16 compute, fp32 sharded grads
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+def test_torch_and_ours_side_by_side_on_real_ranks(world: int) -> None:
+    check(world, run_ranks(worker, world, KINDS, timeout=150.0))
