@@ -9,7 +9,6 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
@@ -26,3 +25,6 @@ clean:
 
 demo: $(STAMP)
 	$(BIN)/scalewatch demo
+
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py

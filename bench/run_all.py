@@ -1,0 +1,107 @@
+"""``make bench``: run every script in bench/ and write docs/BENCHMARKS.md.
+
+The README's benchmark table (between its ``bench:start``/``bench:end`` markers) is
+rewritten from the same figures.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+import sys
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+from _figures import PREFIX
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = {  # script -> arguments
+    "scaler_overhead.py": [],
+    "telemetry.py": [],
+    "control.py": [],
+    "service.py": [],
+}
+TIMEOUT_S = 1800
+
+
+def run(script: str, args: list[str]) -> tuple[str, list[list[str]], float, int]:
+    print(f"bench: {script} {' '.join(args)}", flush=True)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=ROOT,
+    )
+    seconds = time.monotonic() - started
+    output = done.stdout + (f"\n[stderr]\n{done.stderr}" if done.returncode else "")
+    rows = [
+        line[len(PREFIX) :].split("\t")
+        for line in done.stdout.splitlines()
+        if line.startswith(PREFIX)
+    ]
+    print(f"bench: {script} took {seconds:.0f} s, exit {done.returncode}", flush=True)
+    return output, rows, seconds, done.returncode
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"{cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"torch {version('torch')}, {platform.system()} {platform.release()}"
+    )
+
+
+def table(rows: list[list[str]]) -> str:
+    lines = ["| figure | measured | goal | met | against baseline (same run) |"]
+    lines.append("| --- | --- | --- | --- | --- |")
+    for name, value, goal, status, baseline in (r + [""] * (5 - len(r)) for r in rows):
+        lines.append(f"| {name} | {value} | {goal} | {status} | {baseline} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    sections, all_rows, failed = [], [], []
+    for script, args in SCRIPTS.items():
+        output, rows, seconds, code = run(script, args)
+        all_rows += rows
+        if code:
+            failed.append(script)
+        sections.append(
+            f"## `bench/{script}`\n\n{seconds:.0f} s, exit {code}\n\n```text\n{output.strip()}\n```\n"
+        )
+    summary = table(all_rows)
+    doc = (
+        "# Benchmarks\n\n"
+        f"Written by `make bench` on {when}.\n\nMachine: {machine()}.\n\n"
+        "Each ratio is measured side by side in the same run. Shared or loaded machines "
+        "give noisy absolute numbers; the ratios are what the goals are about.\n\n"
+        f"{summary}\n\n" + "\n".join(sections)
+    )
+    (ROOT / "docs" / "BENCHMARKS.md").write_text(doc, encoding="utf-8")
+    readme = ROOT / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    start, end = "<!-- bench:start -->", "<!-- bench:end -->"
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        tail = rest.split(end, 1)[1]
+        note = f"Measured {when} on {machine()} (details in docs/BENCHMARKS.md)."
+        readme.write_text(f"{head}{start}\n{note}\n\n{summary}\n{end}{tail}", encoding="utf-8")
+    print(summary)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
