@@ -79,8 +79,10 @@ def main() -> int:
         all_rows += rows
         if code:
             failed.append(script)
+        fence = "```"
         sections.append(
-            f"## `bench/{script}`\n\n{seconds:.0f} s, exit {code}\n\n```text\n{output.strip()}\n```\n"
+            f"## `bench/{script}`\n\n{seconds:.0f} s, exit {code}\n\n"
+            f"{fence}text\n{output.strip()}\n{fence}\n"
         )
     summary = table(all_rows)
     doc = (
