@@ -5,7 +5,12 @@ file store: steps, rollups, run row, one transaction per batch) against a raw
 ``sqlite3`` ``executemany`` of the same rows into an identical table with the same
 pragmas. Goals: >= 100k records/s and >= half the raw rate.
 
-    python bench/telemetry.py [--records 300000] [--batch 1000] [--rounds 2]
+Training thread: microseconds per step on the training thread, torch's scaler against
+ours with telemetry off and on (a store in a temporary file), interleaved round by round,
+for a tiny model step and for the scaler's calls alone, for ``GradScaler`` and (in a
+one-process gloo group) ``ShardedGradScaler``. Goal: telemetry on costs < 5 us per step.
+
+    python bench/telemetry.py [--records 300000] [--batch 1000] [--rounds 2] [--steps 2000]
 """
 
 from __future__ import annotations
@@ -17,12 +22,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
+
+import scaler
 from scaler.store import StepRecord, open_store, upgrade
 from scaler.store.engine import BUSY_TIMEOUT_MS
 from scaler.store.runs import create_run, write_steps
 
 WRITER_GOAL_RECORDS_PER_S = 100_000
 WRITER_GOAL_RATIO = 0.5
+TRAINING_GOAL_US = 5.0
 
 _RAW_PRAGMAS = (
     f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}",
@@ -166,12 +177,113 @@ def print_writer(result: dict[str, Any]) -> None:
     )
 
 
+def _variants(kind: str, url: str) -> dict[str, Any]:
+    """torch's scaler and ours with telemetry off and on, all with the same settings."""
+    kwargs = {"device": "cpu", "growth_interval": 100}
+    if kind == "GradScaler":
+        return {
+            "torch": torch.amp.GradScaler(**kwargs),
+            "off": scaler.GradScaler(**kwargs, telemetry=False),
+            "on": scaler.GradScaler(**kwargs, telemetry=url),
+        }
+    return {
+        "torch": TorchSharded(**kwargs),
+        "off": scaler.ShardedGradScaler(**kwargs, telemetry=False),
+        "on": scaler.ShardedGradScaler(**kwargs, telemetry=url),
+    }
+
+
+def _model_step(gs: Any, steps: int) -> float:
+    """Seconds per step of a tiny model's whole step: forward, backward, step, update."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    data = torch.randn(16, 32)
+    start = time.perf_counter()
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=False)
+        gs.scale(model(data).pow(2).mean()).backward()
+        gs.step(opt)
+        gs.update()
+    return (time.perf_counter() - start) / steps
+
+
+def _scaler_calls(gs: Any, steps: int) -> float:
+    """Seconds per step of the scaler's own calls: scale, unscale_, step (lr 0), update."""
+    param = torch.nn.Parameter(torch.zeros(8))
+    param.grad = torch.ones(8)
+    opt = torch.optim.SGD([param], lr=0.0)
+    loss = torch.ones(())
+    start = time.perf_counter()
+    for _ in range(steps):
+        gs.scale(loss)
+        gs.unscale_(opt)
+        gs.step(opt)
+        gs.update()
+    return (time.perf_counter() - start) / steps
+
+
+def bench_training_thread(steps: int = 2000, rounds: int = 5) -> dict[str, Any]:
+    """Best-of-rounds us/step per (class, workload, variant), variants interleaved per round."""
+    torch.set_num_threads(1)
+    results: dict[str, Any] = {"steps": steps, "rounds": rounds, "rows": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{Path(tmp) / 'pg'}", rank=0, world_size=1
+        )
+        try:
+            for kind in ("GradScaler", "ShardedGradScaler"):
+                for workload, fn in (("model step", _model_step), ("scaler calls", _scaler_calls)):
+                    variants = _variants(kind, f"sqlite:///{Path(tmp) / f'{kind}-{workload}.db'}")
+                    best = dict.fromkeys(variants, float("inf"))
+                    for gs in variants.values():
+                        fn(gs, 50)  # warm up; the first update() starts the writer
+                    for _ in range(rounds):
+                        for name, gs in variants.items():
+                            best[name] = min(best[name], fn(gs, steps) * 1e6)
+                    telemetry = variants["on"]._telemetry
+                    written = telemetry is not None and telemetry.flush(60)
+                    for gs in variants.values():
+                        if hasattr(gs, "close"):
+                            gs.close()
+                    results["rows"][(kind, workload)] = {**best, "written": written}
+        finally:
+            dist.destroy_process_group()
+    return results
+
+
+def print_training_thread(result: dict[str, Any]) -> None:
+    print(
+        f"training thread: us/step, best of {result['rounds']} interleaved rounds"
+        f" of {result['steps']} steps"
+    )
+    print(
+        f"  {'class':<18} {'workload':<13} {'torch':>8} {'off':>8} {'on':>8}"
+        f" {'on-off':>8} {'on-torch':>9}"
+    )
+    worst = 0.0
+    for (kind, workload), row in result["rows"].items():
+        on_off = row["on"] - row["off"]
+        worst = max(worst, on_off)
+        print(
+            f"  {kind:<18} {workload:<13} {row['torch']:>8.1f} {row['off']:>8.1f}"
+            f" {row['on']:>8.1f} {on_off:>+8.1f} {row['on'] - row['torch']:>+9.1f}"
+            + ("" if row["written"] else "  (store not flushed)")
+        )
+    print(
+        f"  goal: telemetry on - off < {TRAINING_GOAL_US} us/step:"
+        f" {_verdict(worst < TRAINING_GOAL_US)} (worst {worst:+.1f} us)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=2000, help="steps per training round")
     args = parser.parse_args()
+    print_training_thread(bench_training_thread(args.steps))
     print_writer(bench_writer(args.records, args.batch, args.rounds))
 
 
