@@ -1,0 +1,214 @@
+"""Scaler overhead, side by side in one run: torch's ShardedGradScaler against ours.
+
+(a) a full train step of a small MLP; (b) the scaler's calls alone (scale,
+step = unscale_ + a no-op optimizer, update) over ~200 gradients of ~50M
+elements in all; (c) the unscale pass over those gradients against a plain
+in-place multiply of the same tensors (``torch._foreach_mul_``), the
+memory-bandwidth limit. Ours runs with telemetry off and on (a store in a
+temporary file). Repetitions are interleaved; medians are reported. All in a
+one-process gloo group, as torch's class needs one.
+
+    python bench/scaler_overhead.py [--device cpu|cuda] [--reps 15] [--threads 1]
+
+Medians and minimums are both printed: on a shared machine the minimum is the
+steadier of the two.
+
+Goals: ours/torch <= 1.0 for (a) and (b); ours/limit <= 1.2 for (c).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
+
+import scaler
+
+GOALS = {"a": 1.0, "b": 1.0, "c": 1.2}
+LIMIT = "limit (_foreach_mul_)"
+TENSORS = 200
+ELEMENTS = 50_000_000
+
+
+class NoOpOptimizer(torch.optim.Optimizer):
+    """Holds the gradients; its step does nothing, so only the scaler's work is timed."""
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        super().__init__(params, {})
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        return None
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], None], device: str, inner: int) -> float:
+    """Seconds per call of ``fn``, over ``inner`` calls."""
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    sync(device)
+    return (time.perf_counter() - start) / inner
+
+
+def scalers(device: str, store_url: str, **kwargs: Any) -> dict[str, Any]:
+    return {
+        "torch": TorchSharded(device, **kwargs),
+        "ours (telemetry off)": scaler.ShardedGradScaler(device, telemetry=False, **kwargs),
+        "ours (telemetry on)": scaler.ShardedGradScaler(
+            device, telemetry=store_url, run_name="bench", **kwargs
+        ),
+    }
+
+
+def train_step_cases(device: str, store_url: str) -> dict[str, Callable[[], None]]:
+    """(a) zero_grad, forward, scaled backward, step, update of a small MLP."""
+    cases = {}
+    x = torch.randn(64, 256, device=device)
+    for name, gs in scalers(device, store_url, growth_interval=50).items():
+        torch.manual_seed(0)
+        model = nn.Sequential(
+            nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+        ).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+        def step(model: nn.Module = model, opt: Any = opt, gs: Any = gs) -> None:
+            opt.zero_grad()
+            gs.scale(model(x).pow(2).mean()).backward()
+            gs.step(opt)
+            gs.update()
+
+        cases[name] = step
+    return cases
+
+
+def big_grads(device: str) -> list[torch.Tensor]:
+    params = [
+        torch.zeros(ELEMENTS // TENSORS, device=device, requires_grad=True) for _ in range(TENSORS)
+    ]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    return params
+
+
+def scaler_call_cases(
+    device: str, store_url: str, params: list[torch.Tensor]
+) -> dict[str, Callable[[], None]]:
+    """(b) scale, step (unscale_ + no-op optimizer), update; init_scale 1 keeps grads at 1."""
+    cases = {}
+    loss = torch.ones((), device=device)
+    opt = NoOpOptimizer(params)
+    for name, gs in scalers(device, store_url, init_scale=1.0, growth_interval=2**30).items():
+
+        def calls(gs: Any = gs) -> None:
+            gs.scale(loss)
+            gs.step(opt)
+            gs.update()
+
+        cases[name] = calls
+    return cases
+
+
+def unscale_cases(device: str, params: list[torch.Tensor]) -> dict[str, Callable[[], None]]:
+    """(c) the unscale pass alone against the bare multiply of the same tensors."""
+    grads = [p.grad for p in params if p.grad is not None]
+    opt = NoOpOptimizer(params)
+    inv_scale = torch.ones((), device=device)
+    found_inf = torch.zeros(1, device=device)
+    cases: dict[str, Callable[[], None]] = {LIMIT: lambda: torch._foreach_mul_(grads, inv_scale)}
+    for name, gs in (
+        ("torch", TorchSharded(device)),
+        ("ours", scaler.ShardedGradScaler(device, telemetry=False)),
+    ):
+        gs.scale(inv_scale)  # creates the scale on the device
+
+        def unscale(gs: Any = gs) -> None:
+            gs._unscale_grads_(opt, inv_scale, found_inf, True)
+
+        cases[name] = unscale
+    return cases
+
+
+def interleaved(
+    cases: dict[str, Callable[[], None]], device: str, reps: int, inner: int
+) -> dict[str, list[float]]:
+    for fn in cases.values():  # warm-up
+        timed(fn, device, 2)
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(reps):
+        for name, fn in cases.items():
+            samples[name].append(timed(fn, device, inner))
+    return samples
+
+
+def report(title: str, samples: dict[str, list[float]], base: str, goal: float) -> None:
+    print(f"\n{title}")
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    minimums = {name: min(values) for name, values in samples.items()}
+    for name in samples:
+        median, low = medians[name], minimums[name]
+        print(
+            f"  {name:24s} median {median * 1e3:9.3f} ms (x{median / medians[base]:.3f})"
+            f"   min {low * 1e3:9.3f} ms (x{low / minimums[base]:.3f})"
+        )
+    ours = [name for name in samples if name.startswith("ours")]
+    worst = max(medians[name] for name in ours) / medians[base]
+    worst_min = max(minimums[name] for name in ours) / minimums[base]
+    verdict = "met" if worst <= goal else "NOT met"
+    print(
+        f"  ours/{base}: worst median ratio {worst:.3f} (goal <= {goal}: {verdict}),"
+        f" worst min ratio {worst_min:.3f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1, help="torch cpu threads")
+    args = parser.parse_args()
+    device: str = args.device
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{Path(tmp) / 'pg'}", rank=0, world_size=1
+        )
+        try:
+            store_url = f"sqlite:///{Path(tmp) / 'bench.db'}"
+            print(
+                f"torch {torch.__version__}, device {device}, "
+                f"{torch.get_num_threads()} threads, {args.reps} interleaved repetitions, medians"
+            )
+            print(f"load average before the run: {os.getloadavg()[0]:.2f}")
+            print(
+                "telemetry on: a SQLite store in a temporary file, written by a background thread"
+            )
+            samples = interleaved(train_step_cases(device, store_url), device, args.reps, 10)
+            report("(a) train step of a small MLP", samples, "torch", GOALS["a"])
+            params = big_grads(device)
+            print(f"\n{len(params)} gradients, {sum(p.numel() for p in params):,} elements")
+            calls = scaler_call_cases(device, store_url, params)
+            samples = interleaved(calls, device, args.reps, 2)
+            report("(b) scale + step(no-op optimizer) + update", samples, "torch", GOALS["b"])
+            samples = interleaved(unscale_cases(device, params), device, args.reps, 2)
+            report("(c) unscale pass (torch's for reference)", samples, LIMIT, GOALS["c"])
+        finally:
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
