@@ -91,7 +91,6 @@ def test_checkpoint_round_trip_continues_identically(kind: str) -> None:
 
 
 def test_checkpoint_keeps_the_extras(kind: str) -> None:
-    _, ours = make_pair(kind, init_scale=8.0, growth_interval=4)
     ours = ours_cls(kind)(
         "cpu", init_scale=8.0, min_scale=2.0, max_scale=64.0, hysteresis=3, telemetry=False
     )
