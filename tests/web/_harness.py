@@ -1,4 +1,4 @@
-"""A real service on 127.0.0.1 over a temporary store that a training process is writing.
+"""A real service on 127.0.0.1 over a temporary store that a real training job is writing.
 
 Used by the browser tests and by ``take_screenshots.py``::
 
@@ -22,11 +22,10 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from scaler.store import runs
+from scaler.store import queries
 from scaler.store.engine import Store, open_store
-from scaler.store.records import StepRecord
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -38,9 +37,9 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-FEEDER = Path(__file__).with_name("_feeder.py")
+TRAINER = Path(__file__).with_name("_trainer.py")
 TOKEN = "web-test-token"
-START_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 60.0
 HOSTILE_NAME = "<img src=x onerror=alert(1)>"
 
 
@@ -50,8 +49,8 @@ class Served:
     token: str
     db_url: str
     store: Store
-    run_id: int  # the live run the feeder writes
-    other_runs: dict[str, int] = field(default_factory=dict)  # name -> id, already ended
+    run_id: int  # the live run, being trained
+    other_runs: dict[str, int] = field(default_factory=dict)  # name -> id, already finished
 
 
 @dataclass
@@ -100,17 +99,17 @@ def _scalewatch_command() -> list[str]:
     return [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())"]
 
 
-def _read_run_id(feeder: subprocess.Popen[str], deadline: float) -> int:
-    assert feeder.stdout is not None
+def _read_run_id(trainer: subprocess.Popen[str], deadline: float) -> int:
+    assert trainer.stdout is not None
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([feeder.stdout], [], [], 0.2)
+        ready, _, _ = select.select([trainer.stdout], [], [], 0.2)
         if ready:
-            line = feeder.stdout.readline()
+            line = trainer.stdout.readline()
             if line:
                 return int(json.loads(line)["run_id"])
-        if feeder.poll() is not None:
+        if trainer.poll() is not None:
             break
-    raise RuntimeError(f"the feeder did not report its run (exit code {feeder.poll()})")
+    raise RuntimeError(f"a trainer did not report its run (exit code {trainer.poll()})")
 
 
 def _wait_healthy(base_url: str, server: subprocess.Popen[bytes], log: Path) -> None:
@@ -130,47 +129,30 @@ def _wait_healthy(base_url: str, server: subprocess.Popen[bytes], log: Path) -> 
     )
 
 
-def add_ended_run(
-    store: Store, name: str, *, status: str = "finished", steps: int = 120, world_size: int = 2
-) -> int:
-    """A run that has ended already, with a few overflows on rank 0."""
-    control = {"growth_interval": 20, "growth_factor": 2.0, "backoff_factor": 0.5}
-    ref = runs.create_run(
-        store,
-        name=name,
-        world_size=world_size,
-        config=control,
-        control={**control, "min_scale": None, "max_scale": None, "hysteresis": None},
+def start_trainer(
+    db_url: str, name: str, *options: str, stderr: IO[bytes]
+) -> subprocess.Popen[str]:
+    """``_trainer.py`` training a run called ``name``; it prints the run's id on stdout."""
+    return subprocess.Popen(
+        [sys.executable, str(TRAINER), "--db", db_url, "--name", name, *options],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
     )
-    scale, tracker, records = 1024.0, 0, []
-    for step in range(1, steps + 1):
-        overflow = step % 30 == 0
-        used = scale
-        if overflow:
-            scale, tracker = scale / 2, 0
-        else:
-            tracker += 1
-            if tracker == 20:
-                scale, tracker = scale * 2, 0
-        records.append(
-            StepRecord(
-                step,
-                time.time(),
-                used,
-                overflow,
-                overflow,
-                (0,) if overflow else (),
-                scale,
-                tracker,
-                20,
-                2.0,
-                0.5,
-                0,
-            )
-        )
-    runs.write_steps(store, ref.id, records)
-    runs.end_run(store, ref.id, status)
-    return ref.id
+
+
+def wait_for_steps(store: Store, run_id: int, count: int, deadline: float) -> None:
+    """Wait until the store holds ``count`` steps of the run."""
+    while (queries.last_step(store, run_id) or 0) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"run {run_id} has not reached step {count}")
+        time.sleep(0.1)
+
+
+def wait_for_exit(process: subprocess.Popen[str], deadline: float) -> None:
+    returncode = process.wait(timeout=max(0.0, deadline - time.monotonic()))
+    if returncode != 0:
+        raise RuntimeError(f"a trainer exited with code {returncode}")
 
 
 @contextmanager
@@ -178,48 +160,55 @@ def serve_live_run(
     tmp_dir: Path,
     *,
     name: str = "bert-large fsdp",
-    history: int = 300,
+    world_size: int = 2,
+    burst: int = 200,
     rate: float = 20.0,
-    overflow_every: int = 40,
-    ranks: str = "1,3",
-    ceiling: float = 0.0,
-    ended_runs: Sequence[tuple[str, str]] = (),
+    ended_runs: Sequence[tuple[str, int]] = (),
 ) -> Iterator[Served]:
-    """Start a feeder writing a running run and ``scalewatch serve`` over the same store.
+    """Train a run that keeps going and serve ``scalewatch serve`` over its store.
 
-    ``ended_runs`` are ``(name, status)`` pairs of runs written before the service starts.
+    The live run trains ``burst`` steps at full speed, then ``rate`` steps per second,
+    until it is stopped at the end. ``ended_runs`` are ``(name, steps)`` pairs: runs
+    trained to the end (on one process) at the same time. The service starts once the
+    ended runs have finished and the live run holds ``burst`` steps.
     """
     db_url = f"sqlite:///{tmp_dir / 'scalewatch.db'}"
     with ExitStack() as stack:
         store = stack.enter_context(open_store(db_url))
-        others = {
-            run_name: add_ended_run(store, run_name, status=status)
-            for run_name, status in ended_runs
-        }
-        feeder = subprocess.Popen(
-            [
-                sys.executable,
-                str(FEEDER),
-                "--db",
-                db_url,
-                "--name",
-                name,
-                "--history",
-                str(history),
-                "--rate",
-                str(rate),
-                "--overflow-every",
-                str(overflow_every),
-                "--ranks",
-                ranks,
-                "--ceiling",
-                str(ceiling),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
+        live = start_trainer(
+            db_url,
+            name,
+            "--world-size",
+            str(world_size),
+            "--burst",
+            str(burst),
+            "--rate",
+            str(rate),
+            stderr=stack.enter_context((tmp_dir / "trainer.log").open("wb")),
         )
-        stack.callback(_stop, feeder)
-        run_id = _read_run_id(feeder, time.monotonic() + START_TIMEOUT_S)
+        stack.callback(_stop, live)
+        ended = {}
+        for i, (run_name, steps) in enumerate(ended_runs):
+            log = stack.enter_context((tmp_dir / f"trainer-ended-{i}.log").open("wb"))
+            ended[run_name] = start_trainer(
+                db_url,
+                run_name,
+                "--world-size",
+                "1",
+                "--steps",
+                str(steps),
+                "--rate",
+                "0",
+                stderr=log,
+            )
+            stack.callback(_stop, ended[run_name])
+        deadline = time.monotonic() + START_TIMEOUT_S
+        others = {}
+        for run_name, trainer in ended.items():
+            others[run_name] = _read_run_id(trainer, deadline)
+            wait_for_exit(trainer, deadline)
+        run_id = _read_run_id(live, deadline)
+        wait_for_steps(store, run_id, burst, deadline)
 
         port = free_port()
         log = tmp_dir / "server.log"

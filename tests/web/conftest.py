@@ -11,7 +11,7 @@ from _harness import CHROMIUM, CHROMIUM_ARGS, HOSTILE_NAME, Served, Tab, serve_l
 @pytest.fixture(scope="session")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp_dir: Path = tmp_path_factory.mktemp("web")
-    with serve_live_run(tmp_dir, ended_runs=[(HOSTILE_NAME, "finished")]) as live:
+    with serve_live_run(tmp_dir, ended_runs=[(HOSTILE_NAME, 120)]) as live:
         yield live
 
 
