@@ -14,7 +14,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
-import scaler
+# Imported here, before any test initialises a process group: as in torch's class, the
+# default ``process_group=dist.group.WORLD`` is bound when the module is first imported,
+# and ``scaler`` imports its classes lazily.
+from scaler import GradScaler, ShardedGradScaler
 
 # step -> [(parameter index, value written into its gradient)]
 Injection = dict[int, list[tuple[int, float]]]
@@ -38,9 +41,9 @@ def make_pair(kind: str, **kwargs: Any) -> tuple[Any, Any]:
     """(torch's scaler, ours) built with the same keyword arguments on cpu."""
     kwargs.setdefault("device", "cpu")
     if kind == "plain":
-        return torch.amp.GradScaler(**kwargs), scaler.GradScaler(telemetry=False, **kwargs)
+        return torch.amp.GradScaler(**kwargs), GradScaler(telemetry=False, **kwargs)
     assert kind == "sharded"
-    return TorchSharded(**kwargs), scaler.ShardedGradScaler(telemetry=False, **kwargs)
+    return TorchSharded(**kwargs), ShardedGradScaler(telemetry=False, **kwargs)
 
 
 def mlp(seed: int = 0, dtype: torch.dtype = torch.float32, width: int = 8) -> nn.Module:
