@@ -77,7 +77,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _stop(process: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
+def stop_process(process: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
     if process.poll() is None:
         process.terminate()
         try:
@@ -99,7 +99,7 @@ def _scalewatch_command() -> list[str]:
     return [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())"]
 
 
-def _read_run_id(trainer: subprocess.Popen[str], deadline: float) -> int:
+def read_run_id(trainer: subprocess.Popen[str], deadline: float) -> int:
     assert trainer.stdout is not None
     while time.monotonic() < deadline:
         ready, _, _ = select.select([trainer.stdout], [], [], 0.2)
@@ -155,6 +155,37 @@ def wait_for_exit(process: subprocess.Popen[str], deadline: float) -> None:
         raise RuntimeError(f"a trainer exited with code {returncode}")
 
 
+def start_service(stack: ExitStack, db_url: str, tmp_dir: Path) -> str:
+    """``scalewatch serve`` over ``db_url`` with the token ``TOKEN``, stopped by ``stack``."""
+    port = free_port()
+    log = tmp_dir / "server.log"
+    env = {
+        **os.environ,
+        "SCALEWATCH_TOKEN": TOKEN,
+        "SCALEWATCH_TOKEN_FILE": str(tmp_dir / "token"),
+    }
+    log_file = stack.enter_context(log.open("wb"))
+    server = subprocess.Popen(
+        [
+            *_scalewatch_command(),
+            "serve",
+            "--db",
+            db_url,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    stack.callback(stop_process, server)
+    base_url = f"http://127.0.0.1:{port}"
+    _wait_healthy(base_url, server, log)
+    return base_url
+
+
 @contextmanager
 def serve_live_run(
     tmp_dir: Path,
@@ -186,7 +217,7 @@ def serve_live_run(
             str(rate),
             stderr=stack.enter_context((tmp_dir / "trainer.log").open("wb")),
         )
-        stack.callback(_stop, live)
+        stack.callback(stop_process, live)
         ended = {}
         for i, (run_name, steps) in enumerate(ended_runs):
             log = stack.enter_context((tmp_dir / f"trainer-ended-{i}.log").open("wb"))
@@ -201,39 +232,14 @@ def serve_live_run(
                 "0",
                 stderr=log,
             )
-            stack.callback(_stop, ended[run_name])
+            stack.callback(stop_process, ended[run_name])
         deadline = time.monotonic() + START_TIMEOUT_S
         others = {}
         for run_name, trainer in ended.items():
-            others[run_name] = _read_run_id(trainer, deadline)
+            others[run_name] = read_run_id(trainer, deadline)
             wait_for_exit(trainer, deadline)
-        run_id = _read_run_id(live, deadline)
+        run_id = read_run_id(live, deadline)
         wait_for_steps(store, run_id, burst, deadline)
 
-        port = free_port()
-        log = tmp_dir / "server.log"
-        env = {
-            **os.environ,
-            "SCALEWATCH_TOKEN": TOKEN,
-            "SCALEWATCH_TOKEN_FILE": str(tmp_dir / "token"),
-        }
-        log_file = stack.enter_context(log.open("wb"))
-        server = subprocess.Popen(
-            [
-                *_scalewatch_command(),
-                "serve",
-                "--db",
-                db_url,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-        stack.callback(_stop, server)
-        base_url = f"http://127.0.0.1:{port}"
-        _wait_healthy(base_url, server, log)
+        base_url = start_service(stack, db_url, tmp_dir)
         yield Served(base_url, TOKEN, db_url, store, run_id, others)

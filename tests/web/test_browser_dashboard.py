@@ -1,4 +1,4 @@
-"""The dashboard in headless Chromium, against a real service and a run being written."""
+"""The dashboard in headless Chromium, against a real service and a run being trained."""
 
 from __future__ import annotations
 
@@ -98,6 +98,9 @@ def test_run_chart_grows_live_with_overflows_marked(tab: Tab, served: Served) ->
             .order_by(steps.c.step)
         ).all()
     assert [[step, ranks.replace(",", ", ")] for step, ranks in stored] == marked
+    # The trainer writes a NaN into rank 1's gradient at step 25 and into both ranks' at 100.
+    assert [25, "1"] in marked
+    assert [100, "0, 1"] in marked
 
 
 def test_zoom_requeries_finer_buckets_and_autoscale_returns(tab: Tab, served: Served) -> None:
@@ -137,6 +140,17 @@ def test_control_change_asks_token_again_then_applies_and_marks_chart(
         if r.values == {"growth_interval": 37}
     ]
     assert [(r.status, r.applied_step) for r in stored] == [("applied", applied_step)]
+    with served.store.engine.connect() as conn:
+        intervals = dict(
+            conn.execute(
+                select(steps.c.step, steps.c.growth_interval).where(
+                    steps.c.run_id == served.run_id,
+                    steps.c.step.between(applied_step - 1, applied_step),
+                )
+            ).all()
+        )
+    assert intervals[applied_step] == 37  # the training ranks use it from that step
+    assert intervals[applied_step - 1] != 37
 
     page.wait_for_function(
         "step => document.getElementById('chart').layout.shapes.some(s => s.x0 === step)",
