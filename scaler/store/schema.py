@@ -66,6 +66,8 @@ steps = Table(
     Column("growth_factor", Float, nullable=False),
     Column("backoff_factor", Float, nullable=False),
     Column("control_version", Integer, nullable=False),
+    # Rows clustered on (run_id, step): a range of steps is one b-tree range, no lookups.
+    sqlite_with_rowid=False,
 )
 
 # Overflow steps, for keyset paging and chart markers without scanning steps.
@@ -88,6 +90,7 @@ step_rollups = Table(
     Column("tracker_last", Integer, nullable=False),
     Column("overflows", Integer, nullable=False),
     Column("skipped", Integer, nullable=False),
+    sqlite_with_rowid=False,
 )
 
 control_requests = Table(

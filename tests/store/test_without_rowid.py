@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection
+
+from scaler.store import downgrade, open_store, upgrade
+from scaler.store.engine import make_engine
+from scaler.store.records import StepRecord
+from scaler.store.runs import create_run, write_steps
+from tests.store.conftest import CONTROL
+
+INITIAL = "e3f1a9c07b42"
+
+
+def _records(count: int) -> list[StepRecord]:
+    return [
+        StepRecord(
+            step,
+            1_700_000_000.0 + step,
+            1024.0,
+            step % 7 == 0,
+            step % 7 == 0,
+            (0, 1) if step % 7 == 0 else (),
+            512.0 if step % 7 == 0 else 1024.0,
+            step % 5,
+            5,
+            2.0,
+            0.5,
+            0,
+        )
+        for step in range(count)
+    ]
+
+
+def _snapshot(url: str) -> dict[str, Any]:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return {
+                "steps": conn.exec_driver_sql("SELECT * FROM steps ORDER BY 1, 2").fetchall(),
+                "rollups": conn.exec_driver_sql(
+                    "SELECT * FROM step_rollups ORDER BY 1, 2, 3"
+                ).fetchall(),
+                "ddl": dict(
+                    conn.exec_driver_sql(
+                        "SELECT name, sql FROM sqlite_master WHERE tbl_name IN"
+                        " ('steps', 'step_rollups') AND sql IS NOT NULL"
+                    ).fetchall()
+                ),
+                "plan": _plan(conn),
+            }
+    finally:
+        engine.dispose()
+
+
+def _plan(conn: Connection) -> str:
+    rows = conn.exec_driver_sql(
+        "EXPLAIN QUERY PLAN SELECT * FROM steps WHERE run_id = 1 AND step BETWEEN 10 AND 20"
+    ).fetchall()
+    return " ".join(str(row[-1]) for row in rows)
+
+
+def test_steps_and_rollups_are_clustered_and_survive_both_ways(url: str) -> None:
+    with open_store(url) as store:
+        run = create_run(store, name="r", world_size=2, config={}, control=CONTROL)
+        write_steps(store, run.id, _records(300))
+    head = _snapshot(url)
+    assert head["ddl"]["steps"].rstrip().endswith("WITHOUT ROWID")
+    assert head["ddl"]["step_rollups"].rstrip().endswith("WITHOUT ROWID")
+    assert head["ddl"]["ix_steps_overflow"].endswith("WHERE overflow")
+    assert "USING PRIMARY KEY" in head["plan"]
+    assert len(head["steps"]) == 300 and head["rollups"]
+
+    downgrade(url, INITIAL)
+    before = _snapshot(url)
+    assert "WITHOUT ROWID" not in before["ddl"]["steps"]
+    assert "WITHOUT ROWID" not in before["ddl"]["step_rollups"]
+    assert before["ddl"]["ix_steps_overflow"].endswith("WHERE overflow")
+    assert (before["steps"], before["rollups"]) == (head["steps"], head["rollups"])
+
+    upgrade(url)
+    assert _snapshot(url) == head
