@@ -386,6 +386,15 @@ class Instrumented(_Base):
         found = self._last_found
         return bool(found is not None and found.reshape(-1).sum().item() > 0)
 
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until the steps so far are recorded (and, with telemetry, in the store).
+
+        Returns False when the store did not take them within ``timeout`` seconds.
+        """
+        if self._recorder is not None:
+            self._recorder.flush(timeout)
+        return self._telemetry.flush(timeout) if self._telemetry is not None else True
+
     def stats(self, timeout: float = 30.0) -> ScalerStats:
         """Counts since creation: steps, skipped steps, overflows, growths, backoffs, scales seen.
 

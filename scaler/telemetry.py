@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy.exc import OperationalError
 
+from . import _control
 from ._control import ControlUpdate
 from ._recorder import ControlOutcome, StepSample
 from .store import control as store_control
@@ -76,6 +77,7 @@ class Telemetry:
         self._gap: tuple[int, int, int] | None = None  # first, last, count
         self._failing: str | None = None
         self._handed: set[int] = set()
+        self._file_id: tuple[int, int] | None = None
         self._closed = False
         self._writer = threading.Thread(
             target=self._write_loop, name="scalewatch-writer", daemon=True
@@ -166,9 +168,11 @@ class Telemetry:
 
     def _ensure_run(self) -> bool:
         if self.run_id is not None:
+            self._check_file()
             return True
         if self._store is None:
             self._store = open_store(self._target if isinstance(self._target, str) else None)
+        self._file_id = _file_id(self._store)
         ref = store_runs.resume_run(self._store, self.uid) if self._resume else None
         if ref is None:
             ref = store_runs.create_run(
@@ -181,6 +185,18 @@ class Telemetry:
             )
         self.run_id = ref.id
         return True
+
+    def _check_file(self) -> None:
+        """SQLite writes on into a deleted file: notice it and start over on a new one."""
+        store = self._store
+        if store is None or self._file_id is None or _file_id(store) == self._file_id:
+            return
+        self.run_id = None
+        self._resume = True
+        store.engine.dispose()  # its pooled connections hold the old file open
+        if self._owns_store:
+            self._store = None
+        raise FileNotFoundError(f"the store's database file was removed or replaced: {store.url}")
 
     def _write_pending(self) -> None:
         store, run_id = self._store, self.run_id
@@ -244,6 +260,12 @@ class Telemetry:
 
     # ------------------------------------------------------------- poller
 
+    def _reject(self, request_id: int, values: Mapping[str, Any], reason: str) -> None:
+        outcome = ControlOutcome(request_id, dict(values), False, reason, {}, 0)
+        with self._lock:
+            self._outcomes.append((-1, time.time(), outcome))
+        self._wake.set()
+
     def _poll_loop(self) -> None:
         while not self._stop.wait(POLL_INTERVAL_S):
             store, run_id = self._store, self.run_id
@@ -254,9 +276,14 @@ class Telemetry:
             except Exception:  # a locked or missing store: try at the next poll
                 continue
             for request in pending:
-                if request.id not in self._handed:
-                    self._handed.add(request.id)
+                if request.id in self._handed:
+                    continue
+                self._handed.add(request.id)
+                problem = _control.check(request.values, {})
+                if problem is None:
                     self._inbox.append(ControlUpdate(request.id, request.values))
+                else:  # written past the store's validation: settle it, never apply it
+                    self._reject(request.id, request.values, problem)
 
 
 def _write_outcome(
@@ -283,8 +310,24 @@ def _write_outcome(
         )
     else:
         store_control.mark_rejected(
-            store, outcome.request_id, reason=outcome.reason or "refused", step=step, at=at
+            store,
+            outcome.request_id,
+            reason=outcome.reason or "refused",
+            step=step if step >= 0 else None,
+            at=at,
         )
+
+
+def _file_id(store: Store) -> tuple[int, int] | None:
+    """(device, inode) of the store's database file; None for an in-memory store."""
+    path = store.engine.url.database
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return None
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return (-1, -1)
+    return stat.st_dev, stat.st_ino
 
 
 def _merge_gaps(a: tuple[int, int, int], b: tuple[int, int, int] | None) -> tuple[int, int, int]:

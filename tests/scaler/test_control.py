@@ -159,6 +159,15 @@ def test_requests_apply_on_every_rank_at_the_same_step(tmp_path: Path, world: in
 # ------------------------------------------------------------ single process
 
 
+def _status(store: Store, request_id: int) -> str:
+    with store.read() as conn:
+        return str(
+            conn.execute(
+                select(control_requests.c.status).where(control_requests.c.id == request_id)
+            ).scalar_one()
+        )
+
+
 def _wait_inbox(gs: Any, count: int) -> None:
     wait_for(lambda: len(gs._inbox) >= count, 10, f"{count} request(s) in the scaler's inbox")
 
@@ -292,8 +301,12 @@ def test_store_refuses_a_finished_run(tmp_path: Path) -> None:
         assert control_history(store, run.id) == []
 
 
-def test_scaler_refuses_at_apply_time_and_nothing_changes(tmp_path: Path) -> None:
-    """Requests that reach the store without its validation are refused by every scaler."""
+def test_requests_past_the_store_validation_are_refused_and_nothing_changes(
+    tmp_path: Path,
+) -> None:
+    """Requests written to the table without the store's validation are refused: the
+    reporting rank's poller settles those that break a rule on their own, and the scaler
+    those that conflict with the values in effect; nothing changes either way."""
     url = db_url(tmp_path / "sw.db")
     model, twin = mlp(), mlp()
     opt, twin_opt = sgd(model)[0], sgd(twin)[0]
@@ -320,8 +333,15 @@ def test_scaler_refuses_at_apply_time_and_nothing_changes(tmp_path: Path) -> Non
                     status="pending",
                 )
             )
-        ids.append(inserted.inserted_primary_key[0])
-        _wait_inbox(gs, 1)
+        request_id = inserted.inserted_primary_key[0]
+        ids.append(request_id)
+        wait_for(
+            lambda request_id=request_id: (
+                bool(gs._inbox) or _status(store, request_id) == "rejected"
+            ),
+            10,
+            f"request {request_id} picked up",
+        )
         train_step(gs, model, opt, step)
         train_step(reference, twin, twin_opt, step)
         assert not gs._inbox

@@ -469,3 +469,46 @@ def test_telemetry_adds_no_sync_to_a_training_step(kind: str, tmp_path: Path) ->
     assert ours._telemetry is not None  # the store was really on
     ours.close()
     assert syncs[1] <= syncs[0]
+
+
+def test_store_directory_removed_mid_run_is_noticed_and_recovered(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLite would write on into the unlinked file; the writer notices, waits, starts over."""
+    directory = tmp_path / "store"
+    directory.mkdir()
+    url = f"sqlite:///{directory / 'sw.db'}"
+    model = mlp()
+    opt = sgd(model)[0]
+    gs = scaler.GradScaler("cpu", telemetry=url, run_name="moved")
+
+    def train(first: int, count: int) -> None:
+        for step in range(first, first + count):
+            opt.zero_grad()
+            gs.scale(model(batch(step)).pow(2).mean()).backward()
+            gs.step(opt)
+            gs.update()
+
+    caplog.set_level(logging.WARNING, logger="scaler.telemetry")
+    train(0, 20)
+    assert gs.flush(30)
+    for path in directory.iterdir():
+        path.unlink()
+    directory.rmdir()
+    train(20, 30)
+    wait_for(
+        lambda: any("not taking writes" in r.getMessage() for r in caplog.records),
+        10,
+        "a warning that the store is gone",
+    )
+    directory.mkdir()
+    train(50, 10)
+    assert gs.flush(30)
+    gs.close()
+    with open_store(url) as store, store.read() as conn:
+        stored = [row[0] for row in conn.execute(select(steps.c.step).order_by(steps.c.step))]
+        (status,) = conn.execute(select(runs.c.status)).one()
+    # the steps written before the removal went with the old file; none after it are lost
+    assert stored == list(range(21, 61))
+    assert status == "finished"
+    assert sum("not taking writes" in r.getMessage() for r in caplog.records) == 1
