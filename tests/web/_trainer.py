@@ -4,10 +4,11 @@ Each rank (gloo on CPU, rank 0 is this process, the others are started by it) tr
 small MLP sharded with FSDP2 in fp16 mixed precision, with ``scaler.ShardedGradScaler``
 writing telemetry to ``--db``. Between backward and step, chosen ranks write an inf or a
 NaN into one of their real gradient shards at chosen steps, so the run has overflows
-attributed to ranks. Runtime control requests go through the scaler's own poller and
-all-reduce payload. Rank 0 prints ``{"run_id": N}`` once the run exists; the job stops
-after ``--steps`` (0: never) or on SIGTERM/SIGINT, all ranks at the same step, and
-closes the scaler so the run ends as finished. ``--crash-at`` kills rank 0 instead.
+attributed to ranks (besides those fp16 makes itself once the scale is high). Runtime
+control requests go through the scaler's own poller and all-reduce payload. Rank 0
+prints ``{"run_id": N}`` once the run exists; the job stops after ``--steps`` (0: never)
+or on SIGTERM/SIGINT, all ranks at the same step, and closes the scaler so the run ends
+as finished. ``--crash-at`` kills rank 0 instead.
 
     python tests/web/_trainer.py --db sqlite:///x.db --name demo --rate 20 --burst 200
 """
@@ -92,8 +93,11 @@ def make_model() -> nn.Module:
 
 def poison(model: nn.Module, value: float) -> None:
     """Write ``value`` into this rank's shard of the first layer's weight gradient."""
-    weight = model[0].weight
-    grad = weight.grad
+    import torch
+
+    first = model.get_submodule("0")
+    assert isinstance(first.weight, torch.Tensor)
+    grad = first.weight.grad
     assert grad is not None
     local = grad.to_local() if hasattr(grad, "to_local") else grad
     local.view(-1)[0] = value
@@ -146,7 +150,7 @@ def train(args: argparse.Namespace, stop: threading.Event) -> None:
             y = torch.sin(x @ target)
             optimizer.zero_grad(set_to_none=True)
             loss = nn.functional.mse_loss(model(x).float(), y)
-            scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+            scaler.scale(loss).backward()
             value = bad_value(step, rank, args)
             if value is not None:
                 poison(model, value)

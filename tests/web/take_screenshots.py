@@ -88,7 +88,7 @@ def run_named(store: Store, name: str, deadline: float) -> int:
     while time.monotonic() < deadline:
         for run in queries.list_runs(store):
             if run.name == name:
-                return run.id
+                return int(run.id)
         time.sleep(0.2)
     raise RuntimeError(f"no run named {name!r} appeared")
 

@@ -98,7 +98,7 @@ def test_run_chart_grows_live_with_overflows_marked(tab: Tab, served: Served) ->
             .order_by(steps.c.step)
         ).all()
     assert [[step, ranks.replace(",", ", ")] for step, ranks in stored] == marked
-    # The trainer writes a NaN into rank 1's gradient at step 25 and into both ranks' at 100.
+    # The trainer poisons a gradient on rank 1 at step 25 and on both ranks at step 100.
     assert [25, "1"] in marked
     assert [100, "0, 1"] in marked
 
