@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sqlite3
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +31,9 @@ import scaler
 from scaler.store import StepRecord, open_store, upgrade
 from scaler.store.engine import BUSY_TIMEOUT_MS
 from scaler.store.runs import create_run, write_steps
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _figures import figure
 
 WRITER_GOAL_RECORDS_PER_S = 100_000
 WRITER_GOAL_RATIO = 0.5
@@ -175,6 +179,13 @@ def print_writer(result: dict[str, Any]) -> None:
         f" {_verdict(rate >= WRITER_GOAL_RECORDS_PER_S)};"
         f" goal ratio >= {WRITER_GOAL_RATIO}: {_verdict(ratio >= WRITER_GOAL_RATIO)}"
     )
+    figure(
+        "telemetry writer throughput",
+        f"{rate:,.0f} records/s",
+        f">= {WRITER_GOAL_RECORDS_PER_S:,} records/s, >= {WRITER_GOAL_RATIO} of raw",
+        rate >= WRITER_GOAL_RECORDS_PER_S and ratio >= WRITER_GOAL_RATIO,
+        f"{ratio:.2f} x raw sqlite3 executemany ({raw:,.0f} records/s)",
+    )
 
 
 def _variants(kind: str, url: str) -> dict[str, Any]:
@@ -193,34 +204,49 @@ def _variants(kind: str, url: str) -> dict[str, Any]:
     }
 
 
-def _model_step(gs: Any, steps: int) -> float:
-    """Seconds per step of a tiny model's whole step: forward, backward, step, update."""
+def _timed(loop: Any, steps: int) -> tuple[float, float]:
+    """(wall seconds, training-thread CPU seconds) per step of ``loop(steps)``.
+
+    The thread's CPU time is what telemetry costs the training thread itself; waiting for
+    the GIL while the background threads run is not in it, but is in the wall time.
+    """
+    wall, cpu = time.perf_counter(), time.thread_time()
+    loop(steps)
+    return (time.perf_counter() - wall) / steps, (time.thread_time() - cpu) / steps
+
+
+def _model_step(gs: Any, steps: int) -> tuple[float, float]:
+    """Per step of a tiny model's whole step: forward, backward, step, update."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     data = torch.randn(16, 32)
-    start = time.perf_counter()
-    for _ in range(steps):
-        opt.zero_grad(set_to_none=False)
-        gs.scale(model(data).pow(2).mean()).backward()
-        gs.step(opt)
-        gs.update()
-    return (time.perf_counter() - start) / steps
+
+    def loop(n: int) -> None:
+        for _ in range(n):
+            opt.zero_grad(set_to_none=False)
+            gs.scale(model(data).pow(2).mean()).backward()
+            gs.step(opt)
+            gs.update()
+
+    return _timed(loop, steps)
 
 
-def _scaler_calls(gs: Any, steps: int) -> float:
-    """Seconds per step of the scaler's own calls: scale, unscale_, step (lr 0), update."""
+def _scaler_calls(gs: Any, steps: int) -> tuple[float, float]:
+    """Per step of the scaler's own calls: scale, unscale_, step (lr 0), update."""
     param = torch.nn.Parameter(torch.zeros(8))
     param.grad = torch.ones(8)
     opt = torch.optim.SGD([param], lr=0.0)
     loss = torch.ones(())
-    start = time.perf_counter()
-    for _ in range(steps):
-        gs.scale(loss)
-        gs.unscale_(opt)
-        gs.step(opt)
-        gs.update()
-    return (time.perf_counter() - start) / steps
+
+    def loop(n: int) -> None:
+        for _ in range(n):
+            gs.scale(loss)
+            gs.unscale_(opt)
+            gs.step(opt)
+            gs.update()
+
+    return _timed(loop, steps)
 
 
 def bench_training_thread(steps: int = 2000, rounds: int = 5) -> dict[str, Any]:
@@ -235,18 +261,24 @@ def bench_training_thread(steps: int = 2000, rounds: int = 5) -> dict[str, Any]:
             for kind in ("GradScaler", "ShardedGradScaler"):
                 for workload, fn in (("model step", _model_step), ("scaler calls", _scaler_calls)):
                     variants = _variants(kind, f"sqlite:///{Path(tmp) / f'{kind}-{workload}.db'}")
-                    best = dict.fromkeys(variants, float("inf"))
+                    best = {name: [float("inf"), float("inf")] for name in variants}
                     for gs in variants.values():
                         fn(gs, 50)  # warm up; the first update() starts the writer
                     for _ in range(rounds):
                         for name, gs in variants.items():
-                            best[name] = min(best[name], fn(gs, steps) * 1e6)
+                            wall, cpu = fn(gs, steps)
+                            best[name][0] = min(best[name][0], wall * 1e6)
+                            best[name][1] = min(best[name][1], cpu * 1e6)
                     telemetry = variants["on"]._telemetry
                     written = telemetry is not None and telemetry.flush(60)
                     for gs in variants.values():
                         if hasattr(gs, "close"):
                             gs.close()
-                    results["rows"][(kind, workload)] = {**best, "written": written}
+                    results["rows"][(kind, workload)] = {
+                        "wall": {name: b[0] for name, b in best.items()},
+                        "cpu": {name: b[1] for name, b in best.items()},
+                        "written": written,
+                    }
         finally:
             dist.destroy_process_group()
     return results
@@ -255,24 +287,37 @@ def bench_training_thread(steps: int = 2000, rounds: int = 5) -> dict[str, Any]:
 def print_training_thread(result: dict[str, Any]) -> None:
     print(
         f"training thread: us/step, best of {result['rounds']} interleaved rounds"
-        f" of {result['steps']} steps"
+        f" of {result['steps']} steps; cpu = the training thread's own CPU time"
     )
     print(
-        f"  {'class':<18} {'workload':<13} {'torch':>8} {'off':>8} {'on':>8}"
+        f"  {'class':<18} {'workload':<13} {'time':<5} {'torch':>8} {'off':>8} {'on':>8}"
         f" {'on-off':>8} {'on-torch':>9}"
     )
-    worst = 0.0
+    worst_cpu = worst_wall = float("-inf")
     for (kind, workload), row in result["rows"].items():
-        on_off = row["on"] - row["off"]
-        worst = max(worst, on_off)
-        print(
-            f"  {kind:<18} {workload:<13} {row['torch']:>8.1f} {row['off']:>8.1f}"
-            f" {row['on']:>8.1f} {on_off:>+8.1f} {row['on'] - row['torch']:>+9.1f}"
-            + ("" if row["written"] else "  (store not flushed)")
-        )
+        for metric in ("cpu", "wall"):
+            t = row[metric]
+            on_off = t["on"] - t["off"]
+            if metric == "cpu":
+                worst_cpu = max(worst_cpu, on_off)
+            else:
+                worst_wall = max(worst_wall, on_off)
+            print(
+                f"  {kind:<18} {workload:<13} {metric:<5} {t['torch']:>8.1f} {t['off']:>8.1f}"
+                f" {t['on']:>8.1f} {on_off:>+8.1f} {t['on'] - t['torch']:>+9.1f}"
+                + ("" if row["written"] else "  (store not flushed)")
+            )
+    ok = worst_cpu < TRAINING_GOAL_US
     print(
-        f"  goal: telemetry on - off < {TRAINING_GOAL_US} us/step:"
-        f" {_verdict(worst < TRAINING_GOAL_US)} (worst {worst:+.1f} us)"
+        f"  goal: telemetry on - off < {TRAINING_GOAL_US} us/step of training-thread CPU:"
+        f" {_verdict(ok)} (worst {worst_cpu:+.1f} us; wall time worst {worst_wall:+.1f} us)"
+    )
+    figure(
+        "telemetry cost on the training thread (on - off, CPU time per step)",
+        f"{worst_cpu:+.1f} us",
+        f"< {TRAINING_GOAL_US} us",
+        ok,
+        f"wall time on - off {worst_wall:+.1f} us/step",
     )
 
 
