@@ -118,6 +118,10 @@ def _open_if_there(url: str) -> object:
     return open_store(url) if path.exists() else None
 
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _figures import figure  # noqa: E402
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--requests", type=int, default=10)
@@ -137,6 +141,13 @@ def main() -> None:
     goal = 1.0 + 2 * period
     verdict = "ok" if max(seconds) < goal else "MISSED"
     print(f"  goal: under 1 s plus two steps ({goal * 1e3:.0f} ms): {verdict}")
+    figure(
+        f"control request to application, trainer at {args.rate:g} steps/s",
+        f"median {statistics.median(seconds) * 1e3:.0f} ms, max {max(seconds) * 1e3:.0f} ms",
+        f"< {goal * 1e3:.0f} ms (1 s + 2 steps)",
+        max(seconds) < goal,
+        f"median {statistics.median(in_steps):.0f} steps, max {max(in_steps):.0f} steps",
+    )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -155,6 +156,10 @@ def interleaved(
     return samples
 
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _figures import figure  # noqa: E402
+
+
 def report(title: str, samples: dict[str, list[float]], base: str, goal: float) -> None:
     print(f"\n{title}")
     medians = {name: statistics.median(values) for name, values in samples.items()}
@@ -172,6 +177,16 @@ def report(title: str, samples: dict[str, list[float]], base: str, goal: float) 
     print(
         f"  ours/{base}: worst median ratio {worst:.3f} (goal <= {goal}: {verdict}),"
         f" worst min ratio {worst_min:.3f}"
+    )
+    reference = (
+        "torch's" if base == "torch" else f"{base}; torch's x{medians['torch'] / medians[base]:.3f}"
+    )
+    figure(
+        f"scaler {title}",
+        f"{max(medians[name] for name in ours) * 1e3:.3f} ms median",
+        f"<= {goal} x {base}",
+        worst <= goal,
+        f"x{worst:.3f} of {reference}",
     )
 
 
