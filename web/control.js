@@ -117,6 +117,14 @@ export class ControlPanel {
     if (row.status === "applied") this.refresh().catch((error) => this.onError(error));
   }
 
+  // A step from the run's stream: the scale in effect moves every step.
+  onStep(step) {
+    if (!this.state || step.scale_after === undefined) return;
+    this.state = { ...this.state, scale: step.scale_after };
+    setText(document.querySelector('#control-state [data-state="scale"]'), formatNumber(step.scale_after));
+    this.inputs.scale.placeholder = `now ${step.scale_after}`;
+  }
+
   renderState(state) {
     this.state = state;
     const list = document.getElementById("control-state");

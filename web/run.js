@@ -102,7 +102,11 @@ function renderExports() {
 function openStream(chart, panel, after) {
   stream = new EventSource(paths.stream(runId, after));
   stream.addEventListener("open", () => setLive("live", "live"));
-  stream.addEventListener("step", (event) => chart.addLiveStep(JSON.parse(event.data)));
+  stream.addEventListener("step", (event) => {
+    const step = JSON.parse(event.data);
+    chart.addLiveStep(step);
+    panel.onStep(step);
+  });
   stream.addEventListener("control", (event) => panel.onEvent(JSON.parse(event.data)));
   stream.addEventListener("end", (event) => {
     stream.close();
