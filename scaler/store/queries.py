@@ -352,7 +352,7 @@ def iter_step_pages(
         try:
             cursor = raw.cursor()
             cursor.execute(sql, {"run": run_id, "after": after, "last": last, "limit": page_size})
-            page = [tuple(row) for row in cursor.fetchall()]
+            page: list[tuple[Any, ...]] = cursor.fetchall()  # sqlite3 rows are tuples
             cursor.close()
         finally:
             raw.close()
