@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from app.dashboard import mount_dashboard
 from app.errors import install_error_handlers
+from app.limits import BodyLimit
 from app.routes import router
 from app.routes.metrics import metrics_registry
 from app.settings import Settings, get_settings
@@ -42,6 +43,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.dependency_overrides[get_settings] = lambda: settings
     install_error_handlers(app)
+    app.add_middleware(BodyLimit)
     app.include_router(router)
     mount_dashboard(app)
     return app

@@ -10,6 +10,7 @@ __all__ = [
     "ControlRequest",
     "ControlRequestOut",
     "ControlView",
+    "ErrorMessage",
     "Health",
     "OverflowItem",
     "OverflowPage",
@@ -118,6 +119,12 @@ class ControlRequestOut(BaseModel):
 class ControlView(BaseModel):
     state: dict[str, Any] = Field(description="runs.control plus the current scale and version")
     history: list[ControlRequestOut]
+
+
+class ErrorMessage(BaseModel):
+    """A refusal other than a validation error: ``{"detail": "no run 7"}``."""
+
+    detail: str
 
 
 class Health(BaseModel):

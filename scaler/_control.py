@@ -22,6 +22,7 @@ FIELDS: tuple[str, ...] = (
 INT_FIELDS = frozenset({"growth_interval", "hysteresis"})
 SLOTS = 2 + len(FIELDS)
 INT32_MAX = 2**31 - 1
+FLOAT32_MAX = 3.4028234663852886e38  # the scale is a float32 tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,4 +109,6 @@ def _check_field(name: str, value: float | int) -> str | None:
         return "backoff_factor must be in (0, 1)"
     if name in ("scale", "min_scale", "max_scale") and value <= 0.0:
         return f"{name} must be > 0"
+    if name in ("scale", "min_scale", "max_scale") and value > FLOAT32_MAX:
+        return f"{name} must be <= {FLOAT32_MAX!r} (float32's largest)"
     return None

@@ -5,8 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, status
 
 from app.deps import StoreDep, TokenDep
-from app.models import ControlRequest, ControlRequestOut, ControlView
-from app.routes.runs import require_run
+from app.limits import MAX_BODY_BYTES
+from app.models import ControlRequest, ControlRequestOut, ControlView, ErrorMessage
+from app.routes.runs import NOT_FOUND, RunId, require_run
 from scaler.store.control import control_history, request_control
 
 router = APIRouter(prefix="/api/runs", tags=["control"])
@@ -16,8 +17,8 @@ def request_out(row: object) -> ControlRequestOut:
     return ControlRequestOut.model_validate(row, from_attributes=True)
 
 
-@router.get("/{run}/control")
-def get_control(store: StoreDep, run: int) -> ControlView:
+@router.get("/{run}/control", responses=NOT_FOUND)
+def get_control(store: StoreDep, run: RunId) -> ControlView:
     info = require_run(store, run)
     state = {**info.control, "scale": info.scale, "version": info.control_version}
     history = [request_out(row) for row in control_history(store, run)]
@@ -28,13 +29,15 @@ def get_control(store: StoreDep, run: int) -> ControlView:
     "/{run}/control",
     status_code=status.HTTP_202_ACCEPTED,
     responses={
-        401: {"description": "missing or wrong bearer token"},
-        404: {"description": "no such run"},
-        409: {"description": "the run is not running"},
+        400: {"model": ErrorMessage, "description": "the body is not parseable JSON"},
+        401: {"model": ErrorMessage, "description": "missing or wrong bearer token"},
+        404: {"model": ErrorMessage, "description": "no such run"},
+        409: {"model": ErrorMessage, "description": "the run is not running"},
+        413: {"model": ErrorMessage, "description": f"a body over {MAX_BODY_BYTES} bytes"},
     },
 )
 def post_control(
-    store: StoreDep, _token: TokenDep, run: int, body: ControlRequest, request: Request
+    store: StoreDep, _token: TokenDep, run: RunId, body: ControlRequest, request: Request
 ) -> ControlRequestOut:
     """Request a change; the reporting rank applies it at the next step boundary."""
     client = request.client.host if request.client else "unknown"

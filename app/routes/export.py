@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
 from app.deps import StoreDep
 from app.exports import MEDIA_TYPES, export_chunks, export_filename
-from app.routes.runs import check_range, require_run
+from app.routes.runs import NOT_FOUND, NonNegative, RunId, check_range, require_run
 
 router = APIRouter(prefix="/api/runs", tags=["export"])
 
@@ -17,15 +17,15 @@ router = APIRouter(prefix="/api/runs", tags=["export"])
 @router.get(
     "/{run}/export",
     response_class=StreamingResponse,
-    responses={200: {"content": {MEDIA_TYPES["csv"]: {}, MEDIA_TYPES["jsonl"]: {}}}},
+    responses={200: {"content": {MEDIA_TYPES["csv"]: {}, MEDIA_TYPES["jsonl"]: {}}}, **NOT_FOUND},
 )
 def export(
     store: StoreDep,
-    run: int,
+    run: RunId,
     what: Literal["steps", "overflows"] = "steps",
     format: Literal["csv", "jsonl"] = "csv",
-    start: Annotated[int | None, Query(ge=0)] = None,
-    end: Annotated[int | None, Query(ge=0)] = None,
+    start: NonNegative = None,
+    end: NonNegative = None,
 ) -> StreamingResponse:
     """Columns: step, wall_time, scale, overflow, skipped, inf_ranks, scale_after,
     growth_tracker, growth_interval, growth_factor, backoff_factor, control_version.

@@ -4,16 +4,31 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, status
+from fastapi import APIRouter, HTTPException, Path, Query, status
 
 from app.deps import StoreDep
-from app.models import OverflowItem, OverflowPage, RunDetail, RunList, RunSummary, StepSeries
+from app.models import (
+    ErrorMessage,
+    OverflowItem,
+    OverflowPage,
+    RunDetail,
+    RunList,
+    RunSummary,
+    StepSeries,
+)
 from scaler.store import queries
 from scaler.store.queries import RunInfo
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 
-NonNegative = Annotated[int | None, Query(ge=0)]
+# SQLite integers are 64-bit: a larger id or step would fail in the driver, not match nothing.
+INT64_MAX = 2**63 - 1
+RunId = Annotated[int, Path(ge=1, le=INT64_MAX)]
+NonNegative = Annotated[int | None, Query(ge=0, le=INT64_MAX)]
+After = Annotated[int | None, Query(ge=-1, le=INT64_MAX)]
+NOT_FOUND: dict[int | str, dict[str, object]] = {
+    404: {"model": ErrorMessage, "description": "no such run"}
+}
 
 
 def summary(run: RunInfo) -> RunSummary:
@@ -63,8 +78,8 @@ def list_runs(store: StoreDep) -> RunList:
     return RunList(runs=[summary(run) for run in queries.list_runs(store)])
 
 
-@router.get("/{run}")
-def get_run(store: StoreDep, run: int) -> RunDetail:
+@router.get("/{run}", responses=NOT_FOUND)
+def get_run(store: StoreDep, run: RunId) -> RunDetail:
     info = require_run(store, run)
     return RunDetail(
         **summary(info).model_dump(),
@@ -78,10 +93,10 @@ def get_run(store: StoreDep, run: int) -> RunDetail:
     )
 
 
-@router.get("/{run}/steps")
+@router.get("/{run}/steps", responses=NOT_FOUND)
 def get_steps(
     store: StoreDep,
-    run: int,
+    run: RunId,
     start: NonNegative = None,
     end: NonNegative = None,
     max_points: Annotated[int, Query(ge=2, le=10_000)] = 1000,
@@ -101,11 +116,11 @@ def get_steps(
     )
 
 
-@router.get("/{run}/overflows")
+@router.get("/{run}/overflows", responses=NOT_FOUND)
 def get_overflows(
     store: StoreDep,
-    run: int,
-    after: Annotated[int | None, Query(ge=-1)] = None,
+    run: RunId,
+    after: After = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
 ) -> OverflowPage:
     """Overflow steps after ``after``, oldest first, keyset-paged by step."""

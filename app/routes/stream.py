@@ -8,12 +8,13 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Header, HTTPException, Query, Request, status
+from fastapi import APIRouter, Header, HTTPException, Request, status
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.deps import SettingsDep, StoreDep
 from app.routes.control import request_out
+from app.routes.runs import INT64_MAX, NOT_FOUND, After, RunId
 from scaler.store import queries
 from scaler.store.control import control_history
 from scaler.store.engine import Store
@@ -87,14 +88,14 @@ async def _events(
 @router.get(
     "/{run}/stream",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {}}}},
+    responses={200: {"content": {"text/event-stream": {}}}, **NOT_FOUND},
 )
 async def stream(
     request: Request,
     store: StoreDep,
     settings: SettingsDep,
-    run: int,
-    after: Annotated[int | None, Query(ge=-1)] = None,
+    run: RunId,
+    after: After = None,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> StreamingResponse:
     """``event: step`` per new step (id = step), ``event: control`` per change of a control
@@ -104,6 +105,8 @@ async def stream(
     if last_event_id:
         try:
             resume = int(last_event_id)
+            if not -1 <= resume <= INT64_MAX:
+                raise ValueError(resume)
         except ValueError:
             raise HTTPException(
                 status.HTTP_422_UNPROCESSABLE_CONTENT,

@@ -55,15 +55,18 @@ CONTROL_FIELDS = (
 )
 CONTROL_SOURCES = ("api", "cli", "code")
 INT32_MAX = 2**31 - 1
+# The scale lives in a float32 tensor: a larger value would become inf there.
+FLOAT32_MAX = 3.4028234663852886e38
 
+_SCALE_RULE = f"must be a finite number > 0 and <= {FLOAT32_MAX!r} (float32's largest)"
 _RULES = {
     "growth_interval": f"growth_interval must be an integer >= 1 and <= {INT32_MAX}",
     "hysteresis": f"hysteresis must be an integer >= 1 and <= {INT32_MAX}",
     "growth_factor": "growth_factor must be a finite number > 1",
     "backoff_factor": "backoff_factor must be a number > 0 and < 1",
-    "scale": "scale must be a finite number > 0",
-    "min_scale": "min_scale must be a finite number > 0",
-    "max_scale": "max_scale must be a finite number > 0",
+    "scale": f"scale {_SCALE_RULE}",
+    "min_scale": f"min_scale {_SCALE_RULE}",
+    "max_scale": f"max_scale {_SCALE_RULE}",
 }
 
 
@@ -101,7 +104,7 @@ def _check(field: str, value: object) -> int | float | None:
         return number if number > 1 else None
     if field == "backoff_factor":
         return number if 0 < number < 1 else None
-    return number if number > 0 else None
+    return number if 0 < number <= FLOAT32_MAX else None
 
 
 def validate_control(values: Mapping[str, object], current: Mapping[str, object]) -> dict[str, Any]:
