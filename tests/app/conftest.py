@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from app.main import create_app
@@ -12,11 +12,6 @@ from app.settings import Settings
 from scaler.store.engine import Store, open_store
 from scaler.store.records import StepRecord
 from scaler.store.runs import create_run, write_steps
-
-with warnings.catch_warnings():
-    # Starlette prefers the httpx2 fork; the pinned httpx works the same for these tests.
-    warnings.filterwarnings("ignore", message=".*install `httpx2` instead")
-    from fastapi.testclient import TestClient
 
 TOKEN = "s3cret-token-for-tests"
 CONTROL = {
