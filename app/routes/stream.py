@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import bisect
 import json
 import time
 from collections.abc import AsyncIterator
@@ -23,6 +25,9 @@ router = APIRouter(prefix="/api/runs", tags=["stream"])
 
 # Control requests change rarely; look at them every few polls of the steps.
 CONTROL_EVERY = 5
+STEP_PAGE = 1000
+# Step events a hub keeps for streams that are a little behind (a slow client, a resume).
+BUFFERED_STEPS = 20_000
 
 
 def sse_event(event: str, data: Any, event_id: int | None = None) -> str:
@@ -36,53 +41,145 @@ def _control_marks(store: Store, run_id: int) -> dict[int, tuple[str, Any]]:
     return {row.id: (row.status, row.applied_step) for row in control_history(store, run_id)}
 
 
-class _Tail:
-    """What a stream has sent so far: the last step and the state of each control request."""
+class _Hub:
+    """One poller per run, whatever the number of streams: it reads new steps and control
+    changes once and keeps them, serialised, for every stream of the run to take.
 
-    def __init__(self, store: Store, run_id: int, after: int) -> None:
-        self.store, self.run_id, self.after = store, run_id, after
-        self.control = _control_marks(store, run_id)
+    Started by the first stream of a run, stopped when the last one leaves.
+    """
 
-    def poll_steps(self) -> list[str]:
-        rows = queries.steps_after(self.store, self.run_id, self.after)
+    def __init__(self, store: Store, run_id: int, after: int, poll_s: float) -> None:
+        self.store, self.run_id, self.poll_s = store, run_id, poll_s
+        self.after = self.floor = after  # the buffer holds every step in (floor, after]
+        self.steps: list[int] = []
+        self.texts: list[str] = []
+        self.control_log: list[str] = []
+        self.ended: str | bool | None = False  # the run's status once not running
+        self.failed = False
+        self.tick = asyncio.Event()
+        self.streams = 0
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._poll())
+
+    async def _poll(self) -> None:
+        try:
+            marks = await run_in_threadpool(_control_marks, self.store, self.run_id)
+            polls = 0
+            while True:
+                # Read the status first: steps written before the run ended are still sent.
+                status = await run_in_threadpool(queries.run_status, self.store, self.run_id)
+                while True:
+                    rows = await run_in_threadpool(
+                        queries.steps_after, self.store, self.run_id, self.after, limit=STEP_PAGE
+                    )
+                    self._keep(rows)
+                    if len(rows) < STEP_PAGE:
+                        break
+                    self._wake()
+                polls += 1
+                if polls % CONTROL_EVERY == 0 or status != "running":
+                    history = await run_in_threadpool(control_history, self.store, self.run_id)
+                    for row in history:
+                        mark = (row.status, row.applied_step)
+                        if marks.get(row.id) != mark:
+                            marks[row.id] = mark
+                            out = request_out(row).model_dump()
+                            self.control_log.append(sse_event("control", out))
+                if status != "running":
+                    self.ended = status
+                    return
+                self._wake()
+                await asyncio.sleep(self.poll_s)
+        except Exception:
+            self.failed = True
+            raise
+        finally:
+            self._wake()
+
+    def _keep(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            self.steps.append(row["step"])
+            self.texts.append(sse_event("step", row, row["step"]))
         if rows:
             self.after = rows[-1]["step"]
-        return [sse_event("step", row, row["step"]) for row in rows]
+        if len(self.steps) > 2 * BUFFERED_STEPS:
+            drop = len(self.steps) - BUFFERED_STEPS
+            self.floor = self.steps[drop - 1]
+            del self.steps[:drop], self.texts[:drop]
 
-    def poll_control(self) -> list[str]:
-        events = []
-        for row in control_history(self.store, self.run_id):
-            mark = (row.status, row.applied_step)
-            if self.control.get(row.id) != mark:
-                self.control[row.id] = mark
-                events.append(sse_event("control", request_out(row).model_dump()))
-        return events
+    def _wake(self) -> None:
+        self.tick.set()
+        self.tick = asyncio.Event()
+
+    def since(self, after: int) -> tuple[int, list[str]]:
+        """The buffered step events after ``after`` (at least ``floor``), and the new cursor."""
+        first = bisect.bisect_right(self.steps, after)
+        if first == len(self.steps):
+            return after, []
+        return self.steps[-1], self.texts[first:]
+
+
+_HUBS: dict[tuple[Store, int], _Hub] = {}
+
+
+def _join(store: Store, run_id: int, after: int, poll_s: float) -> _Hub:
+    hub = _HUBS.get((store, run_id))
+    if hub is None:
+        hub = _HUBS[(store, run_id)] = _Hub(store, run_id, after, poll_s)
+        hub.start()
+    hub.streams += 1
+    return hub
+
+
+def _leave(hub: _Hub) -> None:
+    hub.streams -= 1
+    if hub.streams == 0:
+        if _HUBS.get((hub.store, hub.run_id)) is hub:
+            del _HUBS[(hub.store, hub.run_id)]
+        if hub.task is not None:
+            hub.task.cancel()
 
 
 async def _events(
-    request: Request, tail: _Tail, poll_s: float, keepalive_s: float
+    request: Request, store: Store, run_id: int, after: int, poll_s: float, keepalive_s: float
 ) -> AsyncIterator[str]:
-    yield f"retry: 1000\n: streaming run {tail.run_id} after step {tail.after}\n\n"
-    quiet_since, polls = time.monotonic(), 0
-    while not await request.is_disconnected():
-        # Read the status first: steps written before the run ended are still sent.
-        run_status = await run_in_threadpool(queries.run_status, tail.store, tail.run_id)
-        events = await run_in_threadpool(tail.poll_steps)
-        polls += 1
-        if polls % CONTROL_EVERY == 0 or run_status != "running":
-            events += await run_in_threadpool(tail.poll_control)
-        if run_status != "running":
-            events.append(sse_event("end", {"status": run_status}))
-        if events:
-            yield "".join(events)
-            quiet_since = time.monotonic()
-        if run_status != "running":
-            return
-        if len(events) < 1000:
-            if time.monotonic() - quiet_since >= keepalive_s:
+    yield f"retry: 1000\n: streaming run {run_id} after step {after}\n\n"
+    hub = _join(store, run_id, after, poll_s)
+    seen_control = len(hub.control_log)
+    quiet_since = time.monotonic()
+    try:
+        while not await request.is_disconnected():
+            tick = hub.tick
+            events: list[str] = []
+            if after < hub.floor:
+                # Behind what the hub keeps (a resume from far back): read on our own.
+                rows = await run_in_threadpool(queries.steps_after, store, run_id, after)
+                events = [sse_event("step", row, row["step"]) for row in rows]
+                after = rows[-1]["step"] if rows else hub.floor
+                if after < hub.floor:
+                    yield "".join(events)
+                    quiet_since = time.monotonic()
+                    continue
+            after, buffered = hub.since(after)
+            events += buffered
+            events += hub.control_log[seen_control:]
+            seen_control = len(hub.control_log)
+            if hub.ended is not False:
+                events.append(sse_event("end", {"status": hub.ended}))
+            if events:
+                yield "".join(events)
+                quiet_since = time.monotonic()
+            if hub.ended is not False or hub.failed:
+                return
+            if not events and time.monotonic() - quiet_since >= keepalive_s:
                 yield ": keep-alive\n\n"
                 quiet_since = time.monotonic()
-            await anyio.sleep(poll_s)
+            with anyio.move_on_after(min(keepalive_s, 1.0)):
+                await tick.wait()
+    finally:
+        _leave(hub)
 
 
 @router.get(
@@ -122,9 +219,9 @@ async def stream(
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no run {run}")
     if resume is None:
         resume = await run_in_threadpool(queries.last_step, store, run)
-    tail = await run_in_threadpool(_Tail, store, run, -1 if resume is None else resume)
+    start = -1 if resume is None else resume
     return StreamingResponse(
-        _events(request, tail, settings.stream_poll_s, settings.stream_keepalive_s),
+        _events(request, store, run, start, settings.stream_poll_s, settings.stream_keepalive_s),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
