@@ -352,7 +352,7 @@ def iter_step_pages(
         try:
             cursor = raw.cursor()
             cursor.execute(sql, {"run": run_id, "after": after, "last": last, "limit": page_size})
-            page: list[tuple[Any, ...]] = cursor.fetchall()  # sqlite3 rows are tuples
+            page = list(cursor.fetchall())  # sqlite3 rows are tuples already
             cursor.close()
         finally:
             raw.close()
