@@ -1,0 +1,160 @@
+"""Load: a writer at 10k records/s, 50 SSE clients and 20 chart requests/s for 60 s against a
+real ``scalewatch serve`` on 127.0.0.1; the goals of the design asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from scaler.store.engine import open_store
+from scaler.store.runs import create_run, write_steps
+from tests.app.conftest import CONTROL
+from tests.reliability._load import records
+
+RATE = 10_000  # records/s
+SECONDS = 60
+SOLO_SECONDS = 10
+SSE_PROCESSES, SSE_PER_PROCESS = 2, 25
+CHART_RATE = 20
+HISTORY = 300_000  # steps in the run before the writer starts
+REPO = Path(__file__).resolve().parents[2]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def spawn(*args: object) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.reliability._load", *map(str, args)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def result(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    out, _ = process.communicate(timeout=timeout)
+    assert process.returncode == 0, out
+    parsed: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return parsed
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    url = f"sqlite:///{tmp_path / 'load.db'}"
+    port = free_port()
+    env = {**os.environ, "SCALEWATCH_TOKEN": "load-token"}
+    log = (tmp_path / "serve.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app", "serve", "--db", url, "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert process.poll() is None, (tmp_path / "serve.log").read_text()
+            assert time.monotonic() < deadline, "the service did not start"
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        yield url, base
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+        log.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_writer_sse_clients_and_charts_meet_the_goals(server: tuple[str, str]) -> None:
+    url, base = server
+    with open_store(url) as store:
+        run = create_run(store, name="load", world_size=8, config={}, control=CONTROL).id
+        for first in range(1, HISTORY + 1, 50_000):
+            write_steps(store, run, records(first, 50_000, time.time()))
+
+    solo = result(spawn("writer", url, run, HISTORY + 1, RATE, SOLO_SECONDS), SOLO_SECONDS + 30)
+    first = solo["last_step"] + 1
+
+    clients = [spawn("sse", base, run, SSE_PER_PROCESS, SECONDS + 8) for _ in range(SSE_PROCESSES)]
+    time.sleep(1.0)  # every stream open before the writer starts
+    charts = spawn("charts", base, run, CHART_RATE, SECONDS, first - 1)
+    loaded = spawn("writer", url, run, first, RATE, SECONDS)
+    try:
+        under_load = result(loaded, SECONDS + 60)
+        chart = result(charts, SECONDS + 60)
+        streams = [c for p in clients for c in result(p, SECONDS + 60)["clients"]]
+    finally:
+        for process in (loaded, charts, *clients):
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=5)
+
+    latencies = chart["latencies"]
+    lags = [lag for stream in streams for lag in stream["lags"]]
+    last_step = under_load["last_step"]
+    figures = {
+        "writer_solo_capacity": solo["capacity"],
+        "writer_load_capacity": under_load["capacity"],
+        "writer_ratio": under_load["capacity"] / solo["capacity"],
+        "writer_solo_rate": solo["rate"],
+        "writer_load_rate": under_load["rate"],
+        "writer_load_max_late_s": under_load["max_late"],
+        "records_written": under_load["written"],
+        "chart_requests": len(latencies),
+        "chart_statuses": chart["statuses"],
+        "chart_p50_ms": 1000 * statistics.median(latencies),
+        "chart_p99_ms": 1000 * percentile(latencies, 0.99),
+        "chart_max_ms": 1000 * max(latencies),
+        "sse_clients": len(streams),
+        "sse_events": sum(stream["events"] for stream in streams),
+        "sse_lag_p50_ms": 1000 * statistics.median(lags),
+        "sse_lag_p99_ms": 1000 * percentile(lags, 0.99),
+        "sse_lag_max_ms": 1000 * max(lags),
+    }
+    print("\nload figures:", json.dumps(figures, indent=1))
+    out = os.environ.get("SCALEWATCH_LOAD_FIGURES")
+    if out:
+        Path(out).write_text(json.dumps(figures, indent=1))
+
+    assert not chart["errors"] and set(chart["statuses"]) == {200}
+    assert len(latencies) == CHART_RATE * SECONDS
+    for stream in streams:
+        assert stream["status"] == 200 and not stream["errors"], stream["errors"]
+        assert stream["gaps"] == 0
+        # Every stream saw every step from when it opened to the writer's last one.
+        assert stream["last"] == last_step
+        assert stream["events"] == last_step - stream["first"] + 1
+    assert under_load["written"] == RATE * SECONDS
+    assert figures["chart_p99_ms"] < 250
+    assert figures["sse_lag_max_ms"] < 1000
+    assert figures["writer_ratio"] >= 0.8
