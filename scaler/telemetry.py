@@ -74,7 +74,7 @@ class Telemetry:
         self._idle = threading.Condition(self._lock)
         self._in_flight = 0
         self.dropped = 0
-        self._gap: tuple[int, int, int] | None = None  # first, last, count
+        self._gaps: list[tuple[int, int, int]] = []  # (first, last, count): whole ranges
         self._failing: str | None = None
         self._handed: set[int] = set()
         self._file_id: tuple[int, int] | None = None
@@ -97,15 +97,19 @@ class Telemetry:
                 self._records.append(sample.record)
                 for outcome in sample.controls:
                     self._outcomes.append((sample.record.step, sample.record.wall_time, outcome))
-            overflow = len(self._records) - MAX_PENDING
-            for _ in range(max(0, overflow)):
+            # The batch being written counts: it may fail and come back.
+            overflow = len(self._records) + self._in_flight - MAX_PENDING
+            for _ in range(min(max(0, overflow), len(self._records))):
                 self._drop(self._records.popleft().step)
         self._wake.set()
 
     def _drop(self, step: int) -> None:
         self.dropped += 1
-        first, _, count = self._gap or (step, step, 0)
-        self._gap = (first, step, count + 1)
+        if self._gaps and self._gaps[-1][1] + 1 == step:
+            first, _, count = self._gaps[-1]
+            self._gaps[-1] = (first, step, count + 1)
+        else:
+            self._gaps.append((step, step, 1))
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until everything queued so far is in the store (or ``timeout``)."""
@@ -202,20 +206,27 @@ class Telemetry:
         store, run_id = self._store, self.run_id
         assert store is not None and run_id is not None
         while True:
+            # The batch leaves the queue while it is written, so records dropped meanwhile
+            # are never ones that reach the store; it goes back to the front if the write fails.
             with self._lock:
-                batch = [self._records[i] for i in range(min(BATCH, len(self._records)))]
+                batch = [self._records.popleft() for _ in range(min(BATCH, len(self._records)))]
                 outcomes = list(self._outcomes)
                 self._in_flight = len(batch) + len(outcomes)
             if not batch and not outcomes:
                 return
+            gaps: list[tuple[int, int, int]] = []
             try:
-                if self._gap is not None:
-                    self._write_gap(store, run_id)
-                store_runs.write_steps(store, run_id, batch)
-                with self._lock:
-                    for _ in batch:
-                        if self._records:
-                            self._records.popleft()
+                try:
+                    gaps = self._write_gaps(store, run_id)
+                    store_runs.write_steps(store, run_id, batch)
+                    self._check_file()  # committed into a file removed meanwhile: write again
+                except BaseException:
+                    replaced = _file_id(store) != self._file_id  # the gaps went with the file
+                    with self._lock:
+                        self._records.extendleft(reversed(batch))
+                        if replaced:
+                            self._gaps[:0] = gaps
+                    raise
                 for step, at, outcome in outcomes:
                     try:
                         _write_outcome(store, run_id, step, at, outcome)
@@ -229,19 +240,20 @@ class Telemetry:
                 with self._lock:
                     self._in_flight = 0
 
-    def _write_gap(self, store: Store, run_id: int) -> None:
+    def _write_gaps(self, store: Store, run_id: int) -> list[tuple[int, int, int]]:
+        """Record the gaps so far; returns them (a failed one and those after it stay queued)."""
         with self._lock:
-            gap, self._gap = self._gap, None
-        if gap is None:
-            return
-        try:
-            store_runs.record_gap(
-                store, run_id, gap[0], gap[1], gap[2], self._failing or "telemetry queue full"
-            )
-        except Exception:
-            with self._lock:
-                self._gap = _merge_gaps(gap, self._gap)
-            raise
+            gaps, self._gaps = self._gaps, []
+        for i, (first, last, count) in enumerate(gaps):
+            try:
+                store_runs.record_gap(
+                    store, run_id, first, last, count, self._failing or "telemetry queue full"
+                )
+            except Exception:
+                with self._lock:
+                    self._gaps[:0] = gaps[i:]
+                raise
+        return gaps
 
     def _failed(self, error: Exception) -> None:
         if self._failing is None:
@@ -328,12 +340,6 @@ def _file_id(store: Store) -> tuple[int, int] | None:
     except OSError:
         return (-1, -1)
     return stat.st_dev, stat.st_ino
-
-
-def _merge_gaps(a: tuple[int, int, int], b: tuple[int, int, int] | None) -> tuple[int, int, int]:
-    if b is None:
-        return a
-    return min(a[0], b[0]), max(a[1], b[1]), a[2] + b[2]
 
 
 def close_at_exit(obj: Any) -> None:
