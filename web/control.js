@@ -119,9 +119,10 @@ export class ControlPanel {
 
   // A step from the run's stream: the scale in effect moves every step.
   onStep(step) {
-    if (!this.state || step.scale_after === undefined) return;
+    const shown = document.querySelector('#control-state [data-state="scale"]');
+    if (!shown || step.scale_after === undefined) return; // the panel has not loaded yet
     this.state = { ...this.state, scale: step.scale_after };
-    setText(document.querySelector('#control-state [data-state="scale"]'), formatNumber(step.scale_after));
+    setText(shown, formatNumber(step.scale_after));
     this.inputs.scale.placeholder = `now ${step.scale_after}`;
   }
 
