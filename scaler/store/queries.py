@@ -16,7 +16,7 @@ from sqlalchemy import Connection, RowMapping, text
 
 from scaler.store.engine import Store
 from scaler.store.runs import effective_status
-from scaler.store.schema import ROLLUP_LEVELS, runs
+from scaler.store.schema import ROLLUP_LEVELS, runs, steps
 
 __all__ = [
     "EXPORT_COLUMNS",
@@ -32,19 +32,9 @@ __all__ = [
     "steps_after",
 ]
 
-EXPORT_COLUMNS: tuple[str, ...] = (
-    "step",
-    "wall_time",
-    "scale",
-    "overflow",
-    "skipped",
-    "inf_ranks",
-    "scale_after",
-    "growth_tracker",
-    "growth_interval",
-    "growth_factor",
-    "backoff_factor",
-    "control_version",
+# The columns of ``steps`` but ``run_id``: the fields of ``StepRecord``, in order.
+EXPORT_COLUMNS: tuple[str, ...] = tuple(
+    column.name for column in steps.c if column.name != "run_id"
 )
 _STEP_SELECT = ", ".join(EXPORT_COLUMNS)
 _TOP_LEVEL = max(ROLLUP_LEVELS)

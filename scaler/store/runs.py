@@ -19,7 +19,7 @@ from sqlalchemy import Connection, RowMapping, exc, select, text, update
 from scaler.store.engine import Store
 from scaler.store.errors import RunNotFound
 from scaler.store.records import RunRef, StepRecord
-from scaler.store.schema import ROLLUP_LEVELS, control_requests, runs, telemetry_gaps
+from scaler.store.schema import ROLLUP_LEVELS, control_requests, runs, steps, telemetry_gaps
 
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
@@ -38,21 +38,8 @@ HEARTBEAT_TIMEOUT_S = 15.0
 HEARTBEAT_INTERVAL_S = 2.0
 RUN_STATUSES = ("running", "finished", "crashed")
 
-_STEP_COLUMNS = (
-    "run_id",
-    "step",
-    "wall_time",
-    "scale",
-    "overflow",
-    "skipped",
-    "inf_ranks",
-    "scale_after",
-    "growth_tracker",
-    "growth_interval",
-    "growth_factor",
-    "backoff_factor",
-    "control_version",
-)
+# The columns of ``steps`` in table order: ``run_id`` then the fields of ``StepRecord``.
+_STEP_COLUMNS: tuple[str, ...] = tuple(column.name for column in steps.c)
 _INSERT_STEPS = (
     f"INSERT INTO steps ({', '.join(_STEP_COLUMNS)}) VALUES ({', '.join('?' * len(_STEP_COLUMNS))})"
 )

@@ -26,8 +26,11 @@ NAMING_CONVENTION = {
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
-# Bucket widths, in steps, of the pre-aggregated levels charts read from.
-ROLLUP_LEVELS: dict[int, int] = {1: 64, 2: 4096, 3: 262144}
+# Bucket widths, in steps, of the pre-aggregated levels charts read from. Each level is
+# 8 times the one below, so a chart of at most N buckets reads at most about 4 N rollup
+# rows whatever its range (with 64 x apart, windows of a few million steps read 64k).
+# Changing them needs a migration that rebuilds step_rollups (see migrations/versions).
+ROLLUP_LEVELS: dict[int, int] = {1: 64, 2: 512, 3: 4096, 4: 32768, 5: 262144}
 
 runs = Table(
     "runs",

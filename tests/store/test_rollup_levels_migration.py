@@ -1,0 +1,178 @@
+"""The revision that moves step_rollups to levels 8 times apart, on a store filled before it."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import random
+from collections.abc import Iterable
+
+import pytest
+
+from scaler.store import downgrade, upgrade
+from scaler.store import runs as store_runs
+from scaler.store.engine import Store, make_engine
+from scaler.store.queries import EXPORT_COLUMNS
+from scaler.store.records import StepRecord
+from scaler.store.runs import create_run, write_steps
+from scaler.store.schema import ROLLUP_LEVELS
+from tests.store.conftest import CONTROL
+
+PREVIOUS = "4bfa51145dc1"  # steps and rollups WITHOUT ROWID, three levels
+REVISION = "394d114978d2"
+OLD_LEVELS = {1: 64, 2: 4096, 3: 262144}
+
+Rollup = tuple[int | float, ...]
+
+
+def _record(rng: random.Random, step: int) -> StepRecord:
+    overflow = rng.random() < 0.05
+    return StepRecord(
+        step=step,
+        wall_time=1_700_000_000.0 + step,
+        scale=2.0 ** rng.randint(-4, 24),
+        overflow=overflow,
+        skipped=overflow and rng.random() < 0.8,
+        inf_ranks=(rng.randint(0, 7),) if overflow else (),
+        scale_after=2.0 ** rng.randint(-4, 24),
+        growth_tracker=rng.randint(0, 2000),
+        growth_interval=2000,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        control_version=0,
+    )
+
+
+def _brute_force(levels: dict[int, int], stored: dict[int, dict[int, StepRecord]]) -> set[Rollup]:
+    expected: set[Rollup] = set()
+    for run_id, records in stored.items():
+        for level, width in levels.items():
+            buckets: dict[int, list[StepRecord]] = {}
+            for record in records.values():
+                buckets.setdefault(record.step // width, []).append(record)
+            for bucket, members in buckets.items():
+                last = max(members, key=lambda r: r.step)
+                scales = [r.scale for r in members] + [r.scale_after for r in members]
+                trackers = [r.growth_tracker for r in members]
+                expected.add(
+                    (
+                        run_id,
+                        level,
+                        bucket,
+                        min(r.step for r in members),
+                        last.step,
+                        len(members),
+                        min(scales),
+                        max(scales),
+                        last.scale_after,
+                        min(trackers),
+                        max(trackers),
+                        last.growth_tracker,
+                        sum(r.overflow for r in members),
+                        sum(r.skipped for r in members),
+                    )
+                )
+    return expected
+
+
+def _rollups(url: str) -> set[Rollup]:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.exec_driver_sql("SELECT * FROM step_rollups").fetchall()
+            return {tuple(row) for row in rows}
+    finally:
+        engine.dispose()
+
+
+def _fill(store: Store, rng: random.Random, numbers: Iterable[int]) -> dict[int, StepRecord]:
+    """Write ``numbers`` in random batches, some retried or replayed; return what is stored."""
+    run = create_run(store, name="before", world_size=8, config={}, control=CONTROL)
+    ordered = sorted(numbers)
+    stored: dict[int, StepRecord] = {}
+    batches: list[list[StepRecord]] = []
+    position = 0
+    while position < len(ordered):
+        size = rng.choice([1, 50, 300, 2000])
+        batch = [_record(rng, step) for step in ordered[position : position + size]]
+        batches.append(batch)
+        position += size
+        write_steps(store, run.id, batch)
+        stored.update((r.step, r) for r in batch)
+        if rng.random() < 0.1:  # an older batch replayed with new values
+            replay = [_record(rng, r.step) for r in rng.choice(batches)]
+            write_steps(store, run.id, replay)
+            stored.update((r.step, r) for r in replay)
+    return stored
+
+
+def test_the_revision_builds_the_levels_of_the_schema() -> None:
+    module = importlib.import_module(
+        f"migrations.versions.{REVISION}_rollup_levels_eight_times_apart"
+    )
+    assert module.down_revision == PREVIOUS
+    assert module.NEW_LEVELS == ROLLUP_LEVELS  # a later change of levels needs a revision
+    assert module.OLD_LEVELS == OLD_LEVELS
+
+
+def test_upgrade_rebuilds_the_rollups_of_a_store_filled_before_it(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    upgrade(url)
+    downgrade(url, PREVIOUS)
+    # The writer as it was at the previous revision: three levels, 64 times apart.
+    monkeypatch.setattr(store_runs, "ROLLUP_LEVELS", OLD_LEVELS)
+    monkeypatch.setattr(store_runs, "_ROLLUP_PLAN", store_runs._rollup_plan())
+    rng = random.Random(5)
+    stored: dict[int, dict[int, StepRecord]] = {}
+    store = Store(url, make_engine(url))  # no upgrade on open
+    try:
+        # Two runs (the rebuild groups by run), with segments across the edges of every
+        # old and new level and gaps between them.
+        stored[1] = _fill(
+            store,
+            rng,
+            {
+                *range(0, 1300),
+                *range(5 * 512 - 40, 5 * 512 + 40),
+                *range(3 * 4096 - 300, 3 * 4096 + 300),
+                *range(7 * 32768 - 200, 7 * 32768 + 200),
+                *range(262144 - 700, 262144 + 600),
+                *range(2 * 262144 + 5, 2 * 262144 + 90),
+            },
+        )
+        stored[2] = _fill(store, rng, range(1, 5000, 3))
+    finally:
+        store.close()
+    monkeypatch.undo()
+    assert _rollups(url) == _brute_force(OLD_LEVELS, stored)
+
+    upgrade(url)
+    assert _rollups(url) == _brute_force(ROLLUP_LEVELS, stored)
+
+    downgrade(url, PREVIOUS)
+    assert _rollups(url) == _brute_force(OLD_LEVELS, stored)
+
+    upgrade(url)
+    assert _rollups(url) == _brute_force(ROLLUP_LEVELS, stored)
+    # The upgraded store keeps taking writes at the new levels.
+    with Store(url, make_engine(url)) as store:
+        batch = [_record(rng, step) for step in range(262144 + 600, 262144 + 900)]
+        write_steps(store, 1, batch)
+        stored[1].update((r.step, r) for r in batch)
+    assert _rollups(url) == _brute_force(ROLLUP_LEVELS, stored)
+
+
+def test_upgrade_of_an_empty_store_and_of_runs_without_steps(url: str) -> None:
+    upgrade(url)
+    downgrade(url, PREVIOUS)
+    with Store(url, make_engine(url)) as store:
+        create_run(store, name="empty", world_size=1, config={}, control=CONTROL)
+    upgrade(url)
+    assert _rollups(url) == set()
+
+
+def test_step_columns_are_written_once() -> None:
+    fields = tuple(field.name for field in dataclasses.fields(StepRecord))
+    assert fields == EXPORT_COLUMNS
+    assert ("run_id", *fields) == store_runs._STEP_COLUMNS
