@@ -7,6 +7,7 @@ import bisect
 import json
 import time
 from collections.abc import AsyncIterator
+from itertools import accumulate
 from typing import Annotated, Any
 
 import anyio
@@ -29,31 +30,74 @@ STEP_PAGE = 1000
 # Step events a hub keeps for streams that are a little behind (a slow client, a resume).
 BUFFERED_STEPS = 20_000
 
+_JSON = json.JSONEncoder(separators=(",", ":"))
+
 
 def sse_event(event: str, data: Any, event_id: int | None = None) -> str:
     """One event: ``sse_event("end", {"status": "finished"})`` is
     ``'event: end\\ndata: {"status": "finished"}\\n\\n'``."""
     head = f"id: {event_id}\n" if event_id is not None else ""
-    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+    return f"{head}event: {event}\ndata: {_JSON.encode(data)}\n\n"
+
+
+class _Chunk:
+    """The ``event: step`` events of some consecutive steps, encoded once, as one ``bytes``
+    that every stream of the run writes as it is; ``offsets[i]`` is where the event of
+    ``steps[i]`` starts in it."""
+
+    __slots__ = ("data", "offsets", "steps")
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        encode = _JSON.encode
+        texts = [f"id: {row['step']}\nevent: step\ndata: {encode(row)}\n\n" for row in rows]
+        self.steps = [row["step"] for row in rows]
+        self.offsets = [0, *accumulate(map(len, texts[:-1]))]
+        # ensure_ascii: one character is one byte, so the offsets are byte offsets.
+        self.data = "".join(texts).encode("ascii")
+
+    def after(self, step: int) -> bytes:
+        """The events of the steps after ``step``."""
+        first = bisect.bisect_right(self.steps, step)
+        return self.data if first == 0 else self.data[self.offsets[first] :]
 
 
 def _control_marks(store: Store, run_id: int) -> dict[int, tuple[str, Any]]:
     return {row.id: (row.status, row.applied_step) for row in control_history(store, run_id)}
 
 
+def _read_new(
+    store: Store, run_id: int, after: int
+) -> tuple[str | None, list[list[dict[str, Any]]]]:
+    """The run's status, then its steps after ``after`` in pages (one trip to a thread).
+
+    The status is read first: steps written before the run ended are still sent.
+    """
+    status = queries.run_status(store, run_id)
+    pages = []
+    while True:
+        rows = queries.steps_after(store, run_id, after, limit=STEP_PAGE)
+        if rows:
+            pages.append(rows)
+            after = rows[-1]["step"]
+        if len(rows) < STEP_PAGE:
+            return status, pages
+
+
 class _Hub:
     """One poller per run, whatever the number of streams: it reads new steps and control
-    changes once and keeps them, serialised, for every stream of the run to take.
+    changes once and encodes each poll's new steps once, into one chunk of bytes that every
+    stream of the run sends as it is.
 
     Started by the first stream of a run, stopped when the last one leaves.
     """
 
     def __init__(self, store: Store, run_id: int, after: int, poll_s: float) -> None:
         self.store, self.run_id, self.poll_s = store, run_id, poll_s
-        self.after = self.floor = after  # the buffer holds every step in (floor, after]
-        self.steps: list[int] = []
-        self.texts: list[str] = []
-        self.control_log: list[str] = []
+        self.after = self.floor = after  # the chunks hold every step in (floor, after]
+        self.chunks: list[_Chunk] = []
+        self.lasts: list[int] = []  # the last step of each chunk
+        self.buffered = 0  # steps in the chunks
+        self.control_log: list[bytes] = []
         self.ended: str | bool | None = False  # the run's status once not running
         self.failed = False
         self.tick = asyncio.Event()
@@ -68,16 +112,11 @@ class _Hub:
             marks = await run_in_threadpool(_control_marks, self.store, self.run_id)
             polls = 0
             while True:
-                # Read the status first: steps written before the run ended are still sent.
-                status = await run_in_threadpool(queries.run_status, self.store, self.run_id)
-                while True:
-                    rows = await run_in_threadpool(
-                        queries.steps_after, self.store, self.run_id, self.after, limit=STEP_PAGE
-                    )
+                status, pages = await run_in_threadpool(
+                    _read_new, self.store, self.run_id, self.after
+                )
+                for rows in pages:
                     self._keep(rows)
-                    if len(rows) < STEP_PAGE:
-                        break
-                    self._wake()
                 polls += 1
                 if polls % CONTROL_EVERY == 0 or status != "running":
                     history = await run_in_threadpool(control_history, self.store, self.run_id)
@@ -86,7 +125,7 @@ class _Hub:
                         if marks.get(row.id) != mark:
                             marks[row.id] = mark
                             out = request_out(row).model_dump()
-                            self.control_log.append(sse_event("control", out))
+                            self.control_log.append(sse_event("control", out).encode())
                 if status != "running":
                     self.ended = status
                     return
@@ -99,26 +138,30 @@ class _Hub:
             self._wake()
 
     def _keep(self, rows: list[dict[str, Any]]) -> None:
-        for row in rows:
-            self.steps.append(row["step"])
-            self.texts.append(sse_event("step", row, row["step"]))
-        if rows:
-            self.after = rows[-1]["step"]
-        if len(self.steps) > 2 * BUFFERED_STEPS:
-            drop = len(self.steps) - BUFFERED_STEPS
-            self.floor = self.steps[drop - 1]
-            del self.steps[:drop], self.texts[:drop]
+        chunk = _Chunk(rows)
+        self.chunks.append(chunk)
+        self.lasts.append(chunk.steps[-1])
+        self.buffered += len(rows)
+        self.after = chunk.steps[-1]
+        while self.buffered - len(self.chunks[0].steps) >= BUFFERED_STEPS:
+            dropped = self.chunks.pop(0)
+            del self.lasts[0]
+            self.buffered -= len(dropped.steps)
+            self.floor = dropped.steps[-1]
 
     def _wake(self) -> None:
         self.tick.set()
         self.tick = asyncio.Event()
 
-    def since(self, after: int) -> tuple[int, list[str]]:
+    def since(self, after: int) -> tuple[int, list[bytes]]:
         """The buffered step events after ``after`` (at least ``floor``), and the new cursor."""
-        first = bisect.bisect_right(self.steps, after)
-        if first == len(self.steps):
+        first = bisect.bisect_right(self.lasts, after)
+        if first == len(self.chunks):
             return after, []
-        return self.steps[-1], self.texts[first:]
+        return self.lasts[-1], [
+            self.chunks[first].after(after),
+            *(chunk.data for chunk in self.chunks[first + 1 :]),
+        ]
 
 
 _HUBS: dict[tuple[Store, int], _Hub] = {}
@@ -144,37 +187,42 @@ def _leave(hub: _Hub) -> None:
 
 async def _events(
     request: Request, store: Store, run_id: int, after: int, poll_s: float, keepalive_s: float
-) -> AsyncIterator[str]:
-    yield f"retry: 1000\n: streaming run {run_id} after step {after}\n\n"
+) -> AsyncIterator[bytes]:
+    yield f"retry: 1000\n: streaming run {run_id} after step {after}\n\n".encode()
     hub = _join(store, run_id, after, poll_s)
     seen_control = len(hub.control_log)
     quiet_since = time.monotonic()
     try:
         while not await request.is_disconnected():
             tick = hub.tick
-            events: list[str] = []
+            sent = False
             if after < hub.floor:
                 # Behind what the hub keeps (a resume from far back): read on our own.
                 rows = await run_in_threadpool(queries.steps_after, store, run_id, after)
-                events = [sse_event("step", row, row["step"]) for row in rows]
+                if rows:
+                    yield _Chunk(rows).data
+                    sent = True
                 after = rows[-1]["step"] if rows else hub.floor
                 if after < hub.floor:
-                    yield "".join(events)
                     quiet_since = time.monotonic()
                     continue
-            after, buffered = hub.since(after)
-            events += buffered
-            events += hub.control_log[seen_control:]
+            # One write per chunk: the hub's bytes go out as they are, never copied here.
+            after, chunks = hub.since(after)
+            for chunk in chunks:
+                yield chunk
+            for event in hub.control_log[seen_control:]:
+                yield event
+            sent = sent or bool(chunks) or seen_control < len(hub.control_log)
             seen_control = len(hub.control_log)
             if hub.ended is not False:
-                events.append(sse_event("end", {"status": hub.ended}))
-            if events:
-                yield "".join(events)
-                quiet_since = time.monotonic()
-            if hub.ended is not False or hub.failed:
+                yield sse_event("end", {"status": hub.ended}).encode()
                 return
-            if not events and time.monotonic() - quiet_since >= keepalive_s:
-                yield ": keep-alive\n\n"
+            if hub.failed:
+                return
+            if sent:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= keepalive_s:
+                yield b": keep-alive\n\n"
                 quiet_since = time.monotonic()
             with anyio.move_on_after(min(keepalive_s, 1.0)):
                 await tick.wait()

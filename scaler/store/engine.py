@@ -27,6 +27,8 @@ import migrations
 ENV_VAR = "SCALEWATCH_DB"
 DEFAULT_URL = "sqlite:///scalewatch.db"
 BUSY_TIMEOUT_MS = 30_000
+# Connections an engine on a file keeps open, and the most it opens beyond those.
+POOL_SIZE, POOL_OVERFLOW = 10, 30
 
 _PRAGMAS = (
     "PRAGMA synchronous = NORMAL",
@@ -101,7 +103,13 @@ def make_engine(url: str) -> Engine:
             raise FileNotFoundError(
                 f"cannot open the store {url!r}: the directory {str(parent)!r} does not exist"
             )
-    engine = create_engine(url)
+    pool: dict[str, int] = {}
+    if database and database != ":memory:" and "mode=memory" not in database:
+        # A file store gets SQLAlchemy's QueuePool; with WAL, readers never wait for the
+        # writer, so let every worker thread of the service hold a connection at once
+        # (anyio runs sync routes in up to 40 threads) instead of queueing on 5 + 10.
+        pool = {"pool_size": POOL_SIZE, "max_overflow": POOL_OVERFLOW}
+    engine = create_engine(url, **pool)
     event.listen(engine, "connect", _on_connect)
     event.listen(engine, "begin", _on_begin)
     return engine

@@ -1,9 +1,15 @@
 """The load test's processes: a paced writer, SSE clients and chart clients, each bounded in
-time, each printing one JSON line of results.
+time, each printing one JSON line of results (with the CPU seconds it used).
 
-    python -m tests.reliability._load writer URL RUN FIRST_STEP RATE SECONDS
+    python -m tests.reliability._load writer URL RUN FIRST_STEP RATE SECONDS  (RATE 0: unpaced)
     python -m tests.reliability._load sse BASE RUN CLIENTS SECONDS
     python -m tests.reliability._load charts BASE RUN RATE SECONDS LAST_STEP
+
+The SSE clients measure; they must not cost the machine more than the service does. All of
+them share one event loop, read the raw HTTP/1.1 response (chunked framing undone by hand)
+and look at each delivery once with bytes methods: the number of ``event: step`` in it, the
+first and last ``id:``, and the ``wall_time`` of its first (oldest) step. No event is
+decoded as JSON.
 """
 
 from __future__ import annotations
@@ -11,10 +17,10 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import re
 import sys
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -22,9 +28,9 @@ from scaler.store.engine import open_store
 from scaler.store.records import StepRecord
 from scaler.store.runs import write_steps
 
-BATCH = 1000  # a telemetry thread's batch at 10k records/s and 10 writes/s
-_WALL_TIME = re.compile(rb'"wall_time":([0-9.e+]+)')
-_STEP_ID = re.compile(rb"^id: (\d+)$", re.MULTILINE)
+BATCH = 500  # records per write: a telemetry thread's batch at 10k records/s, 20 writes/s
+_STEP = b"event: step\n"
+_WALL_TIME = b'"wall_time":'
 
 
 def records(first: int, count: int, wall_time: float) -> list[StepRecord]:
@@ -48,23 +54,31 @@ def records(first: int, count: int, wall_time: float) -> list[StepRecord]:
 
 
 def writer(url: str, run: int, first: int, rate: float, seconds: float) -> dict[str, Any]:
-    """Write ``rate`` records/s in batches for ``seconds``; time spent inside ``write_steps``."""
+    """Write batches of ``BATCH`` records, one due every ``BATCH / rate`` s, for ``seconds``
+    (``rate`` 0: back to back, as fast as the store takes them).
+
+    ``rate`` in the result is what was achieved: records over the time from the first
+    batch's start to the last one's end; ``busy`` is the time spent inside ``write_steps``.
+    """
     store = open_store(url)
+    cpu = time.process_time()
     start = time.monotonic()
     written, busy, step, late = 0, 0.0, first, 0.0
-    batches = int(rate * seconds) // BATCH
-    for i in range(batches):
-        due = start + i * BATCH / rate
-        wait = due - time.monotonic()
-        if wait > 0:
-            time.sleep(wait)
-        else:
-            late = max(late, -wait)
+    batches = int(rate * seconds) // BATCH if rate else None
+    i = 0
+    while (i < batches) if batches is not None else (time.monotonic() - start < seconds):
+        if rate:
+            wait = start + i * BATCH / rate - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            else:
+                late = max(late, -wait)
         began = time.monotonic()
         write_steps(store, run, records(step, BATCH, time.time()))
         busy += time.monotonic() - began
         written += BATCH
         step += BATCH
+        i += 1
     elapsed = time.monotonic() - start
     store.close()
     return {
@@ -75,60 +89,160 @@ def writer(url: str, run: int, first: int, rate: float, seconds: float) -> dict[
         "capacity": written / busy,
         "max_late": late,
         "last_step": step - 1,
+        "cpu_s": time.process_time() - cpu,
     }
 
 
-async def _sse_client(base: str, run: int, deadline: float, out: dict[str, Any]) -> None:
-    lags: list[float] = out["lags"]
-    pending = b""
-    try:
-        async with (
-            httpx.AsyncClient(base_url=base, timeout=10) as http,
-            http.stream("GET", f"/api/runs/{run}/stream") as response,
-        ):
-            out["status"] = response.status_code
-            async for chunk in response.aiter_bytes():
-                now = time.time()
-                pending += chunk
-                cut = pending.rfind(b"\n\n")
-                if cut >= 0:
-                    done, pending = pending[: cut + 2], pending[cut + 2 :]
-                    ids = _STEP_ID.findall(done)
-                    if ids:
-                        first, last = int(ids[0]), int(ids[-1])
-                        if out["last"] is not None and first != out["last"] + 1:
-                            out["gaps"] += 1
-                        out["first"] = out["first"] or first
-                        out["last"] = last
-                        out["events"] += len(ids)
-                        # The oldest step of a delivery waited longest: its lag is kept.
-                        oldest = _WALL_TIME.search(done)
-                        if oldest is not None:
-                            lags.append(now - float(oldest.group(1)))
-                if time.monotonic() >= deadline:
+class _Stream(asyncio.Protocol):
+    """One SSE client on a raw connection: ``GET`` over HTTP/1.1, then counting."""
+
+    def __init__(self, host: str, path: str, out: dict[str, Any]) -> None:
+        self.request = (
+            f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n\r\n"
+        ).encode()
+        self.out = out
+        self.lags: list[float] = out["lags"]
+        self.head = b""  # the response head, until it is complete
+        self.chunked: bool | None = None  # None: head not read yet
+        self.raw = b""  # chunked framing not undone yet (a partial size line)
+        self.left = 0  # data bytes left in the current HTTP chunk
+        self.skip = 0  # bytes of the CRLF after a chunk still to skip
+        self.tail = b""  # SSE text after the last complete event
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.write(self.request)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None:
+            self.out["errors"].append(repr(exc))
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        now = time.time()
+        try:
+            if self.chunked is None:
+                data = self._read_head(data)
+                if self.chunked is None:
                     return
-    except Exception as error:  # counted and reported by the test
-        out["errors"].append(repr(error))
+            self._events(self._unchunk(data) if self.chunked else data, now)
+        except Exception as error:  # reported to the test
+            self.out["errors"].append(repr(error))
+            assert self.transport is not None
+            self.transport.abort()
+
+    def _read_head(self, data: bytes) -> bytes:
+        self.head += data
+        end = self.head.find(b"\r\n\r\n")
+        if end < 0:
+            return b""
+        head, body = self.head[:end].decode("latin-1"), self.head[end + 4 :]
+        status_line, *fields = head.split("\r\n")
+        self.out["status"] = int(status_line.split()[1])
+        headers = {
+            name.strip().lower(): value.strip().lower()
+            for name, _, value in (field.partition(":") for field in fields)
+        }
+        self.chunked = headers.get("transfer-encoding") == "chunked"
+        return body
+
+    def _unchunk(self, data: bytes) -> bytes:
+        raw = self.raw + data if self.raw else data
+        pieces: list[bytes] = []
+        pos, end = 0, len(raw)
+        while pos < end:
+            if self.left:
+                take = min(self.left, end - pos)
+                pieces.append(raw[pos : pos + take])
+                pos += take
+                self.left -= take
+                if not self.left:
+                    self.skip = 2
+            elif self.skip:
+                take = min(self.skip, end - pos)
+                pos += take
+                self.skip -= take
+            else:
+                eol = raw.find(b"\r\n", pos)
+                if eol < 0:
+                    break
+                size = int(raw[pos:eol].split(b";", 1)[0], 16)
+                pos = eol + 2
+                if size == 0:
+                    self.out["ended"] = True
+                    pos = end
+                    break
+                self.left = size
+        self.raw = raw[pos:]
+        return b"".join(pieces)
+
+    def _events(self, body: bytes, now: float) -> None:
+        text = self.tail + body if self.tail else body
+        cut = text.rfind(b"\n\n")
+        if cut < 0:
+            self.tail = text
+            return
+        done, self.tail = text[: cut + 2], text[cut + 2 :]
+        count = done.count(_STEP)
+        if count:
+            out = self.out
+            # Events start at 0 or after a blank line; only an event starts with "id: ".
+            i = 0 if done.startswith(b"id: ") else done.find(b"\n\nid: ") + 2
+            first = int(done[i + 4 : done.find(b"\n", i)])
+            j = done.rfind(b"\n\nid: ") + 2
+            j = j if j > i else i
+            last = int(done[j + 4 : done.find(b"\n", j)])
+            if out["last"] is not None and first != out["last"] + 1:
+                out["gaps"] += 1
+            if last - first + 1 != count:
+                out["gaps"] += 1
+            if out["first"] is None:
+                out["first"] = first
+            out["last"] = last
+            out["events"] += count
+            # The first step of a delivery is its oldest: its lag is the delivery's worst.
+            k = done.find(_WALL_TIME, i) + len(_WALL_TIME)
+            self.lags.append(now - float(done[k : done.find(b",", k)]))
+        if b"event: end\n" in done:
+            self.out["ended"] = True
 
 
 async def _sse(base: str, run: int, clients: int, seconds: float) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + seconds
-    results = [
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    where = urlsplit(base)
+    host, port = where.hostname or "127.0.0.1", where.port or 80
+    results: list[dict[str, Any]] = [
         {"status": None, "lags": [], "events": 0, "gaps": 0, "first": None, "last": None}
-        | {"errors": []}
+        | {"ended": False, "errors": []}
         for _ in range(clients)
     ]
-    tasks = [asyncio.create_task(_sse_client(base, run, deadline, out)) for out in results]
-    # A stream stays open when no steps come: stop the clients at the deadline.
-    await asyncio.wait(tasks, timeout=seconds)
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    streams = [_Stream(f"{host}:{port}", f"/api/runs/{run}/stream", out) for out in results]
+    for stream, out in zip(streams, results, strict=True):
+        try:
+            await loop.create_connection(lambda s=stream: s, host, port)  # type: ignore[misc]
+        except OSError as error:
+            out["errors"].append(repr(error))
+            stream.closed.set_result(None)
+    # A stream stays open while the run runs: close the clients at the deadline.
+    await asyncio.wait([s.closed for s in streams], timeout=max(0.0, deadline - loop.time()))
+    for stream, out in zip(streams, results, strict=True):
+        if not stream.closed.done():
+            out["open_at_deadline"] = True
+            assert stream.transport is not None
+            stream.transport.close()
+    await asyncio.wait([s.closed for s in streams], timeout=5)
     return results
 
 
 def sse(base: str, run: int, clients: int, seconds: float) -> dict[str, Any]:
-    return {"clients": asyncio.run(_sse(base, run, clients, seconds))}
+    cpu = time.process_time()
+    streams = asyncio.run(_sse(base, run, clients, seconds))
+    return {"clients": streams, "cpu_s": time.process_time() - cpu}
 
 
 async def _charts(
@@ -143,12 +257,12 @@ async def _charts(
         began = time.monotonic()
         try:
             response = await http.get(f"/api/runs/{run}/steps", params=params)
-            response.json()
+            latencies.append(time.monotonic() - began)
+            statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+            if response.status_code == 200 and not response.json()["series"]["n"]:
+                errors.append(f"no buckets for {params}")
         except Exception as error:
             errors.append(repr(error))
-            return
-        latencies.append(time.monotonic() - began)
-        statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
 
     start = time.monotonic()
     limits = httpx.Limits(max_connections=50)
@@ -169,7 +283,9 @@ async def _charts(
 
 
 def charts(base: str, run: int, rate: float, seconds: float, last_step: int) -> dict[str, Any]:
-    return asyncio.run(_charts(base, run, rate, seconds, last_step))
+    cpu = time.process_time()
+    result = asyncio.run(_charts(base, run, rate, seconds, last_step))
+    return result | {"cpu_s": time.process_time() - cpu}
 
 
 def main(argv: list[str]) -> int:
