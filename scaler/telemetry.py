@@ -115,7 +115,7 @@ class Telemetry:
         """Wait until everything queued so far is in the store (or ``timeout``)."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            while self._records or self._outcomes or self._in_flight:
+            while self._records or self._outcomes or self._gaps or self._in_flight:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -212,7 +212,7 @@ class Telemetry:
                 batch = [self._records.popleft() for _ in range(min(BATCH, len(self._records)))]
                 outcomes = list(self._outcomes)
                 self._in_flight = len(batch) + len(outcomes)
-            if not batch and not outcomes:
+            if not batch and not outcomes and not self._gaps:
                 return
             gaps: list[tuple[int, int, int]] = []
             try:
