@@ -10,9 +10,9 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from statistics import median, quantiles
+from statistics import median
 from typing import Any
 
 import pytest
@@ -34,15 +34,12 @@ from scaler.store import Store, open_store
 from scaler.store.schema import runs, steps, telemetry_gaps
 
 PERIOD = 0.005  # s per step: 200 steps/s
-QUEUE_BOUND = 20  # records; each fault outlasts it several times, even on a busy machine
+QUEUE_BOUND = 100  # records; each fault outlasts it several times
 FAULT_S = {"locked": 10.0}
 DEFAULT_FAULT_S = 2.0  # and until a record was dropped (a full disk fails at a page split)
 MAX_FAULT_S = 20.0
-# A step's own time during a fault, at most this times the time before and after it. The
-# fastest tenth of the steps is compared: on a shared machine other jobs make the median
-# swing twentyfold for seconds at a time, while a store that held training up would slow
-# every step, the fastest too. The median is recorded beside it.
-SPEED_FACTOR = 3.0
+# The median step time during a fault, at most this times the one before and after it.
+SPEED_FACTOR = 2.0
 MAX_STEP_S = 0.5  # no single step waits for the store
 
 
@@ -86,11 +83,6 @@ class Trainer:
         return times
 
 
-def fastest_tenth(times: list[float]) -> float:
-    """The 10th percentile."""
-    return quantiles(times, n=10)[0]
-
-
 def last_stored(db: Path) -> int:
     """The newest step in the file at ``db`` now (0 when it is missing or has none)."""
     try:
@@ -130,6 +122,15 @@ def inject(fault: str, folder: Path, store: Store | None) -> tuple[Callable[[], 
     assert fault == "directory-deleted"
     shutil.rmtree(folder)
     return lambda: folder.mkdir(), None
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """Train on one intra-op thread, as the ranks do: torch's idle pool threads spin for CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.mark.slow
@@ -183,8 +184,8 @@ def test_a_store_fault_never_slows_training_and_every_drop_is_a_recorded_gap(
         gaps = [dict(g._mapping) for g in conn.execute(select(telemetry_gaps))]
 
     baseline = before + after
-    speed = fastest_tenth(during) / fastest_tenth(baseline)
-    assert speed <= SPEED_FACTOR, (fastest_tenth(baseline), fastest_tenth(during))
+    speed = median(during) / median(baseline)
+    assert speed <= SPEED_FACTOR, (median(before), median(during), median(after))
     assert max(during) < MAX_STEP_S
     assert run["status"] == "finished"
     assert len(stored) == len(set(stored))
@@ -208,12 +209,9 @@ def test_a_store_fault_never_slows_training_and_every_drop_is_a_recorded_gap(
         {
             "fault_s": round(ended_at - started_at, 2),
             "steps_during_fault": last_in_fault - first_in_fault + 1,
-            "p10_step_ms_before_after": round(fastest_tenth(baseline) * 1e3, 3),
-            "p10_step_ms_during": round(fastest_tenth(during) * 1e3, 3),
-            "p10_step_time_ratio": round(speed, 3),
             "median_step_ms_before_after": round(median(baseline) * 1e3, 3),
             "median_step_ms_during": round(median(during) * 1e3, 3),
-            "median_step_time_ratio": round(median(during) / median(baseline), 3),
+            "median_step_time_ratio": round(speed, 3),
             "max_step_ms_during": round(max(during) * 1e3, 3),
             "queue_bound": QUEUE_BOUND,
             "dropped": run["dropped"],
