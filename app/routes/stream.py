@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
+import re
 import time
-from collections.abc import AsyncIterator
-from itertools import accumulate
+from collections.abc import AsyncIterator, Sequence
+from itertools import chain
+from math import isfinite
 from typing import Annotated, Any
 
 import anyio
@@ -28,7 +30,7 @@ router = APIRouter(prefix="/api/runs", tags=["stream"])
 CONTROL_EVERY = 5
 STEP_PAGE = 1000
 # Step events a hub keeps for streams that are a little behind (a slow client, a resume).
-BUFFERED_STEPS = 20_000
+BUFFERED_STEPS = 50_000
 
 _JSON = json.JSONEncoder(separators=(",", ":"))
 
@@ -40,25 +42,80 @@ def sse_event(event: str, data: Any, event_id: int | None = None) -> str:
     return f"{head}event: {event}\ndata: {_JSON.encode(data)}\n\n"
 
 
+_STEP_EVENT = (
+    "id: %d\nevent: step\ndata: "
+    '{"step":%d,"wall_time":%r,"scale":%r,"overflow":%s,"skipped":%s,"inf_ranks":[%s],'
+    '"scale_after":%r,"growth_tracker":%d,"growth_interval":%d,"growth_factor":%r,'
+    '"backoff_factor":%r,"control_version":%d}\n\n'
+)
+_COLUMN = {name: i for i, name in enumerate(queries.EXPORT_COLUMNS)}
+_INTS = tuple(
+    _COLUMN[name] for name in ("step", "growth_tracker", "growth_interval", "control_version")
+)
+_FLOATS = tuple(
+    _COLUMN[name]
+    for name in ("wall_time", "scale", "scale_after", "growth_factor", "backoff_factor")
+)
+_BOOLS = (_COLUMN["overflow"], _COLUMN["skipped"])
+_RANKS = _COLUMN["inf_ranks"]
+_JSON_BOOL = {False: "false", True: "true"}.__getitem__
+_RANK = r"(?:0|[1-9][0-9]*)"
+# Ranks strings of a page joined by ";": "1,3;;0" (what write_steps stores).
+_RANK_LISTS = re.compile(rf"(?:{_RANK}(?:,{_RANK})*)?(?:;(?:{_RANK}(?:,{_RANK})*)?)*")
+
+
+def step_events(rows: Sequence[Sequence[Any]]) -> str:
+    """The ``event: step`` events of raw step rows (``EXPORT_COLUMNS`` order): for each,
+    exactly ``sse_event("step", step_dict(row), step)``.
+
+    A step row is ints, finite floats, 0/1 flags and a ranks string like ``"1,3"``, so one
+    ``%`` over the whole page writes what the JSON encoder would (``repr`` of a float is
+    its JSON) several times faster; a page with anything else (a non-finite float, a
+    value of another type, ranks not in canonical form) goes through the JSON encoder.
+    """
+    if not rows:
+        return ""
+    width = len(queries.EXPORT_COLUMNS)
+    values = list(chain.from_iterable(rows))
+    columns = {i: values[i::width] for i in (*_INTS, *_FLOATS, _RANKS)}
+    if (
+        all(set(map(type, columns[i])) == {int} for i in _INTS)
+        and all(set(map(type, columns[i])) == {float} for i in _FLOATS)
+        and all(all(map(isfinite, columns[i])) for i in _FLOATS)
+        and set(map(type, columns[_RANKS])) == {str}
+        and _RANK_LISTS.fullmatch(";".join(columns[_RANKS])) is not None
+    ):
+        out: list[Any] = [None] * (len(rows) * (width + 1))
+        # Column 0 twice: the step is the event's id and the first field of its data.
+        out[0 :: width + 1] = columns[0]
+        for i in range(width):
+            column = columns[i] if i in columns else values[i::width]
+            if i in _BOOLS:
+                column = list(map(_JSON_BOOL, map(bool, column)))
+            out[i + 1 :: width + 1] = column
+        return (_STEP_EVENT * len(rows)) % tuple(out)
+    return "".join(sse_event("step", queries.step_dict(row), row[0]) for row in rows)
+
+
 class _Chunk:
     """The ``event: step`` events of some consecutive steps, encoded once, as one ``bytes``
-    that every stream of the run writes as it is; ``offsets[i]`` is where the event of
-    ``steps[i]`` starts in it."""
+    that every stream of the run writes as it is."""
 
-    __slots__ = ("data", "offsets", "steps")
+    __slots__ = ("data", "steps")
 
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        encode = _JSON.encode
-        texts = [f"id: {row['step']}\nevent: step\ndata: {encode(row)}\n\n" for row in rows]
-        self.steps = [row["step"] for row in rows]
-        self.offsets = [0, *accumulate(map(len, texts[:-1]))]
-        # ensure_ascii: one character is one byte, so the offsets are byte offsets.
-        self.data = "".join(texts).encode("ascii")
+    def __init__(self, rows: Sequence[Sequence[Any]]) -> None:
+        self.steps = [row[0] for row in rows]
+        # JSON is ASCII here (ensure_ascii): one character, one byte.
+        self.data = step_events(rows).encode("ascii")
 
     def after(self, step: int) -> bytes:
         """The events of the steps after ``step``."""
         first = bisect.bisect_right(self.steps, step)
-        return self.data if first == 0 else self.data[self.offsets[first] :]
+        if first == 0:
+            return self.data
+        # A stream resuming inside the chunk: rare; find where its first event starts.
+        start = self.data.index(b"id: %d\n" % self.steps[first])
+        return self.data[start:]
 
 
 def _control_marks(store: Store, run_id: int) -> dict[int, tuple[str, Any]]:
@@ -67,7 +124,7 @@ def _control_marks(store: Store, run_id: int) -> dict[int, tuple[str, Any]]:
 
 def _read_new(
     store: Store, run_id: int, after: int
-) -> tuple[str | None, list[list[dict[str, Any]]]]:
+) -> tuple[str | None, list[list[tuple[Any, ...]]]]:
     """The run's status, then its steps after ``after`` in pages (one trip to a thread).
 
     The status is read first: steps written before the run ended are still sent.
@@ -75,10 +132,10 @@ def _read_new(
     status = queries.run_status(store, run_id)
     pages = []
     while True:
-        rows = queries.steps_after(store, run_id, after, limit=STEP_PAGE)
+        rows = queries.step_rows_after(store, run_id, after, limit=STEP_PAGE)
         if rows:
             pages.append(rows)
-            after = rows[-1]["step"]
+            after = rows[-1][0]
         if len(rows) < STEP_PAGE:
             return status, pages
 
@@ -137,7 +194,7 @@ class _Hub:
         finally:
             self._wake()
 
-    def _keep(self, rows: list[dict[str, Any]]) -> None:
+    def _keep(self, rows: list[tuple[Any, ...]]) -> None:
         chunk = _Chunk(rows)
         self.chunks.append(chunk)
         self.lasts.append(chunk.steps[-1])
@@ -198,11 +255,13 @@ async def _events(
             sent = False
             if after < hub.floor:
                 # Behind what the hub keeps (a resume from far back): read on our own.
-                rows = await run_in_threadpool(queries.steps_after, store, run_id, after)
+                rows = await run_in_threadpool(
+                    queries.step_rows_after, store, run_id, after, limit=STEP_PAGE
+                )
                 if rows:
-                    yield _Chunk(rows).data
+                    yield step_events(rows).encode("ascii")
                     sent = True
-                after = rows[-1]["step"] if rows else hub.floor
+                after = rows[-1][0] if rows else hub.floor
                 if after < hub.floor:
                     quiet_since = time.monotonic()
                     continue
