@@ -6,6 +6,7 @@ import asyncio
 import bisect
 import json
 import re
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from itertools import chain
@@ -31,6 +32,8 @@ CONTROL_EVERY = 5
 STEP_PAGE = 1000
 # Step events a hub keeps for streams that are a little behind (a slow client, a resume).
 BUFFERED_STEPS = 50_000
+# The GIL switch interval of a process that serves live streams (CPython's default: 5 ms).
+SWITCH_INTERVAL_S = 0.0005
 
 _JSON = json.JSONEncoder(separators=(",", ":"))
 
@@ -122,22 +125,21 @@ def _control_marks(store: Store, run_id: int) -> dict[int, tuple[str, Any]]:
     return {row.id: (row.status, row.applied_step) for row in control_history(store, run_id)}
 
 
-def _read_new(
-    store: Store, run_id: int, after: int
-) -> tuple[str | None, list[list[tuple[Any, ...]]]]:
-    """The run's status, then its steps after ``after`` in pages (one trip to a thread).
+def _read_new(store: Store, run_id: int, after: int) -> tuple[str | None, list[_Chunk]]:
+    """The run's status, then its steps after ``after``, encoded, a page a chunk (one trip
+    to a thread, so the event loop only hands the chunks on).
 
     The status is read first: steps written before the run ended are still sent.
     """
     status = queries.run_status(store, run_id)
-    pages = []
+    chunks = []
     while True:
         rows = queries.step_rows_after(store, run_id, after, limit=STEP_PAGE)
         if rows:
-            pages.append(rows)
+            chunks.append(_Chunk(rows))
             after = rows[-1][0]
         if len(rows) < STEP_PAGE:
-            return status, pages
+            return status, chunks
 
 
 class _Hub:
@@ -162,6 +164,12 @@ class _Hub:
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        # The event loop writes to every stream many times a second while sync routes (chart
+        # queries) run in threads; with CPython's default 5 ms GIL switch interval each
+        # write that releases the GIL can cost the loop 5 ms before it gets it back, and a
+        # busy service falls seconds behind. A shorter interval keeps the loop on time.
+        if sys.getswitchinterval() > SWITCH_INTERVAL_S:
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.task = asyncio.create_task(self._poll())
 
     async def _poll(self) -> None:
@@ -169,11 +177,11 @@ class _Hub:
             marks = await run_in_threadpool(_control_marks, self.store, self.run_id)
             polls = 0
             while True:
-                status, pages = await run_in_threadpool(
+                status, chunks = await run_in_threadpool(
                     _read_new, self.store, self.run_id, self.after
                 )
-                for rows in pages:
-                    self._keep(rows)
+                for chunk in chunks:
+                    self._keep(chunk)
                 polls += 1
                 if polls % CONTROL_EVERY == 0 or status != "running":
                     history = await run_in_threadpool(control_history, self.store, self.run_id)
@@ -194,11 +202,10 @@ class _Hub:
         finally:
             self._wake()
 
-    def _keep(self, rows: list[tuple[Any, ...]]) -> None:
-        chunk = _Chunk(rows)
+    def _keep(self, chunk: _Chunk) -> None:
         self.chunks.append(chunk)
         self.lasts.append(chunk.steps[-1])
-        self.buffered += len(rows)
+        self.buffered += len(chunk.steps)
         self.after = chunk.steps[-1]
         while self.buffered - len(self.chunks[0].steps) >= BUFFERED_STEPS:
             dropped = self.chunks.pop(0)

@@ -375,7 +375,7 @@ def step_rows_after(
             " ORDER BY step LIMIT :limit",
             {"run": run_id, "after": after, "limit": limit},
         )
-        rows: list[tuple[Any, ...]] = cursor.fetchall()
+        rows: list[tuple[Any, ...]] = list(cursor.fetchall())  # tuples already
         cursor.close()
     finally:
         raw.close()
