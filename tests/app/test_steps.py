@@ -25,7 +25,8 @@ def big_run(
 ) -> Iterator[tuple[Store, int, list[StepRecord]]]:
     path: Path = tmp_path_factory.mktemp("big") / "big.db"
     rng = random.Random(5)
-    overflows = set(rng.sample(range(1, BIG + 1), 120)) | {1, 64, 4095, 4096, 262143, 262144}
+    edges = {1} | {edge for width in ROLLUP_LEVELS.values() for edge in (width - 1, width)}
+    overflows = set(rng.sample(range(1, BIG + 1), 120)) | edges
     records = simulate(BIG, overflows, interval=50)
     with open_store(f"sqlite:///{path}") as store:
         yield store, add_run(store, records), records
