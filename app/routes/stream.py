@@ -30,6 +30,8 @@ router = APIRouter(prefix="/api/runs", tags=["stream"])
 # Control requests change rarely; look at them every few polls of the steps.
 CONTROL_EVERY = 5
 STEP_PAGE = 1000
+# Steps a stream behind what its hub keeps reads at a time, on its own.
+BEHIND_PAGE = 5000
 # Step events a hub keeps for streams that are a little behind (a slow client, a resume).
 BUFFERED_STEPS = 50_000
 # The GIL switch interval of a process that serves live streams (CPython's default: 5 ms).
@@ -140,6 +142,12 @@ def _read_new(store: Store, run_id: int, after: int) -> tuple[str | None, list[_
             after = rows[-1][0]
         if len(rows) < STEP_PAGE:
             return status, chunks
+
+
+def _read_behind(store: Store, run_id: int, after: int) -> _Chunk | None:
+    """A stream's own page of steps after ``after``, encoded in the thread that reads it."""
+    rows = queries.step_rows_after(store, run_id, after, limit=BEHIND_PAGE)
+    return _Chunk(rows) if rows else None
 
 
 class _Hub:
@@ -262,13 +270,11 @@ async def _events(
             sent = False
             if after < hub.floor:
                 # Behind what the hub keeps (a resume from far back): read on our own.
-                rows = await run_in_threadpool(
-                    queries.step_rows_after, store, run_id, after, limit=STEP_PAGE
-                )
-                if rows:
-                    yield step_events(rows).encode("ascii")
+                page = await run_in_threadpool(_read_behind, store, run_id, after)
+                if page is not None:
+                    yield page.data
                     sent = True
-                after = rows[-1][0] if rows else hub.floor
+                after = page.steps[-1] if page is not None else hub.floor
                 if after < hub.floor:
                     quiet_since = time.monotonic()
                     continue

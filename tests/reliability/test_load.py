@@ -184,7 +184,7 @@ def test_writer_sse_clients_and_charts_meet_the_goals(server: tuple[str, str, in
     if out:
         Path(out).write_text(json.dumps(figures, indent=1))
 
-    assert not chart["errors"] and set(chart["statuses"]) == {200}, chart["errors"][:5]
+    assert not chart["errors"] and set(chart["statuses"]) == {"200"}, chart["errors"][:5]
     assert len(latencies) == CHART_RATE * SECONDS
     assert len(streams) == SSE_CLIENTS
     for stream in streams:
