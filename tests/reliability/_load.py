@@ -151,6 +151,9 @@ class _Stream(asyncio.Protocol):
         return body
 
     def _unchunk(self, data: bytes) -> bytes:
+        if not self.raw and not self.skip and self.left > len(data):
+            self.left -= len(data)  # all of it inside the current HTTP chunk
+            return data
         raw = self.raw + data if self.raw else data
         pieces: list[bytes] = []
         pos, end = 0, len(raw)
@@ -186,14 +189,16 @@ class _Stream(asyncio.Protocol):
         if cut < 0:
             self.tail = text
             return
-        done, self.tail = text[: cut + 2], text[cut + 2 :]
-        count = done.count(_STEP)
+        # The complete events are text[:end]; searched in place, never copied.
+        end, self.tail = cut + 2, text[cut + 2 :]
+        done = text
+        count = done.count(_STEP, 0, end)
         if count:
             out = self.out
             # Events start at 0 or after a blank line; only an event starts with "id: ".
-            i = 0 if done.startswith(b"id: ") else done.find(b"\n\nid: ") + 2
+            i = 0 if done.startswith(b"id: ") else done.find(b"\n\nid: ", 0, end) + 2
             first = int(done[i + 4 : done.find(b"\n", i)])
-            j = done.rfind(b"\n\nid: ") + 2
+            j = done.rfind(b"\n\nid: ", 0, end) + 2
             j = j if j > i else i
             last = int(done[j + 4 : done.find(b"\n", j)])
             if out["last"] is not None and first != out["last"] + 1:
@@ -207,7 +212,7 @@ class _Stream(asyncio.Protocol):
             # The first step of a delivery is its oldest: its lag is the delivery's worst.
             k = done.find(_WALL_TIME, i) + len(_WALL_TIME)
             self.lags.append(now - float(done[k : done.find(b",", k)]))
-        if b"event: end\n" in done:
+        if done.find(b"event: end\n", 0, end) >= 0:
             self.out["ended"] = True
 
 
