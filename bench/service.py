@@ -202,6 +202,7 @@ def bench_charts(
         ("whole run", steps),
         ("4M window", 4_000_000),
         ("1M window", 1_000_000),
+        ("50k window", 50_000),
         ("10k window", 10_000),
         ("500 window", 500),
     ):

@@ -1,17 +1,17 @@
-"""step_rollups rebuilt with six levels 8 times apart (8, 64, 512 ... 262144 steps)
+"""step_rollups rebuilt with five levels 8 times apart (64, 512, 4096, 32768, 262144 steps)
 
 Revision ID: 394d114978d2
 Revises: 4bfa51145dc1
 Create Date: 2025-01-03 00:00:00.000000
 
-With levels 64 times apart, and the finest 64 steps wide, a chart of a window of a few
-million steps read up to 64k level rows and one of ~60k steps 60k raw steps; with levels
-8 times apart, the finest 8 steps wide, any window reads at most about four rows per
-returned bucket. The level numbers change meaning (old level 1, 64 steps, is new level
-2), so every run's rollups are deleted and recomputed in SQL, level by level: the finest
-from ``steps``, each coarser one from the level below it. The downgrade recomputes the
-three old levels the same way. The schema itself does not change. Either way takes about
-12 s per 10M stored steps (2 CPUs), under the store's write lock.
+With levels 64 times apart, a chart of a window of a few million steps read up to 64k
+level-1 rows; with levels 8 times apart a window read from rollups reads at most about
+four rows per returned bucket. The level numbers change meaning (old level 2, 4096
+steps, is new level 3), so every run's rollups are deleted and recomputed in SQL, level
+by level: the finest from ``steps``, each coarser one from the level below it. The
+downgrade recomputes the three old levels the same way. The schema itself does not
+change. Either way takes about 12 s per 10M stored steps (2 CPUs), under the store's
+write lock.
 
 The levels are written out here rather than read from ``scaler.store.schema``: this
 revision must keep producing these levels whatever the schema says later.
@@ -29,7 +29,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 # {level: bucket width in steps}, after and before this revision.
-NEW_LEVELS: dict[int, int] = {1: 8, 2: 64, 3: 512, 4: 4096, 5: 32768, 6: 262144}
+NEW_LEVELS: dict[int, int] = {1: 64, 2: 512, 3: 4096, 4: 32768, 5: 262144}
 OLD_LEVELS: dict[int, int] = {1: 64, 2: 4096, 3: 262144}
 
 _COLUMNS = (

@@ -27,11 +27,11 @@ NAMING_CONVENTION = {
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 # Bucket widths, in steps, of the pre-aggregated levels charts read from. Each level is
-# 8 times the one below (the finest 8 times a step), so a chart of at most N buckets reads
-# at most about 4 N rows whatever its range: with levels 64 times apart, windows of a few
-# million steps read up to 64k level rows and windows of ~60k steps 60k raw steps.
-# Changing them needs a revision that rebuilds step_rollups (see migrations/versions).
-ROLLUP_LEVELS: dict[int, int] = {1: 8, 2: 64, 3: 512, 4: 4096, 5: 32768, 6: 262144}
+# 8 times the one below, so a chart of at most N buckets whose buckets span 32 steps or
+# more reads at most about 4 N rollup rows (with levels 64 times apart, windows of a few
+# million steps read up to 64k rows). Narrower buckets are read from ``steps``: up to
+# 32 N rows. Changing the levels needs a revision that rebuilds step_rollups.
+ROLLUP_LEVELS: dict[int, int] = {1: 64, 2: 512, 3: 4096, 4: 32768, 5: 262144}
 
 runs = Table(
     "runs",
