@@ -83,8 +83,9 @@ def test_hostile_run_name_renders_as_text(tab: Tab, served: Served) -> None:
 
 def test_run_chart_grows_live_with_overflows_marked(tab: Tab, served: Served) -> None:
     open_run(tab, served.run_id)
-    before = chart(tab, "gd.data[2].x.length")
-    assert chart(tab, "Number(gd.dataset.points)") == before
+    # Read together: live steps may land between two separate reads.
+    before, shown = chart(tab, "[gd.data[2].x.length, Number(gd.dataset.points)]")
+    assert shown == before
     tab.page.wait_for_function(f"{POINTS} > {before}", timeout=2000)
 
     tab.page.wait_for_function("document.getElementById('chart').data[3].x.length > 0")
