@@ -74,13 +74,14 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.main import create_app
-    from app.serving import BindRefused, prepare
+    from app.serving import BindRefused, prepare, tune_for_serving
 
     try:
         settings = prepare(_settings(args, host=args.host, port=args.port), out=sys.stdout)
     except BindRefused as refused:
         print(f"scalewatch serve: {refused}", file=sys.stderr)
         return 2
+    tune_for_serving()
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port)
     return 0
 

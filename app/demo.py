@@ -36,11 +36,12 @@ def demo(args: argparse.Namespace) -> int:
     if args.steps < 1 or args.world_size < 1:
         print("scalewatch demo: --steps and --world-size must be >= 1", file=sys.stderr)
         return 2
-    from app.serving import prepare
+    from app.serving import prepare, tune_for_serving
     from scaler.store.engine import open_store
 
     settings = prepare(_settings(args, port=args.port), out=sys.stdout)
     open_store(settings.db).close()  # migrate once, before the ranks and the server start
+    tune_for_serving()
     server, thread = _start_server(settings)
     try:
         _announce(settings, sys.stdout)

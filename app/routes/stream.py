@@ -6,7 +6,6 @@ import asyncio
 import bisect
 import json
 import re
-import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from itertools import chain
@@ -34,8 +33,6 @@ STEP_PAGE = 1000
 BEHIND_PAGE = 5000
 # Step events a hub keeps for streams that are a little behind (a slow client, a resume).
 BUFFERED_STEPS = 50_000
-# The GIL switch interval of a process that serves live streams (CPython's default: 5 ms).
-SWITCH_INTERVAL_S = 0.0005
 
 _JSON = json.JSONEncoder(separators=(",", ":"))
 
@@ -172,12 +169,6 @@ class _Hub:
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        # The event loop writes to every stream many times a second while sync routes (chart
-        # queries) run in threads; with CPython's default 5 ms GIL switch interval each
-        # write that releases the GIL can cost the loop 5 ms before it gets it back, and a
-        # busy service falls seconds behind. A shorter interval keeps the loop on time.
-        if sys.getswitchinterval() > SWITCH_INTERVAL_S:
-            sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.task = asyncio.create_task(self._poll())
 
     async def _poll(self) -> None:
