@@ -64,10 +64,65 @@ def decode(slots: list[float]) -> ControlUpdate | None:
     return ControlUpdate(request_id, values)
 
 
-def check(
-    values: Mapping[str, float | int], current: Mapping[str, float | int | None]
-) -> str | None:
-    """The rule ``values`` break given the ``current`` settings, or None when they are fine.
+RULES: dict[str, str] = {
+    "growth_interval": f"growth_interval must be an integer >= 1 and <= {INT32_MAX}",
+    "hysteresis": f"hysteresis must be an integer >= 1 and <= {INT32_MAX}",
+    "growth_factor": "growth_factor must be a finite number > 1",
+    "backoff_factor": "backoff_factor must be a number > 0 and < 1",
+    **{
+        name: f"{name} must be a finite number > 0 and <= {FLOAT32_MAX!r} (float32's largest)"
+        for name in ("scale", "min_scale", "max_scale")
+    },
+}
+EMPTY = f"a request sets at least one of: {', '.join(FIELDS)}"
+UNKNOWN = f"unknown field; allowed: {', '.join(FIELDS)}"
+
+
+def normalise(name: str, value: object) -> int | float | None:
+    """``value`` as ``name`` takes it (integral fields ``int``), or None when it breaks the rule.
+
+    >>> normalise("growth_interval", 500.0), normalise("growth_interval", True)
+    (500, None)
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if name in INT_FIELDS:
+        if isinstance(value, float) and not value.is_integer():
+            return None
+        return int(value) if 1 <= value <= INT32_MAX else None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    if not math.isfinite(number):
+        return None
+    if name == "growth_factor":
+        return number if number > 1 else None
+    if name == "backoff_factor":
+        return number if 0 < number < 1 else None
+    return number if 0 < number <= FLOAT32_MAX else None
+
+
+def bounds_problems(values: Mapping[str, object], current: Mapping[str, object]) -> dict[str, str]:
+    """min_scale <= max_scale, with the value in effect standing in for one not requested.
+
+    >>> bounds_problems({"min_scale": 8.0}, {"max_scale": 4.0})
+    {'min_scale': 'min_scale must be <= max_scale (4.0)'}
+    """
+    low = values.get("min_scale", current.get("min_scale"))
+    high = values.get("max_scale", current.get("max_scale"))
+    if not (isinstance(low, int | float) and isinstance(high, int | float) and low > high):
+        return {}
+    problems = {}
+    if "min_scale" in values:
+        problems["min_scale"] = f"min_scale must be <= max_scale ({high!r})"
+    if "max_scale" in values:
+        problems["max_scale"] = f"max_scale must be >= min_scale ({low!r})"
+    return problems
+
+
+def check(values: Mapping[str, object], current: Mapping[str, object]) -> str | None:
+    """The first rule ``values`` break given the ``current`` settings, or None.
 
     >>> check({"growth_interval": 0}, {})
     'growth_interval must be an integer >= 1 and <= 2147483647'
@@ -75,40 +130,10 @@ def check(
     'min_scale must be <= max_scale (4.0)'
     """
     if not values:
-        return f"a request sets at least one of: {', '.join(FIELDS)}"
+        return EMPTY
     for name, value in values.items():
-        problem = _check_field(name, value)
-        if problem:
-            return problem
-    lo = values.get("min_scale", current.get("min_scale"))
-    hi = values.get("max_scale", current.get("max_scale"))
-    if lo is not None and hi is not None and lo > hi:
-        if "min_scale" in values:
-            return f"min_scale must be <= max_scale ({hi})"
-        return f"max_scale must be >= min_scale ({lo})"
-    return None
-
-
-def _check_field(name: str, value: float | int) -> str | None:
-    if name not in FIELDS:
-        return f"unknown field {name!r}"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return f"{name} must be a number"
-    if name in INT_FIELDS:
-        low = 1
-        if not (isinstance(value, int) or float(value).is_integer()) or not (
-            low <= value <= INT32_MAX
-        ):
-            return f"{name} must be an integer >= {low} and <= {INT32_MAX}"
-        return None
-    if not math.isfinite(value):
-        return f"{name} must be finite"
-    if name == "growth_factor" and value <= 1.0:
-        return "growth_factor must be > 1"
-    if name == "backoff_factor" and not 0.0 < value < 1.0:
-        return "backoff_factor must be in (0, 1)"
-    if name in ("scale", "min_scale", "max_scale") and value <= 0.0:
-        return f"{name} must be > 0"
-    if name in ("scale", "min_scale", "max_scale") and value > FLOAT32_MAX:
-        return f"{name} must be <= {FLOAT32_MAX!r} (float32's largest)"
-    return None
+        if name not in FIELDS:
+            return f"{name}: {UNKNOWN}"
+        if normalise(name, value) is None:
+            return RULES[name]
+    return next(iter(bounds_problems(values, current).values()), None)

@@ -9,13 +9,13 @@ run's reporting rank, and marked ``applied`` (with the step) or ``rejected`` (wi
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import Connection, Row, RowMapping, select, update
 
+from scaler._control import EMPTY, FIELDS, RULES, UNKNOWN, bounds_problems, normalise
 from scaler.store.engine import Store
 from scaler.store.errors import (
     ControlValidationError,
@@ -44,67 +44,8 @@ __all__ = [
     "validate_control",
 ]
 
-CONTROL_FIELDS = (
-    "growth_interval",
-    "growth_factor",
-    "backoff_factor",
-    "scale",
-    "min_scale",
-    "max_scale",
-    "hysteresis",
-)
+CONTROL_FIELDS = FIELDS
 CONTROL_SOURCES = ("api", "cli", "code")
-INT32_MAX = 2**31 - 1
-# The scale lives in a float32 tensor: a larger value would become inf there.
-FLOAT32_MAX = 3.4028234663852886e38
-
-_SCALE_RULE = f"must be a finite number > 0 and <= {FLOAT32_MAX!r} (float32's largest)"
-_RULES = {
-    "growth_interval": f"growth_interval must be an integer >= 1 and <= {INT32_MAX}",
-    "hysteresis": f"hysteresis must be an integer >= 1 and <= {INT32_MAX}",
-    "growth_factor": "growth_factor must be a finite number > 1",
-    "backoff_factor": "backoff_factor must be a number > 0 and < 1",
-    "scale": f"scale {_SCALE_RULE}",
-    "min_scale": f"min_scale {_SCALE_RULE}",
-    "max_scale": f"max_scale {_SCALE_RULE}",
-}
-
-
-def _as_int(value: object) -> int | None:
-    """An integral number as ``int`` (``500.0`` -> ``500``), anything else ``None``."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
-
-
-def _as_finite(value: object) -> float | None:
-    """A finite number as ``float``; booleans, strings, NaN and infinities ``None``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _check(field: str, value: object) -> int | float | None:
-    """The normalised value of ``field``, or ``None`` when it breaks the field's rule."""
-    if field in ("growth_interval", "hysteresis"):
-        integer = _as_int(value)
-        return integer if integer is not None and 1 <= integer <= INT32_MAX else None
-    number = _as_finite(value)
-    if number is None:
-        return None
-    if field == "growth_factor":
-        return number if number > 1 else None
-    if field == "backoff_factor":
-        return number if 0 < number < 1 else None
-    return number if 0 < number <= FLOAT32_MAX else None
 
 
 def validate_control(values: Mapping[str, object], current: Mapping[str, object]) -> dict[str, Any]:
@@ -115,30 +56,18 @@ def validate_control(values: Mapping[str, object], current: Mapping[str, object]
     """
     if not isinstance(values, Mapping):
         raise ControlValidationError({"request": "a request is an object of control fields"})
-    errors: dict[str, str] = {}
-    for field in values:
-        if field not in CONTROL_FIELDS:
-            errors[str(field)] = f"unknown field; allowed: {', '.join(CONTROL_FIELDS)}"
+    errors: dict[str, str] = {str(f): UNKNOWN for f in values if f not in CONTROL_FIELDS}
     if not values:
-        errors["request"] = f"a request sets at least one of: {', '.join(CONTROL_FIELDS)}"
+        errors["request"] = EMPTY
     clean: dict[str, Any] = {}
     for field in CONTROL_FIELDS:
         if field in values:
-            checked = _check(field, values[field])
+            checked = normalise(field, values[field])
             if checked is None:
-                errors[field] = _RULES[field]
+                errors[field] = RULES[field]
             else:
                 clean[field] = checked
-    low = clean.get("min_scale", current.get("min_scale"))
-    high = clean.get("max_scale", current.get("max_scale"))
-    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and low > high:
-        for field, other, bound in (
-            ("min_scale", "max_scale", high),
-            ("max_scale", "min_scale", low),
-        ):
-            if field in clean:
-                relation = "<=" if field == "min_scale" else ">="
-                errors[field] = f"{field} must be {relation} {other} ({bound!r})"
+    errors.update(bounds_problems(clean, current))
     if errors:
         raise ControlValidationError(errors)
     return clean
