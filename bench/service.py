@@ -35,6 +35,9 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "bench"))
+from _figures import figure  # noqa: E402
+
 from scaler.store.engine import open_store  # noqa: E402
 from scaler.store.records import StepRecord  # noqa: E402
 from scaler.store.runs import create_run, end_run, write_steps  # noqa: E402
@@ -222,6 +225,13 @@ def bench_charts(
             seen += check_overflows(body, lo, hi, after, ordered)
         cpu_ms = (server_cpu_s(pid) - cpu) / repeats * 1000
         q = statistics.quantiles(times, n=20)
+        figure(
+            f"chart query p95, {label} ({width:,} of {steps:,} steps), max_points 2000",
+            f"{q[18]:.1f} ms (p50 {statistics.median(times):.1f} ms)",
+            "p95 < 100 ms, every overflow shown",
+            q[18] < 100,
+            f"server CPU {cpu_ms:.1f} ms/request; {seen} overflows checked",
+        )
         table.append(
             [
                 f"/steps {label} ({width:,} steps)",
@@ -262,6 +272,13 @@ def bench_export(http: httpx.Client, run: int, pid: int, rows: int) -> list[str]
     stop.set()
     sampler.join()
     assert lines == rows + 1, lines
+    figure(
+        f"CSV export of {rows:,} rows",
+        f"{rows / elapsed:,.0f} rows/s",
+        ">= 200,000 rows/s, flat memory",
+        rows / elapsed >= 200_000,
+        f"server RSS +{(peak[0] - baseline) / 1024:.1f} MiB; {cpu_us:.2f} us/row server CPU",
+    )
     return [
         f"export CSV {rows:,} rows",
         f"{rows / elapsed:,.0f} rows/s",
@@ -300,6 +317,13 @@ def bench_stream(http: httpx.Client, url: str, count: int) -> list[str]:
     store.close()
     latencies = [(arrived[step] - written[step]) * 1000 for step in written if step in arrived]
     assert len(latencies) == count, f"{len(latencies)} of {count} steps arrived"
+    figure(
+        "step written -> SSE client",
+        f"{statistics.median(latencies):.0f} ms median, {max(latencies):.0f} ms max",
+        "< 1 s",
+        max(latencies) < 1000,
+        f"{count} steps at ~20 steps/s",
+    )
     return [
         f"step -> SSE client ({count} steps)",
         f"{statistics.median(latencies):.0f} ms median",

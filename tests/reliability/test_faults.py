@@ -432,3 +432,83 @@ def store_run_id(store: Any) -> int:
             return conn.execute(select(runs.c.id)).scalar()
 
     return int(wait_for(found, 30, "the run"))
+
+
+RESTART_AT = 40  # steps before the job goes down; as many again after it restarts
+
+
+def _restarting_rank(rank: int, world: int, url: str, folder: str, phase: int) -> dict[str, Any]:
+    """Phase 1 trains, checkpoints and goes down without closing (as a crash does);
+    phase 2 restarts from the checkpoint and goes on."""
+    import json
+
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    import scaler
+
+    torch.manual_seed(phase)
+    model = DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    gs = scaler.ShardedGradScaler("cpu", growth_interval=1000, telemetry=url, run_name="restart")
+    checkpoint = Path(folder, f"scaler-{rank}.json")
+    if phase == 2:
+        gs.load_state_dict(json.loads(checkpoint.read_text()))
+    g = torch.Generator().manual_seed(100 * phase + rank)
+    states: list[dict[str, Any]] = []
+    scales: list[float] = []
+    for _ in range(RESTART_AT):
+        opt.zero_grad()
+        gs.scale(model(torch.randn(8, 8, generator=g)).pow(2).mean()).backward()
+        gs.step(opt)
+        gs.update()
+        scales.append(gs.get_scale())
+        states.append(gs.control_state())
+        time.sleep(0.02)
+    result = {"run_uid": gs.run_uid, "steps": gs.steps, "scales": scales, "states": states}
+    if rank == 0:
+        assert gs.flush(30)
+        result["run_id"] = gs.run_id
+    if phase == 1:
+        checkpoint.write_text(json.dumps(gs.state_dict()))
+        del gs  # not closed: the run keeps reading "running" until its heartbeat goes stale
+    else:
+        gs.close()
+    return result
+
+
+@pytest.mark.slow
+def test_control_requested_while_the_job_restarts_applies_at_one_step_on_every_rank(
+    tmp_path: Path,
+) -> None:
+    url = db_url(tmp_path / "sw.db")
+    open_store(url).close()
+    with Ranks(_restarting_rank, 2, url, str(tmp_path), 1) as ranks:
+        before = ranks.results(timeout=120)
+    with open_store(url) as store:
+        run_id = before[0]["run_id"]
+        # The job is down; its run has not timed out yet, so the request waits as pending.
+        request = request_control(store, run_id, {"growth_interval": 7}, requested_by="test")
+        with Ranks(_restarting_rank, 2, url, str(tmp_path), 2) as ranks:
+            after = ranks.results(timeout=120)
+        row = {r.id: r for r in control_history(store, run_id)}[request.id]
+        with store.read() as conn:
+            stored = [
+                s for (s,) in conn.execute(select(steps.c.step).where(steps.c.run_id == run_id))
+            ]
+            (status,) = conn.execute(select(runs.c.status).where(runs.c.id == run_id)).one()
+    assert after[0]["run_id"] == run_id and after[0]["run_uid"] == before[0]["run_uid"]
+    assert [r["steps"] for r in after] == [2 * RESTART_AT] * 2
+    assert sorted(stored) == list(range(1, 2 * RESTART_AT + 1))
+    assert status == "finished"
+    assert row.status == "applied"
+    applied = [RESTART_AT + first_step_with(r["states"], "growth_interval", 7) for r in after]
+    assert applied == [row.applied_step] * 2
+    assert after[0]["scales"] == after[1]["scales"]
+    assert after[0]["states"] == after[1]["states"]
+    record_figures(
+        "control_restarting_job",
+        {"ranks": 2, "down_at_step": RESTART_AT, "applied_at_step": row.applied_step},
+    )
