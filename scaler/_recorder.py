@@ -13,7 +13,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,6 +25,7 @@ log = logging.getLogger("scaler")
 
 MAX_PENDING = 65536
 POLL_S = 0.05
+YIELD_EVERY = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +86,12 @@ class Captured:
             return values[0], int(values[1]), values[2], values[3:]
         scale, tracker, found, *flags = self._tensors
         assert scale is not None and tracker is not None
-        found_value = float(found.reshape(-1).sum().item()) if found is not None else 0.0
+        if found is None:
+            found_value = 0.0
+        elif found.numel() == 1:
+            found_value = float(found.item())
+        else:
+            found_value = float(found.sum().item())
         summed: list[float] = []
         for payload in flags:
             assert payload is not None
@@ -113,10 +119,32 @@ class Snapshot:
 Sink = Callable[[list[StepSample]], None]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Fold:
-    stats: ScalerStats = field(default_factory=ScalerStats)
+    """Running counts, kept as plain fields: a new ScalerStats per step costs the GIL."""
+
     last_scale: float | None = None
+    steps: int = 0
+    skipped: int = 0
+    overflows: int = 0
+    growths: int = 0
+    backoffs: int = 0
+    current: float = 0.0
+    low: float = float("inf")
+    high: float = 0.0
+
+    def stats(self, dropped: int) -> ScalerStats:
+        return ScalerStats(
+            steps=self.steps,
+            skipped=self.skipped,
+            overflows=self.overflows,
+            growths=self.growths,
+            backoffs=self.backoffs,
+            current_scale=self.current,
+            min_scale_seen=self.low,
+            max_scale_seen=self.high,
+            dropped_records=dropped,
+        )
 
 
 class Recorder:
@@ -156,7 +184,7 @@ class Recorder:
     def stats(self, timeout: float = 30.0) -> ScalerStats:
         self.flush(timeout)
         with self._cond:
-            return replace(self._fold.stats, dropped_records=self._dropped)
+            return self._fold.stats(self._dropped)
 
     def flush(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -189,6 +217,8 @@ class Recorder:
         while self._pending:
             snap = self._pending.popleft()
             popped += 1
+            if popped % YIELD_EVERY == 0:
+                time.sleep(0)  # hand the GIL to the training thread rather than make it wait
             try:
                 sample = _materialise(snap, self._fold)
             except Exception:  # a broken snapshot must not stop the thread
@@ -233,19 +263,14 @@ def _materialise(snap: Snapshot, fold: _Fold) -> StepSample:
         inf_ranks = ()
     else:
         inf_ranks = (0,) if overflow else ()
-    s = fold.stats
-    grew = not snap.scale_set and scale_after > scale_used
-    backed = not snap.scale_set and scale_after < scale_used
-    fold.stats = ScalerStats(
-        steps=s.steps + 1,
-        skipped=s.skipped + int(overflow and snap.stepped),
-        overflows=s.overflows + int(overflow),
-        growths=s.growths + int(grew),
-        backoffs=s.backoffs + int(backed),
-        current_scale=scale_after,
-        min_scale_seen=min(s.min_scale_seen, scale_used, scale_after),
-        max_scale_seen=max(s.max_scale_seen, scale_used, scale_after),
-    )
+    fold.steps += 1
+    fold.skipped += overflow and snap.stepped
+    fold.overflows += overflow
+    fold.growths += not snap.scale_set and scale_after > scale_used
+    fold.backoffs += not snap.scale_set and scale_after < scale_used
+    fold.current = scale_after
+    fold.low = min(fold.low, scale_used, scale_after)
+    fold.high = max(fold.high, scale_used, scale_after)
     fold.last_scale = scale_after
     record = StepRecord(
         step=snap.step,
