@@ -11,26 +11,24 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import queue
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
 import time
-import traceback
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from statistics import median
 from typing import IO, Any
 
 from sqlalchemy import Engine, event
+
+from tests.scaler._dist import free_port, wait_for
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[2]
@@ -43,24 +41,6 @@ ALARMS = ("Traceback", "locked", "scalewatch:", "Error")
 
 def db_url(path: Path) -> str:
     return f"sqlite:///{path}"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def ratio(during: Sequence[float], before: Sequence[float]) -> float:
@@ -161,7 +141,7 @@ def start_trainer(
             stdout=stdout,
             stderr=stderr,
             cwd=tmp,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)},
         )
     return proc, out, err
 
@@ -357,81 +337,6 @@ def integrity(db: Path) -> list[tuple[Any, ...]]:
         result = conn.execute("PRAGMA integrity_check").fetchall()
     conn.close()
     return result
-
-
-# ------------------------------------------------------------ gloo ranks
-
-
-def _rank_entry(
-    rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple[Any, ...], results: Any
-) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1"
-    )
-    try:
-        import torch
-        import torch.distributed as dist
-
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
-        try:
-            results.put((rank, "ok", fn(rank, world, *args)))
-        finally:
-            dist.destroy_process_group()
-    except BaseException:
-        results.put((rank, "error", traceback.format_exc()))
-
-
-class Ranks:
-    """``fn(rank, world, *args)`` on ``world`` spawned gloo ranks; none outlives the block."""
-
-    def __init__(self, fn: Callable[..., Any], world: int, *args: Any) -> None:
-        ctx = mp.get_context("spawn")
-        self._results = ctx.Queue()
-        port = free_port()
-        self._procs = [
-            ctx.Process(
-                target=_rank_entry, args=(r, world, port, fn, args, self._results), daemon=True
-            )
-            for r in range(world)
-        ]
-        self.world = world
-
-    def __enter__(self) -> Ranks:
-        for proc in self._procs:
-            proc.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for proc in self._procs:
-            if proc.is_alive():
-                proc.kill()
-            proc.join(10)
-        self._results.close()
-        self._results.join_thread()
-
-    def results(self, timeout: float) -> list[Any]:
-        deadline = time.monotonic() + timeout
-        got: dict[int, Any] = {}
-        while len(got) < self.world:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(
-                    f"ranks {sorted(set(range(self.world)) - set(got))} did not finish"
-                )
-            try:
-                rank, status, value = self._results.get(timeout=min(left, 1.0))
-            except queue.Empty:
-                dead = [
-                    r for r, p in enumerate(self._procs) if r not in got and p.exitcode is not None
-                ]
-                if dead:
-                    raise RuntimeError(f"ranks {dead} died without a result") from None
-                continue
-            if status != "ok":
-                raise RuntimeError(f"rank {rank} failed:\n{value}")
-            got[rank] = value
-        return [got[r] for r in range(self.world)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

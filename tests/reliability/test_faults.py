@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from _faults import (
     TOKEN,
-    Ranks,
     Service,
     alarms,
     db_url,
@@ -36,6 +35,7 @@ from scaler.store import open_store
 from scaler.store.control import control_history, request_control
 from scaler.store.runs import HEARTBEAT_TIMEOUT_S
 from scaler.store.schema import runs, steps
+from tests.scaler._dist import Ranks
 
 # ------------------------------------------------------------ SIGKILL at random steps
 
