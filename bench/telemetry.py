@@ -10,13 +10,15 @@ ours with telemetry off and on (a store in a temporary file), interleaved round 
 for a tiny model step and for the scaler's calls alone, for ``GradScaler`` and (in a
 one-process gloo group) ``ShardedGradScaler``. Goal: telemetry on costs < 5 us per step.
 
-    python bench/telemetry.py [--records 300000] [--batch 1000] [--rounds 2] [--steps 2000]
+    python bench/telemetry.py [--records 300000] [--batch 1000] [--rounds 2] [--steps 1000]
+        [--training-rounds 15]
 """
 
 from __future__ import annotations
 
 import argparse
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
@@ -249,8 +251,12 @@ def _scaler_calls(gs: Any, steps: int) -> tuple[float, float]:
     return _timed(loop, steps)
 
 
-def bench_training_thread(steps: int = 2000, rounds: int = 5) -> dict[str, Any]:
-    """Best-of-rounds us/step per (class, workload, variant), variants interleaved per round."""
+def bench_training_thread(steps: int = 1000, rounds: int = 15) -> dict[str, Any]:
+    """Median us/step per (class, workload, variant) over rounds that interleave the variants.
+
+    On - off is the median of each round's own difference: rounds side by side share the
+    machine's state at that moment, which a best-of or a difference of medians does not.
+    """
     torch.set_num_threads(1)
     results: dict[str, Any] = {"steps": steps, "rounds": rounds, "rows": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -261,24 +267,29 @@ def bench_training_thread(steps: int = 2000, rounds: int = 5) -> dict[str, Any]:
             for kind in ("GradScaler", "ShardedGradScaler"):
                 for workload, fn in (("model step", _model_step), ("scaler calls", _scaler_calls)):
                     variants = _variants(kind, f"sqlite:///{Path(tmp) / f'{kind}-{workload}.db'}")
-                    best = {name: [float("inf"), float("inf")] for name in variants}
+                    samples: dict[str, list[tuple[float, float]]] = {n: [] for n in variants}
                     for gs in variants.values():
                         fn(gs, 50)  # warm up; the first update() starts the writer
                     for _ in range(rounds):
                         for name, gs in variants.items():
                             wall, cpu = fn(gs, steps)
-                            best[name][0] = min(best[name][0], wall * 1e6)
-                            best[name][1] = min(best[name][1], cpu * 1e6)
+                            samples[name].append((wall * 1e6, cpu * 1e6))
                     telemetry = variants["on"]._telemetry
                     written = telemetry is not None and telemetry.flush(60)
                     for gs in variants.values():
                         if hasattr(gs, "close"):
                             gs.close()
-                    results["rows"][(kind, workload)] = {
-                        "wall": {name: b[0] for name, b in best.items()},
-                        "cpu": {name: b[1] for name, b in best.items()},
-                        "written": written,
-                    }
+                    row: dict[str, Any] = {"written": written}
+                    for i, metric in enumerate(("wall", "cpu")):
+                        row[metric] = {
+                            name: statistics.median(x[i] for x in xs)
+                            for name, xs in samples.items()
+                        }
+                        row[metric]["on-off"] = statistics.median(
+                            on[i] - off[i]
+                            for on, off in zip(samples["on"], samples["off"], strict=True)
+                        )
+                    results["rows"][(kind, workload)] = row
         finally:
             dist.destroy_process_group()
     return results
@@ -286,8 +297,9 @@ def bench_training_thread(steps: int = 2000, rounds: int = 5) -> dict[str, Any]:
 
 def print_training_thread(result: dict[str, Any]) -> None:
     print(
-        f"training thread: us/step, best of {result['rounds']} interleaved rounds"
-        f" of {result['steps']} steps; cpu = the training thread's own CPU time"
+        f"training thread: us/step, medians of {result['rounds']} interleaved rounds"
+        f" of {result['steps']} steps; on-off = median of each round's difference;"
+        " cpu = the training thread's own CPU time"
     )
     print(
         f"  {'class':<18} {'workload':<13} {'time':<5} {'torch':>8} {'off':>8} {'on':>8}"
@@ -297,7 +309,7 @@ def print_training_thread(result: dict[str, Any]) -> None:
     for (kind, workload), row in result["rows"].items():
         for metric in ("cpu", "wall"):
             t = row[metric]
-            on_off = t["on"] - t["off"]
+            on_off = t["on-off"]
             if metric == "cpu":
                 worst_cpu = max(worst_cpu, on_off)
             else:
@@ -325,10 +337,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--batch", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=2000, help="steps per training round")
+    parser.add_argument("--rounds", type=int, default=2, help="writer rounds")
+    parser.add_argument("--steps", type=int, default=1000, help="steps per training round")
+    parser.add_argument("--training-rounds", type=int, default=15)
     args = parser.parse_args()
-    print_training_thread(bench_training_thread(args.steps))
+    print_training_thread(bench_training_thread(args.steps, args.training_rounds))
     print_writer(bench_writer(args.records, args.batch, args.rounds))
 
 
