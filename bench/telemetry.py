@@ -32,7 +32,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as Torc
 import scaler
 from scaler.store import StepRecord, open_store, upgrade
 from scaler.store.engine import BUSY_TIMEOUT_MS
-from scaler.store.runs import create_run, write_steps
+from scaler.store.runs import create_run, step_rows, write_steps
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _figures import figure
@@ -98,24 +98,7 @@ def _store_rate(directory: Path, records: list[StepRecord], batch: int) -> float
 def _raw_rate(directory: Path, records: list[StepRecord], batch: int) -> float:
     path = directory / "raw.db"
     upgrade(f"sqlite:///{path}")  # the identical schema: same table, keys and indexes
-    rows = [
-        (
-            1,
-            r.step,
-            r.wall_time,
-            r.scale,
-            r.overflow,
-            r.skipped,
-            ",".join(map(str, r.inf_ranks)),
-            r.scale_after,
-            r.growth_tracker,
-            r.growth_interval,
-            r.growth_factor,
-            r.backoff_factor,
-            r.control_version,
-        )
-        for r in records
-    ]
+    rows = step_rows(1, records)
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         for pragma in _RAW_PRAGMAS:

@@ -18,7 +18,7 @@ from sqlalchemy import Connection, RowMapping, exc, select, text, update
 
 from scaler.store.engine import Store
 from scaler.store.errors import RunNotFound
-from scaler.store.records import RunRef, StepRecord
+from scaler.store.records import RunRef, StepRecord, format_inf_ranks
 from scaler.store.schema import ROLLUP_LEVELS, control_requests, runs, steps, telemetry_gaps
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "heartbeat",
     "record_gap",
     "resume_run",
+    "step_rows",
     "write_steps",
 ]
 
@@ -206,15 +207,9 @@ def effective_status(row: Mapping[str, Any] | RowMapping, now: float | None = No
     return status
 
 
-def write_steps(store: Store, run_id: int, records: Sequence[StepRecord]) -> None:
-    """Store ``records`` and refresh the rollups of their buckets, in one transaction.
-
-    Also advances ``runs.last_step`` and the heartbeat. Writing a step again replaces it,
-    so a retried batch leaves the same rows and rollups as one write.
-    """
-    if not records:
-        return
-    rows = [
+def step_rows(run_id: int, records: Sequence[StepRecord]) -> list[tuple[Any, ...]]:
+    """``records`` as rows of the ``steps`` table, in its column order."""
+    return [
         (
             run_id,
             r.step,
@@ -222,7 +217,7 @@ def write_steps(store: Store, run_id: int, records: Sequence[StepRecord]) -> Non
             r.scale,
             r.overflow,
             r.skipped,
-            ",".join(map(str, r.inf_ranks)) if r.inf_ranks else "",
+            format_inf_ranks(r.inf_ranks),
             r.scale_after,
             r.growth_tracker,
             r.growth_interval,
@@ -232,6 +227,17 @@ def write_steps(store: Store, run_id: int, records: Sequence[StepRecord]) -> Non
         )
         for r in records
     ]
+
+
+def write_steps(store: Store, run_id: int, records: Sequence[StepRecord]) -> None:
+    """Store ``records`` and refresh the rollups of their buckets, in one transaction.
+
+    Also advances ``runs.last_step`` and the heartbeat. Writing a step again replaces it,
+    so a retried batch leaves the same rows and rollups as one write.
+    """
+    if not records:
+        return
+    rows = step_rows(run_id, records)
     step_numbers = [r.step for r in records]
     if min(step_numbers) < 0:
         raise ValueError("step numbers are >= 0")
