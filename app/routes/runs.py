@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query, status
 
 from app.deps import StoreDep
+from app.errors import unprocessable
 from app.models import (
     ErrorMessage,
     OverflowItem,
@@ -61,16 +62,7 @@ def require_run_exists(store: StoreDep, run_id: int) -> None:
 
 def check_range(start: int | None, end: int | None) -> None:
     if start is not None and end is not None and start > end:
-        raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_CONTENT,
-            detail=[
-                {
-                    "loc": ["query", "end"],
-                    "msg": "end must not be below start",
-                    "type": "value_error",
-                }
-            ],
-        )
+        raise unprocessable(["query", "end"], "end must not be below start")
 
 
 @router.get("")

@@ -13,13 +13,14 @@ from math import isfinite
 from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Header, HTTPException, Request, status
+from fastapi import APIRouter, Header, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.deps import SettingsDep, StoreDep
+from app.errors import unprocessable
 from app.routes.control import request_out
-from app.routes.runs import INT64_MAX, NOT_FOUND, After, RunId
+from app.routes.runs import INT64_MAX, NOT_FOUND, After, RunId, require_run_exists
 from scaler.store import queries
 from scaler.store.control import control_history
 from scaler.store.engine import Store
@@ -316,18 +317,10 @@ async def stream(
             if not -1 <= resume <= INT64_MAX:
                 raise ValueError(resume)
         except ValueError:
-            raise HTTPException(
-                status.HTTP_422_UNPROCESSABLE_CONTENT,
-                detail=[
-                    {
-                        "loc": ["header", "last-event-id"],
-                        "msg": "must be a step number",
-                        "type": "int_parsing",
-                    }
-                ],
+            raise unprocessable(
+                ["header", "last-event-id"], "must be a step number", "int_parsing"
             ) from None
-    if await run_in_threadpool(queries.run_status, store, run) is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no run {run}")
+    await run_in_threadpool(require_run_exists, store, run)
     if resume is None:
         resume = await run_in_threadpool(queries.last_step, store, run)
     start = -1 if resume is None else resume
