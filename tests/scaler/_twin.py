@@ -128,6 +128,14 @@ def train(
     return trace
 
 
+def train_step(gs: Any, model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+    """One step of ``model`` on ``batch(step)`` with the scaler ``gs``."""
+    opt.zero_grad()
+    gs.scale(model(batch(step)).pow(2).mean()).backward()
+    gs.step(opt)
+    gs.update()
+
+
 def sgd(model: nn.Module) -> list[torch.optim.Optimizer]:
     return [torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)]
 

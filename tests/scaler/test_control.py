@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 import torch
 from _dist import Ranks, wait_for
-from _twin import batch, mlp, sgd
+from _twin import batch, mlp, sgd, train_step
 from sqlalchemy import select
-from torch import nn
 
 import scaler
 from scaler.store import ControlValidationError, RunNotRunning, Store, open_store
@@ -34,18 +33,6 @@ def step_rows(store: Store, run_id: int) -> list[dict[str, Any]]:
     with store.read() as conn:
         query = select(steps).where(steps.c.run_id == run_id).order_by(steps.c.step)
         return [dict(row._mapping) for row in conn.execute(query)]
-
-
-def flush(gs: Any) -> None:
-    gs._recorder.flush(30)
-    assert gs._telemetry.flush(30)
-
-
-def train_step(gs: Any, model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
-    opt.zero_grad()
-    gs.scale(model(batch(step)).pow(2).mean()).backward()
-    gs.step(opt)
-    gs.update()
 
 
 def state_of(gs: Any) -> dict[str, Any]:
@@ -84,7 +71,7 @@ def _controlled(rank: int, world: int, url: str, go: str) -> dict[str, Any]:
             break
         time.sleep(0.005)
     if gs._telemetry is not None:
-        flush(gs)
+        assert gs.flush(30)
     result = {"scales": scales, "states": states, "run_id": gs.run_id}
     gs.close()
     return result
@@ -180,7 +167,7 @@ def test_single_process_applies_at_the_next_update(tmp_path: Path, cls: type) ->
     gs = cls("cpu", init_scale=INIT, growth_interval=1000, telemetry=url)
     for step in range(1, 11):
         train_step(gs, model, opt, step)
-    flush(gs)
+    assert gs.flush(30)
     store = open_store(url)
     run_id = gs.run_id
 
@@ -207,7 +194,7 @@ def test_single_process_applies_at_the_next_update(tmp_path: Path, cls: type) ->
     gs.set_backoff_factor(0.75)
     gs.set_growth_interval(6)
     train_step(gs, model, opt, 14)
-    flush(gs)
+    assert gs.flush(30)
     history = control_history(store, run_id)
     rows = {r["step"]: r for r in step_rows(store, run_id)}
     state = control_state(store, run_id)
@@ -315,7 +302,7 @@ def test_requests_past_the_store_validation_are_refused_and_nothing_changes(
     reference = torch.amp.GradScaler("cpu", **kwargs)
     train_step(gs, model, opt, 1)
     train_step(reference, twin, twin_opt, 1)
-    flush(gs)
+    assert gs.flush(30)
     store = open_store(url)
     run_id = gs.run_id
     before = state_of(gs)
@@ -347,7 +334,7 @@ def test_requests_past_the_store_validation_are_refused_and_nothing_changes(
         assert not gs._inbox
         assert state_of(gs) == before, values
         assert gs.get_scale() == reference.get_scale(), values
-    flush(gs)
+    assert gs.flush(30)
     history = {row.id: row for row in control_history(store, run_id)}
     gs.close()
     store.close()

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 from _dist import run_ranks, wait_for
-from _twin import batch, mlp, poison, sgd
+from _twin import batch, mlp, poison, sgd, train_step
 from sqlalchemy import event, select
 from test_sync_count import counting_host_reads
 from torch import nn
@@ -50,19 +50,6 @@ def step_rows(store: Store, run_id: int | None = None) -> list[dict[str, Any]]:
 def run_rows(store: Store) -> list[dict[str, Any]]:
     with store.read() as conn:
         return [dict(row._mapping) for row in conn.execute(select(runs).order_by(runs.c.id))]
-
-
-def flush(gs: Any) -> None:
-    """Wait until every step so far is in the store: the recorder hands over, the writer writes."""
-    gs._recorder.flush(30)
-    assert gs._telemetry.flush(30)
-
-
-def train_step(gs: Any, model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
-    opt.zero_grad()
-    gs.scale(model(batch(step)).pow(2).mean()).backward()
-    gs.step(opt)
-    gs.update()
 
 
 # ------------------------------------------------------------ 2-rank FSDP2, side by side
@@ -104,7 +91,7 @@ def _fsdp_twin(rank: int, world: int, url: str) -> dict[str, Any]:
         for a, b in zip(pairs[0][1].parameters(), pairs[1][1].parameters(), strict=True)
     )
     if ours._telemetry is not None:
-        flush(ours)
+        assert ours.flush(30)
     db_name = url.rsplit("/", 1)[-1]
     store_fds = [
         fd
@@ -260,7 +247,7 @@ def test_close_marks_finished_and_a_finished_run_never_reads_as_crashed(tmp_path
     with scaler.GradScaler("cpu", growth_interval=2, telemetry=url, run_name="closed") as gs:
         for step in range(1, 6):
             train_step(gs, model, opt, step)
-        flush(gs)
+        assert gs.flush(30)
         run_id = gs.run_id
     with open_store(url) as store:
         (run,) = run_rows(store)
@@ -279,7 +266,7 @@ def test_resume_continues_the_run_and_a_torch_dict_starts_a_new_one(tmp_path: Pa
     for step in range(1, 5):
         train_step(first, model, opt, step)
     state = first.state_dict()
-    flush(first)
+    assert first.flush(30)
     run_id = first.run_id
     first.close()
 
@@ -287,7 +274,7 @@ def test_resume_continues_the_run_and_a_torch_dict_starts_a_new_one(tmp_path: Pa
     second.load_state_dict(state)
     for step in range(5, 8):
         train_step(second, model, opt, step)
-    flush(second)
+    assert second.flush(30)
     assert second.run_id == run_id and second.steps == 7
     second.close()
 
@@ -295,7 +282,7 @@ def test_resume_continues_the_run_and_a_torch_dict_starts_a_new_one(tmp_path: Pa
     fresh.load_state_dict(torch.amp.GradScaler("cpu", growth_interval=2).state_dict())
     for step in range(1, 3):
         train_step(fresh, model, opt, step)
-    flush(fresh)
+    assert fresh.flush(30)
     new_id = fresh.run_id
     fresh.close()
 
@@ -318,7 +305,7 @@ def test_a_locked_store_never_stops_training_and_loses_nothing(tmp_path: Path) -
     gs = scaler.GradScaler("cpu", growth_interval=50, telemetry=db_url(db))
     for step in range(1, 6):
         train_step(gs, model, opt, step)
-    flush(gs)
+    assert gs.flush(30)
 
     blocker = sqlite3.connect(db, timeout=10, isolation_level=None)
     blocker.execute("BEGIN EXCLUSIVE")
@@ -341,7 +328,7 @@ def test_a_locked_store_never_stops_training_and_loses_nothing(tmp_path: Path) -
     for _ in range(5):
         step += 1
         train_step(gs, model, opt, step)
-    flush(gs)
+    assert gs.flush(30)
     dropped = gs._telemetry.dropped
     gs.close()
 
@@ -393,7 +380,7 @@ def test_an_unwritable_store_drops_past_the_bound_and_records_the_gap(
         gs = scaler.GradScaler("cpu", growth_interval=50, telemetry=store)
         for step in range(1, 6):
             train_step(gs, model, opt, step)
-        flush(gs)
+        assert gs.flush(30)
         switch = _read_only(store)
         switch(True)
     else:
@@ -419,7 +406,7 @@ def test_an_unwritable_store_drops_past_the_bound_and_records_the_gap(
     for _ in range(5):
         step += 1
         train_step(gs, model, opt, step)
-    flush(gs)
+    assert gs.flush(30)
     dropped = telemetry.dropped
     run_id = gs.run_id
     gs.close()
