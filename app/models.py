@@ -92,7 +92,10 @@ class OverflowPage(BaseModel):
 class ControlRequest(BaseModel):
     """A change to the running scaler; any subset of the fields, applied together."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"growth_interval": 500, "growth_factor": 2.0}]},
+    )
 
     growth_interval: StrictInt | None = None
     growth_factor: StrictFloat | None = None
