@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 from fastapi import FastAPI
 
 from app.dashboard import mount_dashboard
@@ -15,7 +16,10 @@ from app.routes.metrics import metrics_registry
 from app.settings import Settings, get_settings
 from scaler.store.engine import open_store
 
-__all__ = ["create_app"]
+__all__ = ["CHART_THREADS", "create_app"]
+
+# Chart queries that run at once; the others wait their turn.
+CHART_THREADS = 4
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -30,6 +34,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = open_store(settings.db)
         app.state.store = store
         app.state.metrics = metrics_registry(store)
+        app.state.chart_limiter = anyio.CapacityLimiter(CHART_THREADS)
         try:
             yield
         finally:

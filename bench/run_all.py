@@ -23,6 +23,7 @@ SCRIPTS = {  # script -> arguments
     "telemetry.py": [],
     "control.py": [],
     "service.py": [],
+    "load.py": [],
 }
 TIMEOUT_S = 1800
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query, status
+import anyio
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
 
 from app.deps import StoreDep
 from app.errors import unprocessable
@@ -18,12 +19,11 @@ from app.models import (
     StepSeries,
 )
 from scaler.store import queries
-from scaler.store.queries import RunInfo
+from scaler.store.engine import Store
+from scaler.store.queries import INT64_MAX, RunInfo
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 
-# SQLite integers are 64-bit: a larger id or step would fail in the driver, not match nothing.
-INT64_MAX = 2**63 - 1
 RunId = Annotated[int, Path(ge=1, le=INT64_MAX)]
 NonNegative = Annotated[int | None, Query(ge=0, le=INT64_MAX)]
 After = Annotated[int | None, Query(ge=-1, le=INT64_MAX)]
@@ -85,19 +85,13 @@ def get_run(store: StoreDep, run: RunId) -> RunDetail:
     )
 
 
-@router.get("/{run}/steps", responses=NOT_FOUND)
-def get_steps(
-    store: StoreDep,
-    run: RunId,
-    start: NonNegative = None,
-    end: NonNegative = None,
-    max_points: Annotated[int, Query(ge=2, le=10_000)] = 1000,
-) -> StepSeries:
-    """Chart buckets with min/max/last per bucket: no overflow is ever sampled away."""
-    check_range(start, end)
+def chart_json(
+    store: Store, run: int, start: int | None, end: int | None, max_points: int
+) -> Response:
+    """The chart series of a run as a JSON response, built and validated off the event loop."""
     require_run_exists(store, run)
     series = queries.chart_series(store, run, start=start, end=end, max_points=max_points)
-    return StepSeries.model_validate(
+    body = StepSeries.model_validate(
         {
             "run": series.run,
             "start": series.start,
@@ -105,6 +99,26 @@ def get_steps(
             "bucket_width": series.bucket_width,
             "series": series.columns,
         }
+    ).model_dump_json()
+    return Response(body, media_type="application/json")
+
+
+@router.get("/{run}/steps", response_model=StepSeries, responses=NOT_FOUND)
+async def get_steps(
+    request: Request,
+    store: StoreDep,
+    run: RunId,
+    start: NonNegative = None,
+    end: NonNegative = None,
+    max_points: Annotated[int, Query(ge=2, le=10_000)] = 1000,
+) -> Response:
+    """Chart buckets with min/max/last per bucket: no overflow is ever sampled away."""
+    check_range(start, end)
+    # A few chart queries at a time: more would only share the same cores, and a busy
+    # service must still leave the event loop (the live streams) its turn.
+    limiter: anyio.CapacityLimiter = request.app.state.chart_limiter
+    return await anyio.to_thread.run_sync(
+        chart_json, store, run, start, end, max_points, limiter=limiter
     )
 
 

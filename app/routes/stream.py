@@ -7,6 +7,7 @@ import bisect
 import json
 import re
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from itertools import chain
 from math import isfinite
@@ -20,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from app.deps import SettingsDep, StoreDep
 from app.errors import unprocessable
 from app.routes.control import request_out
-from app.routes.runs import INT64_MAX, NOT_FOUND, After, RunId, require_run_exists
+from app.routes.runs import NOT_FOUND, After, RunId, require_run_exists
 from scaler.store import queries
 from scaler.store.control import control_history
 from scaler.store.engine import Store
@@ -30,8 +31,11 @@ router = APIRouter(prefix="/api/runs", tags=["stream"])
 # Control requests change rarely; look at them every few polls of the steps.
 CONTROL_EVERY = 5
 STEP_PAGE = 1000
-# Steps a stream behind what its hub keeps reads at a time, on its own.
+# Steps older than what a hub keeps are read in aligned pages of this many steps, each read
+# and encoded once for all the streams that are that far behind.
 BEHIND_PAGE = 5000
+# Such pages a hub keeps, most recently used.
+BEHIND_PAGES = 8
 # Step events a hub keeps for streams that are a little behind (a slow client, a resume).
 BUFFERED_STEPS = 50_000
 
@@ -116,6 +120,8 @@ class _Chunk:
         first = bisect.bisect_right(self.steps, step)
         if first == 0:
             return self.data
+        if first == len(self.steps):
+            return b""
         # A stream resuming inside the chunk: rare; find where its first event starts.
         start = self.data.index(b"id: %d\n" % self.steps[first])
         return self.data[start:]
@@ -142,9 +148,9 @@ def _read_new(store: Store, run_id: int, after: int) -> tuple[str | None, list[_
             return status, chunks
 
 
-def _read_behind(store: Store, run_id: int, after: int) -> _Chunk | None:
-    """A stream's own page of steps after ``after``, encoded in the thread that reads it."""
-    rows = queries.step_rows_after(store, run_id, after, limit=BEHIND_PAGE)
+def _read_page(store: Store, run_id: int, after: int, until: int) -> _Chunk | None:
+    """The steps in ``(after, until]``, encoded in the thread that reads them."""
+    rows = queries.step_rows_after(store, run_id, after, until=until, limit=until - after)
     return _Chunk(rows) if rows else None
 
 
@@ -162,6 +168,7 @@ class _Hub:
         self.chunks: list[_Chunk] = []
         self.lasts: list[int] = []  # the last step of each chunk
         self.buffered = 0  # steps in the chunks
+        self.pages: OrderedDict[tuple[int, int], asyncio.Future[_Chunk | None]] = OrderedDict()
         self.control_log: list[bytes] = []
         self.ended: str | bool | None = False  # the run's status once not running
         self.failed = False
@@ -213,6 +220,37 @@ class _Hub:
             self.buffered -= len(dropped.steps)
             self.floor = dropped.steps[-1]
 
+    async def behind(self, after: int) -> tuple[bytes, int]:
+        """For a stream behind ``floor``: the step events after ``after`` to the end of its
+        aligned page (at most ``floor``), and the new cursor.
+
+        Streams that fell behind together (a slow network, a busy machine) ask for the same
+        pages: each is read and encoded once, so falling behind never multiplies the work
+        by the number of streams.
+        """
+        first = after // BEHIND_PAGE * BEHIND_PAGE
+        last = min(first + BEHIND_PAGE, self.floor)
+        key = (first, last)
+        page = self.pages.get(key)
+        if page is None:
+            page = asyncio.ensure_future(
+                run_in_threadpool(_read_page, self.store, self.run_id, first, last)
+            )
+            # Retrieved here, so a failed read nobody waits for any more is not logged.
+            page.add_done_callback(lambda done: done.cancelled() or done.exception())
+            self.pages[key] = page
+            while len(self.pages) > BEHIND_PAGES:
+                self.pages.popitem(last=False)
+        else:
+            self.pages.move_to_end(key)
+        try:
+            chunk = await asyncio.shield(page)  # a stream that leaves never cancels the read
+        except Exception:
+            if self.pages.get(key) is page:
+                del self.pages[key]
+            raise
+        return (chunk.after(after) if chunk is not None else b""), last
+
     def _wake(self) -> None:
         self.tick.set()
         self.tick = asyncio.Event()
@@ -261,12 +299,11 @@ async def _events(
             tick = hub.tick
             sent = False
             if after < hub.floor:
-                # Behind what the hub keeps (a resume from far back): read on our own.
-                page = await run_in_threadpool(_read_behind, store, run_id, after)
-                if page is not None:
-                    yield page.data
+                # Behind what the hub keeps (a resume from far back, a slow client).
+                data, after = await hub.behind(after)
+                if data:
+                    yield data
                     sent = True
-                after = page.steps[-1] if page is not None else hub.floor
                 if after < hub.floor:
                     quiet_since = time.monotonic()
                     continue
@@ -314,7 +351,7 @@ async def stream(
     if last_event_id:
         try:
             resume = int(last_event_id)
-            if not -1 <= resume <= INT64_MAX:
+            if not -1 <= resume <= queries.INT64_MAX:
                 raise ValueError(resume)
         except ValueError:
             raise unprocessable(

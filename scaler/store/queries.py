@@ -18,8 +18,12 @@ from scaler.store.engine import Store
 from scaler.store.runs import effective_status
 from scaler.store.schema import ROLLUP_LEVELS, runs, steps
 
+# SQLite's largest integer: a larger id or step fails in the driver, it does not match nothing.
+INT64_MAX = 2**63 - 1
+
 __all__ = [
     "EXPORT_COLUMNS",
+    "INT64_MAX",
     "OverflowPage",
     "RunInfo",
     "Series",
@@ -363,17 +367,22 @@ def steps_after(
 
 
 def step_rows_after(
-    store: Store, run_id: int, after: int, *, limit: int = 1000
+    store: Store, run_id: int, after: int, *, until: int | None = None, limit: int = 1000
 ) -> list[tuple[Any, ...]]:
-    """Raw step rows after ``after`` in ``EXPORT_COLUMNS`` order, oldest first: sqlite3's
-    own tuples, for a live tail that formats many rows a second."""
+    """Raw step rows after ``after`` (and at most ``until``) in ``EXPORT_COLUMNS`` order,
+    oldest first: sqlite3's own tuples, for a live tail that formats many rows a second."""
     raw = store.engine.raw_connection()
     try:
         cursor = raw.cursor()
         cursor.execute(
             f"SELECT {_STEP_SELECT} FROM steps WHERE run_id = :run AND step > :after"
-            " ORDER BY step LIMIT :limit",
-            {"run": run_id, "after": after, "limit": limit},
+            " AND step <= :until ORDER BY step LIMIT :limit",
+            {
+                "run": run_id,
+                "after": after,
+                "until": INT64_MAX if until is None else until,
+                "limit": limit,
+            },
         )
         rows: list[tuple[Any, ...]] = list(cursor.fetchall())  # tuples already
         cursor.close()

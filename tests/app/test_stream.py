@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import uvicorn
 from pydantic import SecretStr
 
 from app.main import create_app
+from app.routes import stream as stream_module
 from app.routes.stream import sse_event
 from app.settings import Settings
 from scaler.store.engine import Store
@@ -138,6 +140,42 @@ def test_live_steps_resume_and_end(server: str, db_url: str, store: Store) -> No
                 assert list(stream) == []
     finally:
         writer.close()
+
+
+def test_streams_far_behind_share_each_page_and_miss_nothing(
+    server: str, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streams behind what the hub keeps read aligned pages that are read and encoded once,
+    whatever the number of streams: falling behind must not multiply the service's work."""
+    monkeypatch.setattr(stream_module, "BUFFERED_STEPS", 100)
+    monkeypatch.setattr(stream_module, "BEHIND_PAGE", 64)
+    monkeypatch.setattr(stream_module, "BEHIND_PAGES", 100)  # nothing evicted: exact count
+    reads: list[tuple[int, int]] = []
+    read_page = stream_module._read_page
+
+    def counted(store: Store, run_id: int, after: int, until: int) -> object:
+        reads.append((after, until))
+        return read_page(store, run_id, after, until)
+
+    monkeypatch.setattr(stream_module, "_read_page", counted)
+    run = add_run(store, simulate(1000, {10, 500}))
+    with contextlib.ExitStack() as stack:
+        http = stack.enter_context(httpx.Client(base_url=server, timeout=10))
+        # The first stream starts the hub at the last step; the others resume from the start.
+        stack.enter_context(http.stream("GET", f"/api/runs/{run}/stream"))
+        behind = [
+            events(stack.enter_context(http.stream("GET", f"/api/runs/{run}/stream?after=0")))
+            for _ in range(5)
+        ]
+        for stream in behind:
+            ids = []
+            for event in stream:
+                ids.append(int(event.id or 0))
+                if ids[-1] == 1000:
+                    break
+            assert ids == list(range(1, 1001))
+            assert event.event == "step"
+    assert sorted(reads) == [(first, min(first + 64, 1000)) for first in range(0, 1000, 64)]
 
 
 def test_stream_of_a_finished_run_golden_body(client: TestClient, store: Store) -> None:

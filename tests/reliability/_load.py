@@ -2,8 +2,12 @@
 time, each printing one JSON line of results (with the CPU seconds it used).
 
     python -m tests.reliability._load writer URL RUN FIRST_STEP RATE SECONDS  (RATE 0: unpaced)
-    python -m tests.reliability._load sse BASE RUN CLIENTS SECONDS
-    python -m tests.reliability._load charts BASE RUN RATE SECONDS LAST_STEP
+    python -m tests.reliability._load sse BASE RUN CLIENTS LAST_STEP SECONDS
+    python -m tests.reliability._load charts BASE RUN RATE SECONDS LAST_STEP TIMEOUT
+
+The SSE clients stay until every stream has seen LAST_STEP (or SECONDS have passed); a chart
+request waits up to TIMEOUT seconds for its answer. Both are generous: on a slow or busy
+machine the figures get worse, but nothing is lost or cut off.
 
 The SSE clients measure; they must not cost the machine more than the service does. All of
 them share one event loop, read the raw HTTP/1.1 response (chunked framing undone by hand)
@@ -94,11 +98,12 @@ def writer(url: str, run: int, first: int, rate: float, seconds: float) -> dict[
 class _Stream(asyncio.Protocol):
     """One SSE client on a raw connection: ``GET`` over HTTP/1.1, then counting."""
 
-    def __init__(self, host: str, path: str, out: dict[str, Any]) -> None:
+    def __init__(self, host: str, path: str, out: dict[str, Any], last_step: int) -> None:
         self.request = (
             f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n\r\n"
         ).encode()
         self.out = out
+        self.last_step = last_step
         self.lags: list[float] = out["lags"]
         self.head = b""  # the response head, until it is complete
         self.chunked: bool | None = None  # None: head not read yet
@@ -212,9 +217,14 @@ class _Stream(asyncio.Protocol):
             self.lags.append(now - float(done[k : done.find(b",", k)]))
         if done.find(b"event: end\n", 0, end) >= 0:
             self.out["ended"] = True
+        if self.out["last"] is not None and self.out["last"] >= self.last_step:
+            assert self.transport is not None
+            self.transport.close()  # seen everything: leave, as a browser tab does
 
 
-async def _sse(base: str, run: int, clients: int, seconds: float) -> list[dict[str, Any]]:
+async def _sse(
+    base: str, run: int, clients: int, last_step: int, seconds: float
+) -> list[dict[str, Any]]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
     where = urlsplit(base)
@@ -224,14 +234,16 @@ async def _sse(base: str, run: int, clients: int, seconds: float) -> list[dict[s
         | {"ended": False, "errors": []}
         for _ in range(clients)
     ]
-    streams = [_Stream(f"{host}:{port}", f"/api/runs/{run}/stream", out) for out in results]
+    streams = [
+        _Stream(f"{host}:{port}", f"/api/runs/{run}/stream", out, last_step) for out in results
+    ]
     for stream, out in zip(streams, results, strict=True):
         try:
             await loop.create_connection(lambda s=stream: s, host, port)  # type: ignore[misc]
         except OSError as error:
             out["errors"].append(repr(error))
             stream.closed.set_result(None)
-    # A stream stays open while the run runs: close the clients at the deadline.
+    # A stream stays open while the run runs: close the clients still open at the deadline.
     await asyncio.wait([s.closed for s in streams], timeout=max(0.0, deadline - loop.time()))
     for stream, out in zip(streams, results, strict=True):
         if not stream.closed.done():
@@ -242,14 +254,14 @@ async def _sse(base: str, run: int, clients: int, seconds: float) -> list[dict[s
     return results
 
 
-def sse(base: str, run: int, clients: int, seconds: float) -> dict[str, Any]:
+def sse(base: str, run: int, clients: int, last_step: int, seconds: float) -> dict[str, Any]:
     cpu = time.process_time()
-    streams = asyncio.run(_sse(base, run, clients, seconds))
+    streams = asyncio.run(_sse(base, run, clients, last_step, seconds))
     return {"clients": streams, "cpu_s": time.process_time() - cpu}
 
 
 async def _charts(
-    base: str, run: int, rate: float, seconds: float, last_step: int
+    base: str, run: int, rate: float, seconds: float, last_step: int, timeout: float
 ) -> dict[str, Any]:
     """``rate`` chart requests a second, each on its own connection (``Connection: close``),
     sent on time whether or not earlier ones were answered: the client stays cheap however
@@ -271,7 +283,7 @@ async def _charts(
             reader, writer = await asyncio.open_connection(host, port)
             try:
                 writer.write(request)
-                response = await asyncio.wait_for(reader.read(), timeout=10)  # to the close
+                response = await asyncio.wait_for(reader.read(), timeout)  # to the close
             finally:
                 writer.close()
             latencies.append(time.monotonic() - began)
@@ -295,13 +307,15 @@ async def _charts(
             params["start"] = rng.randrange(1, max(2, last_step - width))
             params["end"] = params["start"] + width
         tasks.append(asyncio.create_task(one(params)))
-    await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout + 30)
     return {"latencies": latencies, "statuses": statuses, "errors": errors}
 
 
-def charts(base: str, run: int, rate: float, seconds: float, last_step: int) -> dict[str, Any]:
+def charts(
+    base: str, run: int, rate: float, seconds: float, last_step: int, timeout: float
+) -> dict[str, Any]:
     cpu = time.process_time()
-    result = asyncio.run(_charts(base, run, rate, seconds, last_step))
+    result = asyncio.run(_charts(base, run, rate, seconds, last_step, timeout))
     return result | {"cpu_s": time.process_time() - cpu}
 
 
@@ -310,9 +324,11 @@ def main(argv: list[str]) -> int:
     if kind == "writer":
         result = writer(args[0], int(args[1]), int(args[2]), float(args[3]), float(args[4]))
     elif kind == "sse":
-        result = sse(args[0], int(args[1]), int(args[2]), float(args[3]))
+        result = sse(args[0], int(args[1]), int(args[2]), int(args[3]), float(args[4]))
     elif kind == "charts":
-        result = charts(args[0], int(args[1]), float(args[2]), float(args[3]), int(args[4]))
+        result = charts(
+            args[0], int(args[1]), float(args[2]), float(args[3]), int(args[4]), float(args[5])
+        )
     else:
         raise SystemExit(f"unknown kind {kind!r}")
     print(json.dumps(result), flush=True)

