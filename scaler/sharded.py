@@ -53,6 +53,9 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
        (``_step_supports_amp_scaling``) also agrees found_inf across ranks.
     """
 
+    # Run the all-reduce even in a group of one rank (to measure what it costs).
+    _reduce_alone = False
+
     def __init__(
         self,
         device: str = "cuda",
@@ -103,6 +106,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         self._step_states: list[dict[str, Any]] = []
         self._step_host: list[float] | None = None
         self._lagged: list[tuple[torch.Tensor, Any]] = []
+        self._group: tuple[int, int] | None = None
 
     # -------------------------------------------------------- found_inf
 
@@ -170,26 +174,32 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
 
     def _agree_found_inf(self, state: dict[str, Any]) -> None:
         """One all-reduce: every rank's own flag, plus a control request from rank 0."""
-        info = process_group_info(self.process_group)
+        info = self._group_info()
         if info is None:
             return
         rank, world = info
         assert self._scale is not None
         device = self._scale.device
         per_device: dict[torch.device, torch.Tensor] = state["found_inf_per_device"]
-        local = [f.to(device, non_blocking=True).reshape(()) for f in per_device.values()]
         payload = torch.zeros(world + _control.SLOTS, dtype=torch.float64, device=device)
-        payload[rank] = local[0] if len(local) == 1 else torch.stack(local).sum()
+        own = payload[rank : rank + 1]
+        if len(per_device) == 1:
+            own.copy_(next(iter(per_device.values())).reshape(1), non_blocking=True)
+        else:
+            local = [f.to(device, non_blocking=True).reshape(()) for f in per_device.values()]
+            own.copy_(torch.stack(local).sum().reshape(1))
         if rank == 0 and self._inbox and not self._carried:
             slots = torch.tensor(_control.encode(self._inbox.popleft()), dtype=torch.float64)
             if device.type == "cuda":
                 slots = slots.pin_memory()
             payload[world:] = slots.to(device, non_blocking=True)
             self._carried = True
-        dist.all_reduce(payload, group=self.process_group)
-        total = payload[:world].sum()
-        for found in per_device.values():
-            found.copy_(total)
+        if world > 1 or self._reduce_alone:  # for one rank the all-reduce is the identity
+            dist.all_reduce(payload, group=self.process_group)
+        if world > 1 or len(per_device) > 1:
+            total = payload[:world].sum()
+            for found in per_device.values():
+                found.copy_(total)
         state["payload"] = payload
         state["world"] = world
         self._step_states.append(state)
@@ -215,7 +225,10 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
     # ------------------------------------------------------------ update
 
     def _group_info(self) -> tuple[int, int] | None:
-        return process_group_info(self.process_group)
+        # Looked up once per step otherwise; a group, once joined, keeps its rank and size.
+        if self._group is None:
+            self._group = process_group_info(self.process_group)
+        return self._group
 
     def _step_flags(self) -> list[torch.Tensor]:
         return [state["payload"] for state in self._step_states]
@@ -287,7 +300,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
                     updates.append(update)
             else:
                 self._lag_control_slots(world)
-        elif self._inbox and process_group_info(self.process_group) is None:
+        elif self._inbox and self._group_info() is None:
             updates.extend(self._inbox)
             self._inbox.clear()
         self._step_states = []
