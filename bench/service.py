@@ -5,7 +5,7 @@
 
 Builds one synthetic run in a temporary store (raw sqlite3 inserts in one transaction,
 rollups computed with ``INSERT ... SELECT ... GROUP BY``), starts ``uvicorn`` in a child
-process and measures it over HTTP on 127.0.0.1. Goals (DESIGN.md): chart p95 < 100 ms,
+process and measures it over HTTP on 127.0.0.1. Goals: chart p95 < 100 ms,
 export >= 200k rows/s with flat memory, a new step reaches an SSE client in < 1 s.
 The server's CPU time per request or row is printed too: unlike wall time, other jobs on
 a shared machine barely move it.

@@ -209,10 +209,14 @@ def _bucket_width(span: int, max_points: int) -> tuple[int, list[tuple[int, int]
     Aligned buckets of width ``w >= (span - 1) / (max_points - 1)`` number at most
     ``max_points``; the width is rounded up to a multiple of the coarsest rollup width
     not above ``2 w``, so buckets are whole rollup buckets and at least about half of
-    ``max_points`` remain.
+    ``max_points`` remain. Below the finest rollup width that allowance is ``4 w`` (at
+    least about a quarter remain): a window would otherwise read every raw step of up
+    to ``32 max_points`` steps, the slowest query there is.
     """
     width = max(1, -(-(span - 1) // (max_points - 1)))
     usable = [(level, w) for level, w in _LEVELS if w <= 2 * width]
+    if not usable and _LEVELS and _LEVELS[-1][1] <= 4 * width:
+        usable = [_LEVELS[-1]]
     if usable:
         coarsest = usable[0][1]
         width = -(-width // coarsest) * coarsest

@@ -40,6 +40,6 @@ def test_a_window_reads_about_four_rows_per_bucket(lo: int, span: int, max_point
     if levels:  # partial coarser buckets at both ends: fewer than 8 per level and side
         assert rows <= max(4 * max_points, span // WIDTHS[-1] + 1) + 2 * 7 * len(WIDTHS)
         assert raw <= 2 * (WIDTHS[0] - 1)
-    else:  # buckets narrower than half the finest level: steps only
-        assert rows == 0 and raw == span <= WIDTHS[0] // 2 * max_points
+    else:  # buckets narrower than a quarter of the finest level: steps only
+        assert rows == 0 and raw == span <= WIDTHS[0] // 4 * max_points
     assert hi // width - lo // width + 1 <= max_points  # the chart's buckets
