@@ -1,12 +1,28 @@
-"""Every test runs with its own default store, so nothing writes ./scalewatch.db."""
+"""Every test runs with its own default store, so nothing writes ./scalewatch.db; tests
+that want a store of their own take ``db_url`` and ``store``."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from scaler.store import Store, open_store
 
 
 @pytest.fixture(autouse=True)
 def _private_default_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SCALEWATCH_DB", f"sqlite:///{tmp_path / 'default-store.db'}")
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    """A fresh file store in the test's own directory."""
+    return f"sqlite:///{tmp_path / 'scalewatch.db'}"
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    with open_store(db_url) as opened:
+        yield opened

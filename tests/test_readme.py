@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 from scaler.store.engine import open_store
 from scaler.store.queries import list_runs
+from tests._net import free_port
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
@@ -22,12 +22,6 @@ EXPECTED = {  # run name -> (steps, world size)
     "fsdp2-example": (30, 2),
     "fsdp1-example": (30, 2),
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_the_readme_has_the_four_examples() -> None:
@@ -41,7 +35,7 @@ def test_readme_example_runs_and_records(block: str, tmp_path: Path) -> None:
     script = tmp_path / "example.py"
     script.write_text(block, encoding="utf-8")
     db = f"sqlite:///{tmp_path / 'readme.db'}"
-    env = {**os.environ, "SCALEWATCH_DB": db, "MASTER_PORT": str(_free_port())}
+    env = {**os.environ, "SCALEWATCH_DB": db, "MASTER_PORT": str(free_port())}
     done = subprocess.run(
         [sys.executable, str(script)],
         cwd=tmp_path,

@@ -9,7 +9,7 @@ from pydantic import SecretStr
 
 from app.main import create_app
 from app.settings import Settings
-from scaler.store.engine import Store, open_store
+from scaler.store.engine import Store
 from scaler.store.records import StepRecord
 from scaler.store.runs import create_run, write_steps
 
@@ -66,17 +66,6 @@ def add_run(
     for i in range(0, len(records), batch):
         write_steps(store, ref.id, records[i : i + batch])
     return ref.id
-
-
-@pytest.fixture
-def db_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'scalewatch.db'}"
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    with open_store(db_url) as opened:
-        yield opened
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,14 +15,9 @@ import pytest
 
 from scaler.store.engine import open_store
 from scaler.store.queries import list_runs
+from tests._net import free_port
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _get_json(url: str) -> object:
@@ -34,7 +28,7 @@ def _get_json(url: str) -> object:
 
 def test_demo_trains_serves_and_stops_cleanly(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'demo.db'}"
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "SCALEWATCH_TOKEN": "demo-test-token", "HOME": str(tmp_path)}
     demo = subprocess.Popen(
         [

@@ -46,19 +46,8 @@ EXAMPLES = 40
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'hostile.db'}"
-
-
-@pytest.fixture
-def store(url: str) -> Iterator[Store]:
-    with open_store(url) as opened:
-        yield opened
-
-
-@pytest.fixture
-def client(url: str, store: Store, tmp_path: Path) -> Iterator[TestClient]:
-    settings = Settings(db=url, token=SecretStr(TOKEN), token_file=tmp_path / "token")
+def client(db_url: str, store: Store, tmp_path: Path) -> Iterator[TestClient]:
+    settings = Settings(db=db_url, token=SecretStr(TOKEN), token_file=tmp_path / "token")
     with TestClient(create_app(settings), raise_server_exceptions=False) as test_client:
         yield test_client
 
@@ -71,12 +60,12 @@ def auth(token: str = TOKEN, scheme: str = "Bearer") -> dict[str, str]:
 
 
 def test_schema_fuzzing_finds_no_5xx_and_no_undocumented_answer(
-    url: str, store: Store, tmp_path: Path
+    db_url: str, store: Store, tmp_path: Path
 ) -> None:
     running = add_run(store, simulate(300, {7, 50, 51}), name="running")
     finished = add_run(store, simulate(50, {3}), name="finished")
     end_run(store, finished)
-    settings_ = Settings(db=url, token=SecretStr(TOKEN), token_file=tmp_path / "token")
+    settings_ = Settings(db=db_url, token=SecretStr(TOKEN), token_file=tmp_path / "token")
     app = create_app(settings_)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     statuses: Counter[int] = Counter()
@@ -236,10 +225,10 @@ class LiveScaler:
 
 
 def test_bad_control_values_are_refused_and_the_live_scaler_keeps_its_state(
-    url: str, tmp_path: Path
+    db_url: str, tmp_path: Path
 ) -> None:
-    settings_ = Settings(db=url, token=SecretStr(TOKEN), token_file=tmp_path / "token")
-    live = LiveScaler(url)
+    settings_ = Settings(db=db_url, token=SecretStr(TOKEN), token_file=tmp_path / "token")
+    live = LiveScaler(db_url)
     before = live.state()
     with live, TestClient(create_app(settings_), raise_server_exceptions=False) as client:
         path = f"/api/runs/{live.run_id}/control"
@@ -283,7 +272,7 @@ def test_bad_control_values_are_refused_and_the_live_scaler_keeps_its_state(
     assert steps >= 50, "the scaler barely stepped while the requests came in"
     assert [ours for ours, _, _ in live.trace] == [ref for _, ref, _ in live.trace]
     assert all(state == before for _, _, state in live.trace)
-    with open_store(url) as store:
+    with open_store(db_url) as store:
         assert control_history(store, live.run_id) == []
 
 

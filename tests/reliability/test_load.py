@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import pytest
 
 from scaler.store.engine import open_store
 from scaler.store.runs import create_run, write_steps
+from tests._net import free_port
 from tests.app.conftest import CONTROL
 from tests.reliability._load import BATCH, records
 
@@ -45,12 +45,6 @@ TICK = os.sysconf("SC_CLK_TCK")
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -14,16 +13,11 @@ from typing import Any
 
 import torch.distributed as dist
 
+from tests._net import free_port
+
 # A worker is called as fn(rank, world, *args) inside an initialised gloo group; what it returns
 # (picklable) is handed back to the test.
 Worker = Callable[..., Any]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _entry(

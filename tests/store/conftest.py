@@ -1,12 +1,12 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Iterable, Mapping
 
 import pytest
 
-from scaler.store import RunRef, Store, open_store
+from scaler.store import RunRef, StepRecord, Store
 from scaler.store.runs import create_run
+from scaler.store.schema import ROLLUP_LEVELS
 
 CONTROL = {
     "growth_interval": 2000,
@@ -19,18 +19,42 @@ CONTROL = {
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'store.db'}"
-
-
-@pytest.fixture
-def store(url: str) -> Iterator[Store]:
-    with open_store(url) as opened:
-        yield opened
-
-
-@pytest.fixture
 def run(store: Store) -> RunRef:
     return create_run(
         store, name="test", world_size=2, config={"init_scale": 65536.0}, control=CONTROL
     )
+
+
+def expected_rollups(
+    run_id: int, records: Iterable[StepRecord], levels: Mapping[int, int] = ROLLUP_LEVELS
+) -> set[tuple[int | float, ...]]:
+    """The ``step_rollups`` rows of ``records`` at ``levels`` (level -> width), computed by
+    brute force from the records themselves: the oracle for the store's rollups."""
+    expected: set[tuple[int | float, ...]] = set()
+    for level, width in levels.items():
+        buckets: dict[int, list[StepRecord]] = {}
+        for record in records:
+            buckets.setdefault(record.step // width, []).append(record)
+        for bucket, members in buckets.items():
+            last = max(members, key=lambda r: r.step)
+            scales = [r.scale for r in members] + [r.scale_after for r in members]
+            trackers = [r.growth_tracker for r in members]
+            expected.add(
+                (
+                    run_id,
+                    level,
+                    bucket,
+                    min(r.step for r in members),
+                    last.step,
+                    len(members),
+                    min(scales),
+                    max(scales),
+                    last.scale_after,
+                    min(trackers),
+                    max(trackers),
+                    last.growth_tracker,
+                    sum(r.overflow for r in members),
+                    sum(r.skipped for r in members),
+                )
+            )
+    return expected

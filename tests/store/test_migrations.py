@@ -22,11 +22,11 @@ def _tables(url: str) -> set[str]:
         engine.dispose()
 
 
-def test_upgrade_creates_the_schema_of_the_models(url: str) -> None:
-    assert upgrade(url) == head_revision()
-    assert _tables(url) == TABLES | {"alembic_version"}
+def test_upgrade_creates_the_schema_of_the_models(db_url: str) -> None:
+    assert upgrade(db_url) == head_revision()
+    assert _tables(db_url) == TABLES | {"alembic_version"}
     assert set(metadata.tables) == TABLES
-    engine = make_engine(url)
+    engine = make_engine(db_url)
     try:
         with engine.connect() as conn:
             context = MigrationContext.configure(conn, opts={"compare_type": True})
@@ -42,17 +42,17 @@ def test_upgrade_creates_the_schema_of_the_models(url: str) -> None:
         engine.dispose()
 
 
-def test_upgrade_twice_is_a_no_op(url: str) -> None:
-    assert upgrade(url) == upgrade(url) == head_revision()
+def test_upgrade_twice_is_a_no_op(db_url: str) -> None:
+    assert upgrade(db_url) == upgrade(db_url) == head_revision()
 
 
-def test_downgrade_to_base_and_upgrade_again(url: str) -> None:
-    upgrade(url)
-    downgrade(url, "base")
-    assert _tables(url) == {"alembic_version"}
-    with open_store(url) as store, store.read() as conn:
+def test_downgrade_to_base_and_upgrade_again(db_url: str) -> None:
+    upgrade(db_url)
+    downgrade(db_url, "base")
+    assert _tables(db_url) == {"alembic_version"}
+    with open_store(db_url) as store, store.read() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM runs").scalar_one() == 0
-    assert _tables(url) == TABLES | {"alembic_version"}
+    assert _tables(db_url) == TABLES | {"alembic_version"}
 
 
 def test_migrations_ship_as_package_files() -> None:

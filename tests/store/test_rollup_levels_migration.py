@@ -16,7 +16,7 @@ from scaler.store.queries import EXPORT_COLUMNS
 from scaler.store.records import StepRecord
 from scaler.store.runs import create_run, write_steps
 from scaler.store.schema import ROLLUP_LEVELS
-from tests.store.conftest import CONTROL
+from tests.store.conftest import CONTROL, expected_rollups
 
 PREVIOUS = "4bfa51145dc1"  # steps and rollups WITHOUT ROWID, three levels
 REVISION = "394d114978d2"
@@ -44,35 +44,11 @@ def _record(rng: random.Random, step: int) -> StepRecord:
 
 
 def _brute_force(levels: dict[int, int], stored: dict[int, dict[int, StepRecord]]) -> set[Rollup]:
-    expected: set[Rollup] = set()
-    for run_id, records in stored.items():
-        for level, width in levels.items():
-            buckets: dict[int, list[StepRecord]] = {}
-            for record in records.values():
-                buckets.setdefault(record.step // width, []).append(record)
-            for bucket, members in buckets.items():
-                last = max(members, key=lambda r: r.step)
-                scales = [r.scale for r in members] + [r.scale_after for r in members]
-                trackers = [r.growth_tracker for r in members]
-                expected.add(
-                    (
-                        run_id,
-                        level,
-                        bucket,
-                        min(r.step for r in members),
-                        last.step,
-                        len(members),
-                        min(scales),
-                        max(scales),
-                        last.scale_after,
-                        min(trackers),
-                        max(trackers),
-                        last.growth_tracker,
-                        sum(r.overflow for r in members),
-                        sum(r.skipped for r in members),
-                    )
-                )
-    return expected
+    return {
+        row
+        for run_id, records in stored.items()
+        for row in expected_rollups(run_id, records.values(), levels)
+    }
 
 
 def _rollups(url: str) -> set[Rollup]:
@@ -116,16 +92,16 @@ def test_the_revision_builds_the_levels_of_the_schema() -> None:
 
 
 def test_upgrade_rebuilds_the_rollups_of_a_store_filled_before_it(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    upgrade(url)
-    downgrade(url, PREVIOUS)
+    upgrade(db_url)
+    downgrade(db_url, PREVIOUS)
     # The writer as it was at the previous revision: three levels, 64 times apart.
     monkeypatch.setattr(store_runs, "ROLLUP_LEVELS", OLD_LEVELS)
     monkeypatch.setattr(store_runs, "_ROLLUP_PLAN", store_runs._rollup_plan())
     rng = random.Random(5)
     stored: dict[int, dict[int, StepRecord]] = {}
-    store = Store(url, make_engine(url))  # no upgrade on open
+    store = Store(db_url, make_engine(db_url))  # no upgrade on open
     try:
         # Two runs (the rebuild groups by run), with segments across the edges of every
         # old and new level and gaps between them.
@@ -145,31 +121,31 @@ def test_upgrade_rebuilds_the_rollups_of_a_store_filled_before_it(
     finally:
         store.close()
     monkeypatch.undo()
-    assert _rollups(url) == _brute_force(OLD_LEVELS, stored)
+    assert _rollups(db_url) == _brute_force(OLD_LEVELS, stored)
 
-    upgrade(url)
-    assert _rollups(url) == _brute_force(ROLLUP_LEVELS, stored)
+    upgrade(db_url)
+    assert _rollups(db_url) == _brute_force(ROLLUP_LEVELS, stored)
 
-    downgrade(url, PREVIOUS)
-    assert _rollups(url) == _brute_force(OLD_LEVELS, stored)
+    downgrade(db_url, PREVIOUS)
+    assert _rollups(db_url) == _brute_force(OLD_LEVELS, stored)
 
-    upgrade(url)
-    assert _rollups(url) == _brute_force(ROLLUP_LEVELS, stored)
+    upgrade(db_url)
+    assert _rollups(db_url) == _brute_force(ROLLUP_LEVELS, stored)
     # The upgraded store keeps taking writes at the new levels.
-    with Store(url, make_engine(url)) as store:
+    with Store(db_url, make_engine(db_url)) as store:
         batch = [_record(rng, step) for step in range(262144 + 600, 262144 + 900)]
         write_steps(store, 1, batch)
         stored[1].update((r.step, r) for r in batch)
-    assert _rollups(url) == _brute_force(ROLLUP_LEVELS, stored)
+    assert _rollups(db_url) == _brute_force(ROLLUP_LEVELS, stored)
 
 
-def test_upgrade_of_an_empty_store_and_of_runs_without_steps(url: str) -> None:
-    upgrade(url)
-    downgrade(url, PREVIOUS)
-    with Store(url, make_engine(url)) as store:
+def test_upgrade_of_an_empty_store_and_of_runs_without_steps(db_url: str) -> None:
+    upgrade(db_url)
+    downgrade(db_url, PREVIOUS)
+    with Store(db_url, make_engine(db_url)) as store:
         create_run(store, name="empty", world_size=1, config={}, control=CONTROL)
-    upgrade(url)
-    assert _rollups(url) == set()
+    upgrade(db_url)
+    assert _rollups(db_url) == set()
 
 
 def test_step_columns_are_written_once() -> None:

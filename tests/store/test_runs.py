@@ -3,7 +3,6 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Iterable
 
 import pytest
 from sqlalchemy import select
@@ -21,6 +20,7 @@ from scaler.store.runs import (
     write_steps,
 )
 from scaler.store.schema import ROLLUP_LEVELS, runs, step_rollups, steps, telemetry_gaps
+from tests.store.conftest import expected_rollups
 
 
 def _run_row(store: Store, run_id: int) -> dict[str, object]:
@@ -44,39 +44,6 @@ def _record(rng: random.Random, step: int) -> StepRecord:
         backoff_factor=0.5,
         control_version=rng.randint(0, 3),
     )
-
-
-def _brute_force_rollups(
-    run_id: int, records: Iterable[StepRecord]
-) -> set[tuple[int | float, ...]]:
-    expected: set[tuple[int | float, ...]] = set()
-    for level, width in ROLLUP_LEVELS.items():
-        buckets: dict[int, list[StepRecord]] = {}
-        for record in records:
-            buckets.setdefault(record.step // width, []).append(record)
-        for bucket, members in buckets.items():
-            last = max(members, key=lambda r: r.step)
-            scales = [r.scale for r in members] + [r.scale_after for r in members]
-            trackers = [r.growth_tracker for r in members]
-            expected.add(
-                (
-                    run_id,
-                    level,
-                    bucket,
-                    min(r.step for r in members),
-                    last.step,
-                    len(members),
-                    min(scales),
-                    max(scales),
-                    last.scale_after,
-                    min(trackers),
-                    max(trackers),
-                    last.growth_tracker,
-                    sum(r.overflow for r in members),
-                    sum(r.skipped for r in members),
-                )
-            )
-    return expected
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -115,7 +82,7 @@ def test_rollups_equal_a_brute_force_aggregation(store: Store, run: RunRef, seed
     with store.read() as conn:
         rollups = {tuple(row) for row in conn.execute(select(step_rollups)).all()}
         rows = conn.execute(select(steps).order_by(steps.c.step)).all()
-    assert rollups == _brute_force_rollups(run.id, stored.values())
+    assert rollups == expected_rollups(run.id, stored.values())
     assert [row.step for row in rows] == sorted(stored)
     for row in rows:
         record = stored[row.step]

@@ -61,19 +61,19 @@ def _plan(conn: Connection) -> str:
     return " ".join(str(row[-1]) for row in rows)
 
 
-def test_steps_and_rollups_are_clustered_and_survive_both_ways(url: str) -> None:
-    with open_store(url) as store:
+def test_steps_and_rollups_are_clustered_and_survive_both_ways(db_url: str) -> None:
+    with open_store(db_url) as store:
         run = create_run(store, name="r", world_size=2, config={}, control=CONTROL)
         write_steps(store, run.id, _records(300))
-    head = _snapshot(url)
+    head = _snapshot(db_url)
     assert head["ddl"]["steps"].rstrip().endswith("WITHOUT ROWID")
     assert head["ddl"]["step_rollups"].rstrip().endswith("WITHOUT ROWID")
     assert head["ddl"]["ix_steps_overflow"].endswith("WHERE overflow")
     assert "USING PRIMARY KEY" in head["plan"]
     assert len(head["steps"]) == 300 and head["rollups"]
 
-    downgrade(url, INITIAL)
-    before = _snapshot(url)
+    downgrade(db_url, INITIAL)
+    before = _snapshot(db_url)
     assert "WITHOUT ROWID" not in before["ddl"]["steps"]
     assert "WITHOUT ROWID" not in before["ddl"]["step_rollups"]
     assert before["ddl"]["ix_steps_overflow"].endswith("WHERE overflow")
@@ -84,5 +84,5 @@ def test_steps_and_rollups_are_clustered_and_survive_both_ways(url: str) -> None
         (row[0], renumbered[row[1]], *row[2:]) for row in head["rollups"] if row[1] in renumbered
     ]
 
-    upgrade(url)
-    assert _snapshot(url) == head
+    upgrade(db_url)
+    assert _snapshot(db_url) == head

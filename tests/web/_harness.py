@@ -12,7 +12,6 @@ import json
 import os
 import select
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import IO, Any
 
 from scaler.store import queries
 from scaler.store.engine import Store, open_store
+from tests._net import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -69,12 +69,6 @@ class Tab:
             for text in self.errors
             if not (text.startswith("Failed to load resource") and any(a in text for a in allowed))
         ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def stop_process(process: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
