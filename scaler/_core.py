@@ -103,6 +103,7 @@ class Instrumented(_Base):
         self._scale_host: float | None = None
         self._last_found: torch.Tensor | None = None
         self._stepped = False
+        self._group: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ steps
 
@@ -260,8 +261,17 @@ class Instrumented(_Base):
         return self._telemetry.submit
 
     def _group_info(self) -> tuple[int, int] | None:
-        """(rank, size) of the group whose rank 0 reports; None for a single process."""
-        return process_group_info(None)
+        """(rank, size) of the group whose rank 0 reports; None for a single process.
+
+        Looked up once (a group, once joined, keeps its rank and size), not every step.
+        """
+        if self._group is None:
+            self._group = process_group_info(self._reporting_group())
+        return self._group
+
+    def _reporting_group(self) -> Any:
+        """The process group whose rank 0 reports (None: the default, global ranks)."""
+        return None
 
     def _config(self) -> dict[str, Any]:
         return {

@@ -8,7 +8,7 @@ import torch
 
 from ._control import ControlUpdate
 from ._core import Instrumented, validate_config
-from ._torch_compat import TorchGradScaler, amp_update_scale_, process_group_info
+from ._torch_compat import TorchGradScaler, amp_update_scale_
 
 
 class GradScaler(Instrumented, TorchGradScaler):
@@ -86,7 +86,7 @@ class GradScaler(Instrumented, TorchGradScaler):
         )
 
     def _attribution_width(self) -> int:
-        info = process_group_info(None)
+        info = self._group_info()
         return -1 if info is not None and info[1] > 1 else 0
 
     def _controls_for_step(self) -> list[tuple[ControlUpdate, str | None]]:

@@ -18,7 +18,6 @@ from ._torch_compat import (
     amp_update_scale_,
     local_tensor,
     non_finite_check_and_unscale_,
-    process_group_info,
 )
 
 
@@ -106,7 +105,6 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         self._step_states: list[dict[str, Any]] = []
         self._step_host: list[float] | None = None
         self._lagged: list[tuple[torch.Tensor, Any]] = []
-        self._group: tuple[int, int] | None = None
 
     # -------------------------------------------------------- found_inf
 
@@ -224,11 +222,8 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
 
     # ------------------------------------------------------------ update
 
-    def _group_info(self) -> tuple[int, int] | None:
-        # Looked up once per step otherwise; a group, once joined, keeps its rank and size.
-        if self._group is None:
-            self._group = process_group_info(self.process_group)
-        return self._group
+    def _reporting_group(self) -> Any:
+        return self.process_group
 
     def _step_flags(self) -> list[torch.Tensor]:
         return [state["payload"] for state in self._step_states]
