@@ -38,7 +38,7 @@ def world1() -> Iterator[None]:
 
 
 def make_pair(kind: str, **kwargs: Any) -> tuple[Any, Any]:
-    """(torch's scaler, ours) built with the same keyword arguments on cpu."""
+    """(torch's scaler, ours) built with the same keyword arguments (device cpu unless given)."""
     kwargs.setdefault("device", "cpu")
     if kind == "plain":
         return torch.amp.GradScaler(**kwargs), GradScaler(telemetry=False, **kwargs)
@@ -96,14 +96,18 @@ def train(
     before_step: Callable[[Any, torch.optim.Optimizer], None] | None = None,
     forward: Callable[[nn.Module, int], torch.Tensor] | None = None,
 ) -> Trace:
-    """Run ``steps`` iterations with scaler ``gs``; record what a user can observe."""
+    """Run ``steps`` iterations with scaler ``gs``; record what a user can observe.
+
+    The batches go to the device the model's parameters are on.
+    """
     params = list(model.parameters())
+    device = params[0].device
     trace = Trace()
     for step in range(steps):
         for opt in optimizers:
             opt.zero_grad()
         if forward is None:
-            loss = model(batch(step, dtype)).float().pow(2).mean()
+            loss = model(batch(step, dtype).to(device)).float().pow(2).mean()
         else:
             loss = forward(model, step)
         gs.scale(loss).backward()
@@ -148,13 +152,14 @@ def twin_run(
     optimizers: Callable[[nn.Module], list[torch.optim.Optimizer]] = sgd,
     model: Callable[[], nn.Module] = mlp,
     scaler_kwargs: dict[str, Any] | None = None,
+    device: str = "cpu",
     **train_kwargs: Any,
 ) -> tuple[Trace, Trace]:
-    """The same loop under torch's scaler and ours: (torch's trace, ours)."""
-    reference, ours = make_pair(kind, **(scaler_kwargs or {}))
+    """The same loop under torch's scaler and ours on ``device``: (torch's trace, ours)."""
+    reference, ours = make_pair(kind, device=device, **(scaler_kwargs or {}))
     traces = []
     for gs in (reference, ours):
-        m = model()
+        m = model().to(device)
         traces.append(train(gs, m, optimizers(m), steps=steps, inject=inject, **train_kwargs))
     return traces[0], traces[1]
 

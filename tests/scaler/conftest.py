@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import torch
 import torch.distributed as dist
 from _twin import world1
 
@@ -31,3 +32,19 @@ def group() -> Iterator[None]:
 @pytest.fixture
 def no_group() -> None:
     assert not dist.is_initialized()
+
+
+CUDA = pytest.param(
+    "cuda",
+    marks=[
+        pytest.mark.cuda,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    ],
+)
+
+
+@pytest.fixture(params=["cpu", CUDA])
+def device(request: pytest.FixtureRequest) -> str:
+    """Where the scalers, models and batches live: cpu, and cuda where a GPU is present."""
+    param: str = request.param
+    return param

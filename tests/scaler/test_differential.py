@@ -23,19 +23,38 @@ import scaler
 FACTORS = {"init_scale": 2.0**10, "growth_factor": 1.7, "backoff_factor": 0.3}
 
 
-def test_non_trivial_factors(kind: str) -> None:
+def test_non_trivial_factors(kind: str, device: str) -> None:
     kwargs = {**FACTORS, "growth_interval": 2}
-    reference, ours = twin_run(kind, steps=16, inject=INJECT, scaler_kwargs=kwargs)
+    reference, ours = twin_run(kind, steps=16, inject=INJECT, scaler_kwargs=kwargs, device=device)
     ours.assert_same(reference)
     assert reference.skipped.count(True) == 3
     assert len(set(reference.scales)) > 3  # the sequence grew and backed off
 
 
-def test_consecutive_overflows_and_growth_interval_one(kind: str) -> None:
+def test_consecutive_overflows_and_growth_interval_one(kind: str, device: str) -> None:
     inject = {s: [(2, float("nan"))] for s in (1, 2, 3, 4, 9)}
     kwargs = {**FACTORS, "growth_interval": 1}
-    reference, ours = twin_run(kind, steps=12, inject=inject, scaler_kwargs=kwargs)
+    reference, ours = twin_run(kind, steps=12, inject=inject, scaler_kwargs=kwargs, device=device)
     ours.assert_same(reference)
+
+
+def autocast_forward(model: nn.Module, step: int) -> torch.Tensor:
+    x = batch(step).to(next(model.parameters()).device)
+    with torch.autocast(x.device.type, dtype=torch.float16):
+        return model(x).float().pow(2).mean()
+
+
+def test_autocast_fp16_training(kind: str, device: str) -> None:
+    reference, ours = twin_run(
+        kind,
+        steps=12,
+        inject=INJECT,
+        forward=autocast_forward,
+        scaler_kwargs={**FACTORS, "growth_interval": 2},
+        device=device,
+    )
+    ours.assert_same(reference)
+    assert reference.skipped.count(True) == 3
 
 
 def two_optimizers(model: nn.Module) -> list[torch.optim.Optimizer]:
@@ -46,7 +65,7 @@ def two_optimizers(model: nn.Module) -> list[torch.optim.Optimizer]:
     ]
 
 
-def test_several_optimizers(kind: str) -> None:
+def test_several_optimizers(kind: str, device: str) -> None:
     # each optimizer skips on its own gradients' inf/NaN; any of them backs the scale off
     inject = {1: [(0, float("inf"))], 4: [(3, float("nan"))], 5: [(1, float("inf"))]}
     reference, ours = twin_run(
@@ -55,6 +74,7 @@ def test_several_optimizers(kind: str) -> None:
         inject=inject,
         optimizers=two_optimizers,
         scaler_kwargs={**FACTORS, "growth_interval": 3},
+        device=device,
     )
     ours.assert_same(reference)
     expected = {1: (True, False), 4: (False, True), 5: (True, False)}
@@ -68,7 +88,7 @@ def unscale_and_clip(gs: Any, opt: torch.optim.Optimizer) -> None:
     torch.nn.utils.clip_grad_norm_(params, max_norm=0.5)
 
 
-def test_unscale_then_clip_then_step(kind: str) -> None:
+def test_unscale_then_clip_then_step(kind: str, device: str) -> None:
     reference, ours = twin_run(
         kind,
         steps=12,
@@ -76,6 +96,7 @@ def test_unscale_then_clip_then_step(kind: str) -> None:
         optimizers=two_optimizers,
         scaler_kwargs={**FACTORS, "growth_interval": 2},
         before_step=unscale_and_clip,
+        device=device,
     )
     ours.assert_same(reference)
 
@@ -87,12 +108,12 @@ def fused_adam(model: nn.Module) -> list[torch.optim.Optimizer]:
 
 
 @pytest.mark.parametrize("unscale_first", [False, True], ids=["step", "unscale-clip-step"])
-def test_fused_adam(kind: str, unscale_first: bool) -> None:
+def test_fused_adam(kind: str, device: str, unscale_first: bool) -> None:
     if kind == "sharded" and unscale_first:
         # torch's sharded found_inf has shape (1,); fused Adam's in-place step count is 0-d
         messages = []
-        for gs in make_pair(kind, init_scale=64.0):
-            model = mlp()
+        for gs in make_pair(kind, init_scale=64.0, device=device):
+            model = mlp().to(device)
             with pytest.raises(RuntimeError) as caught:
                 train(gs, model, fused_adam(model), steps=1, before_step=unscale_and_clip)
             messages.append(str(caught.value))
@@ -106,6 +127,7 @@ def test_fused_adam(kind: str, unscale_first: bool) -> None:
         optimizers=fused_adam,
         scaler_kwargs={**FACTORS, "growth_interval": 2},
         before_step=unscale_and_clip if unscale_first else None,
+        device=device,
     )
     ours.assert_same(reference)
     assert reference.skipped.count(True) == 3
@@ -145,10 +167,10 @@ def embedding_model() -> nn.Module:
 def embedding_forward(model: nn.Module, step: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(step)
     index = torch.randint(0, 20, (10,), generator=g)  # repeated rows: uncoalesced grads
-    return model(index).pow(2).sum()
+    return model(index.to(model.weight.device)).pow(2).sum()
 
 
-def test_sparse_gradients(kind: str) -> None:
+def test_sparse_gradients(kind: str, device: str) -> None:
     reference, ours = twin_run(
         kind,
         steps=10,
@@ -157,12 +179,13 @@ def test_sparse_gradients(kind: str) -> None:
         optimizers=lambda m: [torch.optim.SGD(m.parameters(), lr=0.1)],
         forward=embedding_forward,
         scaler_kwargs={**FACTORS, "growth_interval": 2},
+        device=device,
     )
     ours.assert_same(reference)
     assert reference.skipped == [s in (2, 6) for s in range(10)]
 
 
-def test_sharded_accepts_fp16_gradients(group: None) -> None:
+def test_sharded_accepts_fp16_gradients(group: None, device: str) -> None:
     reference, ours = twin_run(
         "sharded",
         steps=10,
@@ -171,37 +194,39 @@ def test_sharded_accepts_fp16_gradients(group: None) -> None:
         optimizers=lambda m: [torch.optim.SGD(m.parameters(), lr=0.05)],
         dtype=torch.float16,
         scaler_kwargs={**FACTORS, "growth_interval": 2},
+        device=device,
     )
     ours.assert_same(reference)
     assert reference.params[0].dtype == torch.float16
 
 
-def test_plain_refuses_fp16_gradients_as_torch() -> None:
+def test_plain_refuses_fp16_gradients_as_torch(device: str) -> None:
     errors = []
-    for gs in make_pair("plain"):
-        model = mlp(dtype=torch.float16)
+    for gs in make_pair("plain", device=device):
+        model = mlp(dtype=torch.float16).to(device)
         with pytest.raises(ValueError) as caught:
             train(gs, model, sgd(model), steps=1, dtype=torch.float16)
         errors.append(str(caught.value))
     assert errors == ["Attempting to unscale FP16 gradients."] * 2
 
 
-def run_with_new_scales(gs: Any) -> list[float]:
-    model = mlp()
+def run_with_new_scales(gs: Any, device: str) -> list[float]:
+    model = mlp().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     scales = []
-    for step, new_scale in enumerate([None, 3.0, None, torch.tensor(5.5), None, None]):
+    tensor = torch.tensor(5.5, device=device)
+    for step, new_scale in enumerate([None, 3.0, None, tensor, None, None]):
         opt.zero_grad()
-        gs.scale(model(batch(step)).pow(2).mean()).backward()
+        gs.scale(model(batch(step).to(device)).pow(2).mean()).backward()
         gs.step(opt)
         gs.update(new_scale)
         scales.append((gs.get_scale(), gs._get_growth_tracker()))
     return scales
 
 
-def test_update_with_new_scale_float_and_tensor(kind: str) -> None:
-    reference, ours = make_pair(kind, init_scale=8.0, growth_interval=2)
-    assert run_with_new_scales(ours) == run_with_new_scales(reference)
+def test_update_with_new_scale_float_and_tensor(kind: str, device: str) -> None:
+    reference, ours = make_pair(kind, init_scale=8.0, growth_interval=2, device=device)
+    assert run_with_new_scales(ours, device) == run_with_new_scales(reference, device)
     assert ours.get_scale() == reference.get_scale()
 
 
@@ -216,8 +241,8 @@ def test_update_with_bad_new_scale_tensor_fails_as_torch(kind: str) -> None:
     assert "new_scale should be a float" in messages[0]
 
 
-def nested(dtype: torch.dtype) -> list[Any]:
-    a, b, c = (torch.full((2,), v, dtype=dtype) for v in (1.0, 2.5, -3.0))
+def nested(dtype: torch.dtype, device: str) -> list[Any]:
+    a, b, c = (torch.full((2,), v, dtype=dtype, device=device) for v in (1.0, 2.5, -3.0))
     return [a, (b, [c]), ((a,),)]
 
 
@@ -228,12 +253,15 @@ def flatten(value: Any) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_scale_nested_lists_tuples_and_iterables(kind: str, dtype: torch.dtype) -> None:
+def test_scale_nested_lists_tuples_and_iterables(
+    kind: str, device: str, dtype: torch.dtype
+) -> None:
     results = []
-    for gs in make_pair(kind, init_scale=4.0):
-        out = gs.scale(nested(dtype))
+    for gs in make_pair(kind, init_scale=4.0, device=device):
+        out = gs.scale(nested(dtype, device))
         assert isinstance(out, list) and isinstance(out[1], tuple) and isinstance(out[1][1], list)
-        lazy = gs.scale(iter([torch.ones(2, dtype=dtype), torch.ones(3, dtype=dtype)]))
+        ones = [torch.ones(n, dtype=dtype, device=device) for n in (2, 3)]
+        lazy = gs.scale(iter(ones))
         assert not isinstance(lazy, list | tuple)
         results.append(flatten(out) + list(lazy))
     for mine, theirs in zip(results[1], results[0], strict=True):
@@ -250,19 +278,19 @@ def test_scale_refuses_non_tensors_as_torch(kind: str) -> None:
 
 
 def trained(gs: Any, steps: int = 7) -> Any:
-    model = mlp()
+    model = mlp().to(gs._device)
     train(gs, model, sgd(model), steps=steps, inject={4: [(0, float("inf"))]})
     return gs
 
 
 def continue_and_trace(gs: Any) -> Any:
-    model = mlp(seed=5)
+    model = mlp(seed=5).to(gs._device)
     return train(gs, model, sgd(model), steps=8, inject={3: [(1, float("nan"))]})
 
 
-def test_state_dict_cross_loading_both_directions(kind: str) -> None:
+def test_state_dict_cross_loading_both_directions(kind: str, device: str) -> None:
     kwargs = {**FACTORS, "growth_interval": 3}
-    reference, ours = make_pair(kind, **kwargs)
+    reference, ours = make_pair(kind, device=device, **kwargs)
     trained(reference)
     trained(ours)
     ours_state, torch_state = ours.state_dict(), reference.state_dict()
@@ -275,7 +303,7 @@ def test_state_dict_cross_loading_both_directions(kind: str) -> None:
     assert torch_state["growth_factor"] == 1.7 and torch_state["backoff_factor"] == 0.3
     assert torch_state["growth_interval"] == 3
 
-    torch_from_ours, ours_from_torch = make_pair(kind)
+    torch_from_ours, ours_from_torch = make_pair(kind, device=device)
     ours_from_theirs_first_scale = None
     torch_from_ours.load_state_dict(ours_state)
     ours_from_torch.load_state_dict(torch_state)
@@ -286,8 +314,8 @@ def test_state_dict_cross_loading_both_directions(kind: str) -> None:
     continue_and_trace(torch_from_ours).assert_same(continue_and_trace(ours))
 
 
-def test_pickle_round_trip_continues_identically(kind: str) -> None:
-    reference, ours = make_pair(kind, **FACTORS, growth_interval=3)
+def test_pickle_round_trip_continues_identically(kind: str, device: str) -> None:
+    reference, ours = make_pair(kind, **FACTORS, growth_interval=3, device=device)
     trained(reference)
     trained(ours)
     # process groups do not pickle: both sharded classes hold one only as an attribute
@@ -383,13 +411,13 @@ def misuse_cases() -> dict[str, Callable[[Any, torch.optim.Optimizer, torch.Tens
 
 
 @pytest.mark.parametrize("case", list(misuse_cases()))
-def test_misuse_errors_match_torch(kind: str, case: str) -> None:
+def test_misuse_errors_match_torch(kind: str, device: str, case: str) -> None:
     errors = []
-    for gs in make_pair(kind):
-        model = mlp()
+    for gs in make_pair(kind, device=device):
+        model = mlp().to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         with pytest.raises(Exception) as caught:
-            misuse_cases()[case](gs, opt, model(batch(0)).sum())
+            misuse_cases()[case](gs, opt, model(batch(0).to(device)).sum())
         errors.append((type(caught.value), str(caught.value)))
     assert errors[1] == errors[0]
     assert errors[0][0] in (RuntimeError, AssertionError)
@@ -407,15 +435,17 @@ def test_nonsense_values_torch_accepts_are_refused(kind_name: str) -> None:
 
 
 def sharded_trace(gs: Any) -> Any:
-    model = mlp()
+    model = mlp().to(gs._device)
     return train(
         gs, model, two_optimizers(model), steps=12, inject=INJECT, before_step=unscale_and_clip
     )
 
 
-def test_sharded_without_process_group_equals_torch_with_world_of_one(no_group: None) -> None:
+def test_sharded_without_process_group_equals_torch_with_world_of_one(
+    no_group: None, device: str
+) -> None:
     """Intended difference: torch's sharded class needs a process group even for one process."""
-    kwargs = {**FACTORS, "growth_interval": 2, "device": "cpu"}
+    kwargs = {**FACTORS, "growth_interval": 2, "device": device}
     ours = sharded_trace(scaler.ShardedGradScaler(telemetry=False, **kwargs))
     lonely = TorchSharded(**kwargs)
     with pytest.raises(ValueError, match="Default process group has not been initialized"):

@@ -17,7 +17,7 @@ def ours_cls(kind: str) -> type:
 
 
 def run(gs: Any, steps: int = 16, inject: Injection | None = INJECT, seed: int = 0) -> Trace:
-    model = mlp(seed=seed)
+    model = mlp(seed=seed).to(gs._device)
     return train(gs, model, sgd(model), steps=steps, inject=inject)
 
 
@@ -36,9 +36,9 @@ def expected_stats(init_scale: float, trace: Trace, inject: Injection) -> scaler
     )
 
 
-def test_stats_count_what_torchs_run_shows(kind: str) -> None:
+def test_stats_count_what_torchs_run_shows(kind: str, device: str) -> None:
     kwargs = {"init_scale": 512.0, "growth_factor": 1.7, "backoff_factor": 0.3}
-    reference, ours = make_pair(kind, growth_interval=2, **kwargs)
+    reference, ours = make_pair(kind, growth_interval=2, device=device, **kwargs)
     theirs = run(reference)
     mine = run(ours)
     mine.assert_same(theirs)
@@ -57,9 +57,9 @@ def test_stats_before_any_step(kind: str) -> None:
     assert not ours.had_overflow()
 
 
-def test_had_overflow_after_each_update(kind: str) -> None:
-    _, ours = make_pair(kind, init_scale=64.0, growth_interval=2)
-    model = mlp()
+def test_had_overflow_after_each_update(kind: str, device: str) -> None:
+    _, ours = make_pair(kind, init_scale=64.0, growth_interval=2, device=device)
+    model = mlp().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     seen = []
     for step in range(9):
@@ -69,9 +69,9 @@ def test_had_overflow_after_each_update(kind: str) -> None:
     assert seen == [step in INJECT for step in range(9)]
 
 
-def test_checkpoint_round_trip_continues_identically(kind: str) -> None:
+def test_checkpoint_round_trip_continues_identically(kind: str, device: str) -> None:
     kwargs = {"init_scale": 512.0, "growth_factor": 1.7, "backoff_factor": 0.3}
-    _, original = make_pair(kind, growth_interval=3, **kwargs)
+    _, original = make_pair(kind, growth_interval=3, device=device, **kwargs)
     run(original, steps=7)
     checkpoint = original.checkpoint()
     assert isinstance(checkpoint, scaler.ScalerCheckpoint)
@@ -81,7 +81,7 @@ def test_checkpoint_round_trip_continues_identically(kind: str) -> None:
     assert (checkpoint.growth_interval, checkpoint.step) == (3, 7)
     assert scaler.ScalerCheckpoint.from_dict(checkpoint.to_dict()) == checkpoint
 
-    _, restored = make_pair(kind)
+    _, restored = make_pair(kind, device=device)
     restored.load_checkpoint(checkpoint)
     assert restored.checkpoint() == checkpoint
     after_restore = run(restored, steps=9, inject={2: [(0, float("inf"))]}, seed=3)
@@ -104,11 +104,11 @@ def test_checkpoint_keeps_the_extras(kind: str) -> None:
     assert fresh.checkpoint() == checkpoint
 
 
-def test_min_scale_stops_repeated_overflows_at_the_floor(kind: str) -> None:
+def test_min_scale_stops_repeated_overflows_at_the_floor(kind: str, device: str) -> None:
     every_step = {s: [(0, float("inf"))] for s in range(8)}
     kwargs = {"init_scale": 8.0, "backoff_factor": 1e-9}
-    reference, _ = make_pair(kind, **kwargs)
-    ours = ours_cls(kind)("cpu", min_scale=0.5, telemetry=False, **kwargs)
+    reference, _ = make_pair(kind, device=device, **kwargs)
+    ours = ours_cls(kind)(device, min_scale=0.5, telemetry=False, **kwargs)
     theirs = run(reference, steps=8, inject=every_step)
     mine = run(ours, steps=8, inject=every_step)
     assert theirs.scales[-1] == 0.0  # torch's scale collapses to zero
@@ -117,10 +117,10 @@ def test_min_scale_stops_repeated_overflows_at_the_floor(kind: str) -> None:
     assert ours.stats().min_scale_seen == 0.5
 
 
-def test_max_scale_caps_growth(kind: str) -> None:
+def test_max_scale_caps_growth(kind: str, device: str) -> None:
     kwargs = {"init_scale": 1.0, "growth_factor": 1000.0, "growth_interval": 1}
-    reference, _ = make_pair(kind, **kwargs)
-    ours = ours_cls(kind)("cpu", max_scale=1e6, telemetry=False, **kwargs)
+    reference, _ = make_pair(kind, device=device, **kwargs)
+    ours = ours_cls(kind)(device, max_scale=1e6, telemetry=False, **kwargs)
     theirs = run(reference, steps=6, inject=None)
     mine = run(ours, steps=6, inject=None)
     assert theirs.scales[:3] == [1e3, 1e6, pytest.approx(1e9)]
@@ -147,7 +147,7 @@ def megatron(
     """Megatron's DynamicGradScaler rule: (scale, growth tracker) after each step.
 
     Rounded as the torch class underneath rounds: its kernel multiplies in double
-    and rounds once; torch's sharded class multiplies cpu scales in float32.
+    and rounds once (cpu and cuda); torch's sharded class multiplies cpu scales in float32.
     """
 
     def times(scale: float, factor: float) -> float:
@@ -172,18 +172,18 @@ def megatron(
 
 
 @pytest.mark.parametrize("hysteresis", [2, 3])
-def test_hysteresis_follows_megatrons_rule(kind: str, hysteresis: int) -> None:
+def test_hysteresis_follows_megatrons_rule(kind: str, device: str, hysteresis: int) -> None:
     inject = {s: [(s % 4, float("inf"))] for s in (1, 2, 3, 4, 8, 9, 15, 17, 18, 19)}
     factors = {"growth_factor": 1.7, "backoff_factor": 0.3, "growth_interval": 3}
     ours = ours_cls(kind)(
-        "cpu", init_scale=1024.0, hysteresis=hysteresis, telemetry=False, **factors
+        device, init_scale=1024.0, hysteresis=hysteresis, telemetry=False, **factors
     )
     trace = run(ours, steps=22, inject=inject)
     expected = megatron(
         1024.0,
         [s in inject for s in range(22)],
         hysteresis=hysteresis,
-        float32_math=kind == "sharded",
+        float32_math=kind == "sharded" and device == "cpu",
         **factors,
     )
     assert list(zip(trace.scales, trace.trackers, strict=True)) == expected
@@ -193,10 +193,10 @@ def test_hysteresis_follows_megatrons_rule(kind: str, hysteresis: int) -> None:
     assert stats.backoffs < 10  # hysteresis absorbed some overflows
 
 
-def test_hysteresis_one_equals_torch(kind: str) -> None:
+def test_hysteresis_one_equals_torch(kind: str, device: str) -> None:
     factors = {"init_scale": 512.0, "growth_factor": 1.7, "backoff_factor": 0.3}
-    reference, _ = make_pair(kind, growth_interval=2, **factors)
-    ours = ours_cls(kind)("cpu", growth_interval=2, hysteresis=1, telemetry=False, **factors)
+    reference, _ = make_pair(kind, growth_interval=2, device=device, **factors)
+    ours = ours_cls(kind)(device, growth_interval=2, hysteresis=1, telemetry=False, **factors)
     run(ours).assert_same(run(reference))
 
 
@@ -204,11 +204,13 @@ def clean_steps(gs: Any, model: torch.nn.Module, opt: Any, steps: int) -> list[f
     return train(gs, model, [opt], steps=steps).scales
 
 
-def test_lowering_growth_interval_below_the_tracker_grows_next_clean_step(kind: str) -> None:
-    reference, ours = make_pair(kind, init_scale=16.0, growth_interval=10)
+def test_lowering_growth_interval_below_the_tracker_grows_next_clean_step(
+    kind: str, device: str
+) -> None:
+    reference, ours = make_pair(kind, init_scale=16.0, growth_interval=10, device=device)
     scales = {}
     for name, gs in (("torch", reference), ("ours", ours)):
-        model = mlp()
+        model = mlp().to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         assert clean_steps(gs, model, opt, 5) == [16.0] * 5
         assert gs._get_growth_tracker() == 5

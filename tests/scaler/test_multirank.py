@@ -42,9 +42,10 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return inner if isinstance(inner, torch.Tensor) else t
 
 
-def wrap(kind: str, module: nn.Module) -> nn.Module:
+def wrap(kind: str, module: nn.Module, device: str) -> nn.Module:
     if kind == "ddp":
-        return nn.parallel.DistributedDataParallel(module)
+        # on cuda every rank shares the one GPU: gloo all-reduces cuda tensors too
+        return nn.parallel.DistributedDataParallel(module.to(device))
     if kind == "fsdp2":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -61,15 +62,17 @@ def wrap(kind: str, module: nn.Module) -> nn.Module:
     return FSDP(module, device_id=torch.device("cpu"), cpu_offload=CPUOffload(offload_params=True))
 
 
-def train(kind: str, gs: Any, rank: int, plan: dict[int, tuple[int, float]]) -> dict[str, Any]:
+def train(
+    kind: str, gs: Any, rank: int, plan: dict[int, tuple[int, float]], device: str = "cpu"
+) -> dict[str, Any]:
     """plan: step -> (the rank whose local gradient gets ``value``, value)."""
-    model = wrap(kind, model_copy())
+    model = wrap(kind, model_copy(), device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     out: dict[str, Any] = {"scales": [], "trackers": [], "skipped": []}
     for step in range(STEPS):
         opt.zero_grad()
         g = torch.Generator().manual_seed(100 * step + rank)
-        loss = model(torch.randn(6, 4, generator=g)).float().pow(2).mean()
+        loss = model(torch.randn(6, 4, generator=g).to(device)).float().pow(2).mean()
         gs.scale(loss).backward()
         first = next(p for p in model.parameters() if local(p.grad).numel() > 0)
         bad_rank, value = plan.get(step, (-1, 0.0))
@@ -94,19 +97,20 @@ def plan_for(world: int) -> dict[int, tuple[int, float]]:
     return {1: (last, float("inf")), 2: (1, float("nan")), 5: (0, float("-inf"))}
 
 
-def worker(rank: int, world: int, kinds: list[str]) -> dict[str, Any]:
+def worker(rank: int, world: int, kinds: list[str], device: str = "cpu") -> dict[str, Any]:
     factors = {"init_scale": 1024.0, "growth_factor": 1.7, "backoff_factor": 0.3}
     results: dict[str, Any] = {}
     plan = plan_for(world)
     for kind in kinds:
         try:
-            reference = train(kind, TorchSharded("cpu", growth_interval=2, **factors), rank, plan)
+            theirs = TorchSharded(device, growth_interval=2, **factors)
+            reference = train(kind, theirs, rank, plan, device)
         except Exception as exc:  # reported to the test, which decides
             results[kind] = {"unsupported": f"{type(exc).__name__}: {exc}"}
             dist.barrier()
             continue
-        ours = Recorded("cpu", growth_interval=2, telemetry=False, **factors)
-        mine = train(kind, ours, rank, plan)
+        ours = Recorded(device, growth_interval=2, telemetry=False, **factors)
+        mine = train(kind, ours, rank, plan, device)
         stats = ours.stats()
         samples = [sample.record for sample in ours.samples]
         results[kind] = {
@@ -124,28 +128,9 @@ KINDS = ["ddp", "fsdp2", "fsdp1", "fsdp1-offload"]
 
 
 def check(world: int, per_rank: list[dict[str, Any]]) -> None:
-    plan = plan_for(world)
-    expected_ranks = [(plan[s][0],) if s in plan else () for s in range(STEPS)]
     supported = KINDS if torch.cuda.is_available() else KINDS[:-1]
     for kind in supported:
-        unsupported = {r[kind].get("unsupported") for r in per_rank}
-        assert unsupported == {None}, (kind, unsupported)
-        for rank, result in enumerate(per_rank):
-            theirs, mine = result[kind]["torch"], result[kind]["ours"]
-            assert mine["scales"] == theirs["scales"], (kind, rank)
-            assert mine["trackers"] == theirs["trackers"], (kind, rank)
-            # the inf on one rank skips the step on every rank
-            assert theirs["skipped"] == [s in plan for s in range(STEPS)], (kind, rank)
-            assert mine["skipped"] == theirs["skipped"], (kind, rank)
-            assert mine["params"] == theirs["params"], (kind, rank)  # exact float equality
-            assert result[kind]["overflow"] == [s in plan for s in range(STEPS)]
-            # every rank learns from the one all-reduce which rank it was
-            assert result[kind]["inf_ranks"] == expected_ranks, (kind, rank)
-            stats = result[kind]["stats"]
-            assert (stats.steps, stats.overflows, stats.skipped) == (STEPS, 3, 3)
-            assert stats.current_scale == theirs["scales"][-1]
-        # all ranks agree
-        assert len({tuple(r[kind]["ours"]["scales"]) for r in per_rank}) == 1
+        check_kind(kind, world, per_rank)
     # torch's FSDP1 offloads parameters only with an accelerator present (torch 2.13, cpu build)
     if not torch.cuda.is_available():
         assert {r["fsdp1-offload"].get("unsupported") for r in per_rank} == {
@@ -155,7 +140,38 @@ def check(world: int, per_rank: list[dict[str, Any]]) -> None:
     assert fsdp2["grad_dtype"] == "torch.float32"  # fp16 compute, fp32 sharded grads
 
 
+def check_kind(kind: str, world: int, per_rank: list[dict[str, Any]]) -> None:
+    plan = plan_for(world)
+    expected_ranks = [(plan[s][0],) if s in plan else () for s in range(STEPS)]
+    unsupported = {r[kind].get("unsupported") for r in per_rank}
+    assert unsupported == {None}, (kind, unsupported)
+    for rank, result in enumerate(per_rank):
+        theirs, mine = result[kind]["torch"], result[kind]["ours"]
+        assert mine["scales"] == theirs["scales"], (kind, rank)
+        assert mine["trackers"] == theirs["trackers"], (kind, rank)
+        # the inf on one rank skips the step on every rank
+        assert theirs["skipped"] == [s in plan for s in range(STEPS)], (kind, rank)
+        assert mine["skipped"] == theirs["skipped"], (kind, rank)
+        assert mine["params"] == theirs["params"], (kind, rank)  # exact float equality
+        assert result[kind]["overflow"] == [s in plan for s in range(STEPS)]
+        # every rank learns from the one all-reduce which rank it was
+        assert result[kind]["inf_ranks"] == expected_ranks, (kind, rank)
+        stats = result[kind]["stats"]
+        assert (stats.steps, stats.overflows, stats.skipped) == (STEPS, 3, 3)
+        assert stats.current_scale == theirs["scales"][-1]
+    # all ranks agree
+    assert len({tuple(r[kind]["ours"]["scales"]) for r in per_rank}) == 1
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_torch_and_ours_side_by_side_on_real_ranks(world: int) -> None:
     check(world, run_ranks(worker, world, KINDS, timeout=150.0))
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_ddp_on_cuda_side_by_side_on_real_ranks() -> None:
+    """Both ranks on the one GPU; the found_inf payload is a cuda tensor all-reduced by gloo."""
+    check_kind("ddp", 2, run_ranks(worker, 2, ["ddp"], "cuda", timeout=150.0))

@@ -190,18 +190,24 @@ def cuda_steps(gs: Any, optimizers: str, *, error_mode_for_step: bool) -> int:
 @pytest.mark.cuda
 @cuda
 @pytest.mark.parametrize("optimizers", list(OPTIMIZERS))
-def test_cuda_sync_debug_mode(optimizers: str) -> None:
-    # scale, backward and update never sync; torch's step reads found_inf unless fused
+@pytest.mark.parametrize("telemetry", [False, None], ids=["telemetry-off", "telemetry-on"])
+def test_cuda_sync_debug_mode(optimizers: str, telemetry: bool | None) -> None:
+    # scale, backward and update never sync; torch's step reads found_inf unless fused.
+    # telemetry=None: the default store (a private file for each test).
     fused = optimizers == "fused-adam"
     kwargs: dict[str, Any] = {"init_scale": 256.0, "growth_interval": 3}
     reference = torch.amp.GradScaler("cuda", **kwargs)
     theirs = cuda_steps(reference, optimizers, error_mode_for_step=fused)
-    mine = cuda_steps(
-        scaler.GradScaler("cuda", telemetry=False, **kwargs), optimizers, error_mode_for_step=fused
-    )
+    plain = scaler.GradScaler("cuda", telemetry=telemetry, **kwargs)
+    mine = cuda_steps(plain, optimizers, error_mode_for_step=fused)
     assert mine <= theirs
+    assert (plain._telemetry is not None) == (telemetry is None)
+    plain.close()
     with world1():
         theirs = cuda_steps(TorchSharded("cuda", **kwargs), optimizers, error_mode_for_step=False)
-        ours = scaler.ShardedGradScaler("cuda", telemetry=False, **kwargs)
+        ours = scaler.ShardedGradScaler("cuda", telemetry=telemetry, **kwargs)
         mine = cuda_steps(ours, optimizers, error_mode_for_step=False)
+        assert (ours._telemetry is not None) == (telemetry is None)
+        assert ours.stats().steps == STEPS
+        ours.close()
     assert mine <= theirs

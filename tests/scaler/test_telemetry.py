@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 from _dist import run_ranks, wait_for
-from _twin import batch, mlp, poison, sgd, train_step
+from _twin import INJECT, batch, mlp, poison, sgd, train, train_step
 from sqlalchemy import event, select
 from test_sync_count import counting_host_reads
 from torch import nn
@@ -142,6 +142,37 @@ def test_two_rank_fsdp2_rows_match_torchs_sharded_scaler(tmp_path: Path) -> None
     assert [r["scale_after"] for r in rows] == torch_scales
     assert [r["scale"] for r in rows] == [FSDP_INIT, *torch_scales[:-1]]
     assert len(set(torch_scales)) > 2  # the run grew and backed off
+
+
+# ------------------------------------------------------------ one process, each device
+
+
+def test_rows_match_torchs_scaler_on_each_device(kind: str, device: str, tmp_path: Path) -> None:
+    """On cuda the values reach the store through pinned host memory, off the training thread."""
+    url = db_url(tmp_path / "sw.db")
+    kwargs: dict[str, Any] = {"device": device, "init_scale": 2.0**10, "growth_interval": 2}
+    if kind == "plain":
+        theirs, ours = torch.amp.GradScaler(**kwargs), scaler.GradScaler(**kwargs, telemetry=url)
+    else:
+        theirs, ours = TorchSharded(**kwargs), scaler.ShardedGradScaler(**kwargs, telemetry=url)
+    traces = []
+    for gs in (theirs, ours):
+        model = mlp().to(device)
+        traces.append(train(gs, model, sgd(model), steps=12, inject=INJECT))
+    traces[1].assert_same(traces[0])
+    assert ours.flush(30)
+    run_id = ours.run_id
+    ours.close()
+    with open_store(url) as store:
+        rows = step_rows(store, run_id)
+    scales = traces[0].scales
+    assert [r["step"] for r in rows] == list(range(1, 13))
+    assert [r["overflow"] for r in rows] == [s in INJECT for s in range(12)]
+    assert [r["skipped"] for r in rows] == traces[0].skipped
+    assert [r["scale_after"] for r in rows] == scales
+    assert [r["scale"] for r in rows] == [2.0**10, *scales[:-1]]
+    assert [r["growth_tracker"] for r in rows] == traces[0].trackers
+    assert len(set(scales)) > 2  # the run grew and backed off
 
 
 # ------------------------------------------------------------ kill -9 mid-run
