@@ -123,18 +123,21 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         with torch.no_grad():
             for group in optimizer.param_groups:
                 for param in group["params"]:
-                    if param.grad is None:
+                    grad = param.grad
+                    if grad is None:
                         continue
-                    if (not allow_fp16) and param.grad.dtype == torch.float16:
+                    if (not allow_fp16) and grad.dtype == torch.float16:
                         raise ValueError("Attempting to unscale FP16 gradients.")
-                    if param.grad.is_sparse:
+                    if grad.is_sparse:
                         # Coalescing may overflow scaled fp16 values: check the coalesced ones.
-                        if param.grad.dtype is torch.float16:
-                            param_grad_fp32 = param.grad.type(torch.float32).coalesce()
-                            param.grad = param_grad_fp32.type(torch.float16)
-                        to_unscale = param.grad._values()
+                        if grad.dtype is torch.float16:
+                            param_grad_fp32 = grad.type(torch.float32).coalesce()
+                            param.grad = grad = param_grad_fp32.type(torch.float16)
+                        to_unscale = grad._values()
+                    elif type(grad) is torch.Tensor:  # the common case, without a call per grad
+                        to_unscale = grad
                     else:
-                        to_unscale = local_tensor(param.grad)
+                        to_unscale = local_tensor(grad)
                     grouped[to_unscale.device][to_unscale.dtype].append(to_unscale)
             for device, per_dtype in grouped.items():
                 for grads in per_dtype.values():

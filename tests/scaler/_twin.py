@@ -24,12 +24,12 @@ Injection = dict[int, list[tuple[int, float]]]
 
 
 @contextlib.contextmanager
-def world1() -> Iterator[None]:
-    """A gloo process group of one process, initialised in this process through a file store."""
+def world1(backend: str = "gloo") -> Iterator[None]:
+    """A process group of one process, initialised in this process through a file store."""
     assert not dist.is_initialized()
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group(
-            "gloo", init_method=f"file://{Path(tmp) / 'store'}", rank=0, world_size=1
+            backend, init_method=f"file://{Path(tmp) / 'store'}", rank=0, world_size=1
         )
         try:
             yield
@@ -61,7 +61,7 @@ def poison(params: Sequence[torch.Tensor], index: int, value: float) -> None:
     assert grad is not None
     target = grad._values() if grad.is_sparse else grad
     with torch.no_grad():
-        target.view(-1)[0] = value
+        target.view(-1)[0].fill_(value)  # a kernel with the value as argument: no cuda sync
 
 
 @dataclass

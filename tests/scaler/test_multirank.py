@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from _dist import run_ranks
+from _twin import world1
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
@@ -59,7 +60,8 @@ def wrap(kind: str, module: nn.Module, device: str) -> nn.Module:
     if kind == "fsdp1":
         return FSDP(module, device_id=torch.device("cpu"))
     assert kind == "fsdp1-offload"
-    return FSDP(module, device_id=torch.device("cpu"), cpu_offload=CPUOffload(offload_params=True))
+    offload = CPUOffload(offload_params=True)
+    return FSDP(module, device_id=torch.device(device), cpu_offload=offload)
 
 
 def train(
@@ -88,7 +90,8 @@ def train(
         out["skipped"].append(all(torch.equal(b, a) for b, a in zip(before, after, strict=True)))
     # plain lists: tensors would cross the result queue as shared memory owned by a dying rank
     out["params"] = [local(p).detach().tolist() for p in model.parameters()]
-    out["grad_dtype"] = str(local(next(iter(model.parameters())).grad).dtype)
+    grad = local(next(iter(model.parameters())).grad)
+    out["grad_dtype"], out["grad_device"] = str(grad.dtype), grad.device.type
     return out
 
 
@@ -97,19 +100,34 @@ def plan_for(world: int) -> dict[int, tuple[int, float]]:
     return {1: (last, float("inf")), 2: (1, float("nan")), 5: (0, float("-inf"))}
 
 
+FACTORS = {"init_scale": 1024.0, "growth_factor": 1.7, "backoff_factor": 0.3}
+
+
+def error_of(fn: Any) -> str | None:
+    try:
+        fn()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def worker(rank: int, world: int, kinds: list[str], device: str = "cpu") -> dict[str, Any]:
-    factors = {"init_scale": 1024.0, "growth_factor": 1.7, "backoff_factor": 0.3}
     results: dict[str, Any] = {}
     plan = plan_for(world)
     for kind in kinds:
         try:
-            theirs = TorchSharded(device, growth_interval=2, **factors)
+            theirs = TorchSharded(device, growth_interval=2, **FACTORS)
             reference = train(kind, theirs, rank, plan, device)
-        except Exception as exc:  # reported to the test, which decides
-            results[kind] = {"unsupported": f"{type(exc).__name__}: {exc}"}
+        except Exception as exc:  # torch refuses the setup: ours must refuse it the same way
+            dist.barrier()
+            ours = Recorded(device, growth_interval=2, telemetry=False, **FACTORS)
+            results[kind] = {
+                "unsupported": f"{type(exc).__name__}: {exc}",
+                "ours_error": error_of(lambda: train(kind, ours, rank, plan, device)),  # noqa: B023
+            }
             dist.barrier()
             continue
-        ours = Recorded(device, growth_interval=2, telemetry=False, **factors)
+        ours = Recorded(device, growth_interval=2, telemetry=False, **FACTORS)
         mine = train(kind, ours, rank, plan, device)
         stats = ours.stats()
         samples = [sample.record for sample in ours.samples]
@@ -128,12 +146,15 @@ KINDS = ["ddp", "fsdp2", "fsdp1", "fsdp1-offload"]
 
 
 def check(world: int, per_rank: list[dict[str, Any]]) -> None:
-    supported = KINDS if torch.cuda.is_available() else KINDS[:-1]
-    for kind in supported:
+    for kind in KINDS[:-1]:
         check_kind(kind, world, per_rank)
-    # torch's FSDP1 offloads parameters only with an accelerator present (torch 2.13, cpu build)
+    # torch's FSDP1 offloads parameters only to feed an accelerator: on cpu ranks it refuses
+    # (the cpu build: no accelerator; with a GPU present: a cpu device_id has no streams to sync)
+    # and ours refuses it with the same error (FSDP1's own). One GPU per rank: see the cuda test.
+    offload = [r["fsdp1-offload"] for r in per_rank]
+    assert all(r.get("ours_error") == r.get("unsupported") is not None for r in offload), offload
     if not torch.cuda.is_available():
-        assert {r["fsdp1-offload"].get("unsupported") for r in per_rank} == {
+        assert {r["unsupported"] for r in offload} == {
             "RuntimeError: Cannot access accelerator device when none is available."
         }
     fsdp2 = per_rank[0]["fsdp2"]["ours"]
@@ -175,3 +196,27 @@ def test_torch_and_ours_side_by_side_on_real_ranks(world: int) -> None:
 def test_ddp_on_cuda_side_by_side_on_real_ranks() -> None:
     """Both ranks on the one GPU; the found_inf payload is a cuda tensor all-reduced by gloo."""
     check_kind("ddp", 2, run_ranks(worker, 2, ["ddp"], "cuda", timeout=150.0))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("reduce", [False, True], ids=["one-rank", "all-reduce-kept"])
+def test_fsdp1_cpu_offload_on_one_gpu(reduce: bool) -> None:
+    """FSDP1 with CPUOffload as it runs: compute on the GPU, shards and their grads on cpu,
+    the scale on cuda; one NCCL rank. ``all-reduce-kept`` runs ours with the found_inf
+    all-reduce a one-rank group skips, over NCCL, as a multi-GPU job does."""
+    plan = {1: (0, float("inf")), 2: (0, float("nan")), 5: (0, float("-inf"))}
+    torch.cuda.set_device(0)
+    with world1("nccl"):
+        reference = TorchSharded("cuda", growth_interval=2, **FACTORS)
+        theirs = train("fsdp1-offload", reference, 0, plan, "cuda")
+        ours = Recorded("cuda", growth_interval=2, telemetry=False, **FACTORS)
+        ours._reduce_alone = reduce
+        mine = train("fsdp1-offload", ours, 0, plan, "cuda")
+    assert theirs["grad_device"] == mine["grad_device"] == "cpu"
+    assert theirs["skipped"] == [s in plan for s in range(STEPS)]
+    for key in ("scales", "trackers", "skipped", "params"):
+        assert mine[key] == theirs[key], key
+    assert [s.record.overflow for s in ours.samples] == theirs["skipped"]
+    expected_ranks = [(0,) if s in plan else () for s in range(STEPS)]
+    assert [s.record.inf_ranks for s in ours.samples] == expected_ranks
