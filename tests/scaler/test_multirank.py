@@ -61,7 +61,8 @@ def wrap(kind: str, module: nn.Module, device: str) -> nn.Module:
         return FSDP(module, device_id=torch.device("cpu"))
     assert kind == "fsdp1-offload"
     offload = CPUOffload(offload_params=True)
-    return FSDP(module, device_id=torch.device(device), cpu_offload=offload)
+    index = torch.cuda.current_device() if device == "cuda" else None
+    return FSDP(module, device_id=torch.device(device, index), cpu_offload=offload)
 
 
 def train(
@@ -201,6 +202,7 @@ def test_ddp_on_cuda_side_by_side_on_real_ranks() -> None:
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("reduce", [False, True], ids=["one-rank", "all-reduce-kept"])
+@pytest.mark.filterwarnings("ignore:FSDP is switching to use `NO_SHARD`:UserWarning")
 def test_fsdp1_cpu_offload_on_one_gpu(reduce: bool) -> None:
     """FSDP1 with CPUOffload as it runs: compute on the GPU, shards and their grads on cpu,
     the scale on cuda; one NCCL rank. ``all-reduce-kept`` runs ours with the found_inf
