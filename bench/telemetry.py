@@ -11,12 +11,13 @@ for a tiny model step and for the scaler's calls alone, for ``GradScaler`` and (
 one-process gloo group) ``ShardedGradScaler``. Goal: telemetry on costs < 5 us per step.
 
     python bench/telemetry.py [--records 300000] [--batch 1000] [--rounds 2] [--steps 1000]
-        [--training-rounds 15]
+        [--training-rounds 15] [--round-seconds 1.0]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sqlite3
 import statistics
 import sys
@@ -40,6 +41,7 @@ from _figures import figure
 WRITER_GOAL_RECORDS_PER_S = 100_000
 WRITER_GOAL_RATIO = 0.5
 TRAINING_GOAL_US = 5.0
+WARM_UP_S = 0.3  # untimed steps of the on variant before its round: one write cadence
 
 _RAW_PRAGMAS = (
     f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}",
@@ -234,14 +236,23 @@ def _scaler_calls(gs: Any, steps: int) -> tuple[float, float]:
     return _timed(loop, steps)
 
 
-def bench_training_thread(steps: int = 1000, rounds: int = 15) -> dict[str, Any]:
+def bench_training_thread(
+    steps: int = 1000, rounds: int = 15, min_round_s: float = 1.0
+) -> dict[str, Any]:
     """Median us/step per (class, workload, variant) over rounds that interleave the variants.
 
     On - off is the median of each round's own difference: rounds side by side share the
     machine's state at that moment, which a best-of or a difference of medians does not.
+    A round is ``steps`` steps, or more to last ``min_round_s``: the writer writes every
+    ``COALESCE_S``, and a round must hold several of its writes, not none or one.
     """
     torch.set_num_threads(1)
-    results: dict[str, Any] = {"steps": steps, "rounds": rounds, "rows": {}}
+    results: dict[str, Any] = {
+        "steps": steps,
+        "rounds": rounds,
+        "min_round_s": min_round_s,
+        "rows": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group(
             "gloo", init_method=f"file://{Path(tmp) / 'pg'}", rank=0, world_size=1
@@ -253,9 +264,15 @@ def bench_training_thread(steps: int = 1000, rounds: int = 15) -> dict[str, Any]
                     samples: dict[str, list[tuple[float, float]]] = {n: [] for n in variants}
                     for gs in variants.values():
                         fn(gs, 50)  # warm up; the first update() starts the writer
+                    n = max(steps, math.ceil(min_round_s / fn(variants["off"], 200)[0]))
                     for _ in range(rounds):
                         for name, gs in variants.items():
-                            wall, cpu = fn(gs, steps)
+                            # None of the on variant's writes may land in another's round,
+                            # and its own round starts with its writer in its usual cadence.
+                            variants["on"].flush(60)
+                            if name == "on":
+                                fn(gs, math.ceil(n * WARM_UP_S / min_round_s))
+                            wall, cpu = fn(gs, n)
                             samples[name].append((wall * 1e6, cpu * 1e6))
                     telemetry = variants["on"]._telemetry
                     written = telemetry is not None and telemetry.flush(60)
@@ -281,7 +298,8 @@ def bench_training_thread(steps: int = 1000, rounds: int = 15) -> dict[str, Any]
 def print_training_thread(result: dict[str, Any]) -> None:
     print(
         f"training thread: us/step, medians of {result['rounds']} interleaved rounds"
-        f" of {result['steps']} steps; on-off = median of each round's difference;"
+        f" of {result['steps']} steps or {result['min_round_s']} s;"
+        " on-off = median of each round's difference;"
         " cpu = the training thread's own CPU time"
     )
     print(
@@ -323,8 +341,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="writer rounds")
     parser.add_argument("--steps", type=int, default=1000, help="steps per training round")
     parser.add_argument("--training-rounds", type=int, default=15)
+    parser.add_argument("--round-seconds", type=float, default=1.0, help="shortest training round")
     args = parser.parse_args()
-    print_training_thread(bench_training_thread(args.steps, args.training_rounds))
+    print_training_thread(
+        bench_training_thread(args.steps, args.training_rounds, args.round_seconds)
+    )
     print_writer(bench_writer(args.records, args.batch, args.rounds))
 
 

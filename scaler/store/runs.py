@@ -6,12 +6,14 @@ is one write transaction.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import socket
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from itertools import chain
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, exc, select, text, update
@@ -41,12 +43,10 @@ RUN_STATUSES = ("running", "finished", "crashed")
 
 # The columns of ``steps`` in table order: ``run_id`` then the fields of ``StepRecord``.
 _STEP_COLUMNS: tuple[str, ...] = tuple(column.name for column in steps.c)
-_INSERT_STEPS = (
-    f"INSERT INTO steps ({', '.join(_STEP_COLUMNS)}) VALUES ({', '.join('?' * len(_STEP_COLUMNS))})"
-)
-# A step written again (a retried batch, or steps replayed after resuming from an older
-# checkpoint) replaces the stored row; its buckets are then recomputed from what is stored.
-_REPLACE_STEPS = _INSERT_STEPS.replace("INSERT", "INSERT OR REPLACE", 1)
+# Rows go in several to a statement: executemany releases and retakes the GIL around every
+# row, and each time the training thread may have to hand it over. 64 rows x 13 columns
+# stay under the oldest SQLite's limit of 999 parameters.
+_ROWS_PER_STATEMENT = 64
 
 _ROLLUP_COLUMNS = (
     "run_id, level, bucket, first_step, last_step, n, scale_min, scale_max, scale_last,"
@@ -248,7 +248,7 @@ def write_steps(store: Store, run_id: int, records: Sequence[StepRecord]) -> Non
         if last_step is None:
             raise RunNotFound(run_id)
         fresh = min(step_numbers) > last_step and len(set(step_numbers)) == len(step_numbers)
-        conn.exec_driver_sql(_INSERT_STEPS if fresh else _REPLACE_STEPS, rows)
+        _insert_steps(conn, rows, replace=not fresh)
         _refresh_rollups(conn, run_id, step_numbers)
         conn.execute(
             text(
@@ -257,6 +257,33 @@ def write_steps(store: Store, run_id: int, records: Sequence[StepRecord]) -> Non
             ),
             {"last": max(step_numbers), "now": time.time(), "run": run_id},
         )
+
+
+def _insert_steps(conn: Connection, rows: Sequence[tuple[Any, ...]], *, replace: bool) -> None:
+    """Insert ``rows`` in statements of 64, 32, ... 1 rows (a few statements, all cached).
+
+    A step written again (a retried batch, or steps replayed after resuming from an older
+    checkpoint) replaces the stored row when ``replace``; its buckets are then recomputed
+    from what is stored.
+    """
+    cursor = conn.connection.cursor()  # the driver's own: SQLAlchemy's per-statement work is
+    try:  # a third of the whole write here
+        start = 0
+        while start < len(rows):
+            count = min(_ROWS_PER_STATEMENT, 1 << ((len(rows) - start).bit_length() - 1))
+            part = rows[start : start + count]
+            cursor.execute(_insert_sql(count, replace), tuple(chain.from_iterable(part)))
+            start += count
+    finally:
+        cursor.close()
+
+
+@functools.cache
+def _insert_sql(rows: int, replace: bool) -> str:
+    """``_insert_sql(2, False)``: ``INSERT INTO steps (run_id, ...) VALUES (?, ...), (?, ...)``."""
+    verb = "INSERT OR REPLACE" if replace else "INSERT"
+    row = f"({', '.join('?' * len(_STEP_COLUMNS))})"
+    return f"{verb} INTO steps ({', '.join(_STEP_COLUMNS)}) VALUES {', '.join([row] * rows)}"
 
 
 def _refresh_rollups(conn: Connection, run_id: int, step_numbers: Sequence[int]) -> None:

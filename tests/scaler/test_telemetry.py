@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,16 +22,19 @@ import pytest
 import torch
 from _dist import run_ranks, wait_for
 from _twin import INJECT, batch, mlp, poison, sgd, train, train_step
-from sqlalchemy import event, select
+from sqlalchemy import event, func, select
 from test_sync_count import counting_host_reads
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
 import scaler
 from scaler import telemetry as telemetry_module
-from scaler.store import Store, open_store
+from scaler._recorder import StepSample
+from scaler.store import StepRecord, Store, open_store
+from scaler.store import runs as store_runs
 from scaler.store.runs import HEARTBEAT_TIMEOUT_S, effective_status
 from scaler.store.schema import runs, steps, telemetry_gaps
+from scaler.telemetry import Telemetry
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -458,6 +462,78 @@ def test_an_unwritable_store_drops_past_the_bound_and_records_the_gap(
     assert sorted(set(stored) | lost) == list(range(1, step + 1))
     assert not lost & set(stored)
     assert gap["reason"]
+
+
+# ------------------------------------------------------------ the writer's cadence
+
+
+def _sample(step: int) -> StepSample:
+    return StepSample(
+        StepRecord(step, time.time(), 1024.0, False, False, (), 1024.0, step, 50, 2.0, 0.5, 0)
+    )
+
+
+@pytest.fixture
+def writer(tmp_path: Path) -> Iterator[tuple[Telemetry, Store, list[int]]]:
+    """A telemetry writer on a file store whose run exists; the sizes of its step batches."""
+    store = open_store(db_url(tmp_path / "sw.db"))
+    telemetry = Telemetry(store, name="cadence", world_size=1, config={}, control={}, inbox=deque())
+    wait_for(lambda: telemetry.run_id is not None, 30, "the writer to create its run")
+    batches: list[int] = []
+    write_steps = store_runs.write_steps
+
+    def counting(store: Store, run_id: int, records: Any) -> None:
+        batches.append(len(records))
+        write_steps(store, run_id, records)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store_runs, "write_steps", counting)
+        yield telemetry, store, batches
+    telemetry.close()
+    store.close()
+
+
+def _stored(store: Store) -> int:
+    with store.read() as conn:
+        return int(conn.execute(select(func.count()).select_from(steps)).scalar_one())
+
+
+def test_the_writer_gathers_a_burst_of_records_into_one_transaction(
+    writer: tuple[Telemetry, Store, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    telemetry, store, batches = writer
+    monkeypatch.setattr(telemetry_module, "COALESCE_S", 2.0)
+    for step in range(1, 41):  # as the recorder hands them over: a few at a time
+        telemetry.submit([_sample(step)])
+        time.sleep(0.001)
+    wait_for(lambda: _stored(store) == 40, 30, "the burst to reach the store")
+    assert batches == [40]
+
+
+def test_the_default_cadence_keeps_a_step_under_a_second_from_the_store(
+    writer: tuple[Telemetry, Store, list[int]],
+) -> None:
+    """What a kill -9 may lose, and what a live chart waits for, stay under 1 s."""
+    telemetry, store, _ = writer
+    assert telemetry_module.COALESCE_S <= 0.25
+    began = time.monotonic()
+    telemetry.submit([_sample(1)])
+    wait_for(lambda: _stored(store) == 1, 30, "the step to reach the store")
+    assert time.monotonic() - began < 1.0
+
+
+def test_flush_and_a_full_batch_write_at_once(
+    writer: tuple[Telemetry, Store, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    telemetry, store, batches = writer
+    monkeypatch.setattr(telemetry_module, "COALESCE_S", 600.0)
+    monkeypatch.setattr(telemetry_module, "BATCH", 10)
+    telemetry.submit([_sample(step) for step in range(1, 4)])
+    assert telemetry.flush(30)
+    assert _stored(store) == 3 and batches == [3]
+    telemetry.submit([_sample(step) for step in range(4, 14)])  # a whole batch: no waiting
+    wait_for(lambda: _stored(store) == 13, 30, "a full batch to reach the store")
+    assert batches == [3, 10]
 
 
 # ------------------------------------------------------------ host-device syncs

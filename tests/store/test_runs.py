@@ -3,9 +3,10 @@ from __future__ import annotations
 import os
 import random
 import time
+from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from scaler.store import RunNotFound, RunRef, StepRecord, Store
 from scaler.store.records import format_inf_ranks, parse_inf_ranks
@@ -108,6 +109,24 @@ def test_write_steps_is_one_transaction(store: Store, run: RunRef) -> None:
         assert conn.exec_driver_sql("SELECT sum(n) FROM step_rollups").scalar_one() == 10 * len(
             ROLLUP_LEVELS
         )
+
+
+def test_write_steps_puts_many_rows_in_each_statement(store: Store, run: RunRef) -> None:
+    """Not one statement per row: the driver releases and retakes the GIL around each."""
+    inserts: list[str] = []
+
+    def trace(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.set_trace_callback(
+            lambda sql: inserts.append(sql) if sql.startswith("INSERT INTO steps (") else None
+        )
+
+    event.listen(store.engine, "connect", trace)
+    store.engine.dispose()
+    rng = random.Random(5)
+    write_steps(store, run.id, [_record(rng, step) for step in range(1, 1001)])
+    with store.read() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM steps").scalar_one() == 1000
+    assert 1 < len(inserts) <= 1000 // 64 + 7  # 64 rows a statement, the rest in 32, 8
 
 
 def test_write_steps_advances_last_step_and_heartbeat(store: Store, run: RunRef) -> None:
