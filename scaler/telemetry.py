@@ -31,7 +31,7 @@ from ._recorder import ControlOutcome, StepSample
 from .store import control as store_control
 from .store import runs as store_runs
 from .store.engine import Store, open_store
-from .store.records import StepRecord
+from .store.records import ControlRequestRow, StepRecord
 
 log = logging.getLogger("scaler.telemetry")
 
@@ -292,23 +292,48 @@ class Telemetry:
         self._wake.set()
 
     def _poll_loop(self) -> None:
-        while not self._stop.wait(POLL_INTERVAL_S):
-            store, run_id = self._store, self.run_id
-            if store is None or run_id is None:
-                continue
-            try:
-                pending = store_control.pending_requests(store, run_id)
-            except Exception:  # a locked or missing store: try at the next poll
-                continue
-            for request in pending:
-                if request.id in self._handed:
+        probe: store_control.PendingProbe | None = None
+        probed: tuple[int, tuple[int, int] | None] | None = None  # the store and file it reads
+        try:
+            while not self._stop.wait(POLL_INTERVAL_S):
+                store, run_id, file_id = self._store, self.run_id, self._file_id
+                if store is None or run_id is None:
                     continue
-                self._handed.add(request.id)
-                problem = _control.check(request.values, {})
-                if problem is None:
-                    self._inbox.append(ControlUpdate(request.id, request.values))
-                else:  # written past the store's validation: settle it, never apply it
-                    self._reject(request.id, request.values, problem)
+                try:
+                    if probe is None or probed != (id(store), file_id):
+                        _close_quietly(probe)
+                        probe = None
+                        probe, probed = store_control.PendingProbe(store), (id(store), file_id)
+                    if not probe(run_id):
+                        continue
+                    pending = store_control.pending_requests(store, run_id)
+                except Exception:  # a locked or missing store: try at the next poll
+                    _close_quietly(probe)
+                    probe = None
+                    continue
+                self._take(pending)
+        finally:
+            _close_quietly(probe)
+
+    def _take(self, pending: list[ControlRequestRow]) -> None:
+        for request in pending:
+            if request.id in self._handed:
+                continue
+            self._handed.add(request.id)
+            problem = _control.check(request.values, {})
+            if problem is None:
+                self._inbox.append(ControlUpdate(request.id, request.values))
+            else:  # written past the store's validation: settle it, never apply it
+                self._reject(request.id, request.values, problem)
+
+
+def _close_quietly(probe: store_control.PendingProbe | None) -> None:
+    if probe is None:
+        return
+    try:
+        probe.close()
+    except Exception:  # its store is gone already
+        log.debug("scalewatch: could not close the control probe", exc_info=True)
 
 
 def _write_outcome(

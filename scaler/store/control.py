@@ -110,6 +110,33 @@ def request_control(
         return _request(conn, int(key[0]))
 
 
+_ANY_PENDING = "SELECT 1 FROM control_requests WHERE run_id = ? AND status = 'pending' LIMIT 1"
+
+
+class PendingProbe:
+    """Whether a run has pending requests, asked cheaply: one statement on a connection the
+    probe holds (about 6 us of CPU, against about 300 us for :func:`pending_requests`).
+
+    The reporting rank polls several times a second for the whole run, next to the
+    training thread, and almost every poll finds nothing; only a hit needs the full read.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self._conn = store.engine.raw_connection()
+
+    def __call__(self, run_id: int) -> bool:
+        cursor = self._conn.cursor()
+        try:
+            cursor.execute(_ANY_PENDING, (run_id,))
+            return cursor.fetchone() is not None
+        finally:
+            cursor.close()
+            self._conn.rollback()  # hold no read snapshot between polls
+
+    def close(self) -> None:
+        self._conn.close()
+
+
 def pending_requests(store: Store, run_id: int) -> list[ControlRequestRow]:
     """The run's pending requests, oldest first."""
     with store.read() as conn:

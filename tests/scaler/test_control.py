@@ -16,6 +16,7 @@ from sqlalchemy import select
 
 import scaler
 from scaler.store import ControlValidationError, RunNotRunning, Store, open_store
+from scaler.store import control as store_control
 from scaler.store.control import control_history, control_state, request_control
 from scaler.store.runs import create_run, end_run
 from scaler.store.schema import control_requests, runs, steps
@@ -157,6 +158,43 @@ def _status(store: Store, request_id: int) -> str:
 
 def _wait_inbox(gs: Any, count: int) -> None:
     wait_for(lambda: len(gs._inbox) >= count, 10, f"{count} request(s) in the scaler's inbox")
+
+
+def test_idle_polls_only_probe_and_a_request_is_still_picked_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The poll that finds nothing costs one cheap statement, not the full read of requests."""
+    probes: list[int] = []
+    reads: list[int] = []
+    probe_call, read = store_control.PendingProbe.__call__, store_control.pending_requests
+
+    def counted_probe(self: Any, run_id: int) -> bool:
+        probes.append(run_id)
+        return probe_call(self, run_id)
+
+    def counted_read(store: Store, run_id: int) -> Any:
+        reads.append(run_id)
+        return read(store, run_id)
+
+    monkeypatch.setattr(store_control.PendingProbe, "__call__", counted_probe)
+    monkeypatch.setattr(store_control, "pending_requests", counted_read)
+    url = db_url(tmp_path / "sw.db")
+    model = mlp()
+    opt = sgd(model)[0]
+    gs = scaler.GradScaler("cpu", init_scale=INIT, growth_interval=1000, telemetry=url)
+    train_step(gs, model, opt, 1)
+    assert gs.flush(30)
+    wait_for(lambda: len(probes) >= 3, 10, "three polls")
+    assert reads == []
+    store = open_store(url)
+    request = request_control(store, gs.run_id, {"growth_factor": 3.0}, requested_by="test")
+    _wait_inbox(gs, 1)
+    assert reads and set(reads) == set(probes) == {gs.run_id}
+    train_step(gs, model, opt, 2)
+    assert gs.flush(30)
+    assert _status(store, request.id) == "applied"
+    gs.close()
+    store.close()
 
 
 @pytest.mark.parametrize("cls", [scaler.GradScaler, scaler.ShardedGradScaler])
