@@ -3,7 +3,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import torch
 import torch.distributed as dist
 from _twin import world1
 
@@ -34,16 +33,7 @@ def no_group() -> None:
     assert not dist.is_initialized()
 
 
-CUDA = pytest.param(
-    "cuda",
-    marks=[
-        pytest.mark.cuda,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    ],
-)
-
-
-@pytest.fixture(params=["cpu", CUDA])
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def device(request: pytest.FixtureRequest) -> str:
     """Where the scalers, models and batches live: cpu, and cuda where a GPU is present."""
     param: str = request.param

@@ -9,6 +9,7 @@ inf/NaN injected into one chosen rank's local gradients at chosen steps.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -116,19 +117,18 @@ def worker(rank: int, world: int, kinds: list[str], device: str = "cpu") -> dict
     results: dict[str, Any] = {}
     plan = plan_for(world)
     for kind in kinds:
+        ours = Recorded(device, growth_interval=2, telemetry=False, **FACTORS)
         try:
             theirs = TorchSharded(device, growth_interval=2, **FACTORS)
             reference = train(kind, theirs, rank, plan, device)
         except Exception as exc:  # torch refuses the setup: ours must refuse it the same way
             dist.barrier()
-            ours = Recorded(device, growth_interval=2, telemetry=False, **FACTORS)
             results[kind] = {
                 "unsupported": f"{type(exc).__name__}: {exc}",
-                "ours_error": error_of(lambda: train(kind, ours, rank, plan, device)),  # noqa: B023
+                "ours_error": error_of(functools.partial(train, kind, ours, rank, plan, device)),
             }
             dist.barrier()
             continue
-        ours = Recorded(device, growth_interval=2, telemetry=False, **FACTORS)
         mine = train(kind, ours, rank, plan, device)
         stats = ours.stats()
         samples = [sample.record for sample in ours.samples]
@@ -193,14 +193,12 @@ def test_torch_and_ours_side_by_side_on_real_ranks(world: int) -> None:
 
 @pytest.mark.cuda
 @pytest.mark.slow
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_ddp_on_cuda_side_by_side_on_real_ranks() -> None:
     """Both ranks on the one GPU; the found_inf payload is a cuda tensor all-reduced by gloo."""
     check_kind("ddp", 2, run_ranks(worker, 2, ["ddp"], "cuda", timeout=150.0))
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("reduce", [False, True], ids=["one-rank", "all-reduce-kept"])
 @pytest.mark.filterwarnings("ignore:FSDP is switching to use `NO_SHARD`:UserWarning")
 def test_fsdp1_cpu_offload_on_one_gpu(reduce: bool) -> None:

@@ -151,8 +151,6 @@ def test_sharded_without_process_group(optimizers: str, no_group: None) -> None:
 
 # ------------------------------------------------------------------------ cuda
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
 
 def cuda_steps(gs: Any, optimizers: str, *, error_mode_for_step: bool) -> int:
     """Synchronisations reported by torch's sync debug mode over the steps."""
@@ -188,7 +186,6 @@ def cuda_steps(gs: Any, optimizers: str, *, error_mode_for_step: bool) -> int:
 
 
 @pytest.mark.cuda
-@cuda
 @pytest.mark.parametrize("optimizers", list(OPTIMIZERS))
 @pytest.mark.parametrize("telemetry", [False, None], ids=["telemetry-off", "telemetry-on"])
 def test_cuda_sync_debug_mode(optimizers: str, telemetry: bool | None) -> None:
