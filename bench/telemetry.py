@@ -8,15 +8,19 @@ pragmas. Goals: >= 100k records/s and >= half the raw rate.
 Training thread: microseconds per step on the training thread, torch's scaler against
 ours with telemetry off and on (a store in a temporary file), interleaved round by round,
 for a tiny model step and for the scaler's calls alone, for ``GradScaler`` and (in a
-one-process gloo group) ``ShardedGradScaler``. Goal: telemetry on costs < 5 us per step.
+one-process gloo group) ``ShardedGradScaler``, on cpu or (``--device cuda``) a GPU. Goal:
+telemetry on costs < 5 us per step. A second scaler with telemetry off, timed exactly as
+the "on" one, gives the method's noise floor (a/a); the CPU time that telemetry's own
+threads spend per step is printed beside it.
 
     python bench/telemetry.py [--records 300000] [--batch 1000] [--rounds 2] [--steps 1000]
-        [--training-rounds 15] [--round-seconds 1.0]
+        [--training-rounds 31] [--round-seconds 1.0] [--device cpu|cuda]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sqlite3
 import statistics
@@ -175,20 +179,42 @@ def print_writer(result: dict[str, Any]) -> None:
     )
 
 
-def _variants(kind: str, url: str) -> dict[str, Any]:
-    """torch's scaler and ours with telemetry off and on, all with the same settings."""
-    kwargs = {"device": "cpu", "growth_interval": 100}
+def _variants(kind: str, url: str, device: str) -> dict[str, Any]:
+    """torch's scaler, ours with telemetry off, on, and off again, all with the same settings.
+
+    "off again" is a second scaler with telemetry off, timed the same way as "on": its
+    difference to "off" is what the method reads when nothing differs (its noise floor).
+    """
+    kwargs = {"device": device, "growth_interval": 100}
     if kind == "GradScaler":
         return {
             "torch": torch.amp.GradScaler(**kwargs),
             "off": scaler.GradScaler(**kwargs, telemetry=False),
             "on": scaler.GradScaler(**kwargs, telemetry=url),
+            "off again": scaler.GradScaler(**kwargs, telemetry=False),
         }
     return {
         "torch": TorchSharded(**kwargs),
         "off": scaler.ShardedGradScaler(**kwargs, telemetry=False),
         "on": scaler.ShardedGradScaler(**kwargs, telemetry=url),
+        "off again": scaler.ShardedGradScaler(**kwargs, telemetry=False),
     }
+
+
+def _telemetry_threads_cpu(gs: Any) -> float:
+    """CPU seconds used so far by the writer and poller threads of ``gs``'s telemetry."""
+    telemetry = getattr(gs, "_telemetry", None)  # torch's scalers have none
+    if telemetry is None:
+        return 0.0
+    total = 0.0
+    for thread in (telemetry._writer, telemetry._poller):
+        if thread.ident is None or not thread.is_alive():
+            continue
+        try:
+            total += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except OSError:  # the thread ended meanwhile
+            continue
+    return total
 
 
 def _timed(loop: Any, steps: int) -> tuple[float, float]:
@@ -202,12 +228,13 @@ def _timed(loop: Any, steps: int) -> tuple[float, float]:
     return (time.perf_counter() - wall) / steps, (time.thread_time() - cpu) / steps
 
 
-def _model_step(gs: Any, steps: int) -> tuple[float, float]:
+def _model_step(gs: Any, steps: int, device: str = "cpu") -> tuple[float, float]:
     """Per step of a tiny model's whole step: forward, backward, step, update."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    model.to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    data = torch.randn(16, 32)
+    data = torch.randn(16, 32, device=device)
 
     def loop(n: int) -> None:
         for _ in range(n):
@@ -215,16 +242,17 @@ def _model_step(gs: Any, steps: int) -> tuple[float, float]:
             gs.scale(model(data).pow(2).mean()).backward()
             gs.step(opt)
             gs.update()
+        _sync(device)
 
     return _timed(loop, steps)
 
 
-def _scaler_calls(gs: Any, steps: int) -> tuple[float, float]:
+def _scaler_calls(gs: Any, steps: int, device: str = "cpu") -> tuple[float, float]:
     """Per step of the scaler's own calls: scale, unscale_, step (lr 0), update."""
-    param = torch.nn.Parameter(torch.zeros(8))
-    param.grad = torch.ones(8)
+    param = torch.nn.Parameter(torch.zeros(8, device=device))
+    param.grad = torch.ones(8, device=device)
     opt = torch.optim.SGD([param], lr=0.0)
-    loss = torch.ones(())
+    loss = torch.ones((), device=device)
 
     def loop(n: int) -> None:
         for _ in range(n):
@@ -232,12 +260,18 @@ def _scaler_calls(gs: Any, steps: int) -> tuple[float, float]:
             gs.unscale_(opt)
             gs.step(opt)
             gs.update()
+        _sync(device)
 
     return _timed(loop, steps)
 
 
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
 def bench_training_thread(
-    steps: int = 1000, rounds: int = 15, min_round_s: float = 1.0
+    steps: int = 1000, rounds: int = 31, min_round_s: float = 1.0, device: str = "cpu"
 ) -> dict[str, Any]:
     """Median us/step per (class, workload, variant) over rounds that interleave the variants.
 
@@ -251,6 +285,7 @@ def bench_training_thread(
         "steps": steps,
         "rounds": rounds,
         "min_round_s": min_round_s,
+        "device": device,
         "rows": {},
     }
     with tempfile.TemporaryDirectory() as tmp:
@@ -259,36 +294,49 @@ def bench_training_thread(
         )
         try:
             for kind in ("GradScaler", "ShardedGradScaler"):
-                for workload, fn in (("model step", _model_step), ("scaler calls", _scaler_calls)):
-                    variants = _variants(kind, f"sqlite:///{Path(tmp) / f'{kind}-{workload}.db'}")
+                for workload, work in (
+                    ("model step", _model_step),
+                    ("scaler calls", _scaler_calls),
+                ):
+                    fn = functools.partial(work, device=device)
+                    url = f"sqlite:///{Path(tmp) / f'{kind}-{workload}.db'}"
+                    variants = _variants(kind, url, device)
                     samples: dict[str, list[tuple[float, float]]] = {n: [] for n in variants}
                     for gs in variants.values():
                         fn(gs, 50)  # warm up; the first update() starts the writer
                     n = max(steps, math.ceil(min_round_s / fn(variants["off"], 200)[0]))
+                    threads_cpu: list[float] = []
                     for _ in range(rounds):
                         for name, gs in variants.items():
                             # None of the on variant's writes may land in another's round,
                             # and its own round starts with its writer in its usual cadence.
                             variants["on"].flush(60)
-                            if name == "on":
+                            if name in ("on", "off again"):  # timed alike
                                 fn(gs, math.ceil(n * WARM_UP_S / min_round_s))
+                            before = _telemetry_threads_cpu(gs)
                             wall, cpu = fn(gs, n)
                             samples[name].append((wall * 1e6, cpu * 1e6))
+                            if name == "on":
+                                threads_cpu.append((_telemetry_threads_cpu(gs) - before) / n)
                     telemetry = variants["on"]._telemetry
                     written = telemetry is not None and telemetry.flush(60)
                     for gs in variants.values():
                         if hasattr(gs, "close"):
                             gs.close()
-                    row: dict[str, Any] = {"written": written}
+                    row: dict[str, Any] = {
+                        "written": written,
+                        "threads_cpu": statistics.median(threads_cpu) * 1e6,
+                    }
                     for i, metric in enumerate(("wall", "cpu")):
                         row[metric] = {
                             name: statistics.median(x[i] for x in xs)
                             for name, xs in samples.items()
                         }
-                        row[metric]["on-off"] = statistics.median(
-                            on[i] - off[i]
-                            for on, off in zip(samples["on"], samples["off"], strict=True)
-                        )
+                        for label, other in (("on-off", "on"), ("a/a", "off again")):
+                            row[metric][label] = statistics.median(
+                                x[i] - off[i]
+                                for x, off in zip(samples[other], samples["off"], strict=True)
+                            )
                     results["rows"][(kind, workload)] = row
         finally:
             dist.destroy_process_group()
@@ -297,40 +345,51 @@ def bench_training_thread(
 
 def print_training_thread(result: dict[str, Any]) -> None:
     print(
-        f"training thread: us/step, medians of {result['rounds']} interleaved rounds"
+        f"training thread ({result['device']} steps): us/step,"
+        f" medians of {result['rounds']} interleaved rounds"
         f" of {result['steps']} steps or {result['min_round_s']} s;"
         " on-off = median of each round's difference;"
         " cpu = the training thread's own CPU time"
     )
     print(
-        f"  {'class':<18} {'workload':<13} {'time':<5} {'torch':>8} {'off':>8} {'on':>8}"
-        f" {'on-off':>8} {'on-torch':>9}"
+        "  a/a = the same difference between two scalers with telemetry off (the method's"
+        " noise floor); threads = CPU of telemetry's writer and poller threads per step"
     )
-    worst_cpu = worst_wall = float("-inf")
+    print(
+        f"  {'class':<18} {'workload':<13} {'time':<5} {'torch':>8} {'off':>8} {'on':>8}"
+        f" {'on-off':>8} {'a/a':>7} {'on-torch':>9} {'threads':>8}"
+    )
+    worst: dict[str, float] = {}
     for (kind, workload), row in result["rows"].items():
         for metric in ("cpu", "wall"):
             t = row[metric]
-            on_off = t["on-off"]
-            if metric == "cpu":
-                worst_cpu = max(worst_cpu, on_off)
-            else:
-                worst_wall = max(worst_wall, on_off)
+            for label in ("on-off", "a/a"):
+                key = f"{metric} {label}"
+                worst[key] = max(worst.get(key, float("-inf")), t[label])
+            threads = f"{row['threads_cpu']:>8.1f}" if metric == "cpu" else f"{'':>8}"
             print(
                 f"  {kind:<18} {workload:<13} {metric:<5} {t['torch']:>8.1f} {t['off']:>8.1f}"
-                f" {t['on']:>8.1f} {on_off:>+8.1f} {t['on'] - t['torch']:>+9.1f}"
+                f" {t['on']:>8.1f} {t['on-off']:>+8.1f} {t['a/a']:>+7.1f}"
+                f" {t['on'] - t['torch']:>+9.1f} {threads}"
                 + ("" if row["written"] else "  (store not flushed)")
             )
+    worst_cpu, worst_wall = worst["cpu on-off"], worst["wall on-off"]
     ok = worst_cpu < TRAINING_GOAL_US
     print(
         f"  goal: telemetry on - off < {TRAINING_GOAL_US} us/step of training-thread CPU:"
         f" {_verdict(ok)} (worst {worst_cpu:+.1f} us; wall time worst {worst_wall:+.1f} us)"
+    )
+    print(
+        f"  noise floor: the worst a/a row is {worst['cpu a/a']:+.1f} us cpu,"
+        f" {worst['wall a/a']:+.1f} us wall"
     )
     figure(
         "telemetry cost on the training thread (on - off, CPU time per step)",
         f"{worst_cpu:+.1f} us",
         f"< {TRAINING_GOAL_US} us",
         ok,
-        f"wall time on - off {worst_wall:+.1f} us/step",
+        f"wall time on - off {worst_wall:+.1f} us/step; off - off (noise floor)"
+        f" {worst['cpu a/a']:+.1f} us cpu",
     )
 
 
@@ -340,11 +399,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=2, help="writer rounds")
     parser.add_argument("--steps", type=int, default=1000, help="steps per training round")
-    parser.add_argument("--training-rounds", type=int, default=15)
+    parser.add_argument("--training-rounds", type=int, default=31)
     parser.add_argument("--round-seconds", type=float, default=1.0, help="shortest training round")
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu", help="of the training steps"
+    )
     args = parser.parse_args()
     print_training_thread(
-        bench_training_thread(args.steps, args.training_rounds, args.round_seconds)
+        bench_training_thread(args.steps, args.training_rounds, args.round_seconds, args.device)
     )
     print_writer(bench_writer(args.records, args.batch, args.rounds))
 

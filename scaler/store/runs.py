@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from itertools import chain
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, exc, select, text, update
+from sqlalchemy import Connection, RowMapping, exc, select, update
 
 from scaler.store.engine import Store
 from scaler.store.errors import RunNotFound
@@ -53,7 +53,8 @@ _ROLLUP_COLUMNS = (
     " tracker_min, tracker_max, tracker_last, overflows, skipped"
 )
 # Aliases are prefixed: SQLite resolves a bare name in WHERE/GROUP BY to a result alias.
-_ROLLUP_FROM_STEPS = text(
+# Run on the driver's cursor, which takes the named parameters as they are.
+_ROLLUP_FROM_STEPS = (
     f"INSERT OR REPLACE INTO step_rollups ({_ROLLUP_COLUMNS})"
     " SELECT :run, :level, a.agg_bucket, a.agg_first, a.agg_last, a.agg_n,"
     " a.agg_scale_min, a.agg_scale_max, s.scale_after,"
@@ -68,7 +69,7 @@ _ROLLUP_FROM_STEPS = text(
     " GROUP BY step / :width) AS a"
     " JOIN steps AS s ON s.run_id = :run AND s.step = a.agg_last"
 )
-_ROLLUP_FROM_CHILD = text(
+_ROLLUP_FROM_CHILD = (
     f"INSERT OR REPLACE INTO step_rollups ({_ROLLUP_COLUMNS})"
     " SELECT :run, :level, a.agg_bucket, a.agg_first, a.agg_last, a.agg_n,"
     " a.agg_scale_min, a.agg_scale_max, c.scale_last,"
@@ -217,7 +218,7 @@ def step_rows(run_id: int, records: Sequence[StepRecord]) -> list[tuple[Any, ...
             r.scale,
             r.overflow,
             r.skipped,
-            format_inf_ranks(r.inf_ranks),
+            format_inf_ranks(r.inf_ranks) if r.inf_ranks else "",
             r.scale_after,
             r.growth_tracker,
             r.growth_interval,
@@ -242,40 +243,37 @@ def write_steps(store: Store, run_id: int, records: Sequence[StepRecord]) -> Non
     if min(step_numbers) < 0:
         raise ValueError("step numbers are >= 0")
     with store.write() as conn:
-        last_step = conn.execute(
-            select(runs.c.last_step).where(runs.c.id == run_id)
-        ).scalar_one_or_none()
-        if last_step is None:
-            raise RunNotFound(run_id)
-        fresh = min(step_numbers) > last_step and len(set(step_numbers)) == len(step_numbers)
-        _insert_steps(conn, rows, replace=not fresh)
-        _refresh_rollups(conn, run_id, step_numbers)
-        conn.execute(
-            text(
-                "UPDATE runs SET last_step = max(last_step, :last), heartbeat_at = :now"
-                " WHERE id = :run"
-            ),
-            {"last": max(step_numbers), "now": time.time(), "run": run_id},
-        )
+        # The driver's own cursor: SQLAlchemy's work per statement was a third of the write.
+        cursor = conn.connection.cursor()
+        try:
+            cursor.execute("SELECT last_step FROM runs WHERE id = ?", (run_id,))
+            found = cursor.fetchone()
+            if found is None:
+                raise RunNotFound(run_id)
+            fresh = min(step_numbers) > found[0] and len(set(step_numbers)) == len(step_numbers)
+            _insert_steps(cursor, rows, replace=not fresh)
+            _refresh_rollups(cursor, run_id, step_numbers)
+            cursor.execute(
+                "UPDATE runs SET last_step = max(last_step, ?), heartbeat_at = ? WHERE id = ?",
+                (max(step_numbers), time.time(), run_id),
+            )
+        finally:
+            cursor.close()
 
 
-def _insert_steps(conn: Connection, rows: Sequence[tuple[Any, ...]], *, replace: bool) -> None:
+def _insert_steps(cursor: Any, rows: Sequence[tuple[Any, ...]], *, replace: bool) -> None:
     """Insert ``rows`` in statements of 64, 32, ... 1 rows (a few statements, all cached).
 
     A step written again (a retried batch, or steps replayed after resuming from an older
     checkpoint) replaces the stored row when ``replace``; its buckets are then recomputed
     from what is stored.
     """
-    cursor = conn.connection.cursor()  # the driver's own: SQLAlchemy's per-statement work is
-    try:  # a third of the whole write here
-        start = 0
-        while start < len(rows):
-            count = min(_ROWS_PER_STATEMENT, 1 << ((len(rows) - start).bit_length() - 1))
-            part = rows[start : start + count]
-            cursor.execute(_insert_sql(count, replace), tuple(chain.from_iterable(part)))
-            start += count
-    finally:
-        cursor.close()
+    start = 0
+    while start < len(rows):
+        count = min(_ROWS_PER_STATEMENT, 1 << ((len(rows) - start).bit_length() - 1))
+        part = rows[start : start + count]
+        cursor.execute(_insert_sql(count, replace), tuple(chain.from_iterable(part)))
+        start += count
 
 
 @functools.cache
@@ -286,7 +284,7 @@ def _insert_sql(rows: int, replace: bool) -> str:
     return f"{verb} INTO steps ({', '.join(_STEP_COLUMNS)}) VALUES {', '.join([row] * rows)}"
 
 
-def _refresh_rollups(conn: Connection, run_id: int, step_numbers: Sequence[int]) -> None:
+def _refresh_rollups(cursor: Any, run_id: int, step_numbers: Sequence[int]) -> None:
     touched: set[int] = set()
     for level, width, child, child_width in _ROLLUP_PLAN:
         if child is None:
@@ -296,7 +294,7 @@ def _refresh_rollups(conn: Connection, run_id: int, step_numbers: Sequence[int])
             touched = {bucket * child_width // width for bucket in touched}
             statement, unit = _ROLLUP_FROM_CHILD, width // child_width
         for first, last in _contiguous(touched):
-            conn.execute(
+            cursor.execute(
                 statement,
                 {
                     "run": run_id,
