@@ -281,6 +281,7 @@ def bench_training_thread(
     ``COALESCE_S``, and a round must hold several of its writes, not none or one.
     """
     torch.set_num_threads(1)
+    began = time.perf_counter()
     results: dict[str, Any] = {
         "steps": steps,
         "rounds": rounds,
@@ -338,6 +339,12 @@ def bench_training_thread(
                                 for x, off in zip(samples[other], samples["off"], strict=True)
                             )
                     results["rows"][(kind, workload)] = row
+                    print(
+                        f"  measured {kind} {workload} ({n} steps a round)"
+                        f" at {time.perf_counter() - began:.0f} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         finally:
             dist.destroy_process_group()
     return results

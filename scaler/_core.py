@@ -10,6 +10,7 @@ import torch
 
 from . import _control
 from ._control import ControlUpdate
+from ._pinned import PinnedRings
 from ._recorder import Captured, ControlOutcome, Recorder, Snapshot
 from ._torch_compat import _refresh_per_optimizer_state, process_group_info
 from .stats import ScalerCheckpoint, ScalerStats
@@ -97,6 +98,7 @@ class Instrumented(_Base):
     def _reset_transient(self) -> None:
         self._hysteresis_tracker: torch.Tensor | None = None
         self._recorder: Recorder | None = None
+        self._pinned = PinnedRings()
         self._telemetry: Any = None
         self._inbox: deque[ControlUpdate] = deque()
         self._code_outcomes: list[ControlOutcome] = []
@@ -225,7 +227,7 @@ class Instrumented(_Base):
             Snapshot(
                 step=self._step_count,
                 wall_time=time.time(),
-                captured=Captured(self._scale, self._growth_tracker, found, flags),
+                captured=Captured(self._scale, self._growth_tracker, found, flags, self._pinned),
                 world_size=width,
                 scale_used=self._scale_host,
                 stepped=self._stepped,
@@ -517,6 +519,7 @@ class Instrumented(_Base):
         for name in (
             "_hysteresis_tracker",
             "_recorder",
+            "_pinned",
             "_telemetry",
             "_inbox",
             "_code_outcomes",

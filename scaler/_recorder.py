@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ._pinned import PinnedRing, PinnedRings
 from .stats import ScalerStats
 from .store.records import StepRecord
 
@@ -49,9 +50,13 @@ class StepSample:
 
 
 class Captured:
-    """Device values of one step: [scale, growth tracker, found_inf, *payload flags]."""
+    """Device values of one step: [scale, growth tracker, found_inf, *payload flags].
 
-    __slots__ = ("_event", "_host", "_tensors")
+    On cuda they are copied asynchronously to pinned host memory: a row of ``rings`` when
+    one is given and free, else a buffer of their own.
+    """
+
+    __slots__ = ("_event", "_host", "_payloads", "_ring", "_row", "_tensors")
 
     def __init__(
         self,
@@ -59,31 +64,45 @@ class Captured:
         tracker: torch.Tensor,
         found: torch.Tensor | None,
         flags: Sequence[torch.Tensor],
+        rings: PinnedRings | None = None,
     ) -> None:
         self._event: Any = None
         self._host: torch.Tensor | None = None
-        if scale.device.type == "cuda":
-            parts = [scale.reshape(1).double(), tracker.reshape(1).double()]
-            parts.append(
-                found.reshape(-1)[:1].double() if found is not None else scale.new_zeros(1).double()
-            )
-            parts.extend(f.double() for f in flags)
-            joined = torch.cat(parts)
-            self._host = torch.empty(joined.shape, dtype=torch.float64, pin_memory=True)
-            self._host.copy_(joined, non_blocking=True)
-            self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            self._event.record()
-            self._tensors: tuple[torch.Tensor | None, ...] = ()
-        else:
+        self._ring: PinnedRing | None = None
+        self._row = 0
+        self._payloads = len(flags)
+        self._tensors: tuple[torch.Tensor | None, ...] = ()
+        if scale.device.type != "cuda":
             # scale and tracker are updated in place next step: keep copies.
             self._tensors = (scale.clone(), tracker.clone(), found, *flags)
+            return
+        first_found = found.reshape(-1)[:1] if found is not None else scale.new_zeros(1)
+        parts = [scale.reshape(1), tracker.reshape(1), first_found, *flags]
+        taken = rings.capture(parts) if rings is not None else None
+        if taken is not None:
+            self._ring, self._row = taken
+            return
+        joined = torch.cat([part.double() for part in parts])
+        self._host = torch.empty(joined.shape, dtype=torch.float64, pin_memory=True)
+        self._host.copy_(joined, non_blocking=True)
+        self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        self._event.record()
+
+    def discard(self) -> None:
+        """Give a pinned row back without reading it (the step was dropped)."""
+        if self._ring is not None:
+            self._ring.release(self._row)
+            self._ring = None
 
     def read(self) -> tuple[float, int, float, list[float]]:
         """(scale, growth tracker, found_inf, flags of each rank summed over optimizers)."""
+        if self._ring is not None:
+            values = self._ring.read(self._row)
+            self._ring = None
+            return _split(values, self._payloads)
         if self._host is not None:
             self._event.synchronize()
-            values = self._host.tolist()
-            return values[0], int(values[1]), values[2], values[3:]
+            return _split(self._host.tolist(), self._payloads)
         scale, tracker, found, *flags = self._tensors
         assert scale is not None and tracker is not None
         if found is None:
@@ -98,6 +117,18 @@ class Captured:
             values = payload.tolist()
             summed = values if not summed else [a + b for a, b in zip(summed, values, strict=True)]
         return float(scale.item()), int(tracker.item()), found_value, summed
+
+
+def _split(values: list[float], payloads: int) -> tuple[float, int, float, list[float]]:
+    """A host row as ``read()`` returns it: the payloads that follow the first three summed."""
+    flags = values[3:]
+    if not payloads:
+        return values[0], int(values[1]), values[2], []
+    width = len(flags) // payloads
+    summed = flags[:width]
+    for start in range(width, len(flags), width):
+        summed = [a + b for a, b in zip(summed, flags[start : start + width], strict=True)]
+    return values[0], int(values[1]), values[2], summed
 
 
 @dataclass(slots=True)
@@ -177,6 +208,7 @@ class Recorder:
         """Never blocks: past MAX_PENDING unread snapshots the step is dropped and counted."""
         if len(self._pending) >= MAX_PENDING:
             self._dropped += 1
+            snap.captured.discard()
             return
         self._pending.append(snap)
         self._submitted += 1

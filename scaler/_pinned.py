@@ -1,0 +1,81 @@
+"""Pinned host rows reused step after step for the asynchronous copies of a step's values.
+
+Allocating pinned memory and a CUDA event for every step costs the training thread far
+more than the copy itself. A ring allocates them once: the training thread takes a free
+row, queues the copy into it and records the row's event; the recorder thread waits on
+that event, reads the row and gives it back.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+RING_BYTES = 4 * 1024 * 1024
+MIN_ROWS = 64
+MAX_ROWS = 4096
+
+
+class PinnedRing:
+    """``rows`` float64 host rows of ``width`` values, each with its own event.
+
+    The training thread calls :meth:`capture`, the recorder thread :meth:`read`; a row is
+    taken from and given back to a deque, whose appends and pops are atomic.
+    """
+
+    def __init__(self, width: int, device: torch.device, rows: int | None = None) -> None:
+        if rows is None:
+            rows = max(MIN_ROWS, min(MAX_ROWS, RING_BYTES // (8 * width)))
+        self.width = width
+        host = torch.empty((rows, width), dtype=torch.float64, pin_memory=True)
+        self._rows = list(host.unbind(0))
+        self._staging = torch.empty(width, dtype=torch.float64, device=device)
+        self._events: list[Any] = [None] * rows
+        self._free: deque[int] = deque(range(rows))
+
+    def capture(self, parts: Sequence[torch.Tensor]) -> int | None:
+        """Queue the copy of ``parts`` (joined, as float64) to a free row; None if none is free."""
+        try:
+            row = self._free.popleft()
+        except IndexError:  # the recorder is behind by a whole ring
+            return None
+        # One staging buffer suffices: the next step's write is ordered after this copy.
+        torch.cat(list(parts), out=self._staging)
+        self._rows[row].copy_(self._staging, non_blocking=True)
+        event = self._events[row]
+        if event is None:
+            event = self._events[row] = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record()
+        return row
+
+    def read(self, row: int) -> list[float]:
+        """Wait for ``row``'s copy, read it and give the row back."""
+        try:
+            self._events[row].synchronize()
+            values: list[float] = self._rows[row].tolist()
+        finally:
+            self._free.append(row)
+        return values
+
+    def release(self, row: int) -> None:
+        """Give ``row`` back unread (its step was dropped)."""
+        self._free.append(row)
+
+
+class PinnedRings:
+    """One :class:`PinnedRing` per row width (a scaler normally needs one), made on first use."""
+
+    def __init__(self) -> None:
+        self._rings: dict[int, PinnedRing] = {}
+
+    def capture(self, parts: Sequence[torch.Tensor]) -> tuple[PinnedRing, int] | None:
+        """Queue ``parts``' copy to a free row of the ring of their width; None if it is full."""
+        width = sum(part.numel() for part in parts)
+        ring = self._rings.get(width)
+        if ring is None:
+            ring = self._rings[width] = PinnedRing(width, parts[0].device)
+        row = ring.capture(parts)
+        return None if row is None else (ring, row)

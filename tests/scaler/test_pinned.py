@@ -1,0 +1,83 @@
+"""The pinned rows that carry a step's device values to the recorder on cuda."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from _twin import INJECT, mlp, sgd, train
+
+import scaler
+from scaler import _pinned
+from scaler._pinned import PinnedRing, PinnedRings
+from scaler._recorder import _split
+
+
+def test_split_sums_each_optimizers_payload_per_rank() -> None:
+    # scale, tracker, found, then two payloads of [rank 0, rank 1, slot]
+    values = [1024.0, 3.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+    assert _split(values, 2) == (1024.0, 3, 1.0, [1.0, 2.0, 0.0])
+    assert _split(values[:6], 1) == (1024.0, 3, 1.0, [0.0, 1.0, 0.0])
+    assert _split(values[:3], 0) == (1024.0, 3, 1.0, [])
+
+
+@pytest.mark.cuda
+def test_a_ring_reuses_its_rows_and_says_when_it_is_full() -> None:
+    ring = PinnedRing(4, torch.device("cuda"), rows=2)
+    scale = torch.full((), 2.0**16, device="cuda")
+    tracker = torch.full((), 2**30 - 1, dtype=torch.int32, device="cuda")  # exact in float64
+    found = torch.ones(1, device="cuda")
+    payload = torch.tensor([0.5], dtype=torch.float64, device="cuda")
+    first = ring.capture([scale.reshape(1), tracker.reshape(1), found, payload])
+    scale.mul_(2)  # the next step changes the scale in place: the row keeps this step's value
+    second = ring.capture([scale.reshape(1), tracker.reshape(1), found, payload])
+    assert first is not None and second is not None and first != second
+    assert ring.capture([scale.reshape(1), tracker.reshape(1), found, payload]) is None
+    assert ring.read(first) == [2.0**16, 2**30 - 1, 1.0, 0.5]
+    assert ring.read(second) == [2.0**17, 2**30 - 1, 1.0, 0.5]
+    again = ring.capture([scale.reshape(1), tracker.reshape(1), found, payload])
+    assert again in (first, second)
+    ring.release(again)
+
+
+@pytest.mark.cuda
+def test_rings_are_kept_per_width() -> None:
+    rings = PinnedRings()
+    one = torch.ones(1, device="cuda")
+    narrow = rings.capture([one, one, one])
+    wide = rings.capture([one, one, one, torch.zeros(3, device="cuda")])
+    assert narrow is not None and wide is not None
+    assert narrow[0] is not wide[0] and (narrow[0].width, wide[0].width) == (3, 6)
+    assert narrow[0].read(narrow[1]) == [1.0, 1.0, 1.0]
+    assert wide[0].read(wide[1]) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("rows", [2, None], ids=["ring-full-often", "default-ring"])
+def test_rows_match_torch_when_the_ring_fills_up(
+    kind: str, rows: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full ring falls back to a buffer of the step's own: no step is lost or misread."""
+    if rows is not None:
+        monkeypatch.setattr(_pinned, "MIN_ROWS", rows)
+        monkeypatch.setattr(_pinned, "MAX_ROWS", rows)
+    kwargs = {"device": "cuda", "init_scale": 2.0**10, "growth_interval": 2}
+    if kind == "plain":
+        theirs, ours = torch.amp.GradScaler(**kwargs), scaler.GradScaler(**kwargs, telemetry=False)
+    else:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
+
+        theirs = TorchSharded(**kwargs)
+        ours = scaler.ShardedGradScaler(**kwargs, telemetry=False)
+    traces = []
+    for gs in (theirs, ours):
+        model = mlp().to("cuda")
+        traces.append(train(gs, model, sgd(model), steps=40, inject=INJECT))
+    traces[1].assert_same(traces[0])
+    stats = ours.stats()
+    assert stats.steps == 40
+    assert stats.overflows == len([s for s in INJECT if s < 40])
+    assert stats.current_scale == traces[0].scales[-1]
+    assert stats.dropped_records == 0
+    ours.close()
