@@ -32,7 +32,9 @@ class PinnedRing:
         self.width = width
         host = torch.empty((rows, width), dtype=torch.float64, pin_memory=True)
         self._rows = list(host.unbind(0))
-        self._staging = torch.empty(width, dtype=torch.float64, device=device)
+        # A device row per host row: it is written again only after the recorder has read
+        # the host row, so after its copy finished, whichever stream the next step uses.
+        self._staging = list(torch.empty((rows, width), dtype=torch.float64, device=device))
         self._events: list[Any] = [None] * rows
         self._free: deque[int] = deque(range(rows))
 
@@ -42,9 +44,9 @@ class PinnedRing:
             row = self._free.popleft()
         except IndexError:  # the recorder is behind by a whole ring
             return None
-        # One staging buffer suffices: the next step's write is ordered after this copy.
-        torch.cat(list(parts), out=self._staging)
-        self._rows[row].copy_(self._staging, non_blocking=True)
+        staging = self._staging[row]
+        torch.cat(list(parts), out=staging)
+        self._rows[row].copy_(staging, non_blocking=True)
         event = self._events[row]
         if event is None:
             event = self._events[row] = torch.cuda.Event()  # type: ignore[no-untyped-call]
