@@ -42,6 +42,24 @@ def test_a_ring_reuses_its_rows_and_says_when_it_is_full() -> None:
 
 
 @pytest.mark.cuda
+def test_steps_on_two_streams_keep_their_own_values() -> None:
+    """A step queued behind slow work on one stream is not overwritten from the other."""
+    ring = PinnedRing(2, torch.device("cuda"), rows=8)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    rows = []
+    for step in range(6):
+        with torch.cuda.stream(streams[step % 2]):
+            if step % 2 == 0:
+                torch.cuda._sleep(20_000_000)  # holds this stream's copy back
+            value = torch.full((2,), float(step), device="cuda")
+            rows.append(ring.capture([value]))
+    assert all(row is not None for row in rows)
+    assert [ring.read(row) for row in rows if row is not None] == [
+        [float(step)] * 2 for step in range(6)
+    ]
+
+
+@pytest.mark.cuda
 def test_rings_are_kept_per_width() -> None:
     rings = PinnedRings()
     one = torch.ones(1, device="cuda")
