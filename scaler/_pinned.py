@@ -50,7 +50,8 @@ class PinnedRing:
         event = self._events[row]
         if event is None:
             event = self._events[row] = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        event.record()
+        # On the stream that queued the copy: the scale's device need not be the current one.
+        event.record(torch.cuda.current_stream(staging.device))
         return row
 
     def read(self, row: int) -> list[float]:

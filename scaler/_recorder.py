@@ -86,7 +86,7 @@ class Captured:
         self._host = torch.empty(joined.shape, dtype=torch.float64, pin_memory=True)
         self._host.copy_(joined, non_blocking=True)
         self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        self._event.record()
+        self._event.record(torch.cuda.current_stream(joined.device))
 
     def discard(self) -> None:
         """Give a pinned row back without reading it (the step was dropped)."""
