@@ -186,18 +186,16 @@ def _variants(kind: str, url: str, device: str) -> dict[str, Any]:
     difference to "off" is what the method reads when nothing differs (its noise floor).
     """
     kwargs = {"device": device, "growth_interval": 100}
-    if kind == "GradScaler":
-        return {
-            "torch": torch.amp.GradScaler(**kwargs),
-            "off": scaler.GradScaler(**kwargs, telemetry=False),
-            "on": scaler.GradScaler(**kwargs, telemetry=url),
-            "off again": scaler.GradScaler(**kwargs, telemetry=False),
-        }
+    theirs, ours = (
+        (torch.amp.GradScaler, scaler.GradScaler)
+        if kind == "GradScaler"
+        else (TorchSharded, scaler.ShardedGradScaler)
+    )
     return {
-        "torch": TorchSharded(**kwargs),
-        "off": scaler.ShardedGradScaler(**kwargs, telemetry=False),
-        "on": scaler.ShardedGradScaler(**kwargs, telemetry=url),
-        "off again": scaler.ShardedGradScaler(**kwargs, telemetry=False),
+        "torch": theirs(**kwargs),
+        "off": ours(**kwargs, telemetry=False),
+        "on": ours(**kwargs, telemetry=url),
+        "off again": ours(**kwargs, telemetry=False),
     }
 
 

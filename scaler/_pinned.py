@@ -74,11 +74,20 @@ class PinnedRings:
     def __init__(self) -> None:
         self._rings: dict[int, PinnedRing] = {}
 
-    def capture(self, parts: Sequence[torch.Tensor]) -> tuple[PinnedRing, int] | None:
-        """Queue ``parts``' copy to a free row of the ring of their width; None if it is full."""
+    def capture(self, parts: Sequence[torch.Tensor]) -> tuple[PinnedRing, int]:
+        """Queue ``parts``' copy to a free row of the ring of their width.
+
+        When that ring is full (the recorder is a whole ring behind), the step gets a ring
+        of one row of its own: slower, nothing lost.
+        """
         width = sum(part.numel() for part in parts)
+        device = parts[0].device
         ring = self._rings.get(width)
         if ring is None:
-            ring = self._rings[width] = PinnedRing(width, parts[0].device)
+            ring = self._rings[width] = PinnedRing(width, device)
         row = ring.capture(parts)
-        return None if row is None else (ring, row)
+        if row is None:
+            ring = PinnedRing(width, device, rows=1)
+            row = ring.capture(parts)
+            assert row is not None
+        return ring, row

@@ -14,7 +14,6 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -52,11 +51,10 @@ class StepSample:
 class Captured:
     """Device values of one step: [scale, growth tracker, found_inf, *payload flags].
 
-    On cuda they are copied asynchronously to pinned host memory: a row of ``rings`` when
-    one is given and free, else a buffer of their own.
+    On cuda they are copied asynchronously to a pinned row of ``rings``.
     """
 
-    __slots__ = ("_event", "_host", "_payloads", "_ring", "_row", "_tensors")
+    __slots__ = ("_payloads", "_ring", "_row", "_tensors")
 
     def __init__(
         self,
@@ -64,10 +62,8 @@ class Captured:
         tracker: torch.Tensor,
         found: torch.Tensor | None,
         flags: Sequence[torch.Tensor],
-        rings: PinnedRings | None = None,
+        rings: PinnedRings,
     ) -> None:
-        self._event: Any = None
-        self._host: torch.Tensor | None = None
         self._ring: PinnedRing | None = None
         self._row = 0
         self._payloads = len(flags)
@@ -77,16 +73,9 @@ class Captured:
             self._tensors = (scale.clone(), tracker.clone(), found, *flags)
             return
         first_found = found.reshape(-1)[:1] if found is not None else scale.new_zeros(1)
-        parts = [scale.reshape(1), tracker.reshape(1), first_found, *flags]
-        taken = rings.capture(parts) if rings is not None else None
-        if taken is not None:
-            self._ring, self._row = taken
-            return
-        joined = torch.cat([part.double() for part in parts])
-        self._host = torch.empty(joined.shape, dtype=torch.float64, pin_memory=True)
-        self._host.copy_(joined, non_blocking=True)
-        self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        self._event.record(torch.cuda.current_stream(joined.device))
+        self._ring, self._row = rings.capture(
+            [scale.reshape(1), tracker.reshape(1), first_found, *flags]
+        )
 
     def discard(self) -> None:
         """Give a pinned row back without reading it (the step was dropped)."""
@@ -100,9 +89,6 @@ class Captured:
             values = self._ring.read(self._row)
             self._ring = None
             return _split(values, self._payloads)
-        if self._host is not None:
-            self._event.synchronize()
-            return _split(self._host.tolist(), self._payloads)
         scale, tracker, found, *flags = self._tensors
         assert scale is not None and tracker is not None
         if found is None:
@@ -111,12 +97,11 @@ class Captured:
             found_value = float(found.item())
         else:
             found_value = float(found.sum().item())
-        summed: list[float] = []
+        values = [float(scale.item()), float(tracker.item()), found_value]
         for payload in flags:
             assert payload is not None
-            values = payload.tolist()
-            summed = values if not summed else [a + b for a, b in zip(summed, values, strict=True)]
-        return float(scale.item()), int(tracker.item()), found_value, summed
+            values.extend(payload.tolist())
+        return _split(values, self._payloads)
 
 
 def _split(values: list[float], payloads: int) -> tuple[float, int, float, list[float]]:
