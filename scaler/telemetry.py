@@ -167,7 +167,8 @@ class Telemetry:
             stopping = self._stop.is_set()
             try:
                 if self._ensure_run():
-                    self._write_pending()
+                    if self._write_pending():  # write_steps beat the heart too
+                        last_beat = time.monotonic()
                     now = time.monotonic()
                     if now - last_beat >= store_runs.HEARTBEAT_INTERVAL_S:
                         assert self._store is not None and self.run_id is not None
@@ -215,9 +216,11 @@ class Telemetry:
             self._store = None
         raise FileNotFoundError(f"the store's database file was removed or replaced: {store.url}")
 
-    def _write_pending(self) -> None:
+    def _write_pending(self) -> bool:
+        """Write what is queued; True if some steps were written."""
         store, run_id = self._store, self.run_id
         assert store is not None and run_id is not None
+        wrote = False
         while True:
             # The batch leaves the queue while it is written, so records dropped meanwhile
             # are never ones that reach the store; it goes back to the front if the write fails.
@@ -226,13 +229,14 @@ class Telemetry:
                 outcomes = list(self._outcomes)
                 self._in_flight = len(batch) + len(outcomes)
             if not batch and not outcomes and not self._gaps:
-                return
+                return wrote
             gaps: list[tuple[int, int, int]] = []
             try:
                 try:
                     gaps = self._write_gaps(store, run_id)
                     store_runs.write_steps(store, run_id, batch)
                     self._check_file()  # committed into a file removed meanwhile: write again
+                    wrote = wrote or bool(batch)
                 except BaseException:
                     replaced = _file_id(store) != self._file_id  # the gaps went with the file
                     with self._lock:

@@ -12,8 +12,10 @@ import os
 import socket
 import time
 import uuid
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, exc, select, update
@@ -83,6 +85,14 @@ _ROLLUP_FROM_CHILD = (
     " GROUP BY bucket / :ratio) AS a"
     " JOIN step_rollups AS c ON c.run_id = :run AND c.level = :child"
     " AND c.bucket = a.agg_last / :child_width"
+)
+
+_ROLLUP_ROW = (
+    "SELECT first_step, n, scale_min, scale_max, tracker_min, tracker_max, overflows, skipped"
+    " FROM step_rollups WHERE run_id = ? AND level = ? AND bucket = ?"
+)
+_ROLLUP_INSERT = (
+    f"INSERT OR REPLACE INTO step_rollups ({_ROLLUP_COLUMNS}) VALUES ({', '.join('?' * 14)})"
 )
 
 
@@ -252,7 +262,7 @@ def write_steps(store: Store, run_id: int, records: Sequence[StepRecord]) -> Non
                 raise RunNotFound(run_id)
             fresh = min(step_numbers) > found[0] and len(set(step_numbers)) == len(step_numbers)
             _insert_steps(cursor, rows, replace=not fresh)
-            _refresh_rollups(cursor, run_id, step_numbers)
+            _refresh_rollups(cursor, run_id, rows, fresh=fresh)
             cursor.execute(
                 "UPDATE runs SET last_step = max(last_step, ?), heartbeat_at = ? WHERE id = ?",
                 (max(step_numbers), time.time(), run_id),
@@ -284,11 +294,22 @@ def _insert_sql(rows: int, replace: bool) -> str:
     return f"{verb} INTO steps ({', '.join(_STEP_COLUMNS)}) VALUES {', '.join([row] * rows)}"
 
 
-def _refresh_rollups(cursor: Any, run_id: int, step_numbers: Sequence[int]) -> None:
+def _refresh_rollups(
+    cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], *, fresh: bool
+) -> None:
+    """Recompute the rollup buckets that ``rows`` (just written) fall in, finest level first.
+
+    Steps after every stored one (``fresh``, the writer's usual batch) are folded into the
+    finest level on the host, which reads no steps back; otherwise the buckets are
+    recomputed from what ``steps`` holds. Coarser levels merge their finer level's rows.
+    """
     touched: set[int] = set()
     for level, width, child, child_width in _ROLLUP_PLAN:
+        if child is None and fresh:
+            touched = _fold_new_steps(cursor, run_id, level, width, rows)
+            continue
         if child is None:
-            touched = {step // width for step in step_numbers}
+            touched = {row[1] // width for row in rows}
             statement, unit = _ROLLUP_FROM_STEPS, width
         else:
             touched = {bucket * child_width // width for bucket in touched}
@@ -307,6 +328,59 @@ def _refresh_rollups(cursor: Any, run_id: int, step_numbers: Sequence[int]) -> N
                     "hi": (last + 1) * unit,
                 },
             )
+
+
+def _fold_new_steps(
+    cursor: Any, run_id: int, level: int, width: int, rows: Sequence[tuple[Any, ...]]
+) -> set[int]:
+    """Write the ``level`` rollups of ``rows``, all of them after every stored step.
+
+    Only the first bucket can hold stored steps; its stored rollup row covers exactly
+    those, so it is merged with the new ones. Returns the buckets written.
+    """
+    # The batch's columns, in step order (a transpose costs less than a pass per column).
+    _, numbers, _, scale, overflow, skipped, _, after, tracker, *_ = zip(
+        *sorted(rows, key=itemgetter(1)), strict=True
+    )
+    rollups: list[list[Any]] = []
+    start = 0
+    while start < len(numbers):
+        bucket = numbers[start] // width
+        end = bisect_left(numbers, (bucket + 1) * width, start)
+        last = end - 1
+        rollups.append(
+            [
+                run_id,
+                level,
+                bucket,
+                numbers[start],
+                numbers[last],
+                end - start,
+                min(min(scale[start:end]), min(after[start:end])),
+                max(max(scale[start:end]), max(after[start:end])),
+                after[last],
+                min(tracker[start:end]),
+                max(tracker[start:end]),
+                tracker[last],
+                sum(overflow[start:end]),
+                sum(skipped[start:end]),
+            ]
+        )
+        start = end
+    cursor.execute(_ROLLUP_ROW, (run_id, level, rollups[0][2]))
+    stored = cursor.fetchone()
+    if stored is not None:
+        head = rollups[0]
+        head[3] = stored[0]
+        head[5] += stored[1]
+        head[6] = min(head[6], stored[2])
+        head[7] = max(head[7], stored[3])
+        head[9] = min(head[9], stored[4])
+        head[10] = max(head[10], stored[5])
+        head[12] += stored[6]
+        head[13] += stored[7]
+    cursor.executemany(_ROLLUP_INSERT, rollups)
+    return {rollup[2] for rollup in rollups}
 
 
 def _contiguous(values: set[int]) -> list[tuple[int, int]]:

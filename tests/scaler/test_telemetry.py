@@ -293,6 +293,41 @@ def test_close_marks_finished_and_a_finished_run_never_reads_as_crashed(tmp_path
     gs.close()  # twice is fine
 
 
+def test_step_writes_keep_the_heartbeat_and_an_idle_run_beats_on_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of steps sets the heartbeat in its own transaction: no second one beside it."""
+    interval = 1.0
+    monkeypatch.setattr(store_runs, "HEARTBEAT_INTERVAL_S", interval)
+    beats: list[float] = []
+    real_heartbeat = store_runs.heartbeat
+
+    def counted(store: Store, run_id: int, at: float | None = None) -> None:
+        beats.append(time.time())
+        real_heartbeat(store, run_id, at)
+
+    monkeypatch.setattr(store_runs, "heartbeat", counted)
+    url = db_url(tmp_path / "sw.db")
+    model = mlp()
+    opt = sgd(model)[0]
+    with scaler.GradScaler("cpu", telemetry=url) as gs:
+        began = time.time()
+        step = 0
+        while time.time() < began + 2.5 * interval:  # steps all along: a write every 0.2 s
+            step += 1
+            train_step(gs, model, opt, step)
+        assert gs.flush(30)
+        with open_store(url) as store:
+            (run,) = run_rows(store)
+        assert beats == []
+        assert run["heartbeat_at"] >= began + 2.0 * interval
+        stopped = time.time()
+        wait_for(lambda: [at for at in beats if at > stopped], 10 * interval, "an idle heartbeat")
+        with open_store(url) as store:
+            (run,) = run_rows(store)
+        assert run["heartbeat_at"] > stopped
+
+
 def test_resume_continues_the_run_and_a_torch_dict_starts_a_new_one(tmp_path: Path) -> None:
     url = db_url(tmp_path / "sw.db")
     model = mlp()
