@@ -6,9 +6,10 @@ file store: steps, rollups, run row, one transaction per batch) against a raw
 pragmas. Goals: >= 100k records/s and >= half the raw rate.
 
 Training thread: microseconds per step on the training thread, torch's scaler against
-ours with telemetry off and on (a store in a temporary file), interleaved round by round,
-for a tiny model step and for the scaler's calls alone, for ``GradScaler`` and (in a
-one-process gloo group) ``ShardedGradScaler``, on cpu or (``--device cuda``) a GPU. Goal:
+ours with telemetry off and on (a store in a temporary file), interleaved round by round
+(every other round in reverse order), for a tiny model step and for the scaler's calls
+alone, for ``GradScaler`` and (in a one-process gloo group) ``ShardedGradScaler``, on cpu
+or (``--device cuda``) a GPU. Goal:
 telemetry on costs < 5 us per step. A second scaler with telemetry off, timed exactly as
 the "on" one, gives the method's noise floor (a/a); the CPU time that telemetry's own
 threads spend per step is printed beside it.
@@ -305,8 +306,11 @@ def bench_training_thread(
                         fn(gs, 50)  # warm up; the first update() starts the writer
                     n = max(steps, math.ceil(min_round_s / fn(variants["off"], 200)[0]))
                     threads_cpu: list[float] = []
-                    for _ in range(rounds):
-                        for name, gs in variants.items():
+                    for round_no in range(rounds):
+                        # Every other round runs the variants in reverse, so a machine that
+                        # speeds up or slows down during a round favours none of them.
+                        order = list(variants.items())
+                        for name, gs in order[::-1] if round_no % 2 else order:
                             # None of the on variant's writes may land in another's round,
                             # and its own round starts with its writer in its usual cadence.
                             variants["on"].flush(60)
