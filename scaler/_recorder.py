@@ -89,19 +89,23 @@ class Captured:
             values = self._ring.read(self._row)
             self._ring = None
             return _split(values, self._payloads)
+        # tolist(), not item() or sum(): it reads a cpu tensor without letting go of the GIL,
+        # and every time this thread takes the GIL back, the training thread may wait for it.
         scale, tracker, found, *flags = self._tensors
         assert scale is not None and tracker is not None
-        if found is None:
-            found_value = 0.0
-        elif found.numel() == 1:
-            found_value = float(found.item())
-        else:
-            found_value = float(found.sum().item())
-        values = [float(scale.item()), float(tracker.item()), found_value]
+        values = [_total(scale), _total(tracker), _total(found)]
         for payload in flags:
             assert payload is not None
             values.extend(payload.tolist())
         return _split(values, self._payloads)
+
+
+def _total(found: torch.Tensor | None) -> float:
+    """The sum of a cpu tensor's values (0 for None), read with ``tolist()``."""
+    if found is None:
+        return 0.0
+    values = found.tolist()
+    return float(sum(values)) if isinstance(values, list) else float(values)
 
 
 def _split(values: list[float], payloads: int) -> tuple[float, int, float, list[float]]:

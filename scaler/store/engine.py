@@ -8,10 +8,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from itertools import chain
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -34,8 +36,39 @@ _PRAGMAS = (
     "PRAGMA synchronous = NORMAL",
     "PRAGMA foreign_keys = ON",
 )
+# Rows in one multi-row INSERT at most; SQLite before 3.32 binds at most 999 values.
+MAX_ROWS_PER_STATEMENT = 1024
+_OLDEST_LIMIT = 999
 # Attempts at switching a new file to WAL; each failed one waits for the lock holder.
 _WAL_ATTEMPTS = 100
+
+
+def insert_rows(cursor: sqlite3.Cursor, head: str, rows: Sequence[Sequence[Any]]) -> None:
+    """Run ``head`` (``INSERT INTO t (a, b)``) for ``rows`` in a few multi-row statements.
+
+    Not ``executemany``: the driver releases and retakes the GIL around every row, and each
+    time the training thread may have to wait for it. Statements hold 2**k rows, as many as
+    SQLite binds at once (capped), so a few statement texts serve every batch from the
+    driver's statement cache.
+    """
+    if not rows:
+        return
+    width = len(rows[0])
+    getlimit = getattr(cursor.connection, "getlimit", None)  # Python 3.11+
+    limit = getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) if getlimit else _OLDEST_LIMIT
+    most = 1 << (max(1, min(MAX_ROWS_PER_STATEMENT, limit // width)).bit_length() - 1)
+    start = 0
+    while start < len(rows):
+        count = min(most, 1 << ((len(rows) - start).bit_length() - 1))
+        cursor.execute(_values_sql(head, width, count), tuple(chain(*rows[start : start + count])))
+        start += count
+
+
+@functools.cache
+def _values_sql(head: str, width: int, rows: int) -> str:
+    """``_values_sql("INSERT INTO t (a, b)", 2, 2)``: ``... VALUES (?, ?), (?, ?)``."""
+    row = f"({', '.join('?' * width)})"
+    return f"{head} VALUES {', '.join([row] * rows)}"
 
 
 def default_url() -> str:

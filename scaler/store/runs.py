@@ -6,23 +6,20 @@ is one write transaction.
 
 from __future__ import annotations
 
-import functools
 import importlib.metadata
 import os
 import socket
 import time
 import uuid
-from bisect import bisect_left
 from collections.abc import Mapping, Sequence
-from itertools import chain
-from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, exc, select, update
 
-from scaler.store.engine import Store
+from scaler.store.engine import Store, insert_rows
 from scaler.store.errors import RunNotFound
 from scaler.store.records import RunRef, StepRecord, format_inf_ranks
+from scaler.store.rollups import refresh_rollups, rollup_plan
 from scaler.store.schema import ROLLUP_LEVELS, control_requests, runs, steps, telemetry_gaps
 
 __all__ = [
@@ -45,74 +42,10 @@ RUN_STATUSES = ("running", "finished", "crashed")
 
 # The columns of ``steps`` in table order: ``run_id`` then the fields of ``StepRecord``.
 _STEP_COLUMNS: tuple[str, ...] = tuple(column.name for column in steps.c)
-# Rows go in several to a statement: executemany releases and retakes the GIL around every
-# row, and each time the training thread may have to hand it over. 64 rows x 13 columns
-# stay under the oldest SQLite's limit of 999 parameters.
-_ROWS_PER_STATEMENT = 64
-
-_ROLLUP_COLUMNS = (
-    "run_id, level, bucket, first_step, last_step, n, scale_min, scale_max, scale_last,"
-    " tracker_min, tracker_max, tracker_last, overflows, skipped"
-)
-# Aliases are prefixed: SQLite resolves a bare name in WHERE/GROUP BY to a result alias.
-# Run on the driver's cursor, which takes the named parameters as they are.
-_ROLLUP_FROM_STEPS = (
-    f"INSERT OR REPLACE INTO step_rollups ({_ROLLUP_COLUMNS})"
-    " SELECT :run, :level, a.agg_bucket, a.agg_first, a.agg_last, a.agg_n,"
-    " a.agg_scale_min, a.agg_scale_max, s.scale_after,"
-    " a.agg_tracker_min, a.agg_tracker_max, s.growth_tracker, a.agg_overflows, a.agg_skipped"
-    " FROM (SELECT step / :width AS agg_bucket, min(step) AS agg_first,"
-    " max(step) AS agg_last, count(*) AS agg_n,"
-    " min(min(scale), min(scale_after)) AS agg_scale_min,"
-    " max(max(scale), max(scale_after)) AS agg_scale_max,"
-    " min(growth_tracker) AS agg_tracker_min, max(growth_tracker) AS agg_tracker_max,"
-    " sum(overflow) AS agg_overflows, sum(skipped) AS agg_skipped"
-    " FROM steps WHERE run_id = :run AND step >= :lo AND step < :hi"
-    " GROUP BY step / :width) AS a"
-    " JOIN steps AS s ON s.run_id = :run AND s.step = a.agg_last"
-)
-_ROLLUP_FROM_CHILD = (
-    f"INSERT OR REPLACE INTO step_rollups ({_ROLLUP_COLUMNS})"
-    " SELECT :run, :level, a.agg_bucket, a.agg_first, a.agg_last, a.agg_n,"
-    " a.agg_scale_min, a.agg_scale_max, c.scale_last,"
-    " a.agg_tracker_min, a.agg_tracker_max, c.tracker_last, a.agg_overflows, a.agg_skipped"
-    " FROM (SELECT bucket / :ratio AS agg_bucket, min(first_step) AS agg_first,"
-    " max(last_step) AS agg_last, sum(n) AS agg_n,"
-    " min(scale_min) AS agg_scale_min, max(scale_max) AS agg_scale_max,"
-    " min(tracker_min) AS agg_tracker_min, max(tracker_max) AS agg_tracker_max,"
-    " sum(overflows) AS agg_overflows, sum(skipped) AS agg_skipped"
-    " FROM step_rollups WHERE run_id = :run AND level = :child AND bucket >= :lo AND bucket < :hi"
-    " GROUP BY bucket / :ratio) AS a"
-    " JOIN step_rollups AS c ON c.run_id = :run AND c.level = :child"
-    " AND c.bucket = a.agg_last / :child_width"
-)
-
-_ROLLUP_ROW = (
-    "SELECT first_step, n, scale_min, scale_max, tracker_min, tracker_max, overflows, skipped"
-    " FROM step_rollups WHERE run_id = ? AND level = ? AND bucket = ?"
-)
-_ROLLUP_INSERT = (
-    f"INSERT OR REPLACE INTO step_rollups ({_ROLLUP_COLUMNS}) VALUES ({', '.join('?' * 14)})"
-)
-
-
-def _rollup_plan() -> tuple[tuple[int, int, int | None, int], ...]:
-    """``(level, width, child level or None, child width)``, finest first.
-
-    A level whose width is a multiple of the next finer one is merged from that level's
-    rows (at most width/child_width of them per bucket) instead of from ``steps``.
-    """
-    plan: list[tuple[int, int, int | None, int]] = []
-    for level, width in sorted(ROLLUP_LEVELS.items(), key=lambda item: item[1]):
-        child = plan[-1] if plan else None
-        if child is not None and width % child[1] == 0:
-            plan.append((level, width, child[0], child[1]))
-        else:
-            plan.append((level, width, None, 1))
-    return tuple(plan)
-
-
-_ROLLUP_PLAN = _rollup_plan()
+_INSERT = f"INSERT INTO steps ({', '.join(_STEP_COLUMNS)})"
+_INSERT_OR_REPLACE = f"INSERT OR REPLACE INTO steps ({', '.join(_STEP_COLUMNS)})"
+# The rollup levels written (a test of an older revision sets its own).
+_ROLLUP_PLAN = rollup_plan(ROLLUP_LEVELS)
 
 
 def _torch_version() -> str:
@@ -262,7 +195,7 @@ def write_steps(store: Store, run_id: int, records: Sequence[StepRecord]) -> Non
                 raise RunNotFound(run_id)
             fresh = min(step_numbers) > found[0] and len(set(step_numbers)) == len(step_numbers)
             _insert_steps(cursor, rows, replace=not fresh)
-            _refresh_rollups(cursor, run_id, rows, fresh=fresh)
+            refresh_rollups(cursor, run_id, rows, fresh=fresh, plan=_ROLLUP_PLAN)
             cursor.execute(
                 "UPDATE runs SET last_step = max(last_step, ?), heartbeat_at = ? WHERE id = ?",
                 (max(step_numbers), time.time(), run_id),
@@ -272,126 +205,12 @@ def write_steps(store: Store, run_id: int, records: Sequence[StepRecord]) -> Non
 
 
 def _insert_steps(cursor: Any, rows: Sequence[tuple[Any, ...]], *, replace: bool) -> None:
-    """Insert ``rows`` in statements of 64, 32, ... 1 rows (a few statements, all cached).
+    """Insert ``rows``; a step written again replaces the stored row when ``replace``.
 
-    A step written again (a retried batch, or steps replayed after resuming from an older
-    checkpoint) replaces the stored row when ``replace``; its buckets are then recomputed
-    from what is stored.
+    Steps are written again by a retried batch, or replayed after resuming from an older
+    checkpoint; their buckets are then recomputed from what is stored.
     """
-    start = 0
-    while start < len(rows):
-        count = min(_ROWS_PER_STATEMENT, 1 << ((len(rows) - start).bit_length() - 1))
-        part = rows[start : start + count]
-        cursor.execute(_insert_sql(count, replace), tuple(chain.from_iterable(part)))
-        start += count
-
-
-@functools.cache
-def _insert_sql(rows: int, replace: bool) -> str:
-    """``_insert_sql(2, False)``: ``INSERT INTO steps (run_id, ...) VALUES (?, ...), (?, ...)``."""
-    verb = "INSERT OR REPLACE" if replace else "INSERT"
-    row = f"({', '.join('?' * len(_STEP_COLUMNS))})"
-    return f"{verb} INTO steps ({', '.join(_STEP_COLUMNS)}) VALUES {', '.join([row] * rows)}"
-
-
-def _refresh_rollups(
-    cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], *, fresh: bool
-) -> None:
-    """Recompute the rollup buckets that ``rows`` (just written) fall in, finest level first.
-
-    Steps after every stored one (``fresh``, the writer's usual batch) are folded into the
-    finest level on the host, which reads no steps back; otherwise the buckets are
-    recomputed from what ``steps`` holds. Coarser levels merge their finer level's rows.
-    """
-    touched: set[int] = set()
-    for level, width, child, child_width in _ROLLUP_PLAN:
-        if child is None and fresh:
-            touched = _fold_new_steps(cursor, run_id, level, width, rows)
-            continue
-        if child is None:
-            touched = {row[1] // width for row in rows}
-            statement, unit = _ROLLUP_FROM_STEPS, width
-        else:
-            touched = {bucket * child_width // width for bucket in touched}
-            statement, unit = _ROLLUP_FROM_CHILD, width // child_width
-        for first, last in _contiguous(touched):
-            cursor.execute(
-                statement,
-                {
-                    "run": run_id,
-                    "level": level,
-                    "child": child,
-                    "width": width,
-                    "ratio": unit,
-                    "child_width": child_width,
-                    "lo": first * unit,
-                    "hi": (last + 1) * unit,
-                },
-            )
-
-
-def _fold_new_steps(
-    cursor: Any, run_id: int, level: int, width: int, rows: Sequence[tuple[Any, ...]]
-) -> set[int]:
-    """Write the ``level`` rollups of ``rows``, all of them after every stored step.
-
-    Only the first bucket can hold stored steps; its stored rollup row covers exactly
-    those, so it is merged with the new ones. Returns the buckets written.
-    """
-    # The batch's columns, in step order (a transpose costs less than a pass per column).
-    _, numbers, _, scale, overflow, skipped, _, after, tracker, *_ = zip(
-        *sorted(rows, key=itemgetter(1)), strict=True
-    )
-    rollups: list[list[Any]] = []
-    start = 0
-    while start < len(numbers):
-        bucket = numbers[start] // width
-        end = bisect_left(numbers, (bucket + 1) * width, start)
-        last = end - 1
-        rollups.append(
-            [
-                run_id,
-                level,
-                bucket,
-                numbers[start],
-                numbers[last],
-                end - start,
-                min(min(scale[start:end]), min(after[start:end])),
-                max(max(scale[start:end]), max(after[start:end])),
-                after[last],
-                min(tracker[start:end]),
-                max(tracker[start:end]),
-                tracker[last],
-                sum(overflow[start:end]),
-                sum(skipped[start:end]),
-            ]
-        )
-        start = end
-    cursor.execute(_ROLLUP_ROW, (run_id, level, rollups[0][2]))
-    stored = cursor.fetchone()
-    if stored is not None:
-        head = rollups[0]
-        head[3] = stored[0]
-        head[5] += stored[1]
-        head[6] = min(head[6], stored[2])
-        head[7] = max(head[7], stored[3])
-        head[9] = min(head[9], stored[4])
-        head[10] = max(head[10], stored[5])
-        head[12] += stored[6]
-        head[13] += stored[7]
-    cursor.executemany(_ROLLUP_INSERT, rollups)
-    return {rollup[2] for rollup in rollups}
-
-
-def _contiguous(values: set[int]) -> list[tuple[int, int]]:
-    """``{1, 2, 3, 7}`` -> ``[(1, 3), (7, 7)]``."""
-    ranges: list[tuple[int, int]] = []
-    for value in sorted(values):
-        if ranges and value == ranges[-1][1] + 1:
-            ranges[-1] = (ranges[-1][0], value)
-        else:
-            ranges.append((value, value))
-    return ranges
+    insert_rows(cursor, _INSERT_OR_REPLACE if replace else _INSERT, rows)
 
 
 def record_gap(

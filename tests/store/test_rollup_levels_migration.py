@@ -14,6 +14,7 @@ from scaler.store import runs as store_runs
 from scaler.store.engine import Store, make_engine
 from scaler.store.queries import EXPORT_COLUMNS
 from scaler.store.records import StepRecord
+from scaler.store.rollups import rollup_plan
 from scaler.store.runs import create_run, write_steps
 from scaler.store.schema import ROLLUP_LEVELS
 from tests.store.conftest import CONTROL, expected_rollups
@@ -97,8 +98,7 @@ def test_upgrade_rebuilds_the_rollups_of_a_store_filled_before_it(
     upgrade(db_url)
     downgrade(db_url, PREVIOUS)
     # The writer as it was at the previous revision: three levels, 64 times apart.
-    monkeypatch.setattr(store_runs, "ROLLUP_LEVELS", OLD_LEVELS)
-    monkeypatch.setattr(store_runs, "_ROLLUP_PLAN", store_runs._rollup_plan())
+    monkeypatch.setattr(store_runs, "_ROLLUP_PLAN", rollup_plan(OLD_LEVELS))
     rng = random.Random(5)
     stored: dict[int, dict[int, StepRecord]] = {}
     store = Store(db_url, make_engine(db_url))  # no upgrade on open

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import event, select
 
 from scaler.store import RunNotFound, RunRef, StepRecord, Store
-from scaler.store import runs as store_runs
+from scaler.store import rollups as store_rollups
 from scaler.store.records import format_inf_ranks, parse_inf_ranks
 from scaler.store.runs import (
     HEARTBEAT_TIMEOUT_S,
@@ -55,13 +55,13 @@ def test_rollups_equal_a_brute_force_aggregation(
     rng = random.Random(seed)
     # New steps after every stored one are folded on the host; the rest are recomputed in SQL.
     folded: list[int] = []
-    fold = store_runs._fold_new_steps
+    fold = store_rollups._fold
 
-    def counted(*args: Any) -> set[int]:
-        folded.append(len(args[-1]))
-        return fold(*args)
+    def counted(cursor: Any, run_id: int, rows: Any, plan: Any) -> None:
+        folded.append(len(rows))
+        fold(cursor, run_id, rows, plan)
 
-    monkeypatch.setattr(store_runs, "_fold_new_steps", counted)
+    monkeypatch.setattr(store_rollups, "_fold", counted)
     # Segments straddle bucket edges of every level, with gaps between them.
     numbers = sorted(
         {
@@ -125,22 +125,27 @@ def test_write_steps_is_one_transaction(store: Store, run: RunRef) -> None:
         )
 
 
-def test_write_steps_puts_many_rows_in_each_statement(store: Store, run: RunRef) -> None:
-    """Not one statement per row: the driver releases and retakes the GIL around each."""
-    inserts: list[str] = []
+def test_write_steps_runs_few_statements(store: Store, run: RunRef) -> None:
+    """Not one statement per row, nor per rollup level: the driver releases and retakes the
+    GIL around each statement, and each time the training thread may wait for it."""
+    statements: list[str] = []
 
     def trace(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.set_trace_callback(
-            lambda sql: inserts.append(sql) if sql.startswith("INSERT INTO steps (") else None
-        )
+        dbapi_connection.set_trace_callback(statements.append)
 
     event.listen(store.engine, "connect", trace)
     store.engine.dispose()
     rng = random.Random(5)
     write_steps(store, run.id, [_record(rng, step) for step in range(1, 1001)])
+    written = list(statements)
     with store.read() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM steps").scalar_one() == 1000
-    assert 1 < len(inserts) <= 1000 // 64 + 7  # 64 rows a statement, the rest in 32, 8
+    inserts = [sql for sql in written if sql.startswith("INSERT INTO steps (")]
+    assert 1 < len(inserts) <= 1000 // 64 + 7  # 2**k rows a statement, 64 at least
+    # BEGIN, last_step, the stored rollups, the 21 new ones (16 + 2 + 1 + 1 + 1 rows, in
+    # statements of 16, 4 and 1), the run row, COMMIT: however many levels there are.
+    others = [sql for sql in written if sql not in inserts and not sql.startswith("PRAGMA")]
+    assert len(others) <= 8, "\n".join(sql[:60] for sql in others)
 
 
 def test_write_steps_advances_last_step_and_heartbeat(store: Store, run: RunRef) -> None:
