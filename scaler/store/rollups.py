@@ -142,8 +142,8 @@ def _fold(cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], plan: Plan)
         else:
             levels[level] = _from_child(levels[child], width // child_width)
     # Only the first bucket of a level can hold stored steps; its stored row covers them.
-    firsts = [(level, rollups[0][_BUCKET]) for level, rollups in levels.items()]
-    cursor.execute(_stored_sql(len(firsts)), (run_id, *chain.from_iterable(firsts)))
+    firsts = [(run_id, level, rollups[0][_BUCKET]) for level, rollups in levels.items()]
+    cursor.execute(_stored_sql(len(firsts)), tuple(chain.from_iterable(firsts)))
     for level, *stored in cursor.fetchall():
         rollups = levels[level]
         rollups[0] = _merge(stored, rollups[0])
@@ -215,9 +215,10 @@ def _merge(earlier: Sequence[Any], later: Sequence[Any]) -> list[Any]:
 
 @functools.cache
 def _stored_sql(levels: int) -> str:
-    """The stored rollups of ``levels`` (level, bucket) pairs of one run."""
-    pairs = " OR ".join(["(level = ? AND bucket = ?)"] * levels)
-    return f"SELECT {_STORED} FROM step_rollups WHERE run_id = ? AND ({pairs})"
+    """The stored rollups of ``levels`` (level, bucket) pairs of one run: a primary-key
+    lookup each (``OR``-ed pairs would read every rollup of the run)."""
+    one = f"SELECT {_STORED} FROM step_rollups WHERE run_id = ? AND level = ? AND bucket = ?"
+    return " UNION ALL ".join([one] * levels)
 
 
 def _contiguous(values: set[int]) -> list[tuple[int, int]]:

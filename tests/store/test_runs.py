@@ -148,6 +148,18 @@ def test_write_steps_runs_few_statements(store: Store, run: RunRef) -> None:
     assert len(others) <= 8, "\n".join(sql[:60] for sql in others)
 
 
+def test_the_rollups_new_steps_extend_are_read_by_primary_key(store: Store) -> None:
+    """Not a scan of the run's rollups, which grows with the run."""
+    sql = store_rollups._stored_sql(len(ROLLUP_LEVELS))
+    with store.read() as conn:
+        plan = conn.exec_driver_sql(
+            f"EXPLAIN QUERY PLAN {sql}", (1, 1, 0) * len(ROLLUP_LEVELS)
+        ).fetchall()
+    searches = [row[-1] for row in plan if row[-1].startswith(("SEARCH", "SCAN"))]
+    assert len(searches) == len(ROLLUP_LEVELS)
+    assert all("(run_id=? AND level=? AND bucket=?)" in search for search in searches), searches
+
+
 def test_write_steps_advances_last_step_and_heartbeat(store: Store, run: RunRef) -> None:
     heartbeat(store, run.id, at=100.0)
     write_steps(store, run.id, [_record(random.Random(3), step) for step in (5, 9, 7)])
