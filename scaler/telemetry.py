@@ -31,7 +31,8 @@ from ._recorder import ControlOutcome, StepSample
 from .store import control as store_control
 from .store import runs as store_runs
 from .store.engine import Store, open_store
-from .store.records import ControlRequestRow, StepRecord
+from .store.records import ControlRequestRow
+from .store.runs import step_values
 
 log = logging.getLogger("scaler.telemetry")
 
@@ -71,7 +72,8 @@ class Telemetry:
         self._control = dict(control)
         self._inbox = inbox
         self.run_id: int | None = None
-        self._records: deque[StepRecord] = deque()
+        # Records as step_values(): plain tuples, which the garbage collector stops tracking.
+        self._records: deque[tuple[Any, ...]] = deque()
         self._outcomes: deque[tuple[int, float, ControlOutcome]] = deque()
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -100,13 +102,13 @@ class Telemetry:
         """Called by the recorder thread; never blocks on the store."""
         with self._lock:
             for sample in samples:
-                self._records.append(sample.record)
+                self._records.append(step_values(sample.record))
                 for outcome in sample.controls:
                     self._outcomes.append((sample.record.step, sample.record.wall_time, outcome))
             # The batch being written counts: it may fail and come back.
             overflow = len(self._records) + self._in_flight - MAX_PENDING
             for _ in range(min(max(0, overflow), len(self._records))):
-                self._drop(self._records.popleft().step)
+                self._drop(self._records.popleft()[0])
             full = len(self._records) >= BATCH
         if full:
             self._hurry.set()
@@ -234,7 +236,7 @@ class Telemetry:
             try:
                 try:
                     gaps = self._write_gaps(store, run_id)
-                    store_runs.write_steps(store, run_id, batch)
+                    store_runs.write_step_values(store, run_id, batch)
                     self._check_file()  # committed into a file removed meanwhile: write again
                     wrote = wrote or bool(batch)
                 except BaseException:

@@ -33,6 +33,8 @@ __all__ = [
     "record_gap",
     "resume_run",
     "step_rows",
+    "step_values",
+    "write_step_values",
     "write_steps",
 ]
 
@@ -151,26 +153,31 @@ def effective_status(row: Mapping[str, Any] | RowMapping, now: float | None = No
     return status
 
 
+def step_values(r: StepRecord) -> tuple[Any, ...]:
+    """``r`` as a ``steps`` row after its ``run_id``: plain values, in column order.
+
+    A tuple of plain values is dropped from the garbage collector's tracking at its first
+    collection, so records queued for the writer cost later collections nothing.
+    """
+    return (
+        r.step,
+        r.wall_time,
+        r.scale,
+        r.overflow,
+        r.skipped,
+        format_inf_ranks(r.inf_ranks) if r.inf_ranks else "",
+        r.scale_after,
+        r.growth_tracker,
+        r.growth_interval,
+        r.growth_factor,
+        r.backoff_factor,
+        r.control_version,
+    )
+
+
 def step_rows(run_id: int, records: Sequence[StepRecord]) -> list[tuple[Any, ...]]:
     """``records`` as rows of the ``steps`` table, in its column order."""
-    return [
-        (
-            run_id,
-            r.step,
-            r.wall_time,
-            r.scale,
-            r.overflow,
-            r.skipped,
-            format_inf_ranks(r.inf_ranks) if r.inf_ranks else "",
-            r.scale_after,
-            r.growth_tracker,
-            r.growth_interval,
-            r.growth_factor,
-            r.backoff_factor,
-            r.control_version,
-        )
-        for r in records
-    ]
+    return [(run_id, *step_values(r)) for r in records]
 
 
 def write_steps(store: Store, run_id: int, records: Sequence[StepRecord]) -> None:
@@ -179,12 +186,17 @@ def write_steps(store: Store, run_id: int, records: Sequence[StepRecord]) -> Non
     Also advances ``runs.last_step`` and the heartbeat. Writing a step again replaces it,
     so a retried batch leaves the same rows and rollups as one write.
     """
-    if not records:
+    write_step_values(store, run_id, [step_values(r) for r in records])
+
+
+def write_step_values(store: Store, run_id: int, values: Sequence[tuple[Any, ...]]) -> None:
+    """:func:`write_steps` of records already turned into :func:`step_values`."""
+    if not values:
         return
-    rows = step_rows(run_id, records)
-    step_numbers = [r.step for r in records]
+    step_numbers = [row[0] for row in values]
     if min(step_numbers) < 0:
         raise ValueError("step numbers are >= 0")
+    rows = [(run_id, *row) for row in values]
     with store.write() as conn:
         # The driver's own cursor: SQLAlchemy's work per statement was a third of the write.
         cursor = conn.connection.cursor()

@@ -5,6 +5,7 @@ The multi-process and kill tests run real processes on 127.0.0.1 and end by them
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import queue
@@ -515,14 +516,14 @@ def writer(tmp_path: Path) -> Iterator[tuple[Telemetry, Store, list[int]]]:
     telemetry = Telemetry(store, name="cadence", world_size=1, config={}, control={}, inbox=deque())
     wait_for(lambda: telemetry.run_id is not None, 30, "the writer to create its run")
     batches: list[int] = []
-    write_steps = store_runs.write_steps
+    write = store_runs.write_step_values
 
-    def counting(store: Store, run_id: int, records: Any) -> None:
-        batches.append(len(records))
-        write_steps(store, run_id, records)
+    def counting(store: Store, run_id: int, values: Any) -> None:
+        batches.append(len(values))
+        write(store, run_id, values)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(store_runs, "write_steps", counting)
+        patch.setattr(store_runs, "write_step_values", counting)
         yield telemetry, store, batches
     telemetry.close()
     store.close()
@@ -555,6 +556,22 @@ def test_the_default_cadence_keeps_a_step_under_a_second_from_the_store(
     telemetry.submit([_sample(1)])
     wait_for(lambda: _stored(store) == 1, 30, "the step to reach the store")
     assert time.monotonic() - began < 1.0
+
+
+def test_queued_records_leave_the_garbage_collectors_tracking(
+    writer: tuple[Telemetry, Store, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records waiting for the writer cost the collections that run meanwhile, some of them
+    on the training thread, nothing once a collection has seen them."""
+    telemetry, store, _ = writer
+    monkeypatch.setattr(telemetry_module, "COALESCE_S", 600.0)  # they stay queued
+    telemetry.submit([_sample(step) for step in range(1, 11)])
+    gc.collect(0)
+    with telemetry._lock:
+        queued = list(telemetry._records)
+    assert len(queued) == 10
+    assert not any(gc.is_tracked(record) for record in queued)
+    assert telemetry.flush(30) and _stored(store) == 10
 
 
 def test_flush_and_a_full_batch_write_at_once(
