@@ -100,11 +100,11 @@ class Captured:
         return _split(values, self._payloads)
 
 
-def _total(found: torch.Tensor | None) -> float:
+def _total(tensor: torch.Tensor | None) -> float:
     """The sum of a cpu tensor's values (0 for None), read with ``tolist()``."""
-    if found is None:
+    if tensor is None:
         return 0.0
-    values = found.tolist()
+    values = tensor.tolist()
     return float(sum(values)) if isinstance(values, list) else float(values)
 
 

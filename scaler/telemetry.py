@@ -169,7 +169,7 @@ class Telemetry:
             stopping = self._stop.is_set()
             try:
                 if self._ensure_run():
-                    if self._write_pending():  # write_steps beat the heart too
+                    if self._write_pending():  # a batch of steps sets the heartbeat too
                         last_beat = time.monotonic()
                     now = time.monotonic()
                     if now - last_beat >= store_runs.HEARTBEAT_INTERVAL_S:

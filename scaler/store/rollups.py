@@ -62,10 +62,7 @@ _FROM_CHILD = (
 )
 
 _INSERT = f"INSERT OR REPLACE INTO step_rollups ({_COLUMNS})"
-_STORED = (
-    "level, bucket, first_step, last_step, n, scale_min, scale_max, scale_last,"
-    " tracker_min, tracker_max, tracker_last, overflows, skipped"
-)
+_STORED = _COLUMNS.removeprefix("run_id, ")
 
 Plan = tuple[tuple[int, int, int | None, int], ...]
 
@@ -86,20 +83,21 @@ def rollup_plan(levels: dict[int, int] = ROLLUP_LEVELS) -> Plan:
     return tuple(plan)
 
 
+# The levels written (a test of an older revision sets its own).
 PLAN = rollup_plan()
 
 
 def refresh_rollups(
-    cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], *, fresh: bool, plan: Plan = PLAN
+    cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], *, fresh: bool
 ) -> None:
     """Bring the rollups of the buckets ``rows`` (just written ``steps`` rows) fall in up to date.
 
     ``fresh``: every row is a step after every step stored before them.
     """
     if fresh:
-        _fold(cursor, run_id, rows, plan)
+        _fold(cursor, run_id, rows, PLAN)
     else:
-        _recompute(cursor, run_id, [row[1] for row in rows], plan)
+        _recompute(cursor, run_id, [row[1] for row in rows], PLAN)
 
 
 def _recompute(cursor: Any, run_id: int, step_numbers: Sequence[int], plan: Plan) -> None:

@@ -19,8 +19,8 @@ from sqlalchemy import Connection, RowMapping, exc, select, update
 from scaler.store.engine import Store, insert_rows
 from scaler.store.errors import RunNotFound
 from scaler.store.records import RunRef, StepRecord, format_inf_ranks
-from scaler.store.rollups import refresh_rollups, rollup_plan
-from scaler.store.schema import ROLLUP_LEVELS, control_requests, runs, steps, telemetry_gaps
+from scaler.store.rollups import refresh_rollups
+from scaler.store.schema import control_requests, runs, steps, telemetry_gaps
 
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
@@ -46,8 +46,6 @@ RUN_STATUSES = ("running", "finished", "crashed")
 _STEP_COLUMNS: tuple[str, ...] = tuple(column.name for column in steps.c)
 _INSERT = f"INSERT INTO steps ({', '.join(_STEP_COLUMNS)})"
 _INSERT_OR_REPLACE = f"INSERT OR REPLACE INTO steps ({', '.join(_STEP_COLUMNS)})"
-# The rollup levels written (a test of an older revision sets its own).
-_ROLLUP_PLAN = rollup_plan(ROLLUP_LEVELS)
 
 
 def _torch_version() -> str:
@@ -207,7 +205,7 @@ def write_step_values(store: Store, run_id: int, values: Sequence[tuple[Any, ...
                 raise RunNotFound(run_id)
             fresh = min(step_numbers) > found[0] and len(set(step_numbers)) == len(step_numbers)
             _insert_steps(cursor, rows, replace=not fresh)
-            refresh_rollups(cursor, run_id, rows, fresh=fresh, plan=_ROLLUP_PLAN)
+            refresh_rollups(cursor, run_id, rows, fresh=fresh)
             cursor.execute(
                 "UPDATE runs SET last_step = max(last_step, ?), heartbeat_at = ? WHERE id = ?",
                 (max(step_numbers), time.time(), run_id),

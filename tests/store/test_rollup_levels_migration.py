@@ -10,6 +10,7 @@ from collections.abc import Iterable
 import pytest
 
 from scaler.store import downgrade, upgrade
+from scaler.store import rollups as store_rollups
 from scaler.store import runs as store_runs
 from scaler.store.engine import Store, make_engine
 from scaler.store.queries import EXPORT_COLUMNS
@@ -98,7 +99,7 @@ def test_upgrade_rebuilds_the_rollups_of_a_store_filled_before_it(
     upgrade(db_url)
     downgrade(db_url, PREVIOUS)
     # The writer as it was at the previous revision: three levels, 64 times apart.
-    monkeypatch.setattr(store_runs, "_ROLLUP_PLAN", rollup_plan(OLD_LEVELS))
+    monkeypatch.setattr(store_rollups, "PLAN", rollup_plan(OLD_LEVELS))
     rng = random.Random(5)
     stored: dict[int, dict[int, StepRecord]] = {}
     store = Store(db_url, make_engine(db_url))  # no upgrade on open
