@@ -13,8 +13,9 @@ one.
     python bench/scaler_overhead.py [--device cpu|cuda] [--reps 41] [--threads 1]
 
 Each round times every case back to back; the goals are judged on the median of
-the per-round ratios, which cancels the machine's drift between rounds. Medians
-and minimums of the times are printed too.
+the per-round ratios, which cancels the machine's drift between rounds; a seeded
+bootstrap 95% interval of that median follows it in brackets. Medians and
+minimums of the times are printed too.
 
 Goals: ours/torch <= 1.0 for (a) and (b); ours/limit <= 1.2 for (c).
 """
@@ -167,7 +168,7 @@ def interleaved(
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _figures import figure  # noqa: E402
+from _figures import figure, median_interval  # noqa: E402
 
 
 def report(title: str, samples: dict[str, list[float]], base: str, goal: float) -> None:
@@ -177,21 +178,26 @@ def report(title: str, samples: dict[str, list[float]], base: str, goal: float) 
     print(f"\n{title}")
     medians = {name: statistics.median(values) for name, values in samples.items()}
     minimums = {name: min(values) for name, values in samples.items()}
-    paired = {
-        name: statistics.median(v / b for v, b in zip(values, samples[base], strict=True))
+    ratios = {
+        name: [v / b for v, b in zip(values, samples[base], strict=True)]
         for name, values in samples.items()
     }
+    paired = {name: statistics.median(values) for name, values in ratios.items()}
+    intervals = {name: median_interval(values) for name, values in ratios.items()}
     for name in samples:
         median, low = medians[name], minimums[name]
         print(
             f"  {name:24s} median {median * 1e3:9.3f} ms (x{median / medians[base]:.3f})"
             f"   min {low * 1e3:9.3f} ms (x{low / minimums[base]:.3f})"
             f"   median of round ratios x{paired[name]:.3f}"
+            f" [{intervals[name][0]:.3f}, {intervals[name][1]:.3f}]"
         )
     ours = [name for name in samples if name.startswith("ours")]
-    worst = max(paired[name] for name in ours)
+    worst_name = max(ours, key=lambda name: paired[name])
+    worst = paired[worst_name]
     verdict = "met" if worst <= goal else "NOT met"
     print(f"  ours/{base}: worst median round ratio {worst:.3f} (goal <= {goal}: {verdict})")
+    low, high = intervals[worst_name]
     reference = "torch's" if base == "torch" else f"{base}; torch's x{paired['torch']:.3f}"
     if KEPT in paired:
         reference += f"; with the all-reduce a one-rank group skips x{paired[KEPT]:.3f}"
@@ -200,7 +206,8 @@ def report(title: str, samples: dict[str, list[float]], base: str, goal: float) 
         f"{max(medians[name] for name in ours) * 1e3:.3f} ms median",
         f"<= {goal} x {base}",
         worst <= goal,
-        f"x{worst:.3f} of {reference} (median of {len(samples[base])} paired rounds)",
+        f"x{worst:.3f} of {reference} (median of {len(samples[base])} paired rounds,"
+        f" 95% interval [{low:.3f}, {high:.3f}])",
     )
 
 

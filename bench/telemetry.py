@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-import random
 import sqlite3
 import statistics
 import sys
@@ -43,7 +42,7 @@ from scaler.store.engine import BUSY_TIMEOUT_MS
 from scaler.store.runs import create_run, step_rows, write_steps
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _figures import figure
+from _figures import figure, median_interval
 
 WRITER_GOAL_RECORDS_PER_S = 100_000
 WRITER_GOAL_RATIO = 0.5
@@ -354,22 +353,6 @@ def bench_training_thread(
         finally:
             dist.destroy_process_group()
     return results
-
-
-def median_interval(
-    values: list[float], level: float = 0.95, resamples: int = 2000
-) -> tuple[float, float]:
-    """A percentile-bootstrap ``level`` interval of the median of ``values`` (seeded).
-
-    What one run can say: a median outside the goal with the goal inside its interval is
-    not told apart from the goal by this many rounds on this machine.
-    """
-    rng = random.Random(0)
-    medians = sorted(
-        statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples)
-    )
-    tail = int((1 - level) / 2 * resamples)
-    return medians[tail], medians[resamples - 1 - tail]
 
 
 def print_training_thread(result: dict[str, Any]) -> None:
