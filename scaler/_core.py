@@ -524,6 +524,7 @@ class Instrumented(_Base):
             "_inbox",
             "_code_outcomes",
             "_last_found",
+            "_reduced",
         ):
             state.pop(name, None)
         return state

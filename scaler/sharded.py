@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Any
 
 import torch
@@ -19,6 +19,8 @@ from ._torch_compat import (
     local_tensor,
     non_finite_check_and_unscale_,
 )
+
+KEEP_REDUCED = 4  # payloads kept alive after their all-reduce (see _reset_transient)
 
 
 class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
@@ -105,6 +107,11 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         self._step_states: list[dict[str, Any]] = []
         self._step_host: list[float] | None = None
         self._lagged: list[tuple[torch.Tensor, Any]] = []
+        # The last payloads all-reduced, kept for as long as the scaler lives. A gloo worker
+        # thread may drop its reference to a payload after the all-reduce has returned; were
+        # that the last one, freeing the tensor would need the GIL on that thread, and a
+        # process group being destroyed holds the GIL while it joins that thread: a hang.
+        self._reduced: deque[torch.Tensor] = deque(maxlen=KEEP_REDUCED)
 
     # -------------------------------------------------------- found_inf
 
@@ -197,6 +204,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
             self._carried = True
         if world > 1 or self._reduce_alone:  # for one rank the all-reduce is the identity
             dist.all_reduce(payload, group=self.process_group)
+            self._reduced.append(payload)
         if world > 1 or len(per_device) > 1:
             total = payload[:world].sum()
             for found in per_device.values():
