@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,72 @@ EXPECTED = {  # run name -> (steps, world size)
     "fsdp2-example": (30, 2),
     "fsdp1-example": (30, 2),
 }
+TIMEOUT_S = 240
+
+
+def run_example(script: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in its own session; on a timeout, fail with every process's stacks.
+
+    ``PYTHONFAULTHANDLER`` reaches the ranks ``mp.spawn`` starts, so SIGABRT sent to the
+    session makes each of them print its threads' Python stacks before it dies.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=script.parent,
+        env={**env, "PYTHONFAULTHANDLER": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pids = _session(proc.pid)
+        for pid in pids:  # frozen first: none reacts to another's death
+            _signal(pid, signal.SIGSTOP)
+        for pid in pids:  # one by one, so their stacks do not interleave
+            _abort(pid)
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # whatever survived the abort
+            proc.wait()
+        pytest.fail(f"{script.name} hung for {TIMEOUT_S} s; its stacks:\n{stderr[-20000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def _session(sid: int) -> list[int]:
+    """The live processes of session ``sid``, its leader last."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and os.getsid(int(entry.name)) == sid:
+                pids.append(int(entry.name))
+        except OSError:  # gone meanwhile
+            continue
+    return sorted(pids, key=lambda pid: pid == sid)
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _abort(pid: int, timeout: float = 5.0) -> None:
+    """SIGABRT a stopped ``pid`` (faulthandler prints its stacks); wait until it has died."""
+    _signal(pid, signal.SIGABRT)
+    _signal(pid, signal.SIGCONT)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return
+        if state == "Z":
+            return
+        time.sleep(0.05)
 
 
 def test_the_readme_has_the_four_examples() -> None:
@@ -36,14 +105,7 @@ def test_readme_example_runs_and_records(block: str, tmp_path: Path) -> None:
     script.write_text(block, encoding="utf-8")
     db = f"sqlite:///{tmp_path / 'readme.db'}"
     env = {**os.environ, "SCALEWATCH_DB": db, "MASTER_PORT": str(free_port())}
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done = run_example(script, env)
     assert done.returncode == 0, done.stderr[-3000:]
     with open_store(db) as store:
         (run,) = list_runs(store)
