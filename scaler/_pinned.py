@@ -1,9 +1,13 @@
-"""Pinned host rows reused step after step for the asynchronous copies of a step's values.
+"""Host rows reused step after step for the copies of a step's values.
 
 Allocating pinned memory and a CUDA event for every step costs the training thread far
 more than the copy itself. A ring allocates them once: the training thread takes a free
 row, queues the copy into it and records the row's event; the recorder thread waits on
 that event, reads the row and gives it back.
+
+On cpu the rows are plain host memory and the copy is done when ``capture`` returns: one
+``_foreach_copy_`` instead of a clone per value, and nothing for the recorder thread to
+free, which would hold the GIL the training thread is waiting for.
 """
 
 from __future__ import annotations
@@ -20,30 +24,47 @@ MAX_ROWS = 4096
 
 
 class PinnedRing:
-    """``rows`` float64 host rows of ``width`` values, each with its own event.
+    """``rows`` float64 host rows holding parts of ``sizes`` values, each row with its event.
 
     The training thread calls :meth:`capture`, the recorder thread :meth:`read`; a row is
     taken from and given back to a deque, whose appends and pops are atomic.
     """
 
-    def __init__(self, width: int, device: torch.device, rows: int | None = None) -> None:
+    def __init__(self, sizes: Sequence[int], device: torch.device, rows: int | None = None) -> None:
+        width = sum(sizes)
         if rows is None:
             rows = max(MIN_ROWS, min(MAX_ROWS, RING_BYTES // (8 * width)))
+        self.sizes = tuple(sizes)
         self.width = width
-        host = torch.empty((rows, width), dtype=torch.float64, pin_memory=True)
+        self._cuda = device.type == "cuda"
+        host = torch.empty((rows, width), dtype=torch.float64, pin_memory=self._cuda)
         self._rows = list(host.unbind(0))
-        # A device row per host row: it is written again only after the recorder has read
-        # the host row, so after its copy finished, whichever stream the next step uses.
-        self._staging = list(torch.empty((rows, width), dtype=torch.float64, device=device))
+        # cuda: a device row per host row: it is written again only after the recorder has
+        # read the host row, so after its copy finished, whichever stream the next step uses.
+        # cpu: each row split into the parts it receives, the targets of one _foreach_copy_.
+        self._staging = (
+            list(torch.empty((rows, width), dtype=torch.float64, device=device))
+            if self._cuda
+            else []
+        )
+        self._parts = (
+            [] if self._cuda else [torch.split(row, list(self.sizes)) for row in self._rows]
+        )
         self._events: list[Any] = [None] * rows
         self._free: deque[int] = deque(range(rows))
 
     def capture(self, parts: Sequence[torch.Tensor]) -> int | None:
-        """Queue the copy of ``parts`` (joined, as float64) to a free row; None if none is free."""
+        """Copy ``parts`` (as float64) to a free row, queued on cuda; None if none is free.
+
+        On cuda each part has ``sizes``' shape; on cpu it may also be a 0-d tensor.
+        """
         try:
             row = self._free.popleft()
         except IndexError:  # the recorder is behind by a whole ring
             return None
+        if not self._cuda:
+            torch._foreach_copy_(self._parts[row], list(parts))
+            return row
         staging = self._staging[row]
         torch.cat(list(parts), out=staging)
         self._rows[row].copy_(staging, non_blocking=True)
@@ -57,7 +78,8 @@ class PinnedRing:
     def read(self, row: int) -> list[float]:
         """Wait for ``row``'s copy, read it and give the row back."""
         try:
-            self._events[row].synchronize()
+            if self._cuda:
+                self._events[row].synchronize()
             values: list[float] = self._rows[row].tolist()
         finally:
             self._free.append(row)
@@ -69,25 +91,25 @@ class PinnedRing:
 
 
 class PinnedRings:
-    """One :class:`PinnedRing` per row width (a scaler normally needs one), made on first use."""
+    """One :class:`PinnedRing` per layout of parts (a scaler needs one), made on first use."""
 
     def __init__(self) -> None:
-        self._rings: dict[int, PinnedRing] = {}
+        self._rings: dict[tuple[int, ...], PinnedRing] = {}
 
     def capture(self, parts: Sequence[torch.Tensor]) -> tuple[PinnedRing, int]:
-        """Queue ``parts``' copy to a free row of the ring of their width.
+        """Copy ``parts`` to a free row of the ring of their layout.
 
         When that ring is full (the recorder is a whole ring behind), the step gets a ring
         of one row of its own: slower, nothing lost.
         """
-        width = sum(part.numel() for part in parts)
+        sizes = tuple(part.numel() for part in parts)
         device = parts[0].device
-        ring = self._rings.get(width)
+        ring = self._rings.get(sizes)
         if ring is None:
-            ring = self._rings[width] = PinnedRing(width, device)
+            ring = self._rings[sizes] = PinnedRing(sizes, device)
         row = ring.capture(parts)
         if row is None:
-            ring = PinnedRing(width, device, rows=1)
+            ring = PinnedRing(sizes, device, rows=1)
             row = ring.capture(parts)
             assert row is not None
         return ring, row

@@ -51,10 +51,10 @@ class StepSample:
 class Captured:
     """Device values of one step: [scale, growth tracker, found_inf, *payload flags].
 
-    On cuda they are copied asynchronously to a pinned row of ``rings``.
+    They are copied to a row of ``rings``: on cuda asynchronously, to pinned memory.
     """
 
-    __slots__ = ("_payloads", "_ring", "_row", "_tensors")
+    __slots__ = ("_payloads", "_ring", "_row")
 
     def __init__(
         self,
@@ -64,48 +64,30 @@ class Captured:
         flags: Sequence[torch.Tensor],
         rings: PinnedRings,
     ) -> None:
-        self._ring: PinnedRing | None = None
-        self._row = 0
         self._payloads = len(flags)
-        self._tensors: tuple[torch.Tensor | None, ...] = ()
-        if scale.device.type != "cuda":
-            # scale and tracker are updated in place next step: keep copies.
-            self._tensors = (scale.clone(), tracker.clone(), found, *flags)
-            return
-        first_found = found.reshape(-1)[:1] if found is not None else scale.new_zeros(1)
-        self._ring, self._row = rings.capture(
-            [scale.reshape(1), tracker.reshape(1), first_found, *flags]
-        )
+        if found is None:
+            found = scale.new_zeros(1)
+        elif found.numel() != 1:
+            found = found.reshape(-1)[:1]
+        if scale.device.type == "cuda":
+            parts = [scale.reshape(1), tracker.reshape(1), found.reshape(1), *flags]
+        else:  # a cpu row takes 0-d values as they are
+            parts = [scale, tracker, found, *flags]
+        self._ring: PinnedRing | None
+        self._ring, self._row = rings.capture(parts)
 
     def discard(self) -> None:
-        """Give a pinned row back without reading it (the step was dropped)."""
+        """Give the row back without reading it (the step was dropped)."""
         if self._ring is not None:
             self._ring.release(self._row)
             self._ring = None
 
     def read(self) -> tuple[float, int, float, list[float]]:
         """(scale, growth tracker, found_inf, flags of each rank summed over optimizers)."""
-        if self._ring is not None:
-            values = self._ring.read(self._row)
-            self._ring = None
-            return _split(values, self._payloads)
-        # tolist(), not item() or sum(): it reads a cpu tensor without letting go of the GIL,
-        # and every time this thread takes the GIL back, the training thread may wait for it.
-        scale, tracker, found, *flags = self._tensors
-        assert scale is not None and tracker is not None
-        values = [_total(scale), _total(tracker), _total(found)]
-        for payload in flags:
-            assert payload is not None
-            values.extend(payload.tolist())
+        assert self._ring is not None, "a step's values are read once"
+        values = self._ring.read(self._row)
+        self._ring = None
         return _split(values, self._payloads)
-
-
-def _total(tensor: torch.Tensor | None) -> float:
-    """The sum of a cpu tensor's values (0 for None), read with ``tolist()``."""
-    if tensor is None:
-        return 0.0
-    values = tensor.tolist()
-    return float(sum(values)) if isinstance(values, list) else float(values)
 
 
 def _split(values: list[float], payloads: int) -> tuple[float, int, float, list[float]]:

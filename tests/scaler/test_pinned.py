@@ -1,8 +1,6 @@
-"""The pinned rows that carry a step's device values to the recorder on cuda."""
+"""The host rows that carry a step's values to the recorder (pinned, on cuda)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,13 +20,16 @@ def test_split_sums_each_optimizers_payload_per_rank() -> None:
     assert _split(values[:3], 0) == (1024.0, 3, 1.0, [])
 
 
-@pytest.mark.cuda
-def test_a_ring_reuses_its_rows_and_says_when_it_is_full() -> None:
-    ring = PinnedRing(4, torch.device("cuda"), rows=2)
-    scale = torch.full((), 2.0**16, device="cuda")
-    tracker = torch.full((), 2**30 - 1, dtype=torch.int32, device="cuda")  # exact in float64
-    found = torch.ones(1, device="cuda")
-    payload = torch.tensor([0.5], dtype=torch.float64, device="cuda")
+DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_ring_reuses_its_rows_and_says_when_it_is_full(device: str) -> None:
+    ring = PinnedRing((1, 1, 1, 1), torch.device(device), rows=2)
+    scale = torch.full((), 2.0**16, device=device)
+    tracker = torch.full((), 2**30 - 1, dtype=torch.int32, device=device)  # exact in float64
+    found = torch.ones(1, device=device)
+    payload = torch.tensor([0.5], dtype=torch.float64, device=device)
     first = ring.capture([scale.reshape(1), tracker.reshape(1), found, payload])
     scale.mul_(2)  # the next step changes the scale in place: the row keeps this step's value
     second = ring.capture([scale.reshape(1), tracker.reshape(1), found, payload])
@@ -44,7 +45,7 @@ def test_a_ring_reuses_its_rows_and_says_when_it_is_full() -> None:
 @pytest.mark.cuda
 def test_steps_on_two_streams_keep_their_own_values() -> None:
     """A step queued behind slow work on one stream is not overwritten from the other."""
-    ring = PinnedRing(2, torch.device("cuda"), rows=8)
+    ring = PinnedRing((2,), torch.device("cuda"), rows=8)
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     rows = []
     for step in range(6):
@@ -59,28 +60,48 @@ def test_steps_on_two_streams_keep_their_own_values() -> None:
     ]
 
 
-@pytest.mark.cuda
-def test_rings_are_kept_per_width() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_rings_are_kept_per_layout(device: str) -> None:
     rings = PinnedRings()
-    one = torch.ones(1, device="cuda")
+    one = torch.ones(1, device=device)
     narrow = rings.capture([one, one, one])
-    wide = rings.capture([one, one, one, torch.zeros(3, device="cuda")])
-    assert narrow is not None and wide is not None
-    assert narrow[0] is not wide[0] and (narrow[0].width, wide[0].width) == (3, 6)
+    wide = rings.capture([one, one, one, torch.zeros(3, device=device)])
+    # Two payloads of one value each: as wide as three ones, but not the same parts.
+    split = rings.capture([one, one, one, torch.full((2,), 2.0, device=device)])
+    both = rings.capture([one, one, one, torch.full((1,), 3.0, device=device), one])
+    assert (narrow[0].width, wide[0].width, split[0].width, both[0].width) == (3, 6, 5, 5)
+    assert len({id(ring) for ring, _ in (narrow, wide, split, both)}) == 4
     assert narrow[0].read(narrow[1]) == [1.0, 1.0, 1.0]
     assert wide[0].read(wide[1]) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    assert split[0].read(split[1]) == [1.0, 1.0, 1.0, 2.0, 2.0]
+    assert both[0].read(both[1]) == [1.0, 1.0, 1.0, 3.0, 1.0]
 
 
-@pytest.mark.cuda
+def test_a_cpu_row_takes_0d_values_and_holds_them_when_they_change() -> None:
+    ring = PinnedRing((1, 1, 1), torch.device("cpu"), rows=4)
+    scale, tracker = torch.full((), 1024.0), torch.zeros((), dtype=torch.int32)
+    rows = []
+    for _ in range(3):
+        rows.append(ring.capture([scale, tracker, torch.zeros(1)]))
+        scale.mul_(2)  # in place, as update() does
+        tracker.add_(1)
+    assert [ring.read(row) for row in rows if row is not None] == [
+        [1024.0, 0.0, 0.0],
+        [2048.0, 1.0, 0.0],
+        [4096.0, 2.0, 0.0],
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rows", [2, None], ids=["ring-full-often", "default-ring"])
 def test_rows_match_torch_when_the_ring_fills_up(
-    kind: str, rows: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kind: str, rows: int | None, device: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A full ring falls back to a buffer of the step's own: no step is lost or misread."""
     if rows is not None:
         monkeypatch.setattr(_pinned, "MIN_ROWS", rows)
         monkeypatch.setattr(_pinned, "MAX_ROWS", rows)
-    kwargs = {"device": "cuda", "init_scale": 2.0**10, "growth_interval": 2}
+    kwargs = {"device": device, "init_scale": 2.0**10, "growth_interval": 2}
     if kind == "plain":
         theirs, ours = torch.amp.GradScaler(**kwargs), scaler.GradScaler(**kwargs, telemetry=False)
     else:
@@ -90,7 +111,7 @@ def test_rows_match_torch_when_the_ring_fills_up(
         ours = scaler.ShardedGradScaler(**kwargs, telemetry=False)
     traces = []
     for gs in (theirs, ours):
-        model = mlp().to("cuda")
+        model = mlp().to(device)
         traces.append(train(gs, model, sgd(model), steps=40, inject=INJECT))
     traces[1].assert_same(traces[0])
     stats = ours.stats()
