@@ -1,7 +1,7 @@
 """Per-step snapshots taken on the training thread, read on a background thread.
 
-The training thread only keeps references (cpu) or queues an asynchronous copy
-to pinned host memory (cuda); the recorder thread turns them into samples,
+The training thread copies a step's values into a reused host row (on cuda an
+asynchronous copy to pinned memory); the recorder thread reads the rows into samples,
 folds the statistics and hands the samples to a sink (the telemetry writer).
 """
 
