@@ -262,7 +262,7 @@ class Telemetry:
     def _write_gaps(self, store: Store, run_id: int) -> list[tuple[int, int, int]]:
         """Record the gaps so far; returns them (a failed one and those after it stay queued)."""
         with self._lock:
-            gaps, self._gaps = self._gaps, []
+            gaps, self._gaps = _joined(self._gaps), []
         for i, (first, last, count) in enumerate(gaps):
             try:
                 store_runs.record_gap(
@@ -340,6 +340,23 @@ def _close_quietly(probe: store_control.PendingProbe | None) -> None:
         probe.close()
     except Exception:  # its store is gone already
         log.debug("scalewatch: could not close the control probe", exc_info=True)
+
+
+def _joined(gaps: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """``gaps`` in step order, ranges that touch joined into one.
+
+    A batch whose write failed goes back to the front of the queue; when it is dropped
+    after records that came in while it was being written, its steps open a second range
+    right before the first.
+    """
+    joined: list[tuple[int, int, int]] = []
+    for first, last, count in sorted(gaps):
+        if joined and joined[-1][1] + 1 == first:
+            start, _, before = joined[-1]
+            joined[-1] = (start, last, before + count)
+        else:
+            joined.append((first, last, count))
+    return joined
 
 
 def _write_outcome(

@@ -500,6 +500,52 @@ def test_an_unwritable_store_drops_past_the_bound_and_records_the_gap(
     assert gap["reason"]
 
 
+def test_a_failed_batch_dropped_after_newer_records_is_in_the_same_gap(
+    writer: tuple[Telemetry, Store, list[int]],
+) -> None:
+    """Steps 1-3 fail to write and go back to the queue's front; 4-6, which came in
+    meanwhile, are dropped first, then 1-3: one lost range, 1-6, is recorded."""
+    telemetry, store, _ = writer
+    write = store_runs.write_step_values
+    taken, failed_once, resubmitted = threading.Event(), threading.Event(), threading.Event()
+
+    def failing_once(store: Store, run_id: int, values: Any) -> None:
+        if not failed_once.is_set():
+            taken.set()
+            failed_once.wait(30)
+            raise sqlite3.OperationalError("disk I/O error")
+        write(store, run_id, values)
+
+    ensure_run = telemetry._ensure_run
+
+    def retry_after_resubmit() -> bool:
+        if failed_once.is_set():  # the retry takes its batch only once 8-10 are queued
+            resubmitted.wait(30)
+        return ensure_run()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(telemetry_module, "MAX_PENDING", 4)
+        patch.setattr(store_runs, "write_step_values", failing_once)
+        patch.setattr(telemetry, "_ensure_run", retry_after_resubmit)
+        telemetry.submit([_sample(step) for step in range(1, 4)])
+        wait_for(taken.is_set, 30, "the writer to take steps 1-3")
+        telemetry.submit([_sample(step) for step in range(4, 8)])  # 4-6 dropped, 7 queued
+        failed_once.set()
+        wait_for(lambda: telemetry._failing is not None, 30, "the write of 1-3 to fail")
+        telemetry.submit([_sample(step) for step in range(8, 11)])  # 1-3 dropped now
+        resubmitted.set()
+        assert telemetry.flush(30)
+    assert telemetry.dropped == 6
+    with store.read() as conn:
+        gaps = [
+            tuple(g)
+            for g in conn.execute(select(telemetry_gaps.c["first_step", "last_step", "dropped"]))
+        ]
+        stored = [s for (s,) in conn.execute(select(steps.c.step).order_by(steps.c.step))]
+    assert gaps == [(1, 6, 6)]
+    assert stored == [7, 8, 9, 10]
+
+
 # ------------------------------------------------------------ the writer's cadence
 
 
