@@ -53,7 +53,7 @@ class PinnedRing:
         self._events: list[Any] = [None] * rows
         self._free: deque[int] = deque(range(rows))
 
-    def capture(self, parts: Sequence[torch.Tensor]) -> int | None:
+    def capture(self, parts: list[torch.Tensor]) -> int | None:
         """Copy ``parts`` (as float64) to a free row, queued on cuda; None if none is free.
 
         On cuda each part has ``sizes``' shape; on cpu it may also be a 0-d tensor.
@@ -63,10 +63,10 @@ class PinnedRing:
         except IndexError:  # the recorder is behind by a whole ring
             return None
         if not self._cuda:
-            torch._foreach_copy_(self._parts[row], list(parts))
+            torch._foreach_copy_(self._parts[row], parts)
             return row
         staging = self._staging[row]
-        torch.cat(list(parts), out=staging)
+        torch.cat(parts, out=staging)
         self._rows[row].copy_(staging, non_blocking=True)
         event = self._events[row]
         if event is None:
@@ -96,20 +96,23 @@ class PinnedRings:
     def __init__(self) -> None:
         self._rings: dict[tuple[int, ...], PinnedRing] = {}
 
-    def capture(self, parts: Sequence[torch.Tensor]) -> tuple[PinnedRing, int]:
-        """Copy ``parts`` to a free row of the ring of their layout.
+    def capture(
+        self, parts: list[torch.Tensor], sizes: tuple[int, ...] | None = None
+    ) -> tuple[PinnedRing, int]:
+        """Copy ``parts`` (of ``sizes`` values, when the caller knows) to a free row of the
+        ring of their layout.
 
         When that ring is full (the recorder is a whole ring behind), the step gets a ring
         of one row of its own: slower, nothing lost.
         """
-        sizes = tuple(part.numel() for part in parts)
-        device = parts[0].device
+        if sizes is None:
+            sizes = tuple(part.numel() for part in parts)
         ring = self._rings.get(sizes)
         if ring is None:
-            ring = self._rings[sizes] = PinnedRing(sizes, device)
+            ring = self._rings[sizes] = PinnedRing(sizes, parts[0].device)
         row = ring.capture(parts)
         if row is None:
-            ring = PinnedRing(sizes, device, rows=1)
+            ring = PinnedRing(sizes, parts[0].device, rows=1)
             row = ring.capture(parts)
             assert row is not None
         return ring, row

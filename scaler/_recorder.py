@@ -48,6 +48,9 @@ class StepSample:
     controls: tuple[ControlOutcome, ...] = ()
 
 
+_THREE_VALUES = (1, 1, 1)  # scale, growth tracker, found_inf: a row's first parts
+
+
 class Captured:
     """Device values of one step: [scale, growth tracker, found_inf, *payload flags].
 
@@ -69,12 +72,13 @@ class Captured:
             found = scale.new_zeros(1)
         elif found.numel() != 1:
             found = found.reshape(-1)[:1]
-        if scale.device.type == "cuda":
+        if scale.is_cuda:
             parts = [scale.reshape(1), tracker.reshape(1), found.reshape(1), *flags]
         else:  # a cpu row takes 0-d values as they are
             parts = [scale, tracker, found, *flags]
+        sizes = (1, 1, 1, *[flag.numel() for flag in flags]) if flags else _THREE_VALUES
         self._ring: PinnedRing | None
-        self._ring, self._row = rings.capture(parts)
+        self._ring, self._row = rings.capture(parts, sizes)
 
     def discard(self) -> None:
         """Give the row back without reading it (the step was dropped)."""
