@@ -34,7 +34,6 @@ class PinnedRing:
         width = sum(sizes)
         if rows is None:
             rows = max(MIN_ROWS, min(MAX_ROWS, RING_BYTES // (8 * width)))
-        self.sizes = tuple(sizes)
         self.width = width
         self._cuda = device.type == "cuda"
         host = torch.empty((rows, width), dtype=torch.float64, pin_memory=self._cuda)
@@ -47,9 +46,7 @@ class PinnedRing:
             if self._cuda
             else []
         )
-        self._parts = (
-            [] if self._cuda else [torch.split(row, list(self.sizes)) for row in self._rows]
-        )
+        self._parts = [] if self._cuda else [torch.split(row, list(sizes)) for row in self._rows]
         self._events: list[Any] = [None] * rows
         self._free: deque[int] = deque(range(rows))
 

@@ -48,9 +48,6 @@ class StepSample:
     controls: tuple[ControlOutcome, ...] = ()
 
 
-_THREE_VALUES = (1, 1, 1)  # scale, growth tracker, found_inf: a row's first parts
-
-
 class Captured:
     """Device values of one step: [scale, growth tracker, found_inf, *payload flags].
 
@@ -76,7 +73,7 @@ class Captured:
             parts = [scale.reshape(1), tracker.reshape(1), found.reshape(1), *flags]
         else:  # a cpu row takes 0-d values as they are
             parts = [scale, tracker, found, *flags]
-        sizes = (1, 1, 1, *[flag.numel() for flag in flags]) if flags else _THREE_VALUES
+        sizes = (1, 1, 1, *[flag.numel() for flag in flags])  # scale, tracker, found_inf first
         self._ring: PinnedRing | None
         self._ring, self._row = rings.capture(parts, sizes)
 
