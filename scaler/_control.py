@@ -23,6 +23,7 @@ INT_FIELDS = frozenset({"growth_interval", "hysteresis"})
 SLOTS = 2 + len(FIELDS)
 INT32_MAX = 2**31 - 1
 FLOAT32_MAX = 3.4028234663852886e38  # the scale is a float32 tensor
+FLOAT32_TINY = 1.1754943508222875e-38  # float32's smallest normal: less may round to 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +71,8 @@ RULES: dict[str, str] = {
     "growth_factor": "growth_factor must be a finite number > 1",
     "backoff_factor": "backoff_factor must be a number > 0 and < 1",
     **{
-        name: f"{name} must be a finite number > 0 and <= {FLOAT32_MAX!r} (float32's largest)"
+        name: f"{name} must be a finite number > 0, from {FLOAT32_TINY!r} to {FLOAT32_MAX!r}"
+        " (float32's normal range)"
         for name in ("scale", "min_scale", "max_scale")
     },
 }
@@ -100,25 +102,35 @@ def normalise(name: str, value: object) -> int | float | None:
         return number if number > 1 else None
     if name == "backoff_factor":
         return number if 0 < number < 1 else None
-    return number if 0 < number <= FLOAT32_MAX else None
+    return number if FLOAT32_TINY <= number <= FLOAT32_MAX else None
 
 
 def bounds_problems(values: Mapping[str, object], current: Mapping[str, object]) -> dict[str, str]:
-    """min_scale <= max_scale, with the value in effect standing in for one not requested.
+    """min_scale <= scale <= max_scale, with the value in effect standing in for one not requested.
 
     >>> bounds_problems({"min_scale": 8.0}, {"max_scale": 4.0})
     {'min_scale': 'min_scale must be <= max_scale (4.0)'}
+    >>> bounds_problems({"scale": 1.0}, {"min_scale": 2.0})
+    {'scale': 'scale must be >= min_scale (2.0)'}
     """
-    low = values.get("min_scale", current.get("min_scale"))
-    high = values.get("max_scale", current.get("max_scale"))
-    if not (isinstance(low, int | float) and isinstance(high, int | float) and low > high):
-        return {}
+    low = _number(values.get("min_scale", current.get("min_scale")))
+    high = _number(values.get("max_scale", current.get("max_scale")))
+    scale = _number(values.get("scale"))
     problems = {}
-    if "min_scale" in values:
-        problems["min_scale"] = f"min_scale must be <= max_scale ({high!r})"
-    if "max_scale" in values:
-        problems["max_scale"] = f"max_scale must be >= min_scale ({low!r})"
+    if low is not None and high is not None and low > high:
+        if "min_scale" in values:
+            problems["min_scale"] = f"min_scale must be <= max_scale ({high!r})"
+        if "max_scale" in values:
+            problems["max_scale"] = f"max_scale must be >= min_scale ({low!r})"
+    if scale is not None and low is not None and scale < low:
+        problems["scale"] = f"scale must be >= min_scale ({low!r})"
+    elif scale is not None and high is not None and scale > high:
+        problems["scale"] = f"scale must be <= max_scale ({high!r})"
     return problems
+
+
+def _number(value: object) -> float | None:
+    return None if isinstance(value, bool) or not isinstance(value, int | float) else value
 
 
 def check(values: Mapping[str, object], current: Mapping[str, object]) -> str | None:

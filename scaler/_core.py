@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections import defaultdict, deque
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +33,7 @@ class ScalerConfigError(ValueError, AssertionError):
     """
 
 
-def validate_config(
+def torch_arguments(
     *,
     init_scale: float,
     growth_factor: float,
@@ -40,9 +42,17 @@ def validate_config(
     min_scale: float | None,
     max_scale: float | None,
     hysteresis: int | None,
-) -> None:
+) -> tuple[float, float, float, int]:
+    """Check the constructor's values; returns torch's four, a one-element tensor (which
+    torch takes too) as the number it holds."""
+    plain: list[Any] = [
+        value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
+        for value in (init_scale, growth_factor, backoff_factor, growth_interval)
+    ]
+    init_scale, growth_factor, backoff_factor, growth_interval = plain
+    if _control.normalise("scale", init_scale) is None:
+        raise ScalerConfigError(f"init_{_control.RULES['scale']}")
     values: dict[str, Any] = {
-        "scale": init_scale,
         "growth_factor": growth_factor,
         "backoff_factor": backoff_factor,
         "growth_interval": growth_interval,
@@ -60,13 +70,10 @@ def validate_config(
     )
     problem = _control.check(values, {})
     if problem is not None:
-        raise ScalerConfigError(
-            problem.replace("scale must", "init_scale must", 1)
-            if problem.startswith("scale ")
-            else problem
-        )
+        raise ScalerConfigError(problem)
     if isinstance(growth_interval, float):
         raise ScalerConfigError(f"growth_interval must be an integer, got {growth_interval!r}")
+    return init_scale, growth_factor, backoff_factor, growth_interval
 
 
 class Instrumented(_Base):
@@ -88,6 +95,8 @@ class Instrumented(_Base):
         self._max_scale = None if max_scale is None else float(max_scale)
         self._hysteresis = hysteresis
         self._init_hysteresis_tracker = hysteresis
+        if self._enabled:
+            self._clamp_scale()  # an init_scale outside min/max_scale starts at the bound
         self._telemetry_option = telemetry
         self._run_name = run_name
         self._run_uid: str | None = None
@@ -106,6 +115,8 @@ class Instrumented(_Base):
         self._last_found: torch.Tensor | None = None
         self._stepped = False
         self._group: tuple[int, int] | None = None
+        self._closer: weakref.finalize[Any, Any] | None = None
+        self._last_run_id: int | None = None
 
     # ------------------------------------------------------------------ steps
 
@@ -123,10 +134,14 @@ class Instrumented(_Base):
         # Read before _controls_for_step(), which forgets this step's payloads.
         width = self._attribution_width()
         if new_scale is not None:
+            # The step may have been skipped for inf/NaN: its record says so all the same.
+            found = self._combined_found_inf(scale, required=False)
             super().update(new_scale)
+            self._clamp_scale()
             scale_set = True
         else:
             found = self._combined_found_inf(scale)
+            assert found is not None
             self._update_scale(scale, tracker, found)
             self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
             scale_set = False
@@ -141,7 +156,9 @@ class Instrumented(_Base):
         self._snapshot(found, flags, width, scale_set, tuple(outcomes))
         self._stepped = False
 
-    def _combined_found_inf(self, scale: torch.Tensor) -> torch.Tensor:
+    def _combined_found_inf(
+        self, scale: torch.Tensor, required: bool = True
+    ) -> torch.Tensor | None:
         # As torch: if every found_inf lives on the scale's device this is asynchronous.
         found_infs = [
             found_inf.to(device=scale.device, non_blocking=True)
@@ -149,6 +166,8 @@ class Instrumented(_Base):
             for found_inf in state["found_inf_per_device"].values()
         ]
         if len(found_infs) == 0:
+            if not required:
+                return None
             raise AssertionError("No inf checks were recorded prior to update.")
         combined: torch.Tensor = found_infs[0]
         for other in found_infs[1:]:
@@ -164,6 +183,19 @@ class Instrumented(_Base):
             self._hysteresis_update(scale, tracker, found, self._hysteresis)
         if self._min_scale is not None or self._max_scale is not None:
             scale.clamp_(min=self._min_scale, max=self._max_scale)
+
+    def _clamp_scale(self) -> None:
+        """Keep the scale, and the one a lazy scaler starts from, within min/max_scale."""
+        if self._min_scale is None and self._max_scale is None:
+            return
+        self._init_scale = self._clamped(self._init_scale)
+        if self._scale is not None:
+            self._scale.clamp_(min=self._min_scale, max=self._max_scale)
+
+    def _clamped(self, scale: float) -> float:
+        if self._min_scale is not None:
+            scale = max(scale, self._min_scale)
+        return scale if self._max_scale is None else min(scale, self._max_scale)
 
     def _torch_update(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
@@ -197,7 +229,9 @@ class Instrumented(_Base):
 
     def _hysteresis_tensor(self, device: torch.device) -> torch.Tensor:
         if self._hysteresis_tracker is None:
-            start = self._init_hysteresis_tracker or self._hysteresis or 1
+            start = self._init_hysteresis_tracker
+            if start is None:
+                start = self._hysteresis or 1
             self._hysteresis_tracker = torch.full((), start, dtype=torch.int32, device=device)
         return self._hysteresis_tracker
 
@@ -223,6 +257,7 @@ class Instrumented(_Base):
         recorder = self._recorder
         if recorder is None or recorder.closed:
             recorder = self._recorder = Recorder(self._init_scale, self._make_sink(), recorder)
+            self._close_when_dropped(recorder)
         recorder.submit(
             Snapshot(
                 step=self._step_count,
@@ -247,7 +282,7 @@ class Instrumented(_Base):
         info = self._group_info()
         if option is False or (info is not None and info[0] != 0):
             return None
-        from .telemetry import Telemetry, close_at_exit
+        from .telemetry import Telemetry
 
         self._telemetry = Telemetry(
             None if option is None or option is True else option,
@@ -259,8 +294,16 @@ class Instrumented(_Base):
             uid=self._run_uid,
         )
         self._run_uid = self._telemetry.uid
-        close_at_exit(self)
         return self._telemetry.submit
+
+    def _close_when_dropped(self, recorder: Recorder) -> None:
+        """Close ``recorder`` and the telemetry it feeds when this scaler is garbage-collected
+        or at interpreter exit, whichever comes first: a scaler that is a local of a training
+        function and never closed still has every step written and its run marked finished.
+        """
+        if self._closer is not None:
+            self._closer.detach()
+        self._closer = weakref.finalize(self, _close_parts, recorder, self._telemetry)
 
     def _group_info(self) -> tuple[int, int] | None:
         """(rank, size) of the group whose rank 0 reports; None for a single process.
@@ -296,7 +339,7 @@ class Instrumented(_Base):
     @property
     def run_id(self) -> int | None:
         """The run's id in the store, once the writer has created it."""
-        return None if self._telemetry is None else self._telemetry.run_id
+        return self._last_run_id if self._telemetry is None else self._telemetry.run_id
 
     # ---------------------------------------------------------------- control
 
@@ -354,22 +397,25 @@ class Instrumented(_Base):
             self._hysteresis = int(value)
             if self._hysteresis_tracker is not None:
                 self._hysteresis_tracker.clamp_(max=int(value))
-            self._init_hysteresis_tracker = min(
-                self._init_hysteresis_tracker or int(value), int(value)
-            )
+            start = self._init_hysteresis_tracker
+            self._init_hysteresis_tracker = int(value) if start is None else min(start, int(value))
 
     def _set_by_code(self, name: str, value: float | int) -> None:
+        if not self._enabled:  # as torch: only the attribute, which a disabled scaler ignores
+            problem = _control.check({name: value}, {})
+            if problem is not None:
+                raise ScalerConfigError(problem)
+            setattr(self, f"_{name}", value)
+            return
         problem = _control.check({name: value}, self.control_state())
         if problem is not None:
             raise ScalerConfigError(problem)
         self._set_field(name, value)
-        if self._enabled:
-            self._control_version += 1
-            self._code_outcomes.append(
-                ControlOutcome(
-                    0, {name: value}, True, None, self.control_state(), self._control_version
-                )
-            )
+        self._control_version += 1
+        state = self.control_state()
+        self._code_outcomes.append(
+            ControlOutcome(0, {name: value}, True, None, state, self._control_version)
+        )
 
     def set_growth_factor(self, new_factor: float) -> None:
         """Set a new scale growth factor (> 1); recorded in the audit trail as a change by code."""
@@ -401,16 +447,23 @@ class Instrumented(_Base):
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until the steps so far are recorded (and, with telemetry, in the store).
 
-        Returns False when the store did not take them within ``timeout`` seconds.
+        Returns False when they were not all recorded and stored within ``timeout`` seconds.
         """
+        deadline = time.monotonic() + timeout
         if self._recorder is not None:
-            self._recorder.flush(timeout)
-        return self._telemetry.flush(timeout) if self._telemetry is not None else True
+            try:
+                self._recorder.flush(timeout)
+            except TimeoutError:
+                return False
+        if self._telemetry is None:
+            return True
+        return bool(self._telemetry.flush(max(0.0, deadline - time.monotonic())))
 
     def stats(self, timeout: float = 30.0) -> ScalerStats:
         """Counts since creation: steps, skipped steps, overflows, growths, backoffs, scales seen.
 
-        .. note:: waits for the background recorder to read the steps queued so far.
+        .. note:: waits for the background recorder to read the steps queued so far;
+           raises ``TimeoutError`` if it has not within ``timeout`` seconds.
         """
         if self._recorder is None:
             scale = self._init_scale if self._enabled else 1.0
@@ -458,26 +511,37 @@ class Instrumented(_Base):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Loads torch's dicts and ours; ours continue the same run and step count."""
+        """Loads torch's dicts and ours: ours continue their run and its step count, a torch
+        dict starts a new run. Steps already recorded of another run stay in that one,
+        which is finished first.
+        """
         super().load_state_dict(state_dict)
         if not self._enabled:
             return
-        self._scale_host = float(state_dict["scale"])
         extras = state_dict.get(STATE_KEY)
-        if extras is None:
-            return
-        self._step_count = int(extras["step"])
-        self._run_uid = extras.get("run_uid")
-        self._min_scale = extras.get("min_scale")
-        self._max_scale = extras.get("max_scale")
-        self._hysteresis = extras.get("hysteresis")
-        self._init_hysteresis_tracker = extras.get("hysteresis_tracker")
-        if self._hysteresis_tracker is not None and self._init_hysteresis_tracker is not None:
-            self._hysteresis_tracker.fill_(self._init_hysteresis_tracker)
-        self._control_version = int(extras.get("control_version", 0))
+        run_uid = None if extras is None else extras.get("run_uid")
+        recording = self._recorder is not None and not self._recorder.closed
+        if recording and (extras is None or run_uid != self._run_uid):
+            self.close()
+        self._run_uid = run_uid
+        self._step_count = 0 if extras is None else int(extras["step"])
+        if extras is not None:
+            self._min_scale = extras.get("min_scale")
+            self._max_scale = extras.get("max_scale")
+            self._hysteresis = extras.get("hysteresis")
+            self._init_hysteresis_tracker = extras.get("hysteresis_tracker")
+            if self._hysteresis_tracker is not None and self._init_hysteresis_tracker is not None:
+                self._hysteresis_tracker.fill_(self._init_hysteresis_tracker)
+            self._control_version = int(extras.get("control_version", 0))
+        self._clamp_scale()
+        self._scale_host = self._clamped(float(state_dict["scale"]))
 
     def checkpoint(self) -> ScalerCheckpoint:
         """A typed ``state_dict()``. Reads the scale: a CPU-GPU sync."""
+        if not self._enabled:
+            raise RuntimeError(
+                "checkpoint(): this scaler is disabled and holds no state (its state_dict() is {})"
+            )
         return ScalerCheckpoint(
             scale=self.get_scale(),
             growth_factor=self._growth_factor,
@@ -490,6 +554,7 @@ class Instrumented(_Base):
             hysteresis_tracker=self._hysteresis_value(),
             step=self._step_count,
             run_uid=self._run_uid,
+            control_version=self._control_version,
         )
 
     def load_checkpoint(self, checkpoint: ScalerCheckpoint) -> None:
@@ -508,6 +573,7 @@ class Instrumented(_Base):
                     "max_scale": checkpoint.max_scale,
                     "hysteresis": checkpoint.hysteresis,
                     "hysteresis_tracker": checkpoint.hysteresis_tracker,
+                    "control_version": checkpoint.control_version,
                 },
             }
         )
@@ -521,6 +587,8 @@ class Instrumented(_Base):
             "_recorder",
             "_pinned",
             "_telemetry",
+            "_closer",
+            "_last_run_id",
             "_inbox",
             "_code_outcomes",
             "_last_found",
@@ -536,16 +604,36 @@ class Instrumented(_Base):
     # ---------------------------------------------------------------- closing
 
     def close(self) -> None:
-        """Flush telemetry and mark the run finished. Safe to call twice; also runs at exit."""
-        recorder, telemetry = self._recorder, self._telemetry
+        """Flush telemetry and mark the run finished. Safe to call twice.
+
+        Also done when the scaler is garbage-collected and at interpreter exit.
+        """
+        closer, telemetry = self._closer, self._telemetry
         self._telemetry = None
-        if recorder is not None:
-            recorder.close()
+        if closer is not None:
+            closer()  # does nothing once done
         if telemetry is not None:
-            telemetry.close()
+            self._last_run_id = telemetry.run_id
 
     def __enter__(self) -> Instrumented:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _close_parts(recorder: Recorder, telemetry: Any) -> None:
+    """Close a scaler's recorder and telemetry (the finalizer of a dropped or exiting scaler).
+
+    The garbage collector may run it on one of their own threads, which cannot wait for
+    itself: then a thread of its own does it.
+    """
+    own = {recorder.thread, *(() if telemetry is None else telemetry.threads)}
+    if threading.current_thread() in own:
+        threading.Thread(
+            target=_close_parts, args=(recorder, telemetry), name="scalewatch-closer"
+        ).start()
+        return
+    recorder.close()
+    if telemetry is not None:
+        telemetry.close()

@@ -204,6 +204,10 @@ class Recorder:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
     def close(self) -> None:
         if self._closed:
             return

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from ._control import ControlUpdate
-from ._core import Instrumented, validate_config
+from ._core import Instrumented, torch_arguments
 from ._torch_compat import TorchGradScaler, amp_update_scale_
 
 
@@ -58,7 +58,7 @@ class GradScaler(Instrumented, TorchGradScaler):
         telemetry: Any = None,
         run_name: str | None = None,
     ) -> None:
-        validate_config(
+        init_scale, growth_factor, backoff_factor, growth_interval = torch_arguments(
             init_scale=init_scale,
             growth_factor=growth_factor,
             backoff_factor=backoff_factor,

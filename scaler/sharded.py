@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from . import _control
 from ._control import ControlUpdate
-from ._core import Instrumented, validate_config
+from ._core import Instrumented, torch_arguments
 from ._torch_compat import (
     OptState,
     TorchShardedGradScaler,
@@ -73,7 +73,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         telemetry: Any = None,
         run_name: str | None = None,
     ) -> None:
-        validate_config(
+        init_scale, growth_factor, backoff_factor, growth_interval = torch_arguments(
             init_scale=init_scale,
             growth_factor=growth_factor,
             backoff_factor=backoff_factor,

@@ -44,6 +44,7 @@ class ScalerCheckpoint:
     hysteresis_tracker: int | None = None
     step: int = 0
     run_uid: str | None = None
+    control_version: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -11,16 +11,14 @@ fixed cost, and the training thread pays part of it in GIL hand-offs.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import socket
 import threading
 import time
 import uuid
-import weakref
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy.exc import OperationalError
@@ -41,6 +39,7 @@ BATCH = 5000
 COALESCE_S = 0.2
 POLL_INTERVAL_S = 0.2
 RETRY_S = 0.5
+CLOSE_FAILING_S = 5.0  # how long close() waits for a store that is failing when it starts
 
 
 class Telemetry:
@@ -122,13 +121,17 @@ class Telemetry:
         else:
             self._gaps.append((step, step, 1))
 
+    @property
+    def threads(self) -> tuple[threading.Thread, threading.Thread]:
+        return self._writer, self._poller
+
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until everything queued so far is in the store (or ``timeout``)."""
         deadline = time.monotonic() + timeout
         with self._lock:
             while self._records or self._outcomes or self._gaps or self._in_flight:
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or not self._writer.is_alive():
                     return False
                 self._hurry.set()
                 self._wake.set()
@@ -140,6 +143,14 @@ class Telemetry:
         if self._closed:
             return
         self._closed = True
+        if self._failing is not None:
+            # A store that fails at the end rarely recovers: do not hold up the exit for long.
+            timeout = min(timeout, CLOSE_FAILING_S)
+            log.warning(
+                "scalewatch: the store is not taking writes; waiting up to %g s for %d records",
+                timeout,
+                len(self._records),
+            )
         flushed = self.flush(timeout)
         self._stop.set()
         self._hurry.set()
@@ -401,14 +412,3 @@ def _file_id(store: Store) -> tuple[int, int] | None:
     except OSError:
         return (-1, -1)
     return stat.st_dev, stat.st_ino
-
-
-def close_at_exit(obj: Any) -> None:
-    """Call ``obj.close()`` at interpreter exit unless it was garbage-collected before."""
-    atexit.register(_close_ref, weakref.ref(obj))
-
-
-def _close_ref(ref: Callable[[], Any]) -> None:
-    obj = ref()
-    if obj is not None:
-        obj.close()

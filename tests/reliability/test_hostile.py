@@ -130,6 +130,8 @@ BAD_BODIES: list[tuple[str, str]] = [
     (json.dumps({"growth_interval": 2**31}), "growth_interval"),
     (json.dumps({"scale": 10**30 * 10**30}), "scale"),  # a float32 inf once applied
     ('{"scale": 1e39}', "scale"),
+    ('{"scale": 5e-324}', "scale"),
+    ('{"max_scale": 1e-46}', "max_scale"),
     ('{"max_scale": 1e300}', "max_scale"),
     ('{"scale": 1e400}', "scale"),
     (json.dumps({"growth_interval": -5}), "growth_interval"),

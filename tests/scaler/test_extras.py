@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import pickle
 import struct
 from typing import Any
 
 import pytest
 import torch
-from _twin import INJECT, Injection, Trace, make_pair, mlp, sgd, train
+from _twin import INJECT, Injection, Trace, make_pair, mlp, poison, sgd, train
 
 import scaler
 
@@ -243,3 +244,108 @@ def test_default_device_is_cuda_and_disables_without_it_as_torch(kind: str) -> N
         assert not cls().is_enabled()
     with pytest.warns(UserWarning, match="CUDA is not available.  Disabling."):
         assert not ours_cls(kind)(telemetry=False).is_enabled()
+
+
+INF = float("inf")
+
+
+def test_a_hysteresis_tracker_at_zero_survives_a_resume(kind: str) -> None:
+    original = ours_cls(kind)("cpu", init_scale=64.0, hysteresis=2, telemetry=False)
+    run(original, steps=3, inject={1: [(0, INF)], 2: [(0, INF)]})  # the second one backs off
+    assert original.checkpoint().hysteresis_tracker == 0
+    by_state_dict = ours_cls(kind)("cpu", telemetry=False)
+    by_state_dict.load_state_dict(original.state_dict())
+    by_checkpoint = ours_cls(kind)("cpu", telemetry=False)
+    by_checkpoint.load_checkpoint(original.checkpoint())
+    by_pickle = pickle.loads(pickle.dumps(original))
+    # With the tracker at 0 the next overflow backs off again; restored as 2 it would not.
+    expected = run(original, steps=1, inject={0: [(0, INF)]})
+    assert expected.scales == [16.0]
+    for restored in (by_state_dict, by_checkpoint, by_pickle):
+        run(restored, steps=1, inject={0: [(0, INF)]}).assert_same(expected)
+
+
+def test_setters_of_a_disabled_scaler_work_as_torchs(kind: str) -> None:
+    reference, ours = make_pair(kind, enabled=False)
+    for gs in (reference, ours):
+        gs.set_growth_factor(3.0)
+        gs.set_backoff_factor(0.25)
+        gs.set_growth_interval(7)
+    getters = ("get_growth_factor", "get_backoff_factor", "get_growth_interval")
+    assert [getattr(ours, g)() for g in getters] == [getattr(reference, g)() for g in getters]
+    assert [getattr(ours, g)() for g in getters] == [3.0, 0.25, 7]
+    with pytest.raises(ValueError, match="growth_factor"):
+        ours.set_growth_factor(0.5)
+    assert ours.state_dict() == reference.state_dict() == {}
+    with pytest.raises(RuntimeError, match="disabled"):
+        ours.checkpoint()
+
+
+def test_an_update_with_a_new_scale_still_counts_the_overflow(kind: str) -> None:
+    _, ours = make_pair(kind, init_scale=64.0)
+    model = mlp()
+    opt = sgd(model)[0]
+
+    def step(inject: bool, new_scale: float) -> bool:
+        opt.zero_grad()
+        ours.scale(model(torch.ones(3, 4)).pow(2).mean()).backward()
+        if inject:
+            poison(list(model.parameters()), 0, INF)
+        before = [p.detach().clone() for p in model.parameters()]
+        ours.step(opt)
+        ours.update(new_scale=new_scale)
+        return all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+
+    assert step(True, 8.0)  # skipped
+    assert ours.had_overflow() and ours.get_scale() == 8.0
+    assert not step(False, 4.0)
+    assert not ours.had_overflow() and ours.get_scale() == 4.0
+    stats = ours.stats()
+    assert (stats.steps, stats.overflows, stats.skipped) == (2, 1, 1)
+    assert (stats.growths, stats.backoffs) == (0, 0)  # set, not grown or backed off
+    ours.scale(torch.ones(()))
+    ours.update(new_scale=2.0)  # no inf checks this step: as torch, no complaint
+    assert ours.get_scale() == 2.0 and not ours.had_overflow()
+
+
+def test_min_and_max_scale_hold_for_init_scale_new_scale_and_loads(kind: str) -> None:
+    low = ours_cls(kind)("cpu", init_scale=1.0, min_scale=2.0, max_scale=64.0, telemetry=False)
+    assert low.get_scale() == 2.0
+    low.scale(torch.ones(()))
+    assert low.get_scale() == 2.0
+    low.update(new_scale=0.0)
+    assert low.get_scale() == 2.0
+    low.scale(torch.ones(()))
+    low.update(new_scale=torch.tensor(1e30))
+    assert low.get_scale() == 64.0
+    state = low.state_dict()
+    low.load_state_dict({**state, "scale": 1e-6})
+    assert low.get_scale() == 2.0
+    high = ours_cls(kind)("cpu", init_scale=1024.0, max_scale=64.0, telemetry=False)
+    assert high.get_scale() == 64.0
+    assert run(high, steps=1, inject={}).scales == [64.0]
+
+
+def test_one_element_tensor_arguments_are_taken_as_torch_takes_them(kind: str) -> None:
+    reference, ours = make_pair(
+        kind,
+        init_scale=torch.tensor(512.0),
+        growth_factor=torch.tensor(1.5),
+        backoff_factor=torch.tensor(0.25),
+        growth_interval=torch.tensor(2),
+    )
+    run(ours).assert_same(run(reference))
+    assert ours.get_growth_interval() == 2 and isinstance(ours.get_growth_interval(), int)
+
+
+def test_a_checkpoint_carries_the_control_version(kind: str) -> None:
+    _, ours = make_pair(kind)
+    run(ours, steps=1, inject={})
+    ours.set_growth_factor(3.0)
+    ours.set_backoff_factor(0.25)
+    run(ours, steps=1, inject={})
+    checkpoint = ours.checkpoint()
+    assert checkpoint.control_version == 2
+    _, restored = make_pair(kind)
+    restored.load_checkpoint(checkpoint)
+    assert restored.state_dict()["scalewatch"]["control_version"] == 2

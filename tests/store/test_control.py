@@ -59,6 +59,9 @@ BAD_VALUES: list[tuple[dict[str, Any], str, str]] = [
     ({"scale": math.nan}, "scale", "finite number > 0"),
     ({"scale": 10**400}, "scale", "finite number > 0"),
     ({"min_scale": 0.0}, "min_scale", "finite number > 0"),
+    ({"scale": 5e-324}, "scale", "float32's normal range"),  # rounds to 0 in float32
+    ({"max_scale": 1e-46}, "max_scale", "float32's normal range"),
+    ({"min_scale": 1e-39}, "min_scale", "float32's normal range"),
     ({"min_scale": -math.inf}, "min_scale", "finite number > 0"),
     ({"max_scale": math.nan}, "max_scale", "finite number > 0"),
     ({"max_scale": "big"}, "max_scale", "finite number > 0"),
@@ -104,6 +107,13 @@ def test_min_and_max_are_checked_against_the_values_in_effect(store: Store) -> N
     with pytest.raises(ControlValidationError) as caught:
         request_control(store, run.id, {"max_scale": 0.5}, requested_by="alice")
     assert caught.value.errors == {"max_scale": "max_scale must be >= min_scale (1.0)"}
+    for scale, rule in ((0.5, "scale must be >= min_scale (1.0)"), (2048.0, "<= max_scale")):
+        with pytest.raises(ControlValidationError) as caught:
+            request_control(store, run.id, {"scale": scale}, requested_by="alice")
+        assert rule in caught.value.errors["scale"]
+    with pytest.raises(ControlValidationError) as caught:  # checked against the new bound
+        request_control(store, run.id, {"scale": 4.0, "min_scale": 8.0}, requested_by="alice")
+    assert caught.value.errors == {"scale": "scale must be >= min_scale (8.0)"}
     assert control_history(store, run.id) == []
     accepted = request_control(store, run.id, {"max_scale": 1.0}, requested_by="alice")
     assert accepted.values == {"max_scale": 1.0}

@@ -1,0 +1,195 @@
+"""A recording scaler's life: dropped without close(), loaded mid-run, flushed, closed."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _dist import wait_for
+from _twin import GradScaler, ShardedGradScaler, mlp, sgd, train_step
+from sqlalchemy import select
+
+from scaler import _recorder
+from scaler import telemetry as telemetry_module
+from scaler.store import open_store
+from scaler.store.schema import runs, steps
+
+ROOT = Path(__file__).resolve().parents[2]
+
+DROPPED = """
+import sys
+import torch
+import scaler
+
+def main():
+    gs = getattr(scaler, sys.argv[2])("cpu", telemetry=sys.argv[1], run_name="dropped")
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(300):
+        opt.zero_grad()
+        gs.scale(model(torch.ones(2, 4)).sum()).backward()
+        gs.step(opt)
+        gs.update()
+
+main()
+"""
+
+
+def stored(url: str) -> tuple[list[tuple[str, str]], list[tuple[int, int]]]:
+    """(name, status) of each run, and (run id, step) of each step row."""
+    with open_store(url) as store, store.read() as conn:
+        run_list = [(r.name, r.status) for r in conn.execute(select(runs).order_by(runs.c.id))]
+        step_list = [(r.run_id, r.step) for r in conn.execute(select(steps.c.run_id, steps.c.step))]
+    return run_list, sorted(step_list)
+
+
+@pytest.mark.parametrize("cls", ["GradScaler", "ShardedGradScaler"])
+def test_a_scaler_never_closed_in_a_function_that_returns_loses_no_step(
+    tmp_path: Path, cls: str
+) -> None:
+    """The swap-one-import user: the scaler is a local of main(), the script ends with it."""
+    url = f"sqlite:///{tmp_path / 'sw.db'}"
+    script = tmp_path / "dropped.py"
+    script.write_text(DROPPED)
+    done = subprocess.run(
+        [sys.executable, str(script), url, cls],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    run_list, step_list = stored(url)
+    assert run_list == [("dropped", "finished")]
+    assert [step for _, step in step_list] == list(range(1, 301))
+
+
+@pytest.mark.parametrize("cls", [GradScaler, ShardedGradScaler])
+def test_a_dropped_scaler_is_closed_and_its_threads_end(tmp_path: Path, cls: type) -> None:
+    url = f"sqlite:///{tmp_path / 'sw.db'}"
+    model = mlp()
+    opt = sgd(model)[0]
+    gs = cls("cpu", telemetry=url, run_name="dropped")
+    for step in range(1, 21):
+        train_step(gs, model, opt, step)
+    threads = [gs._recorder.thread, *gs._telemetry.threads]
+    del gs
+    gc.collect()
+    for thread in threads:
+        thread.join(30)
+        assert not thread.is_alive(), thread.name
+    run_list, step_list = stored(url)
+    assert run_list == [("dropped", "finished")]
+    assert [step for _, step in step_list] == list(range(1, 21))
+
+
+def test_loading_another_runs_state_into_a_recording_scaler_keeps_each_runs_steps(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'sw.db'}"
+    model = mlp()
+    opt = sgd(model)[0]
+    first = GradScaler("cpu", telemetry=url, run_name="A")
+    for step in range(1, 6):
+        train_step(first, model, opt, step)
+    saved = first.state_dict()
+    first.close()
+
+    other = GradScaler("cpu", telemetry=url, run_name="C")
+    for step in range(1, 3):
+        train_step(other, model, opt, step)
+    assert other.flush(30)
+    c_id = other.run_id
+    other.load_state_dict(saved)  # C's two steps stay in C; A goes on from step 5
+    assert other.steps == 5 and other.run_uid == saved["scalewatch"]["run_uid"]
+    assert other.run_id == c_id  # until the next update() opens A again
+    for step in range(6, 9):
+        train_step(other, model, opt, step)
+    other.close()
+
+    run_list, step_list = stored(url)
+    assert run_list == [("A", "finished"), ("C", "finished")]
+    by_run: dict[int, list[int]] = {}
+    for run_id, step in step_list:
+        by_run.setdefault(run_id, []).append(step)
+    assert list(by_run.values()) == [list(range(1, 9)), [1, 2]]
+
+
+def test_loading_a_torch_dict_into_a_recording_scaler_starts_a_new_run(tmp_path: Path) -> None:
+    import torch
+
+    url = f"sqlite:///{tmp_path / 'sw.db'}"
+    model = mlp()
+    opt = sgd(model)[0]
+    gs = GradScaler("cpu", telemetry=url, run_name="first")
+    for step in range(1, 4):
+        train_step(gs, model, opt, step)
+    gs.load_state_dict(torch.amp.GradScaler("cpu", init_scale=8.0).state_dict())
+    assert gs.steps == 0 and gs.run_uid is None
+    for step in range(1, 3):
+        train_step(gs, model, opt, step)
+    gs.close()
+    run_list, step_list = stored(url)
+    assert [status for _, status in run_list] == ["finished", "finished"]
+    assert step_list == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2)]
+
+
+def test_flush_returns_false_when_the_recorder_is_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+    original = _recorder._materialise
+
+    def slow(*args: Any) -> Any:
+        release.wait(60)
+        return original(*args)
+
+    monkeypatch.setattr(_recorder, "_materialise", slow)
+    gs = GradScaler("cpu", telemetry=f"sqlite:///{tmp_path / 'sw.db'}")
+    model = mlp()
+    opt = sgd(model)[0]
+    train_step(gs, model, opt, 1)
+    assert gs.flush(0.2) is False
+    with pytest.raises(TimeoutError):
+        gs.stats(timeout=0.2)
+    release.set()
+    assert gs.flush(30) is True
+    assert gs.stats().steps == 1
+    gs.close()
+
+
+def test_close_waits_only_briefly_for_a_store_that_is_failing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(telemetry_module, "CLOSE_FAILING_S", 0.3)
+    gs = GradScaler("cpu", telemetry=f"sqlite:///{tmp_path / 'missing' / 'sw.db'}")
+    model = mlp()
+    opt = sgd(model)[0]
+    for step in range(1, 4):
+        train_step(gs, model, opt, step)
+    telemetry = gs._telemetry
+    wait_for(lambda: telemetry._failing, 30, "the writer to find the store failing")
+    closer = threading.Thread(target=gs.close)
+    with caplog.at_level(logging.WARNING, logger="scaler.telemetry"):
+        closer.start()
+        closer.join(20)  # 30 s, the close() default, before the bound
+        assert not closer.is_alive()
+    assert "waiting up to 0.3 s for 3 records" in caplog.text
+    assert "3 telemetry records not written at close" in caplog.text
+
+
+def test_run_id_outlives_close(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'sw.db'}"
+    model = mlp()
+    opt = sgd(model)[0]
+    with GradScaler("cpu", telemetry=url) as gs:
+        train_step(gs, model, opt, 1)
+        assert gs.flush(30)
+        run_id = gs.run_id
+    assert run_id is not None and gs.run_id == run_id
