@@ -346,7 +346,8 @@ async def stream(
 ) -> StreamingResponse:
     """``event: step`` per new step (id = step), ``event: control`` per change of a control
     request, ``event: end`` once the run is no longer running. Starts after the
-    ``Last-Event-ID`` header, else after ``?after=``, else after the run's last step."""
+    ``Last-Event-ID`` header, else after ``?after=``, else after the run's last step (and
+    never after it: a point past the last step starts there)."""
     resume = after
     if last_event_id:
         try:
@@ -358,9 +359,10 @@ async def stream(
                 ["header", "last-event-id"], "must be a step number", "int_parsing"
             ) from None
     await run_in_threadpool(require_run_exists, store, run)
-    if resume is None:
-        resume = await run_in_threadpool(queries.last_step, store, run)
-    start = -1 if resume is None else resume
+    last = await run_in_threadpool(queries.last_step, store, run)
+    newest = -1 if last is None else last
+    # Never past the last step: the run's one poller may start from this stream's point.
+    start = newest if resume is None else min(resume, newest)
     return StreamingResponse(
         _events(request, store, run, start, settings.stream_poll_s, settings.stream_keepalive_s),
         media_type="text/event-stream",

@@ -178,6 +178,26 @@ def test_streams_far_behind_share_each_page_and_miss_nothing(
     assert sorted(reads) == [(first, min(first + 64, 1000)) for first in range(0, 1000, 64)]
 
 
+def test_a_stream_resuming_past_the_last_step_keeps_other_streams_live(
+    server: str, db_url: str, store: Store
+) -> None:
+    """The first stream of a run starts its one poller: from a point past the last step it
+    would read nothing new for anyone, and send the others through page after empty page."""
+    run = add_run(store, simulate(5, set()))
+    writer = Writer(db_url, run)
+    try:
+        with contextlib.ExitStack() as stack:
+            http = stack.enter_context(httpx.Client(base_url=server, timeout=5))
+            far = f"/api/runs/{run}/stream?after={2**63 - 1}"
+            first = events(stack.enter_context(http.stream("GET", far)))
+            second = events(stack.enter_context(http.stream("GET", f"/api/runs/{run}/stream")))
+            for step in (6, 7):
+                writer.send(f"write {step}")
+                assert next(first).id == next(second).id == str(step)
+    finally:
+        writer.close()
+
+
 def test_stream_of_a_finished_run_golden_body(client: TestClient, store: Store) -> None:
     run = add_run(store, simulate(3, {2}))
     end_run(store, run)
