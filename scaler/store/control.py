@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import Connection, Row, RowMapping, select, update
@@ -24,7 +25,7 @@ from scaler.store.errors import (
     RunNotRunning,
 )
 from scaler.store.records import ControlRequestRow
-from scaler.store.runs import effective_status
+from scaler.store.runs import effective_status, ended_first
 from scaler.store.schema import control_requests, runs
 
 __all__ = [
@@ -224,15 +225,26 @@ def record_code_change(
 
 
 def control_history(store: Store, run_id: int) -> list[ControlRequestRow]:
-    """Every request of the run, oldest first."""
+    """Every request of the run, oldest first.
+
+    A run that crashed (its heartbeat stopped) applies nothing more: its pending requests
+    read as rejected, as they are once a trainer resumes the run.
+    """
     with store.read() as conn:
-        _run_row(conn, run_id)
+        run = _run_row(conn, run_id)
         rows = conn.execute(
             select(control_requests)
             .where(control_requests.c.run_id == run_id)
             .order_by(control_requests.c.id)
         ).all()
-    return [_to_row(row) for row in rows]
+    history = [_to_row(row) for row in rows]
+    if effective_status(run) != "crashed":
+        return history
+    reason = ended_first("crashed")
+    return [
+        replace(row, status="rejected", reason=reason) if row.status == "pending" else row
+        for row in history
+    ]
 
 
 def control_state(store: Store, run_id: int) -> dict[str, Any]:

@@ -98,12 +98,20 @@ def create_run(
 
 
 def resume_run(store: Store, uid: str) -> RunRef | None:
-    """Mark the run ``uid`` running again, owned by this process; ``None`` if there is none."""
+    """Mark the run ``uid`` running again, owned by this process; ``None`` if there is none.
+
+    Control requests left pending by a run that crashed are rejected, not applied late.
+    """
     now = time.time()
     with store.write() as conn:
-        run_id = conn.execute(select(runs.c.id).where(runs.c.uid == uid)).scalar_one_or_none()
-        if run_id is None:
+        row = conn.execute(
+            select(runs.c.id, runs.c.status, runs.c.heartbeat_at).where(runs.c.uid == uid)
+        ).first()
+        if row is None:
             return None
+        run_id = row.id
+        if effective_status(row._mapping, now) == "crashed":
+            _reject_pending(conn, run_id, now, "crashed")
         conn.execute(
             update(runs)
             .where(runs.c.id == run_id)
@@ -131,11 +139,20 @@ def end_run(store: Store, run_id: int, status: str = "finished") -> None:
     now = time.time()
     with store.write() as conn:
         _update_run(conn, run_id, status=status, ended_at=now, heartbeat_at=now)
-        conn.execute(
-            update(control_requests)
-            .where(control_requests.c.run_id == run_id, control_requests.c.status == "pending")
-            .values(status="rejected", applied_at=now, reason=f"the run {status} first")
-        )
+        _reject_pending(conn, run_id, now, status)
+
+
+def _reject_pending(conn: Connection, run_id: int, now: float, status: str) -> None:
+    conn.execute(
+        update(control_requests)
+        .where(control_requests.c.run_id == run_id, control_requests.c.status == "pending")
+        .values(status="rejected", applied_at=now, reason=ended_first(status))
+    )
+
+
+def ended_first(status: str) -> str:
+    """Why a request still pending when its run ended was not applied."""
+    return f"the run {status} first"
 
 
 def effective_status(row: Mapping[str, Any] | RowMapping, now: float | None = None) -> str:

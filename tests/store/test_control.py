@@ -25,7 +25,7 @@ from scaler.store.control import (
     request_control,
     validate_control,
 )
-from scaler.store.runs import HEARTBEAT_TIMEOUT_S, create_run, end_run, heartbeat
+from scaler.store.runs import HEARTBEAT_TIMEOUT_S, create_run, end_run, heartbeat, resume_run
 
 from .conftest import CONTROL
 
@@ -218,6 +218,23 @@ def test_only_running_runs_take_requests(store: Store, run: RunRef) -> None:
     (ended,) = control_history(store, run.id)
     assert (ended.id, ended.status) == (pending.id, "rejected")
     assert ended.reason == "the run finished first"
+
+
+def test_a_request_left_pending_by_a_crash_is_rejected_never_applied_late(
+    store: Store, run: RunRef
+) -> None:
+    early = request_control(store, run.id, {"growth_interval": 500}, requested_by="alice")
+    heartbeat(store, run.id, at=time.time() - HEARTBEAT_TIMEOUT_S - 5)  # the trainer died
+    (shown,) = control_history(store, run.id)
+    assert (shown.id, shown.status, shown.reason) == (early.id, "rejected", "the run crashed first")
+    assert resume_run(store, run.uid) is not None  # a trainer takes the run up again
+    assert pending_requests(store, run.id) == []
+    (stored,) = control_history(store, run.id)
+    assert (stored.status, stored.reason) == ("rejected", "the run crashed first")
+    # A run resumed while alive (its writer starting over) keeps what is pending.
+    later = request_control(store, run.id, {"growth_interval": 400}, requested_by="alice")
+    assert resume_run(store, run.uid) is not None
+    assert [row.id for row in pending_requests(store, run.id)] == [later.id]
 
 
 def test_unknown_source_is_refused(store: Store, run: RunRef) -> None:
