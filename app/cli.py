@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 
 from app.settings import Settings
@@ -35,7 +37,9 @@ COMMANDS: dict[str, Command] = {}
 
 def _db_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--db", help="store URL (default: $SCALEWATCH_DB or sqlite:///scalewatch.db)"
+        "--db",
+        help="store URL, or the path of its SQLite file"
+        " (default: $SCALEWATCH_DB or sqlite:///scalewatch.db)",
     )
 
 
@@ -56,6 +60,22 @@ def _settings(args: argparse.Namespace, **overrides: object) -> Settings:
     return Settings(**values)  # type: ignore[arg-type]
 
 
+def _existing_store(args: argparse.Namespace) -> str:
+    """The store URL of a command that reads one: a SQLite file must exist (a mistyped
+    path would otherwise become a new, empty store)."""
+    from sqlalchemy.engine import make_url
+
+    url = _settings(args).db
+    database = make_url(url).database or ""
+    local = database not in ("", ":memory:") and not database.startswith("file:")
+    if local and not Path(database).exists():
+        raise FileNotFoundError(
+            f"no store at {database} (training creates it;"
+            f" 'scalewatch db upgrade --db {url}' makes an empty one)"
+        )
+    return url
+
+
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     _db_argument(parser)
     parser.add_argument("--host", help="address to bind (default 127.0.0.1)")
@@ -74,16 +94,35 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.main import create_app
-    from app.serving import BindRefused, prepare, tune_for_serving
+    from app.serving import BindRefused, listen, prepare, refuse_unguarded, tune_for_serving
 
+    settings = _settings(args, host=args.host, port=args.port)
     try:
-        settings = prepare(_settings(args, host=args.host, port=args.port), out=sys.stdout)
+        refuse_unguarded(settings)
     except BindRefused as refused:
         print(f"scalewatch serve: {refused}", file=sys.stderr)
         return 2
-    tune_for_serving()
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port)
-    return 0
+    try:
+        sock = listen(settings.host, settings.port)
+    except OSError as error:
+        where = f"{settings.host}:{settings.port}"
+        print(
+            f"scalewatch serve: cannot listen on {where}: {error.strerror or error}",
+            file=sys.stderr,
+        )
+        return 3
+    with sock:
+        settings = prepare(settings, out=sys.stdout)
+        tune_for_serving()
+        config = uvicorn.Config(
+            create_app(settings), host=settings.host.strip("[]"), port=sock.getsockname()[1]
+        )
+        server = uvicorn.Server(config)
+        host, port = sock.getsockname()[:2]
+        url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+        print(f"scalewatch: serving {url} (Ctrl-C to stop)", flush=True)
+        server.run(sockets=[sock])
+    return 0 if server.started else 3
 
 
 def _print_table(rows: list[list[str]], out: TextIO) -> None:
@@ -100,7 +139,7 @@ def runs(args: argparse.Namespace) -> int:
     from scaler.store import queries
     from scaler.store.engine import open_store
 
-    with open_store(_settings(args).db) as store:
+    with open_store(_existing_store(args)) as store:
         infos = queries.list_runs(store)
     table = [["ID", "NAME", "STATUS", "WORLD", "STEPS", "SCALE", "OVERFLOWS", "SKIPPED"]]
     for run in infos:
@@ -135,7 +174,7 @@ def export(args: argparse.Namespace) -> int:
     from scaler.store.engine import open_store
     from scaler.store.queries import run_status
 
-    with open_store(_settings(args).db) as store:
+    with open_store(_existing_store(args)) as store:
         if run_status(store, args.run) is None:
             print(f"scalewatch export: no run {args.run}", file=sys.stderr)
             return 1
@@ -174,7 +213,7 @@ def control(args: argparse.Namespace) -> int:
 
     values = {name: getattr(args, name) for name in CONTROL_OPTIONS}
     values = {name: value for name, value in values.items() if value is not None}
-    with open_store(_settings(args).db) as store:
+    with open_store(_existing_store(args)) as store:
         try:
             row = request_control(
                 store, args.run, values, requested_by=getpass.getuser(), source="cli"
@@ -216,4 +255,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     import app.demo  # noqa: F401  (registers ``demo``)
 
     args = build_parser().parse_args(argv)
-    return COMMANDS[args.command].run(args)
+    try:
+        return COMMANDS[args.command].run(args)
+    except BrokenPipeError:
+        # The reader left (``scalewatch runs | head -1``): stop quietly, as other tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except Exception as error:
+        message = _user_error(error)
+        if message is None:
+            raise
+        print(f"scalewatch {args.command}: {message}", file=sys.stderr)
+        return 1
+
+
+def _user_error(error: Exception) -> str | None:
+    """One line for an error a user can fix (a path, a store, a setting); None for a bug."""
+    from alembic.util.exc import CommandError
+    from pydantic import ValidationError
+    from sqlalchemy.exc import ArgumentError, DBAPIError
+
+    if isinstance(error, ValidationError):
+        return "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in error.errors()
+        )
+    if isinstance(error, DBAPIError):
+        return f"the store cannot be read: {error.orig}"
+    if isinstance(error, CommandError):
+        return f"the store's schema: {error} (was it written by a newer scalewatch?)"
+    if isinstance(error, ArgumentError | OSError):
+        return str(error)
+    return None

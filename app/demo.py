@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -36,13 +37,26 @@ def demo(args: argparse.Namespace) -> int:
     if args.steps < 1 or args.world_size < 1:
         print("scalewatch demo: --steps and --world-size must be >= 1", file=sys.stderr)
         return 2
-    from app.serving import prepare, tune_for_serving
+    from app.serving import listen, prepare, tune_for_serving
     from scaler.store.engine import open_store
 
-    settings = prepare(_settings(args, port=args.port), out=sys.stdout)
-    open_store(settings.db).close()  # migrate once, before the ranks and the server start
-    tune_for_serving()
-    server, thread = _start_server(settings)
+    settings = _settings(args, port=args.port)
+    try:  # before a token is written: a port in use leaves the token file as it is
+        sock = listen(settings.host, settings.port)
+    except OSError as error:
+        where = f"{settings.host}:{settings.port}"
+        print(
+            f"scalewatch demo: cannot listen on {where}: {error.strerror or error}", file=sys.stderr
+        )
+        return 3
+    try:
+        settings = prepare(settings, out=sys.stdout)
+        open_store(settings.db).close()  # migrate once, before the ranks and the server start
+        tune_for_serving()
+        server, thread = _start_server(settings, sock)
+    except BaseException:
+        sock.close()
+        raise
     try:
         _announce(settings, sys.stdout)
         trainer = subprocess.Popen(
@@ -74,9 +88,12 @@ def demo(args: argparse.Namespace) -> int:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+        sock.close()
 
 
-def _start_server(settings: Settings) -> tuple[uvicorn.Server, threading.Thread]:
+def _start_server(
+    settings: Settings, sock: socket.socket
+) -> tuple[uvicorn.Server, threading.Thread]:
     import uvicorn
 
     from app.main import create_app
@@ -85,7 +102,9 @@ def _start_server(settings: Settings) -> tuple[uvicorn.Server, threading.Thread]
         create_app(settings), host=settings.host, port=settings.port, log_level="warning"
     )
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="scalewatch-server", daemon=True)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="scalewatch-server", daemon=True
+    )
     thread.start()
     started = threading.Event()
 

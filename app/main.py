@@ -13,6 +13,7 @@ from app.errors import install_error_handlers
 from app.limits import BodyLimit
 from app.routes import router
 from app.routes.metrics import metrics_registry
+from app.security import LoopbackHost, is_loopback
 from app.settings import Settings, get_settings
 from scaler.store.engine import open_store
 
@@ -49,6 +50,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.dependency_overrides[get_settings] = lambda: settings
     install_error_handlers(app)
     app.add_middleware(BodyLimit)
+    if is_loopback(settings.host):
+        app.add_middleware(LoopbackHost, allowed=settings.allowed_hosts.split(","))
     app.include_router(router)
     mount_dashboard(app)
     return app

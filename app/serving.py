@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 from typing import TextIO
 
@@ -10,7 +11,14 @@ from pydantic import SecretStr
 from app.security import is_loopback, new_token, write_token_file
 from app.settings import Settings
 
-__all__ = ["SWITCH_INTERVAL_S", "BindRefused", "prepare", "tune_for_serving"]
+__all__ = [
+    "SWITCH_INTERVAL_S",
+    "BindRefused",
+    "listen",
+    "prepare",
+    "refuse_unguarded",
+    "tune_for_serving",
+]
 
 # The GIL switch interval of a serving process (CPython's default: 5 ms).
 SWITCH_INTERVAL_S = 0.0005
@@ -32,19 +40,43 @@ class BindRefused(RuntimeError):
     """Binding a non-loopback address without an explicit token."""
 
 
+def refuse_unguarded(settings: Settings) -> None:
+    """Raise :class:`BindRefused` for a non-loopback host without an explicit token."""
+    if settings.token is None and not is_loopback(settings.host):
+        raise BindRefused(
+            f"refusing to bind {settings.host!r} without an explicit token: anyone who can"
+            " reach it could change running jobs. Set SCALEWATCH_TOKEN, or bind 127.0.0.1."
+        )
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host`` (a name, an address, ``[::1]``) and ``port``.
+
+    ``serve`` binds before it writes a token: a port in use leaves the token file of the
+    server that holds it as it is.
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def prepare(settings: Settings, out: TextIO) -> Settings:
     """Settings with a token: ``SCALEWATCH_TOKEN`` when set, else a new one, printed once on
     ``out`` and written to ``settings.token_file`` (mode 0600).
 
     Raises :class:`BindRefused` for a non-loopback host without an explicit token.
     """
+    refuse_unguarded(settings)
     if settings.token is not None:
         return settings
-    if not is_loopback(settings.host):
-        raise BindRefused(
-            f"refusing to bind {settings.host!r} without an explicit token: anyone who can"
-            " reach it could change running jobs. Set SCALEWATCH_TOKEN, or bind 127.0.0.1."
-        )
     token = new_token()
     path = write_token_file(settings.token_file, token)
     print(f"scalewatch: bearer token for control requests (also in {path}, mode 0600):", file=out)

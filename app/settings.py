@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from scaler.store.engine import default_url
+from scaler.store.engine import default_url, store_url
 
 __all__ = ["DEFAULT_TOKEN_FILE", "Settings", "get_settings"]
 
@@ -25,15 +25,25 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=0, le=65535)
     token_file: Path = DEFAULT_TOKEN_FILE
+    # Host names beside loopback that a service bound to loopback answers to (a reverse
+    # proxy's name), comma-separated; "*" for any.
+    allowed_hosts: str = ""
     # Seconds between two polls of the store by a live stream, and between keep-alives.
     stream_poll_s: float = Field(default=0.05, gt=0)
     stream_keepalive_s: float = Field(default=15.0, gt=0)
 
+    @field_validator("db")
+    @classmethod
+    def _path_is_a_sqlite_file(cls, db: str) -> str:
+        return store_url(db)
+
     @field_validator("token")
     @classmethod
     def _empty_is_unset(cls, token: SecretStr | None) -> SecretStr | None:
-        # An empty SCALEWATCH_TOKEN must not become a token that an empty header matches.
-        return token if token is not None and token.get_secret_value().strip() else None
+        # An empty SCALEWATCH_TOKEN must not become a token that an empty header matches;
+        # spaces around it (a newline from a file) could never be matched: HTTP drops them.
+        value = "" if token is None else token.get_secret_value().strip()
+        return SecretStr(value) if value else None
 
 
 @lru_cache

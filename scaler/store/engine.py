@@ -71,6 +71,15 @@ def _values_sql(head: str, width: int, rows: int) -> str:
     return f"{head} VALUES {', '.join([row] * rows)}"
 
 
+def store_url(value: str) -> str:
+    """A store URL as it is; anything else is the path of a SQLite file.
+
+    >>> store_url("runs/sw.db"), store_url("/tmp/sw.db"), store_url("sqlite:///sw.db")
+    ('sqlite:///runs/sw.db', 'sqlite:////tmp/sw.db', 'sqlite:///sw.db')
+    """
+    return value if "://" in value or value.startswith("sqlite:") else f"sqlite:///{value}"
+
+
 def default_url() -> str:
     """``$SCALEWATCH_DB`` when set, else ``sqlite:///scalewatch.db`` (relative to the cwd)."""
     return os.environ.get(ENV_VAR) or DEFAULT_URL
@@ -126,6 +135,7 @@ def make_engine(url: str) -> Engine:
     as ``BEGIN`` or, with the execution option ``sqlite_begin="IMMEDIATE"``, ``BEGIN
     IMMEDIATE``.
     """
+    url = store_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         raise ValueError(f"a scalewatch store is a SQLite database; got {url!r}")
@@ -248,7 +258,7 @@ def open_store(url: str | None = None) -> Store:
 
     Safe when several processes open the same new file at the same moment.
     """
-    resolved = url or default_url()
+    resolved = store_url(url or default_url())
     engine = make_engine(resolved)
     try:
         upgrade_engine(engine)

@@ -14,6 +14,8 @@ from scaler.store.records import StepRecord
 from scaler.store.runs import create_run, write_steps
 
 TOKEN = "s3cret-token-for-tests"
+# The service bound to loopback answers only requests that name a loopback host.
+LOCAL = "http://127.0.0.1"
 CONTROL = {
     "growth_interval": 4,
     "growth_factor": 2.0,
@@ -75,7 +77,7 @@ def settings(db_url: str, tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def client(settings: Settings, store: Store) -> Iterator[TestClient]:
-    with TestClient(create_app(settings)) as test_client:
+    with TestClient(create_app(settings), base_url=LOCAL) as test_client:
         yield test_client
 
 

@@ -81,3 +81,45 @@ def test_db_upgrade_creates_a_store(tmp_path: Path, capsys: pytest.CaptureFixtur
 
     assert "at revision" in capsys.readouterr().out
     assert (tmp_path / "new.db").exists()
+
+
+def test_a_plain_path_names_a_sqlite_store(
+    store: Store, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    add_run(store, simulate(3, set()), name="by-path")
+    assert main(["runs", "--db", db_url.removeprefix("sqlite:///")]) == 0
+    assert "by-path" in capsys.readouterr().out
+
+
+def test_errors_a_user_can_fix_are_one_line(
+    store: Store,
+    db_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = add_run(store, simulate(3, set()))
+    missing = tmp_path / "mistyped.db"
+    corrupt = tmp_path / "corrupt.db"
+    corrupt.write_text("not a database")
+    cases = [
+        (["runs", "--db", str(missing)], f"scalewatch runs: no store at {missing}"),
+        (["export", str(run), "--db", str(missing)], "scalewatch export: no store at"),
+        (["control", str(run), "--scale", "2", "--db", str(missing)], "no store at"),
+        (["runs", "--db", str(corrupt)], "scalewatch runs: the store cannot be read: file is not"),
+        (
+            ["export", str(run), "-o", str(tmp_path / "no" / "dir.csv"), "--db", db_url],
+            "scalewatch export: [Errno 2] No such file or directory",
+        ),
+        (["db", "upgrade", "--db", str(tmp_path / "no" / "x.db")], "does not exist"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and err.count("\n") == 1, err
+    assert not missing.exists()  # a mistyped path is not made into a new, empty store
+    monkeypatch.setenv("SCALEWATCH_PORT", "70000")
+    assert main(["serve", "--db", db_url]) == 1
+    assert "scalewatch serve: port: Input should be less than or equal to 65535" in (
+        capsys.readouterr().err
+    )

@@ -84,6 +84,24 @@ def test_dashboard_and_plotly_are_served(client: TestClient) -> None:
     assert len(plotly.content) > 1_000_000
 
 
+def test_the_dashboard_serves_browser_files_only(client: TestClient) -> None:
+    for path in ("/run.html", "/style.css", "/runs.js"):
+        assert client.get(path).status_code == 200, path
+    for path in ("/__init__.py", "/__pycache__/__init__.cpython-311.pyc", "/runs.js.map"):
+        assert client.get(path).status_code == 404, path
+
+
+def test_a_method_an_api_route_does_not_take_is_its_405(client: TestClient) -> None:
+    """Not the static files' answer (which named their own methods, GET and HEAD)."""
+    for method, path in (("PUT", "/api/runs"), ("HEAD", "/healthz"), ("PATCH", "/api/runs/1")):
+        response = client.request(method, path)
+        assert response.status_code == 405, (method, path)
+        assert response.headers["allow"] == "GET", (method, path)
+    response = client.request("DELETE", "/api/runs/1/control")
+    assert response.status_code == 405
+    assert response.headers["allow"] in ("GET", "POST")
+
+
 def test_openapi_lists_the_api(client: TestClient) -> None:
     paths = client.get("/openapi.json").json()["paths"]
     assert {

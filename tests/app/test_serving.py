@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+import socket
 import stat
 from pathlib import Path
 
@@ -8,9 +9,11 @@ import pytest
 from pydantic import SecretStr
 
 from app.cli import main
-from app.security import check_token, is_loopback
-from app.serving import BindRefused, prepare
+from app.main import create_app
+from app.security import check_token, host_name, is_loopback
+from app.serving import BindRefused, listen, prepare
 from app.settings import Settings
+from tests.app.conftest import TestClient
 
 
 def test_binding_elsewhere_without_a_token_is_refused(
@@ -71,3 +74,71 @@ def test_exported_members() -> None:
     assert app.__all__ == ["Settings", "create_app", "get_settings"]
     for name in app.__all__:
         assert getattr(app, name).__module__.startswith("app.")
+
+
+def test_a_port_in_use_fails_before_any_token_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second ``serve`` must not replace the token of the server that holds the port."""
+    monkeypatch.delenv("SCALEWATCH_TOKEN", raising=False)
+    token_file = tmp_path / "token"
+    token_file.write_text("the running server's token\n")
+    monkeypatch.setenv("SCALEWATCH_TOKEN_FILE", str(token_file))
+    with listen("127.0.0.1", 0) as taken:
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["serve", "--port", str(port), "--db", f"sqlite:///{tmp_path / 'x.db'}"])
+    assert code == 3
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+    assert token_file.read_text() == "the running server's token\n"
+
+
+def test_listen_takes_a_bracketed_ipv6_loopback() -> None:
+    try:
+        sock = listen("[::1]", 0)
+    except OSError as error:  # a machine without IPv6
+        pytest.skip(f"no IPv6 loopback here: {error}")
+    with sock:
+        assert sock.family == socket.AF_INET6 and sock.getsockname()[0] == "::1"
+
+
+def test_spaces_around_the_configured_token_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCALEWATCH_TOKEN", " tok\n")
+    token = Settings().token
+    assert token is not None and token.get_secret_value() == "tok"
+    assert check_token("Bearer tok", token.get_secret_value())
+
+
+@pytest.mark.parametrize(
+    ("bind", "allowed", "base_url", "status"),
+    [
+        ("127.0.0.1", "", "http://127.0.0.1:8765", 200),
+        ("127.0.0.1", "", "http://localhost:8765", 200),
+        ("127.0.0.1", "", "http://[::1]:8765", 200),
+        ("127.0.0.1", "", "http://evil.example", 400),  # a page rebinding its name
+        ("127.0.0.1", "", "http://127.0.0.1.evil.example", 400),
+        ("127.0.0.1", "scalewatch.lab, other", "http://scalewatch.lab", 200),
+        ("127.0.0.1", "*", "http://evil.example", 200),
+        ("0.0.0.0", "", "http://evil.example", 200),  # bound for others: any name reaches it
+    ],
+)
+def test_a_loopback_service_answers_only_loopback_host_names(
+    tmp_path: Path, bind: str, allowed: str, base_url: str, status: int
+) -> None:
+    settings = Settings(
+        db=f"sqlite:///{tmp_path / 'x.db'}",
+        host=bind,
+        token=SecretStr("t"),
+        allowed_hosts=allowed,
+    )
+    with TestClient(create_app(settings), base_url=base_url) as client:
+        response = client.get("/api/runs")
+    assert response.status_code == status
+    if status == 400:
+        assert "Host" in response.json()["detail"]
+
+
+def test_host_names() -> None:
+    assert host_name("127.0.0.1:8765") == "127.0.0.1"
+    assert host_name("[::1]:8765") == host_name("[::1]") == "::1"
+    assert host_name("LocalHost") == "localhost"

@@ -31,7 +31,7 @@ from app.settings import Settings
 from scaler.store.control import control_history
 from scaler.store.engine import Store, open_store
 from scaler.store.runs import create_run, end_run, heartbeat
-from tests.app.conftest import CONTROL, TestClient, add_run, simulate
+from tests.app.conftest import CONTROL, LOCAL, TestClient, add_run, simulate
 
 TOKEN = "hostile-test-token-0123456789abcdef"
 CHECKS = [
@@ -48,7 +48,9 @@ EXAMPLES = 40
 @pytest.fixture
 def client(db_url: str, store: Store, tmp_path: Path) -> Iterator[TestClient]:
     settings = Settings(db=db_url, token=SecretStr(TOKEN), token_file=tmp_path / "token")
-    with TestClient(create_app(settings), raise_server_exceptions=False) as test_client:
+    with TestClient(
+        create_app(settings), raise_server_exceptions=False, base_url=LOCAL
+    ) as test_client:
         yield test_client
 
 
@@ -65,7 +67,12 @@ def test_schema_fuzzing_finds_no_5xx_and_no_undocumented_answer(
     running = add_run(store, simulate(300, {7, 50, 51}), name="running")
     finished = add_run(store, simulate(50, {3}), name="finished")
     end_run(store, finished)
-    settings_ = Settings(db=db_url, token=SecretStr(TOKEN), token_file=tmp_path / "token")
+    settings_ = Settings(
+        db=db_url,
+        token=SecretStr(TOKEN),
+        token_file=tmp_path / "token",
+        allowed_hosts="testserver",  # the name schemathesis's ASGI client sends
+    )
     app = create_app(settings_)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     statuses: Counter[int] = Counter()
@@ -232,7 +239,10 @@ def test_bad_control_values_are_refused_and_the_live_scaler_keeps_its_state(
     settings_ = Settings(db=db_url, token=SecretStr(TOKEN), token_file=tmp_path / "token")
     live = LiveScaler(db_url)
     before = live.state()
-    with live, TestClient(create_app(settings_), raise_server_exceptions=False) as client:
+    with (
+        live,
+        TestClient(create_app(settings_), raise_server_exceptions=False, base_url=LOCAL) as client,
+    ):
         path = f"/api/runs/{live.run_id}/control"
         json_auth = {**auth(), "Content-Type": "application/json"}
         for body, field in BAD_BODIES:
