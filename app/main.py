@@ -9,6 +9,7 @@ import anyio
 from fastapi import FastAPI
 
 from app.dashboard import mount_dashboard
+from app.docs import install_docs
 from app.errors import install_error_handlers
 from app.limits import BodyLimit
 from app.routes import router
@@ -46,6 +47,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="Loss-scale telemetry and runtime control of fp16 training runs",
         version="0.1.0",
         lifespan=lifespan,
+        docs_url=None,  # install_docs: served from an installed package, not a CDN
+        redoc_url=None,
     )
     app.dependency_overrides[get_settings] = lambda: settings
     install_error_handlers(app)
@@ -53,5 +56,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if is_loopback(settings.host):
         app.add_middleware(LoopbackHost, allowed=settings.allowed_hosts.split(","))
     app.include_router(router)
+    install_docs(app)
     mount_dashboard(app)
     return app

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import re
+
 from fastapi.testclient import TestClient
 
 from scaler.store.engine import Store
@@ -100,6 +102,19 @@ def test_a_method_an_api_route_does_not_take_is_its_405(client: TestClient) -> N
     response = client.request("DELETE", "/api/runs/1/control")
     assert response.status_code == 405
     assert response.headers["allow"] in ("GET", "POST")
+
+
+def test_the_api_docs_page_loads_nothing_from_the_internet(client: TestClient) -> None:
+    page = client.get("/docs")
+    assert page.status_code == 200 and "swagger" in page.text.lower()
+    assert re.findall(r"https?://", page.text) == []
+    assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+    assert len(assets) == 3  # script, stylesheet, icon
+    for asset in assets:
+        response = client.get(asset)
+        assert response.status_code == 200 and len(response.content) > 100, asset
+    assert "'/openapi.json'" in page.text
+    assert client.get("/openapi.json").status_code == 200
 
 
 def test_openapi_lists_the_api(client: TestClient) -> None:
