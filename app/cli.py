@@ -126,6 +126,9 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _print_table(rows: list[list[str]], out: TextIO) -> None:
+    # A character that is not printable (a newline in a run's name) is shown escaped.
+    rows = [["".join(c if c.isprintable() else repr(c)[1:-1] for c in cell) for cell in row]
+            for row in rows]  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print(
@@ -162,10 +165,24 @@ def runs(args: argparse.Namespace) -> int:
 
 def _export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", type=int, help="run id")
-    parser.add_argument("--what", choices=["steps", "overflows"], default="steps")
-    parser.add_argument("--format", choices=["csv", "jsonl"], default="csv")
+    parser.add_argument(
+        "--what",
+        choices=["steps", "overflows"],
+        default="steps",
+        help="every step, or only the steps that overflowed (default steps)",
+    )
+    parser.add_argument("--format", choices=["csv", "jsonl"], default="csv", help="(default csv)")
+    parser.add_argument("--start", type=_step, help="first step (default: the first)")
+    parser.add_argument("--end", type=_step, help="last step (default: the last)")
     parser.add_argument("-o", "--output", help="file to write (default: standard output)")
     _db_argument(parser)
+
+
+def _step(text: str) -> int:
+    step = int(text)
+    if step < 0:
+        raise argparse.ArgumentTypeError(f"a step is >= 0, not {step}")
+    return step
 
 
 @command("export", "export a run's steps or overflows as CSV or JSON Lines", _export_arguments)
@@ -174,11 +191,16 @@ def export(args: argparse.Namespace) -> int:
     from scaler.store.engine import open_store
     from scaler.store.queries import run_status
 
+    if args.start is not None and args.end is not None and args.start > args.end:
+        print(f"scalewatch export: --start {args.start} is after --end {args.end}", file=sys.stderr)
+        return 2
     with open_store(_existing_store(args)) as store:
         if run_status(store, args.run) is None:
             print(f"scalewatch export: no run {args.run}", file=sys.stderr)
             return 1
-        chunks = export_chunks(store, args.run, what=args.what, fmt=args.format)
+        chunks = export_chunks(
+            store, args.run, what=args.what, fmt=args.format, start=args.start, end=args.end
+        )
         if args.output is None:
             sys.stdout.writelines(chunks)
         else:
@@ -198,10 +220,23 @@ CONTROL_OPTIONS: dict[str, type] = {
 }
 
 
+CONTROL_HELP = {
+    "growth_interval": "clean steps between two growths (an integer >= 1)",
+    "growth_factor": "what a growth multiplies the scale by (> 1)",
+    "backoff_factor": "what an overflow multiplies the scale by (between 0 and 1)",
+    "scale": "set the scale now",
+    "min_scale": "the lowest the scale may go",
+    "max_scale": "the highest the scale may go",
+    "hysteresis": "overflows since the last growth before a backoff (an integer >= 1)",
+}
+
+
 def _control_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", type=int, help="run id")
     for name, kind in CONTROL_OPTIONS.items():
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind)
+        parser.add_argument(
+            f"--{name.replace('_', '-')}", dest=name, type=kind, help=CONTROL_HELP[name]
+        )
     _db_argument(parser)
 
 
@@ -244,7 +279,11 @@ def db(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scalewatch", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="scalewatch",
+        description="Loss-scale telemetry of fp16 training: serve the dashboard, list and"
+        " export runs, change a running job's scaler.",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for spec in COMMANDS.values():
         spec.arguments(commands.add_parser(spec.name, help=spec.help, description=spec.help))

@@ -29,7 +29,11 @@ def get_control(store: StoreDep, run: RunId) -> ControlView:
     "/{run}/control",
     status_code=status.HTTP_202_ACCEPTED,
     responses={
-        400: {"model": ErrorMessage, "description": "the body is not parseable JSON"},
+        400: {
+            "model": ErrorMessage,
+            "description": "the body cannot be decoded: not UTF-8, an integer of over 4300"
+            " digits, nesting too deep (JSON with a syntax error is a 422 json_invalid)",
+        },
         401: {"model": ErrorMessage, "description": "missing or wrong bearer token"},
         404: {"model": ErrorMessage, "description": "no such run"},
         409: {"model": ErrorMessage, "description": "the run is not running"},

@@ -7,7 +7,7 @@ class RunNotFound(LookupError):
     """No run has this id (404)."""
 
     def __init__(self, run_id: int) -> None:
-        super().__init__(f"run {run_id} not found")
+        super().__init__(f"no run {run_id}")
         self.run_id = run_id
 
 

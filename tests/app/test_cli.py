@@ -8,7 +8,7 @@ import pytest
 from app.cli import COMMANDS, main
 from scaler.store.engine import Store
 from scaler.store.runs import end_run
-from tests.app.conftest import add_run, simulate
+from tests.app.conftest import TestClient, add_run, simulate
 from tests.app.test_export import GOLDEN_CSV, ROWS
 
 
@@ -123,3 +123,29 @@ def test_errors_a_user_can_fix_are_one_line(
     assert "scalewatch serve: port: Input should be less than or equal to 65535" in (
         capsys.readouterr().err
     )
+
+
+def test_export_takes_a_step_range_as_the_api_does(
+    client: TestClient, store: Store, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = add_run(store, simulate(20, {4, 9, 15}))
+    for query, argv in (
+        ("start=5&end=12", ["--start", "5", "--end", "12"]),
+        ("start=10", ["--start", "10"]),
+        ("what=overflows&format=jsonl&end=9", ["--what", "overflows", "--format", "jsonl",
+                                                "--end", "9"]),
+    ):  # fmt: skip
+        assert main(["export", str(run), *argv, "--db", db_url]) == 0
+        expected = client.get(f"/api/runs/{run}/export?{query}").text
+        assert capsys.readouterr().out == expected, query
+    assert main(["export", str(run), "--start", "9", "--end", "3", "--db", db_url]) == 2
+    assert "--start 9 is after --end 3" in capsys.readouterr().err
+
+
+def test_runs_shows_an_odd_run_name_on_one_line(
+    store: Store, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    add_run(store, simulate(2, set()), name="two\nlines\tand a tab")
+    assert main(["runs", "--db", db_url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and "two\\nlines\\tand a tab" in lines[1]
