@@ -42,6 +42,11 @@ RETRY_S = 0.5
 CLOSE_FAILING_S = 5.0  # how long close() waits for a store that is failing when it starts
 
 
+# Runs that a Telemetry of this process writes: two writers would interleave one run's steps.
+_LIVE_UIDS: set[str] = set()
+_LIVE_LOCK = threading.Lock()
+
+
 class Telemetry:
     """Writes one run's samples and control outcomes; feeds pending requests to ``inbox``.
 
@@ -60,7 +65,17 @@ class Telemetry:
         inbox: deque[ControlUpdate],
         uid: str | None = None,
     ) -> None:
-        self.uid = uid or uuid.uuid4().hex
+        with _LIVE_LOCK:
+            if uid is not None and uid in _LIVE_UIDS:
+                # A copy of a scaler (deepcopy, pickle, its state_dict) beside the original.
+                log.warning(
+                    "scalewatch: run %s is being written by another scaler of this process;"
+                    " this one starts a run of its own",
+                    uid,
+                )
+                uid = None
+            self.uid = uid or uuid.uuid4().hex
+            _LIVE_UIDS.add(self.uid)
         self._resume = uid is not None
         self._target = target
         self._store: Store | None = target if isinstance(target, Store) else None
@@ -143,6 +158,8 @@ class Telemetry:
         if self._closed:
             return
         self._closed = True
+        with _LIVE_LOCK:
+            _LIVE_UIDS.discard(self.uid)
         if self._failing is not None:
             # A store that fails at the end rarely recovers: do not hold up the exit for long.
             timeout = min(timeout, CLOSE_FAILING_S)

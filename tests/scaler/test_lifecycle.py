@@ -7,6 +7,7 @@ import logging
 import subprocess
 import sys
 import threading
+from copy import deepcopy
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +194,34 @@ def test_run_id_outlives_close(tmp_path: Path) -> None:
         assert gs.flush(30)
         run_id = gs.run_id
     assert run_id is not None and gs.run_id == run_id
+
+
+@pytest.mark.parametrize("copy", ["deepcopy", "state_dict"])
+def test_a_copy_recording_beside_its_original_writes_a_run_of_its_own(
+    tmp_path: Path, copy: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"sqlite:///{tmp_path / 'sw.db'}"
+    model = mlp()
+    opt = sgd(model)[0]
+    original = GradScaler("cpu", telemetry=url, run_name="original")
+    for step in range(1, 3):
+        train_step(original, model, opt, step)
+    if copy == "deepcopy":
+        twin = deepcopy(original)
+    else:
+        twin = GradScaler("cpu", telemetry=url, run_name="twin")
+        twin.load_state_dict(original.state_dict())
+    with caplog.at_level(logging.WARNING, logger="scaler.telemetry"):
+        for step in range(3, 5):
+            train_step(original, model, opt, step)
+            train_step(twin, model, opt, step)
+        twin.flush(30)
+    assert "starts a run of its own" in caplog.text
+    assert twin.run_uid != original.run_uid
+    original.close()
+    twin.close()
+    _, step_list = stored(url)
+    by_run: dict[int, list[int]] = {}
+    for run_id, step in step_list:
+        by_run.setdefault(run_id, []).append(step)
+    assert sorted(by_run.values()) == [[1, 2, 3, 4], [3, 4]]
