@@ -473,7 +473,10 @@ def _restarting_rank(rank: int, world: int, url: str, folder: str, phase: int) -
         result["run_id"] = gs.run_id
     if phase == 1:
         checkpoint.write_text(json.dumps(gs.state_dict()))
-        del gs  # not closed: the run keeps reading "running" until its heartbeat goes stale
+        # Gone as in a crash, where nothing closes the scaler (not even its finalizer, which
+        # a dropped scaler runs): the run reads "running" until its heartbeat goes stale.
+        gs._closer.detach()
+        del gs
     else:
         gs.close()
     return result
