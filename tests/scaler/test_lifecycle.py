@@ -50,6 +50,22 @@ def stored(url: str) -> tuple[list[tuple[str, str]], list[tuple[int, int]]]:
     return run_list, sorted(step_list)
 
 
+def by_run(url: str) -> list[list[int]]:
+    """The stored steps of each run, runs in id order."""
+    steps_of: dict[int, list[int]] = {}
+    for run_id, step in stored(url)[1]:
+        steps_of.setdefault(run_id, []).append(step)
+    return [steps_of[run_id] for run_id in sorted(steps_of)]
+
+
+def train_steps(gs: Any, steps: range) -> None:
+    """``gs`` through ``steps`` of a small model."""
+    model = mlp()
+    opt = sgd(model)[0]
+    for step in steps:
+        train_step(gs, model, opt, step)
+
+
 @pytest.mark.parametrize("cls", ["GradScaler", "ShardedGradScaler"])
 def test_a_scaler_never_closed_in_a_function_that_returns_loses_no_step(
     tmp_path: Path, cls: str
@@ -74,71 +90,53 @@ def test_a_scaler_never_closed_in_a_function_that_returns_loses_no_step(
 @pytest.mark.parametrize("cls", [GradScaler, ShardedGradScaler])
 def test_a_dropped_scaler_is_closed_and_its_threads_end(tmp_path: Path, cls: type) -> None:
     url = f"sqlite:///{tmp_path / 'sw.db'}"
-    model = mlp()
-    opt = sgd(model)[0]
     gs = cls("cpu", telemetry=url, run_name="dropped")
-    for step in range(1, 21):
-        train_step(gs, model, opt, step)
+    train_steps(gs, range(1, 21))
     threads = [gs._recorder.thread, *gs._telemetry.threads]
     del gs
     gc.collect()
     for thread in threads:
         thread.join(30)
         assert not thread.is_alive(), thread.name
-    run_list, step_list = stored(url)
-    assert run_list == [("dropped", "finished")]
-    assert [step for _, step in step_list] == list(range(1, 21))
+    assert stored(url)[0] == [("dropped", "finished")]
+    assert by_run(url) == [list(range(1, 21))]
 
 
 def test_loading_another_runs_state_into_a_recording_scaler_keeps_each_runs_steps(
     tmp_path: Path,
 ) -> None:
     url = f"sqlite:///{tmp_path / 'sw.db'}"
-    model = mlp()
-    opt = sgd(model)[0]
     first = GradScaler("cpu", telemetry=url, run_name="A")
-    for step in range(1, 6):
-        train_step(first, model, opt, step)
+    train_steps(first, range(1, 6))
     saved = first.state_dict()
     first.close()
 
     other = GradScaler("cpu", telemetry=url, run_name="C")
-    for step in range(1, 3):
-        train_step(other, model, opt, step)
+    train_steps(other, range(1, 3))
     assert other.flush(30)
     c_id = other.run_id
     other.load_state_dict(saved)  # C's two steps stay in C; A goes on from step 5
     assert other.steps == 5 and other.run_uid == saved["scalewatch"]["run_uid"]
     assert other.run_id == c_id  # until the next update() opens A again
-    for step in range(6, 9):
-        train_step(other, model, opt, step)
+    train_steps(other, range(6, 9))
     other.close()
 
-    run_list, step_list = stored(url)
-    assert run_list == [("A", "finished"), ("C", "finished")]
-    by_run: dict[int, list[int]] = {}
-    for run_id, step in step_list:
-        by_run.setdefault(run_id, []).append(step)
-    assert list(by_run.values()) == [list(range(1, 9)), [1, 2]]
+    assert stored(url)[0] == [("A", "finished"), ("C", "finished")]
+    assert by_run(url) == [list(range(1, 9)), [1, 2]]
 
 
 def test_loading_a_torch_dict_into_a_recording_scaler_starts_a_new_run(tmp_path: Path) -> None:
     import torch
 
     url = f"sqlite:///{tmp_path / 'sw.db'}"
-    model = mlp()
-    opt = sgd(model)[0]
     gs = GradScaler("cpu", telemetry=url, run_name="first")
-    for step in range(1, 4):
-        train_step(gs, model, opt, step)
+    train_steps(gs, range(1, 4))
     gs.load_state_dict(torch.amp.GradScaler("cpu", init_scale=8.0).state_dict())
     assert gs.steps == 0 and gs.run_uid is None
-    for step in range(1, 3):
-        train_step(gs, model, opt, step)
+    train_steps(gs, range(1, 3))
     gs.close()
-    run_list, step_list = stored(url)
-    assert [status for _, status in run_list] == ["finished", "finished"]
-    assert step_list == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2)]
+    assert [status for _, status in stored(url)[0]] == ["finished", "finished"]
+    assert by_run(url) == [[1, 2, 3], [1, 2]]
 
 
 def test_flush_returns_false_when_the_recorder_is_behind(
@@ -153,9 +151,7 @@ def test_flush_returns_false_when_the_recorder_is_behind(
 
     monkeypatch.setattr(_recorder, "_materialise", slow)
     gs = GradScaler("cpu", telemetry=f"sqlite:///{tmp_path / 'sw.db'}")
-    model = mlp()
-    opt = sgd(model)[0]
-    train_step(gs, model, opt, 1)
+    train_steps(gs, range(1, 2))
     assert gs.flush(0.2) is False
     with pytest.raises(TimeoutError):
         gs.stats(timeout=0.2)
@@ -170,10 +166,7 @@ def test_close_waits_only_briefly_for_a_store_that_is_failing(
 ) -> None:
     monkeypatch.setattr(telemetry_module, "CLOSE_FAILING_S", 0.3)
     gs = GradScaler("cpu", telemetry=f"sqlite:///{tmp_path / 'missing' / 'sw.db'}")
-    model = mlp()
-    opt = sgd(model)[0]
-    for step in range(1, 4):
-        train_step(gs, model, opt, step)
+    train_steps(gs, range(1, 4))
     telemetry = gs._telemetry
     wait_for(lambda: telemetry._failing, 30, "the writer to find the store failing")
     closer = threading.Thread(target=gs.close)
@@ -187,10 +180,8 @@ def test_close_waits_only_briefly_for_a_store_that_is_failing(
 
 def test_run_id_outlives_close(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'sw.db'}"
-    model = mlp()
-    opt = sgd(model)[0]
     with GradScaler("cpu", telemetry=url) as gs:
-        train_step(gs, model, opt, 1)
+        train_steps(gs, range(1, 2))
         assert gs.flush(30)
         run_id = gs.run_id
     assert run_id is not None and gs.run_id == run_id
@@ -201,27 +192,19 @@ def test_a_copy_recording_beside_its_original_writes_a_run_of_its_own(
     tmp_path: Path, copy: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     url = f"sqlite:///{tmp_path / 'sw.db'}"
-    model = mlp()
-    opt = sgd(model)[0]
     original = GradScaler("cpu", telemetry=url, run_name="original")
-    for step in range(1, 3):
-        train_step(original, model, opt, step)
+    train_steps(original, range(1, 3))
     if copy == "deepcopy":
         twin = deepcopy(original)
     else:
         twin = GradScaler("cpu", telemetry=url, run_name="twin")
         twin.load_state_dict(original.state_dict())
     with caplog.at_level(logging.WARNING, logger="scaler.telemetry"):
-        for step in range(3, 5):
-            train_step(original, model, opt, step)
-            train_step(twin, model, opt, step)
+        train_steps(original, range(3, 5))
+        train_steps(twin, range(3, 5))
         twin.flush(30)
     assert "starts a run of its own" in caplog.text
     assert twin.run_uid != original.run_uid
     original.close()
     twin.close()
-    _, step_list = stored(url)
-    by_run: dict[int, list[int]] = {}
-    for run_id, step in step_list:
-        by_run.setdefault(run_id, []).append(step)
-    assert sorted(by_run.values()) == [[1, 2, 3, 4], [3, 4]]
+    assert sorted(by_run(url)) == [[1, 2, 3, 4], [3, 4]]
