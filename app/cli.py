@@ -7,6 +7,7 @@ decorating a function in this module (or in a module imported from :func:`main`)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import json
 import os
@@ -94,7 +95,15 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.main import create_app
-    from app.serving import BindRefused, listen, prepare, refuse_unguarded, tune_for_serving
+    from app.serving import (
+        SHUTDOWN_GRACE_S,
+        BindRefused,
+        Server,
+        listen,
+        prepare,
+        refuse_unguarded,
+        tune_for_serving,
+    )
 
     settings = _settings(args, host=args.host, port=args.port)
     try:
@@ -115,13 +124,17 @@ def serve(args: argparse.Namespace) -> int:
         settings = prepare(settings, out=sys.stdout)
         tune_for_serving()
         config = uvicorn.Config(
-            create_app(settings), host=settings.host.strip("[]"), port=sock.getsockname()[1]
+            create_app(settings),
+            host=settings.host.strip("[]"),
+            port=sock.getsockname()[1],
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
         )
-        server = uvicorn.Server(config)
+        server = Server(config)
         host, port = sock.getsockname()[:2]
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
         print(f"scalewatch: serving {url} (Ctrl-C to stop)", flush=True)
-        server.run(sockets=[sock])
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn hands Ctrl-C back once stopped
+            server.run(sockets=[sock])
     return 0 if server.started else 3
 
 

@@ -97,11 +97,16 @@ def _start_server(
     import uvicorn
 
     from app.main import create_app
+    from app.serving import SHUTDOWN_GRACE_S, Server
 
     config = uvicorn.Config(
-        create_app(settings), host=settings.host, port=settings.port, log_level="warning"
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )
-    server = uvicorn.Server(config)
+    server = Server(config)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="scalewatch-server", daemon=True
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -51,6 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.dependency_overrides[get_settings] = lambda: settings
+    app.state.stopping = threading.Event()  # set by serving.Server: live streams end
     install_error_handlers(app)
     app.add_middleware(BodyLimit)
     if is_loopback(settings.host):

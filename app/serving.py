@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import socket
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
+import uvicorn
 from pydantic import SecretStr
 
 from app.security import is_loopback, new_token, write_token_file
 from app.settings import Settings
 
 __all__ = [
+    "SHUTDOWN_GRACE_S",
     "SWITCH_INTERVAL_S",
     "BindRefused",
+    "Server",
     "listen",
     "prepare",
     "refuse_unguarded",
@@ -22,6 +25,23 @@ __all__ = [
 
 # The GIL switch interval of a serving process (CPython's default: 5 ms).
 SWITCH_INTERVAL_S = 0.0005
+# How long a stopping server waits for open responses before it cancels them.
+SHUTDOWN_GRACE_S = 2
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, which tells the app's live streams to end when it stops.
+
+    A live stream never ends by itself, and uvicorn waits for open responses: without
+    this, Ctrl-C left the server running for as long as a dashboard was open.
+    """
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        state: Any = getattr(self.config.app, "state", None)
+        stopping = getattr(state, "stopping", None)
+        if stopping is not None:
+            stopping.set()
+        await super().shutdown(sockets)
 
 
 def tune_for_serving() -> None:

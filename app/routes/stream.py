@@ -294,8 +294,9 @@ async def _events(
     hub = _join(store, run_id, after, poll_s)
     seen_control = len(hub.control_log)
     quiet_since = time.monotonic()
+    stopping = request.app.state.stopping  # the server is stopping: the client reconnects
     try:
-        while not await request.is_disconnected():
+        while not (stopping.is_set() or await request.is_disconnected()):
             tick = hub.tick
             sent = False
             if after < hub.floor:

@@ -1,10 +1,17 @@
 from __future__ import annotations
 
 import io
+import os
+import signal
 import socket
 import stat
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 from pydantic import SecretStr
 
@@ -13,7 +20,9 @@ from app.main import create_app
 from app.security import check_token, host_name, is_loopback
 from app.serving import BindRefused, listen, prepare
 from app.settings import Settings
-from tests.app.conftest import TestClient
+from scaler.store.engine import open_store
+from scaler.store.runs import write_steps
+from tests.app.conftest import TestClient, add_run, simulate
 
 
 def test_binding_elsewhere_without_a_token_is_refused(
@@ -142,3 +151,58 @@ def test_host_names() -> None:
     assert host_name("127.0.0.1:8765") == "127.0.0.1"
     assert host_name("[::1]:8765") == host_name("[::1]") == "::1"
     assert host_name("LocalHost") == "localhost"
+
+
+def test_ctrl_c_stops_serve_while_a_live_stream_is_open(tmp_path: Path) -> None:
+    """A live stream never ends by itself: the server must not wait for it for ever."""
+    url = f"sqlite:///{tmp_path / 'sw.db'}"
+    store = open_store(url)
+    run = add_run(store, simulate(5, set()))
+    done = threading.Event()
+
+    def train() -> None:  # a live run: the stream always has a step to send
+        step = 5
+        while not done.wait(0.05):
+            step += 1
+            write_steps(store, run, simulate(1, set(), first=step))
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    sock = listen("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    sock.close()
+    env = {**os.environ, "SCALEWATCH_TOKEN": "t"}
+    command = [sys.executable, "-m", "app", "serve", "--port", str(port), "--db", url]
+    with subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    ) as server:
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+                deadline = time.monotonic() + 60
+                while not _answers(http):
+                    assert server.poll() is None and time.monotonic() < deadline, "no server"
+                    time.sleep(0.05)
+                with http.stream("GET", f"/api/runs/{run}/stream") as response:
+                    assert response.status_code == 200
+                    lines = response.iter_lines()
+                    # Read on, as a browser does, until the server ends the stream.
+                    reader = threading.Thread(target=lambda: sum(1 for _ in lines), daemon=True)
+                    reader.start()
+                    server.send_signal(signal.SIGINT)
+                    _, err = server.communicate(timeout=30)
+                    reader.join(10)
+        finally:
+            if server.poll() is None:
+                server.kill()
+            done.set()
+            trainer.join(10)
+            store.close()
+    assert server.returncode == 0, err
+    assert "Traceback" not in err and "ERROR" not in err, err
+
+
+def _answers(http: httpx.Client) -> bool:
+    try:
+        return http.get("/healthz").status_code == 200
+    except httpx.TransportError:
+        return False
