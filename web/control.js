@@ -1,10 +1,19 @@
 // The control panel: values in effect, the change form, the request history.
 
 import { ApiError, fieldErrors, getJSON, paths, postJSON } from "./api.js";
-import { badge, el, formatNumber, formatTime, formatValues, setText, showAlert } from "./dom.js";
+import { badge, el, formatNumber, formatScale, formatTime, formatValues, setText, showAlert } from "./dom.js";
 
 const TOKEN_KEY = "scalewatch.token";
 const PENDING_POLL_MS = 1000;
+
+const DECIMAL = /^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/;
+const SCALES = new Set(["scale", "min_scale", "max_scale"]);
+
+// A value in effect as the panel shows it: scales as the run's header does.
+function stateText(name, value) {
+  if (value === null || value === undefined) return name === "scale" ? "–" : "off";
+  return SCALES.has(name) ? formatScale(value) : formatNumber(value);
+}
 
 const FIELDS = [
   { name: "growth_interval", label: "Growth interval", hint: "Clean steps before the scale grows; integer ≥ 1", integer: true },
@@ -122,7 +131,7 @@ export class ControlPanel {
     const shown = document.querySelector('#control-state [data-state="scale"]');
     if (!shown || step.scale_after === undefined) return; // the panel has not loaded yet
     this.state = { ...this.state, scale: step.scale_after };
-    setText(shown, formatNumber(step.scale_after));
+    setText(shown, stateText("scale", step.scale_after));
     this.inputs.scale.placeholder = `now ${step.scale_after}`;
   }
 
@@ -133,7 +142,7 @@ export class ControlPanel {
     list.replaceChildren(
       ...entries.flatMap(([label, value, name]) => [
         el("dt", { text: label }),
-        el("dd", { dataset: { state: name }, text: name === "scale" && value == null ? "–" : formatNumber(value) }),
+        el("dd", { dataset: { state: name }, text: stateText(name, value) }),
       ]),
     );
     setText(
@@ -203,12 +212,14 @@ export class ControlPanel {
   readValues() {
     const values = {};
     const bad = {};
-    for (const name of FIELD_NAMES) {
-      const raw = this.inputs[name].value.trim();
+    for (const field of FIELDS) {
+      const raw = this.inputs[field.name].value.trim();
       if (!raw) continue;
-      const number = Number(raw);
-      if (Number.isFinite(number)) values[name] = number;
-      else bad[name] = "Enter a finite number.";
+      // Plain decimal notation only: Number() would also take "0x10" or "0b11".
+      const number = DECIMAL.test(raw) ? Number(raw) : NaN;
+      if (!Number.isFinite(number)) bad[field.name] = "Enter a finite number.";
+      else if (field.integer && !Number.isInteger(number)) bad[field.name] = "Enter a whole number.";
+      else values[field.name] = number;
     }
     return [values, bad];
   }
@@ -242,6 +253,12 @@ export class ControlPanel {
       this.history.set(row.id, row);
       this.renderHistory();
     } catch (error) {
+      if (error instanceof ApiError && error.status !== 401 && error.status !== 403) {
+        // Any other answer came after the token was checked: it is a good one.
+        storeToken(token);
+        this.tokenInput.value = "";
+        this.updateTokenUi();
+      }
       this.showRefusal(error);
     } finally {
       this.submitButton.disabled = false;

@@ -130,9 +130,12 @@ function openStream(chart, panel, after) {
 }
 
 async function main() {
-  if (!runId) {
-    setText(document.getElementById("run-name"), "No run selected");
-    showAlert(errorBox, "Open a run from the list of runs.");
+  if (!runId || !/^[1-9][0-9]*$/.test(runId)) {
+    setText(document.getElementById("run-name"), runId ? "Not a run" : "No run selected");
+    showAlert(
+      errorBox,
+      runId ? `"${runId}" is not a run id. Open a run from the list of runs.` : "Open a run from the list of runs.",
+    );
     for (const section of document.querySelectorAll("main section, #facts")) section.hidden = true;
     setLive("ended", "");
     return;
@@ -156,8 +159,13 @@ async function main() {
     onError: reportError,
   });
   pollDetail();
-  openStream(chart, panel);
-  await Promise.all([chart.start(), panel.refresh()]);
+  try {
+    await Promise.all([chart.start(), panel.refresh()]);
+  } finally {
+    // From the last step the chart drew: a stream opened before would start after the
+    // last step when the server took it, and miss the steps written in between.
+    openStream(chart, panel, chart.lastStep >= 0 ? chart.lastStep : -1);
+  }
 }
 
 main().catch(reportError);

@@ -179,6 +179,52 @@ def test_refused_value_shows_the_field_message(tab: Tab, served: Served) -> None
     assert tab.unexpected_errors(422) == []
 
 
+def test_an_accepted_token_clears_the_refusal_and_odd_numbers_stay_home(
+    tab: Tab, served: Served
+) -> None:
+    page = tab.page
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url) if r.method == "POST" else None)
+    open_run(tab, served.run_id)
+    assert not page.is_visible("#forget-token")  # no token stored: nothing to forget
+    for value, message in (("0x10", "finite number"), ("5.5", "whole number")):
+        submit(tab, token=served.token, growth_interval=value)
+        page.locator("#f-growth_interval-error", has_text=message).wait_for()
+    assert requests == []  # refused in the page, never sent
+    submit(tab, token="not-the-token", growth_interval=40)
+    page.locator("#token-error").wait_for()
+    submit(tab, token=served.token, growth_interval=0)  # 422: the token itself was accepted
+    page.locator("#f-growth_interval-error", has_text="integer").wait_for()
+    assert not page.is_visible("#token-error")
+    assert page.get_attribute("#token", "aria-invalid") == "false"
+    assert page.is_visible("#forget-token")
+    assert tab.unexpected_errors(401, 422) == []
+
+
+def test_the_live_stream_starts_where_the_chart_ends(tab: Tab, served: Served) -> None:
+    """Opened before the chart's data, it started after whatever step the server had then,
+    and the steps in between were never drawn."""
+    page = tab.page
+    streams: list[str] = []
+    page.on("request", lambda r: streams.append(r.url) if "/stream" in r.url else None)
+    open_run(tab, served.run_id)
+    page.locator("#live[data-state=live]").wait_for()
+    first = streams[0]
+    match = re.search(r"[?&]after=(-?[0-9]+)", first)
+    assert match is not None, first
+    drawn = set(chart(tab, "gd.data[2].x"))  # type: ignore[arg-type]
+    assert int(match.group(1)) in drawn
+
+
+def test_a_run_id_that_is_no_number_is_said_so_once(tab: Tab, served: Served) -> None:
+    page = tab.page
+    api: list[str] = []
+    page.on("request", lambda r: api.append(r.url) if "/api/" in r.url else None)
+    page.goto("/run.html?run=abc")
+    page.locator("#error", has_text='"abc" is not a run id').wait_for()
+    assert api == []
+
+
 def test_finished_run_says_it_is_not_running(tab: Tab, served: Served) -> None:
     page = tab.page
     open_run(tab, served.other_runs[HOSTILE_NAME])
