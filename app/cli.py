@@ -104,6 +104,7 @@ def serve(args: argparse.Namespace) -> int:
         refuse_unguarded,
         tune_for_serving,
     )
+    from scaler.store.engine import open_store
 
     settings = _settings(args, host=args.host, port=args.port)
     try:
@@ -111,6 +112,7 @@ def serve(args: argparse.Namespace) -> int:
     except BindRefused as refused:
         print(f"scalewatch serve: {refused}", file=sys.stderr)
         return 2
+    open_store(settings.db).close()  # an unusable store is one line here, not a traceback
     try:
         sock = listen(settings.host, settings.port)
     except OSError as error:

@@ -37,10 +37,16 @@ def demo(args: argparse.Namespace) -> int:
     if args.steps < 1 or args.world_size < 1:
         print("scalewatch demo: --steps and --world-size must be >= 1", file=sys.stderr)
         return 2
-    from app.serving import listen, prepare, tune_for_serving
+    from app.serving import BindRefused, listen, prepare, refuse_unguarded, tune_for_serving
     from scaler.store.engine import open_store
 
     settings = _settings(args, port=args.port)
+    try:
+        refuse_unguarded(settings)
+    except BindRefused as refused:
+        print(f"scalewatch demo: {refused}", file=sys.stderr)
+        return 2
+    open_store(settings.db).close()  # migrate once, before the ranks and the server start
     try:  # before a token is written: a port in use leaves the token file as it is
         sock = listen(settings.host, settings.port)
     except OSError as error:
@@ -51,7 +57,6 @@ def demo(args: argparse.Namespace) -> int:
         return 3
     try:
         settings = prepare(settings, out=sys.stdout)
-        open_store(settings.db).close()  # migrate once, before the ranks and the server start
         tune_for_serving()
         server, thread = _start_server(settings, sock)
     except BaseException:

@@ -9,8 +9,10 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sqlite3
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from itertools import chain
@@ -22,13 +24,16 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, create_engine, event, make_url
+from sqlalchemy import URL, Connection, Engine, create_engine, event, exc, make_url
 
 import migrations
+
+log = logging.getLogger("scaler.store")
 
 ENV_VAR = "SCALEWATCH_DB"
 DEFAULT_URL = "sqlite:///scalewatch.db"
 BUSY_TIMEOUT_MS = 30_000
+MIGRATION_WAIT_S = 900.0  # how long opening a store waits for another process's upgrade
 # Connections an engine on a file keeps open, and the most it opens beyond those.
 POOL_SIZE, POOL_OVERFLOW = 10, 30
 
@@ -72,12 +77,16 @@ def _values_sql(head: str, width: int, rows: int) -> str:
 
 
 def store_url(value: str) -> str:
-    """A store URL as it is; anything else is the path of a SQLite file.
+    """A store URL as it is; anything else is the path of a SQLite file (``~`` expanded,
+    and characters a URL would read otherwise, such as ``?`` and ``%``, escaped).
 
-    >>> store_url("runs/sw.db"), store_url("/tmp/sw.db"), store_url("sqlite:///sw.db")
-    ('sqlite:///runs/sw.db', 'sqlite:////tmp/sw.db', 'sqlite:///sw.db')
+    >>> store_url("runs/sw.db"), store_url("/tmp/a?b.db"), store_url("sqlite:///sw.db")
+    ('sqlite:///runs/sw.db', 'sqlite:////tmp/a%3Fb.db', 'sqlite:///sw.db')
     """
-    return value if "://" in value or value.startswith("sqlite:") else f"sqlite:///{value}"
+    if "://" in value or value.startswith("sqlite:"):
+        return value
+    path = os.path.expanduser(value)
+    return URL.create("sqlite", database=path).render_as_string(hide_password=False)
 
 
 def default_url() -> str:
@@ -223,15 +232,34 @@ def _migration_lock(engine: Engine) -> Iterator[Connection]:
 
 
 def upgrade_engine(engine: Engine) -> str:
-    """Upgrade the database behind ``engine`` to the head revision; return the head."""
+    """Upgrade the database behind ``engine`` to the head revision; return the head.
+
+    Another process upgrading a big store holds the write lock longer than the busy
+    timeout: while the store is not at the head, the lock is asked for again, for up to
+    ``MIGRATION_WAIT_S``, with a warning once.
+    """
     head = head_revision()
-    with engine.connect() as conn:
-        if _current_revision(conn) == head:
+    deadline = time.monotonic() + MIGRATION_WAIT_S
+    warned = False
+    while True:
+        with engine.connect() as conn:
+            if _current_revision(conn) == head:
+                return head
+        try:
+            with _migration_lock(engine) as conn:
+                if _current_revision(conn) != head:
+                    command.upgrade(_alembic_config(conn), "head")
             return head
-    with _migration_lock(engine) as conn:
-        if _current_revision(conn) != head:
-            command.upgrade(_alembic_config(conn), "head")
-    return head
+        except exc.OperationalError as error:
+            if "locked" not in str(error.orig) or time.monotonic() > deadline:
+                raise
+            if not warned:
+                log.warning(
+                    "scalewatch: another process holds the store's write lock (an upgrade?);"
+                    " waiting up to %.0f s for it",
+                    MIGRATION_WAIT_S,
+                )
+                warned = True
 
 
 def upgrade(url: str | None = None) -> str:

@@ -112,6 +112,7 @@ def test_errors_a_user_can_fix_are_one_line(
             "scalewatch export: [Errno 2] No such file or directory",
         ),
         (["db", "upgrade", "--db", str(tmp_path / "no" / "x.db")], "does not exist"),
+        (["serve", "--db", str(corrupt)], "scalewatch serve: the store cannot be read"),
     ]
     for argv, message in cases:
         assert main(argv) == 1, argv
@@ -149,3 +150,26 @@ def test_runs_shows_an_odd_run_name_on_one_line(
     assert main(["runs", "--db", db_url]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and "two\\nlines\\tand a tab" in lines[1]
+
+
+def test_a_store_path_is_taken_as_it_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Characters a URL reads otherwise (``?``, ``%41``) stay in the file name; ``~`` is home."""
+    odd = tmp_path / "a?b %41#.db"
+    assert main(["db", "upgrade", "--db", str(odd)]) == 0
+    assert odd.exists() and [p.name for p in tmp_path.iterdir()] == [odd.name]
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert main(["db", "upgrade", "--db", "~/home.db"]) == 0
+    assert (tmp_path / "home.db").exists()
+    capsys.readouterr()
+
+
+def test_demo_refuses_an_unguarded_address_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("SCALEWATCH_TOKEN", raising=False)
+    monkeypatch.setenv("SCALEWATCH_HOST", "0.0.0.0")
+    assert main(["demo", "--db", str(tmp_path / "x.db")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("scalewatch demo: refusing to bind '0.0.0.0'") and err.count("\n") == 1

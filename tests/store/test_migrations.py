@@ -1,13 +1,19 @@
 from __future__ import annotations
 
+import logging
+import sqlite3
+import threading
+import time
 from importlib import resources
 from pathlib import Path
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
-from scaler.store import downgrade, open_store, upgrade
+from scaler.store import Store, downgrade, open_store, upgrade
+from scaler.store import engine as engine_module
 from scaler.store.engine import head_revision, make_engine
 from scaler.store.schema import metadata
 
@@ -63,3 +69,34 @@ def test_migrations_ship_as_package_files() -> None:
     names = {path.name for path in versions}
     assert "e3f1a9c07b42_initial_schema.py" in names
     assert any(name.startswith(f"{head_revision()}_") for name in names)
+
+
+def test_opening_waits_out_another_process_upgrading_past_the_busy_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An upgrade of a big store holds the write lock longer than the busy timeout; a
+    process opening the store meanwhile waits for it instead of failing 'locked'."""
+    path = tmp_path / "old.db"
+    url = f"sqlite:///{path}"
+    upgrade(url)
+    downgrade(url, "base")  # an old store: opening it has an upgrade to do
+    monkeypatch.setattr(engine_module, "BUSY_TIMEOUT_MS", 100)
+    upgrader = sqlite3.connect(path, isolation_level=None)
+    upgrader.execute("BEGIN IMMEDIATE")  # the other process, mid-upgrade
+    opened: list[object] = []
+    opener = threading.Thread(target=lambda: opened.append(open_store(url)))
+    with caplog.at_level(logging.WARNING, logger="scaler.store"):
+        opener.start()
+        deadline = time.monotonic() + 30
+        while "waiting up to" not in caplog.text:  # the opener found the lock taken
+            assert opener.is_alive() and time.monotonic() < deadline, opened
+            time.sleep(0.01)
+        upgrader.execute("COMMIT")
+        upgrader.close()
+        opener.join(30)
+    assert not opener.is_alive() and len(opened) == 1
+    store = opened[0]
+    assert isinstance(store, Store)
+    with store.read() as conn:
+        assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar_one()
+    store.close()
