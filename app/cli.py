@@ -74,7 +74,24 @@ def _existing_store(args: argparse.Namespace) -> str:
             f"no store at {database} (training creates it;"
             f" 'scalewatch db upgrade --db {url}' makes an empty one)"
         )
+    if local and _foreign_database(Path(database)):
+        raise FileExistsError(f"{database} is a SQLite database, but not a scalewatch store")
     return url
+
+
+def _foreign_database(path: Path) -> bool:
+    """Whether ``path`` holds tables, none of them a store's (opening would add ours)."""
+    import sqlite3
+
+    try:
+        conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)
+        try:
+            names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError:
+        return False  # not a database at all: opening it says so
+    return bool(names) and "alembic_version" not in names
 
 
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,16 @@ def test_errors_a_user_can_fix_are_one_line(
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err and err.count("\n") == 1, err
     assert not missing.exists()  # a mistyped path is not made into a new, empty store
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE users (name TEXT)")
+    conn.close()
+    assert main(["runs", "--db", str(other)]) == 1
+    assert "is a SQLite database, but not a scalewatch store" in capsys.readouterr().err
+    with sqlite3.connect(other) as conn:  # left as it was
+        tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master")]
+    conn.close()
+    assert tables == ["users"]
     monkeypatch.setenv("SCALEWATCH_PORT", "70000")
     assert main(["serve", "--db", db_url]) == 1
     assert "scalewatch serve: port: Input should be less than or equal to 65535" in (
