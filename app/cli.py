@@ -109,46 +109,18 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     _serve_arguments,
 )
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from app.main import create_app
-    from app.serving import (
-        SHUTDOWN_GRACE_S,
-        BindRefused,
-        Server,
-        listen,
-        prepare,
-        refuse_unguarded,
-        tune_for_serving,
-    )
-    from scaler.store.engine import open_store
+    from app.serving import CannotServe, make_server, ready_to_serve
 
-    settings = _settings(args, host=args.host, port=args.port)
     try:
-        refuse_unguarded(settings)
-    except BindRefused as refused:
+        settings, sock = ready_to_serve(
+            _settings(args, host=args.host, port=args.port), out=sys.stdout
+        )
+    except CannotServe as refused:
         print(f"scalewatch serve: {refused}", file=sys.stderr)
-        return 2
-    open_store(settings.db).close()  # an unusable store is one line here, not a traceback
-    try:
-        sock = listen(settings.host, settings.port)
-    except OSError as error:
-        where = f"{settings.host}:{settings.port}"
-        print(
-            f"scalewatch serve: cannot listen on {where}: {error.strerror or error}",
-            file=sys.stderr,
-        )
-        return 3
+        return refused.code
     with sock:
-        settings = prepare(settings, out=sys.stdout)
-        tune_for_serving()
-        config = uvicorn.Config(
-            create_app(settings),
-            host=settings.host.strip("[]"),
-            port=sock.getsockname()[1],
-            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-        )
-        server = Server(config)
+        server = make_server(create_app(settings), settings, sock)
         host, port = sock.getsockname()[:2]
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
         print(f"scalewatch: serving {url} (Ctrl-C to stop)", flush=True)

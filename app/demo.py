@@ -37,27 +37,14 @@ def demo(args: argparse.Namespace) -> int:
     if args.steps < 1 or args.world_size < 1:
         print("scalewatch demo: --steps and --world-size must be >= 1", file=sys.stderr)
         return 2
-    from app.serving import BindRefused, listen, prepare, refuse_unguarded, tune_for_serving
-    from scaler.store.engine import open_store
+    from app.serving import CannotServe, ready_to_serve
 
-    settings = _settings(args, port=args.port)
-    try:
-        refuse_unguarded(settings)
-    except BindRefused as refused:
+    try:  # the store is migrated once here, before the ranks and the server start
+        settings, sock = ready_to_serve(_settings(args, port=args.port), out=sys.stdout)
+    except CannotServe as refused:
         print(f"scalewatch demo: {refused}", file=sys.stderr)
-        return 2
-    open_store(settings.db).close()  # migrate once, before the ranks and the server start
-    try:  # before a token is written: a port in use leaves the token file as it is
-        sock = listen(settings.host, settings.port)
-    except OSError as error:
-        where = f"{settings.host}:{settings.port}"
-        print(
-            f"scalewatch demo: cannot listen on {where}: {error.strerror or error}", file=sys.stderr
-        )
-        return 3
+        return refused.code
     try:
-        settings = prepare(settings, out=sys.stdout)
-        tune_for_serving()
         server, thread = _start_server(settings, sock)
     except BaseException:
         sock.close()
@@ -99,19 +86,10 @@ def demo(args: argparse.Namespace) -> int:
 def _start_server(
     settings: Settings, sock: socket.socket
 ) -> tuple[uvicorn.Server, threading.Thread]:
-    import uvicorn
-
     from app.main import create_app
-    from app.serving import SHUTDOWN_GRACE_S, Server
+    from app.serving import make_server
 
-    config = uvicorn.Config(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-    )
-    server = Server(config)
+    server = make_server(create_app(settings), settings, sock, log_level="warning")
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="scalewatch-server", daemon=True
     )

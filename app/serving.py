@@ -11,14 +11,18 @@ from pydantic import SecretStr
 
 from app.security import is_loopback, new_token, write_token_file
 from app.settings import Settings
+from scaler.store.engine import open_store
 
 __all__ = [
     "SHUTDOWN_GRACE_S",
     "SWITCH_INTERVAL_S",
     "BindRefused",
+    "CannotServe",
     "Server",
     "listen",
+    "make_server",
     "prepare",
+    "ready_to_serve",
     "refuse_unguarded",
     "tune_for_serving",
 ]
@@ -56,8 +60,16 @@ def tune_for_serving() -> None:
         sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
-class BindRefused(RuntimeError):
+class CannotServe(RuntimeError):
+    """Why serving cannot start (a port in use); ``code`` is the command's exit status."""
+
+    code = 3
+
+
+class BindRefused(CannotServe):
     """Binding a non-loopback address without an explicit token."""
+
+    code = 2
 
 
 def refuse_unguarded(settings: Settings) -> None:
@@ -86,6 +98,42 @@ def listen(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def ready_to_serve(settings: Settings, out: TextIO) -> tuple[Settings, socket.socket]:
+    """What ``serve`` and ``demo`` do before serving, in an order that writes no token on a
+    refusal: the bind check, the store (created or upgraded: an unusable one is a plain
+    error here, not a traceback from the server), the socket, then the token (``prepare``).
+
+    Raises :class:`CannotServe`; returns the settings with their token, and the socket.
+    """
+    refuse_unguarded(settings)
+    open_store(settings.db).close()
+    try:
+        sock = listen(settings.host, settings.port)
+    except OSError as error:
+        where = f"{settings.host}:{settings.port}"
+        raise CannotServe(f"cannot listen on {where}: {error.strerror or error}") from error
+    try:
+        settings = prepare(settings, out)
+        tune_for_serving()
+    except BaseException:
+        sock.close()
+        raise
+    return settings, sock
+
+
+def make_server(app: Any, settings: Settings, sock: socket.socket, **config: Any) -> Server:
+    """A :class:`Server` for ``app`` on ``sock``, which waits ``SHUTDOWN_GRACE_S`` at most."""
+    return Server(
+        uvicorn.Config(
+            app,
+            host=settings.host.strip("[]"),
+            port=sock.getsockname()[1],
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+            **config,
+        )
+    )
 
 
 def prepare(settings: Settings, out: TextIO) -> Settings:

@@ -391,8 +391,7 @@ class Instrumented(_Base):
             self._init_scale = float(value)
         elif name in ("min_scale", "max_scale"):
             setattr(self, f"_{name}", float(value))
-            if self._scale is not None:
-                self._scale.clamp_(min=self._min_scale, max=self._max_scale)
+            self._clamp_scale()
         elif name == "hysteresis":
             self._hysteresis = int(value)
             if self._hysteresis_tracker is not None:
@@ -401,15 +400,12 @@ class Instrumented(_Base):
             self._init_hysteresis_tracker = int(value) if start is None else min(start, int(value))
 
     def _set_by_code(self, name: str, value: float | int) -> None:
-        if not self._enabled:  # as torch: only the attribute, which a disabled scaler ignores
-            problem = _control.check({name: value}, {})
-            if problem is not None:
-                raise ScalerConfigError(problem)
-            setattr(self, f"_{name}", value)
-            return
-        problem = _control.check({name: value}, self.control_state())
+        problem = _control.check({name: value}, self.control_state() if self._enabled else {})
         if problem is not None:
             raise ScalerConfigError(problem)
+        if not self._enabled:  # as torch: only the attribute, which a disabled scaler ignores
+            setattr(self, f"_{name}", value)
+            return
         self._set_field(name, value)
         self._control_version += 1
         state = self.control_state()

@@ -103,6 +103,13 @@ export class ControlPanel {
     }
   }
 
+  // A token the server accepted: kept for the browser session, the token box hidden.
+  keepToken(token) {
+    storeToken(token);
+    this.tokenInput.value = "";
+    this.updateTokenUi();
+  }
+
   updateTokenUi(message) {
     const have = Boolean(storedToken());
     this.tokenBox.hidden = have && !message;
@@ -245,19 +252,14 @@ export class ControlPanel {
     this.submitButton.disabled = true;
     try {
       const row = await postJSON(paths.control(this.runId), values, token);
-      storeToken(token);
-      this.tokenInput.value = "";
-      this.updateTokenUi();
+      this.keepToken(token);
       for (const name of Object.keys(values)) this.inputs[name].value = "";
       this.notice(`Request #${row.id} sent (${formatValues(row.values || values)}); it applies at the run's next step.`);
       this.history.set(row.id, row);
       this.renderHistory();
     } catch (error) {
       if (error instanceof ApiError && error.status !== 401 && error.status !== 403) {
-        // Any other answer came after the token was checked: it is a good one.
-        storeToken(token);
-        this.tokenInput.value = "";
-        this.updateTokenUi();
+        this.keepToken(token); // any other answer came after the token was checked
       }
       this.showRefusal(error);
     } finally {
