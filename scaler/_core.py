@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import weakref
@@ -117,6 +118,7 @@ class Instrumented(_Base):
         self._group: tuple[int, int] | None = None
         self._closer: weakref.finalize[Any, Any] | None = None
         self._last_run_id: int | None = None
+        self._closed_telemetry_dropped = 0  # records earlier telemetry of this scaler lost
 
     # ------------------------------------------------------------------ steps
 
@@ -456,7 +458,9 @@ class Instrumented(_Base):
         return bool(self._telemetry.flush(max(0.0, deadline - time.monotonic())))
 
     def stats(self, timeout: float = 30.0) -> ScalerStats:
-        """Counts since creation: steps, skipped steps, overflows, growths, backoffs, scales seen.
+        """Counts since creation: steps, skipped steps, overflows, growths, backoffs, scales
+        seen, and ``dropped_records``: steps whose record was lost, by the recorder (a whole
+        queue behind) or by telemetry (a store failing past its queue's bound, or at close).
 
         .. note:: waits for the background recorder to read the steps queued so far;
            raises ``TimeoutError`` if it has not within ``timeout`` seconds.
@@ -464,7 +468,11 @@ class Instrumented(_Base):
         if self._recorder is None:
             scale = self._init_scale if self._enabled else 1.0
             return ScalerStats(current_scale=scale, min_scale_seen=scale, max_scale_seen=scale)
-        return self._recorder.stats(timeout)
+        stats = self._recorder.stats(timeout)
+        lost = self._closed_telemetry_dropped
+        if self._telemetry is not None:
+            lost += self._telemetry.dropped
+        return dataclasses.replace(stats, dropped_records=stats.dropped_records + lost)
 
     @property
     def min_scale(self) -> float | None:
@@ -585,6 +593,7 @@ class Instrumented(_Base):
             "_telemetry",
             "_closer",
             "_last_run_id",
+            "_closed_telemetry_dropped",
             "_inbox",
             "_code_outcomes",
             "_last_found",
@@ -610,6 +619,7 @@ class Instrumented(_Base):
             closer()  # does nothing once done
         if telemetry is not None:
             self._last_run_id = telemetry.run_id
+            self._closed_telemetry_dropped += telemetry.dropped
 
     def __enter__(self) -> Instrumented:
         return self

@@ -22,7 +22,7 @@ class ScalerStats:
     current_scale: float = 0.0
     min_scale_seen: float = float("inf")
     max_scale_seen: float = 0.0
-    dropped_records: int = 0
+    dropped_records: int = 0  # steps whose record never reached the recorder or the store
 
 
 @dataclass(frozen=True, slots=True)

@@ -181,7 +181,10 @@ class Telemetry:
             except Exception as error:
                 log.warning("scalewatch: could not mark run %s %s: %s", self.run_id, status, error)
         if not flushed:
-            log.warning("scalewatch: %d telemetry records not written at close", len(self._records))
+            with self._lock:
+                unwritten = len(self._records)
+                self.dropped += unwritten
+            log.warning("scalewatch: %d telemetry records not written at close", unwritten)
         if store is not None and self._owns_store:
             store.close()
 

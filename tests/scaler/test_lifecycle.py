@@ -176,6 +176,7 @@ def test_close_waits_only_briefly_for_a_store_that_is_failing(
         assert not closer.is_alive()
     assert "waiting up to 0.3 s for 3 records" in caplog.text
     assert "3 telemetry records not written at close" in caplog.text
+    assert gs.stats().dropped_records == 3  # the records the store never took are counted
 
 
 def test_run_id_outlives_close(tmp_path: Path) -> None:

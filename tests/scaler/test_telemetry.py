@@ -479,8 +479,10 @@ def test_an_unwritable_store_drops_past_the_bound_and_records_the_gap(
         train_step(gs, model, opt, step)
     assert gs.flush(30)
     dropped = telemetry.dropped
+    assert gs.stats().dropped_records == dropped
     run_id = gs.run_id
     gs.close()
+    assert gs.stats().dropped_records == dropped  # kept past close()
     store.close()
 
     warnings = [r for r in caplog.records if "not taking writes" in r.getMessage()]
