@@ -59,6 +59,8 @@ export class ControlPanel {
     this.formNotice = document.getElementById("form-notice");
     this.submitButton = document.getElementById("control-submit");
     this.forgetButton = document.getElementById("forget-token");
+    this.fieldset = document.getElementById("control-fieldset");
+    this.closedNote = document.getElementById("control-closed");
     this.inputs = {};
     this.errors = {};
     this.buildFields();
@@ -101,6 +103,14 @@ export class ControlPanel {
       this.inputs[field.name] = input;
       this.errors[field.name] = error;
     }
+  }
+
+  // Only a running run takes changes: otherwise the form is disabled and says why.
+  setRunStatus(status) {
+    const open = status === "running";
+    this.fieldset.disabled = !open;
+    this.closedNote.hidden = open;
+    setText(this.closedNote, open ? "" : `This run is ${status}: it takes no changes.`);
   }
 
   // A token the server accepted: kept for the browser session, the token box hidden.
@@ -232,6 +242,7 @@ export class ControlPanel {
   }
 
   async submit() {
+    if (this.fieldset.disabled) return; // Enter in a field, or a script, on a closed run
     this.clearMessages();
     const [values, bad] = this.readValues();
     if (Object.keys(bad).length) {

@@ -38,11 +38,12 @@ function setLive(state, text) {
   setText(live, text);
 }
 
-function renderDetail(run) {
+function renderDetail(run, panel) {
   setText(document.getElementById("run-name"), run.name);
   document.title = `${run.name} · scalewatch`;
   if (currentStatus !== run.status) {
     document.getElementById("run-status").replaceChildren(badge(run.status));
+    panel.setRunStatus(run.status);
     currentStatus = run.status;
   }
   const facts = {
@@ -62,9 +63,9 @@ function renderDetail(run) {
   }
 }
 
-async function pollDetail() {
+async function pollDetail(panel) {
   try {
-    renderDetail(await getJSON(paths.run(runId)));
+    renderDetail(await getJSON(paths.run(runId)), panel);
     if (errorBox.dataset.source === "detail") showAlert(errorBox, "");
   } catch (error) {
     errorBox.dataset.source = "detail";
@@ -77,7 +78,7 @@ async function pollDetail() {
     }
     reportError(new Error(`Could not load the run: ${error.message}`));
   }
-  setTimeout(pollDetail, DETAIL_POLL_MS);
+  setTimeout(() => pollDetail(panel), DETAIL_POLL_MS);
 }
 
 function renderExports() {
@@ -158,7 +159,7 @@ async function main() {
     onMarkers: (markers) => chart.setMarkers(markers),
     onError: reportError,
   });
-  pollDetail();
+  pollDetail(panel);
   try {
     await Promise.all([chart.start(), panel.refresh()]);
   } finally {

@@ -225,14 +225,24 @@ def test_a_run_id_that_is_no_number_is_said_so_once(tab: Tab, served: Served) ->
     assert api == []
 
 
-def test_finished_run_says_it_is_not_running(tab: Tab, served: Served) -> None:
+def test_finished_run_says_it_is_not_running_and_takes_no_changes(tab: Tab, served: Served) -> None:
     page = tab.page
+    posts: list[str] = []
+    page.on("request", lambda r: posts.append(r.url) if r.method == "POST" else None)
     open_run(tab, served.other_runs[HOSTILE_NAME])
     page.locator("#live[data-state=ended]").wait_for()
-    submit(tab, token=served.token, growth_factor=3)
-    page.locator("#form-error").wait_for()
-    assert "not running" in page.inner_text("#form-error")
-    assert tab.unexpected_errors(409) == []
+    page.locator("#control-closed", has_text="This run is finished").wait_for()
+    assert page.is_disabled("#f-growth_factor") and page.is_disabled("#control-submit")
+    page.evaluate(
+        "document.getElementById('f-growth_factor').value = '3';"
+        " document.getElementById('control-form').requestSubmit()"
+    )
+    assert posts == []
+    # A running run's form stays open.
+    open_run(tab, served.run_id)
+    page.locator("[data-fact=steps]", has_text=re.compile("[0-9]")).wait_for()
+    assert not page.is_visible("#control-closed")
+    assert page.is_enabled("#f-growth_factor") and page.is_enabled("#control-submit")
 
 
 def test_overflow_csv_download_matches_store(tab: Tab, served: Served) -> None:
