@@ -8,6 +8,8 @@ cleanly (the run is marked finished).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -22,6 +24,9 @@ if TYPE_CHECKING:
     import uvicorn
 
 TRAINER = "scaler.examples.tiny_lm"
+# torch says at import, in every rank, that numpy is missing; the trainer needs none.
+QUIET = "ignore:Failed to initialize NumPy:UserWarning"
+STOP_S = 30.0  # for the trainer to stop after a Ctrl-C (its ranks get 20 s of it)
 
 
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,7 +69,11 @@ def demo(args: argparse.Namespace) -> int:
                 settings.db,
                 "--run-name",
                 args.run_name,
-            ]
+            ],
+            env=_trainer_env(),
+            # Its own process group: a Ctrl-C reaches it through this process alone (see
+            # _stop_trainer), and a forced stop kills the ranks with it.
+            start_new_session=True,
         )
         try:
             code = trainer.wait()
@@ -75,6 +84,14 @@ def demo(args: argparse.Namespace) -> int:
             )
             _wait_for_interrupt()
         except KeyboardInterrupt:
+            # From here to the exit a second Ctrl-C kills the ranks, without a traceback. The
+            # server stops by itself within SHUTDOWN_GRACE_S.
+            signal.signal(signal.SIGINT, lambda *_: _force_stop(trainer))
+            print(
+                "\nscalewatch demo: stopping (Ctrl-C again to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
             _stop_trainer(trainer)
         return 0
     finally:
@@ -124,12 +141,35 @@ def _wait_for_interrupt() -> None:
         pass
 
 
+def _trainer_env() -> dict[str, str]:
+    """This process's environment, with torch's notice of a missing numpy silenced."""
+    env = dict(os.environ)
+    env["PYTHONWARNINGS"] = ",".join(filter(None, (env.get("PYTHONWARNINGS"), QUIET)))
+    return env
+
+
+def _force_stop(trainer: subprocess.Popen[bytes]) -> None:
+    print(
+        "scalewatch demo: stopping now (the ranks are killed: their run will read as crashed)",
+        file=sys.stderr,
+        flush=True,
+    )
+    _kill_group(trainer)
+
+
+def _kill_group(trainer: subprocess.Popen[bytes]) -> None:
+    """Kill the trainer and its ranks (its process group, which outlives the trainer)."""
+    with contextlib.suppress(ProcessLookupError):  # every one of them is gone already
+        os.killpg(trainer.pid, signal.SIGKILL)
+
+
 def _stop_trainer(trainer: subprocess.Popen[bytes]) -> None:
-    """The ranks got the same Ctrl-C; give them time to close their scalers."""
+    """Pass the Ctrl-C on to the trainer, which passes it on to its ranks and gives them time
+    to close their scalers; past ``STOP_S`` they are killed."""
     if trainer.poll() is None:
         trainer.send_signal(signal.SIGINT)
     try:
-        trainer.wait(timeout=30)
+        trainer.wait(timeout=STOP_S)
     except subprocess.TimeoutExpired:
-        trainer.kill()
+        _kill_group(trainer)
         trainer.wait()

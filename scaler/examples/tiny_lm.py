@@ -12,10 +12,12 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import signal
 import socket
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,6 +31,7 @@ from scaler import ShardedGradScaler
 VOCAB = 128
 SEQ = 32
 NOISE_EVERY = 250
+RANK_STOP_S = 20.0  # for the ranks to close their scalers after a Ctrl-C
 
 _WORDS = [
     "the",
@@ -99,7 +102,10 @@ class TinyLM(nn.Module):
         x = self.embed(tokens) + self.pos[: tokens.shape[1]]
         for block in self.blocks:
             x = block(x)
-        logits: torch.Tensor = self.head(self.norm(x))
+        # (tokens, vocab) from a 2-D matmul: a 3-D output would be a view of it, which FSDP2
+        # warns about (an in-place op on it would skip the pre-backward hook).
+        hidden = self.norm(x)
+        logits: torch.Tensor = self.head(hidden.reshape(-1, hidden.shape[-1]))
         return logits
 
 
@@ -148,14 +154,16 @@ def train(rank: int, args: argparse.Namespace) -> None:
             chunk = chunk.to(device)
             optimizer.zero_grad(set_to_none=True)
             logits = model(chunk[:, :-1])
-            loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), chunk[:, 1:].reshape(-1))
+            loss = F.cross_entropy(logits.float(), chunk[:, 1:].reshape(-1))
             scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
             scaler.step(optimizer)
             scaler.update()
             if rank == 0 and (step % 5 == 0 or step == args.steps):
                 _progress(step, args.steps, loss.item(), scaler.get_scale(), started)
     except KeyboardInterrupt:
-        pass
+        # One Ctrl-C stops this rank; another (a terminal's reaches every rank, and the
+        # launcher passes its own on) must not cut short closing the scaler.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     finally:
         scaler.close()
         if rank == 0:
@@ -202,11 +210,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     args.port = args.port or free_port()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    context = mp.spawn(train, args=(args,), nprocs=args.world_size, join=False)  # type: ignore[attr-defined,no-untyped-call]
     try:
-        mp.spawn(train, args=(args,), nprocs=args.world_size, join=True)  # type: ignore[attr-defined,no-untyped-call]
+        while not context.join():
+            pass
     except KeyboardInterrupt:
+        _stop_ranks(context.processes)
         return 130
     return 0
+
+
+def _stop_ranks(ranks: Sequence[Any]) -> None:
+    """Pass a Ctrl-C on to the ranks: one sent to this process alone (``kill -INT``, the
+    demo) reaches none of them. They get ``RANK_STOP_S`` to close their scalers."""
+    for rank in ranks:
+        if rank.is_alive():
+            os.kill(rank.pid, signal.SIGINT)
+    deadline = time.monotonic() + RANK_STOP_S
+    for rank in ranks:
+        rank.join(max(0.0, deadline - time.monotonic()))
+    for rank in ranks:
+        if rank.is_alive():
+            rank.terminate()
 
 
 if __name__ == "__main__":

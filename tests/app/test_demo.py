@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ import pytest
 from scaler.store.engine import open_store
 from scaler.store.queries import list_runs
 from tests._net import free_port
+from tests.scaler._dist import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -84,3 +88,106 @@ def test_demo_trains_serves_and_stops_cleanly(tmp_path: Path) -> None:
         output = demo.communicate(timeout=60)[0]
     assert demo.returncode == 0, output
     assert f"http://127.0.0.1:{port}/" in output
+    assert "Warning" not in output  # neither torch's numpy notice nor FSDP2's view warning
+
+
+class _Demo:
+    """``scalewatch demo`` training for long, its output read as it comes, and every
+    process it starts marked in its environment, so that none is missed at the end."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.db = f"sqlite:///{tmp_path / 'demo.db'}"
+        self.port = free_port()
+        self.mark = uuid.uuid4().hex
+        env = {
+            **os.environ,
+            "SCALEWATCH_TOKEN": "demo-test-token",
+            "HOME": str(tmp_path),
+            "SCALEWATCH_TEST_MARK": self.mark,
+        }
+        command = [sys.executable, "-m", "app", "demo", "--steps", "100000", "--db", self.db]
+        self.process = subprocess.Popen(
+            [*command, "--port", str(self.port)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        self._chunks: list[bytes] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        while chunk := self.process.stdout.read1(65536):
+            self._chunks.append(chunk)
+
+    @property
+    def output(self) -> str:
+        return b"".join(self._chunks).decode(errors="replace")
+
+    def training(self) -> bool:
+        """The run has steps stored: every rank is inside its training loop."""
+        try:
+            body = _get_json(f"http://127.0.0.1:{self.port}/api/runs")
+        except OSError:
+            return False
+        assert isinstance(body, dict)
+        return bool(body["runs"]) and body["runs"][0]["steps"] >= 3
+
+    def marked(self) -> list[int]:
+        """Processes alive with this demo's mark: the demo, its trainer and its ranks."""
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                environ = (entry / "environ").read_bytes()
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:  # ended meanwhile
+                continue
+            if f"SCALEWATCH_TEST_MARK={self.mark}".encode() in environ and state != "Z":
+                pids.append(int(entry.name))
+        return pids
+
+    def stop(self) -> None:
+        """What the test left running: killed."""
+        for pid in self.marked():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.process.wait(30)
+        self._reader.join(10)
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+def test_ctrl_c_to_the_demo_alone_stops_every_rank_and_finishes_the_run(tmp_path: Path) -> None:
+    """A Ctrl-C sent to the demo process only (``kill -INT``, a process manager) left the
+    ranks training on after the demo had exited, and the run running."""
+    demo = _Demo(tmp_path)
+    try:
+        wait_for(demo.training, 240, "the ranks to train")
+        demo.process.send_signal(signal.SIGINT)
+        assert demo.process.wait(60) == 0, demo.output
+        wait_for(lambda: not demo.marked(), 30, "every process of the demo to end")
+    finally:
+        demo.stop()
+    with open_store(demo.db) as store:
+        (run,) = list_runs(store)
+    assert run.status == "finished"
+    assert "Traceback" not in demo.output and "Warning" not in demo.output, demo.output
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+def test_a_second_ctrl_c_kills_the_ranks_at_once_and_quietly(tmp_path: Path) -> None:
+    demo = _Demo(tmp_path)
+    try:
+        wait_for(demo.training, 240, "the ranks to train")
+        demo.process.send_signal(signal.SIGINT)
+        wait_for(lambda: "Ctrl-C again" in demo.output, 30, "the demo to say it stops")
+        demo.process.send_signal(signal.SIGINT)
+        assert demo.process.wait(20) == 0, demo.output
+        wait_for(lambda: not demo.marked(), 10, "every process of the demo to end")
+    finally:
+        demo.stop()
+    assert "Traceback" not in demo.output, demo.output
