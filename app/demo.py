@@ -71,8 +71,10 @@ def demo(args: argparse.Namespace) -> int:
                 args.run_name,
             ],
             env=_trainer_env(),
-            # Its own process group: a Ctrl-C reaches it through this process alone (see
-            # _stop_trainer), and a forced stop kills the ranks with it.
+            # Its own session: a Ctrl-C reaches it through this process alone (see
+            # _stop_trainer), and a forced stop kills the ranks with it. A terminal closed
+            # (or this process killed) is no signal to it: it notices that this process
+            # is gone and stops its ranks as for a Ctrl-C.
             start_new_session=True,
         )
         try:
@@ -149,12 +151,13 @@ def _trainer_env() -> dict[str, str]:
 
 
 def _force_stop(trainer: subprocess.Popen[bytes]) -> None:
-    print(
-        "scalewatch demo: stopping now (the ranks are killed: their run will read as crashed)",
-        file=sys.stderr,
-        flush=True,
-    )
-    _kill_group(trainer)
+    if trainer.poll() is None:
+        print(
+            "scalewatch demo: stopping now (the ranks are killed: their run will read as crashed)",
+            file=sys.stderr,
+            flush=True,
+        )
+    _kill_group(trainer)  # also ranks that outlived it
 
 
 def _kill_group(trainer: subprocess.Popen[bytes]) -> None:

@@ -181,8 +181,8 @@ class Telemetry:
             except Exception as error:
                 log.warning("scalewatch: could not mark run %s %s: %s", self.run_id, status, error)
         if not flushed:
-            with self._lock:
-                unwritten = len(self._records)
+            with self._lock:  # queued, and a batch the writer may still be stuck writing
+                unwritten = len(self._records) + self._in_flight
                 self.dropped += unwritten
             log.warning("scalewatch: %d telemetry records not written at close", unwritten)
         if store is not None and self._owns_store:

@@ -59,8 +59,8 @@ export class ControlPanel {
     this.formNotice = document.getElementById("form-notice");
     this.submitButton = document.getElementById("control-submit");
     this.forgetButton = document.getElementById("forget-token");
-    this.fieldset = document.getElementById("control-fieldset");
     this.closedNote = document.getElementById("control-closed");
+    this.open = true; // the run takes changes (known once its status is)
     this.inputs = {};
     this.errors = {};
     this.buildFields();
@@ -107,10 +107,11 @@ export class ControlPanel {
 
   // Only a running run takes changes: otherwise the form is disabled and says why.
   setRunStatus(status) {
-    const open = status === "running";
-    this.fieldset.disabled = !open;
-    this.closedNote.hidden = open;
-    setText(this.closedNote, open ? "" : `This run is ${status}: it takes no changes.`);
+    this.open = status === "running";
+    for (const input of [...Object.values(this.inputs), this.tokenInput]) input.disabled = !this.open;
+    this.submitButton.disabled = !this.open;
+    this.closedNote.hidden = this.open;
+    setText(this.closedNote, this.open ? "" : `This run is ${status}: it takes no changes.`);
   }
 
   // A token the server accepted: kept for the browser session, the token box hidden.
@@ -242,7 +243,7 @@ export class ControlPanel {
   }
 
   async submit() {
-    if (this.fieldset.disabled) return; // Enter in a field, or a script, on a closed run
+    if (!this.open) return; // a script, or a status that changed under the form
     this.clearMessages();
     const [values, bad] = this.readValues();
     if (Object.keys(bad).length) {
@@ -274,7 +275,7 @@ export class ControlPanel {
       }
       this.showRefusal(error);
     } finally {
-      this.submitButton.disabled = false;
+      this.submitButton.disabled = !this.open;
     }
   }
 

@@ -15,6 +15,7 @@ import random
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -116,6 +117,10 @@ def corpus(rank: int, seed: int) -> torch.Tensor:
 
 
 def train(rank: int, args: argparse.Namespace) -> None:
+    # A Ctrl-C asks to stop; the ranks agree on it at a step boundary (_stop_agreed), so
+    # that none leaves while another waits for it in a collective, and every scaler closes.
+    asked = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: asked.set())
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= args.world_size
     device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")
     if use_cuda:
@@ -147,6 +152,8 @@ def train(rank: int, args: argparse.Namespace) -> None:
     started = time.monotonic()
     try:
         for step in range(1, args.steps + 1):
+            if _stop_agreed(asked, device):
+                break
             starts = torch.randint(0, len(data) - SEQ - 1, (args.batch_size,), generator=gen)
             chunk = torch.stack([data[s : s + SEQ + 1] for s in starts.tolist()])
             if step % NOISE_EVERY == 0:
@@ -160,15 +167,18 @@ def train(rank: int, args: argparse.Namespace) -> None:
             scaler.update()
             if rank == 0 and (step % 5 == 0 or step == args.steps):
                 _progress(step, args.steps, loss.item(), scaler.get_scale(), started)
-    except KeyboardInterrupt:
-        # One Ctrl-C stops this rank; another (a terminal's reaches every rank, and the
-        # launcher passes its own on) must not cut short closing the scaler.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
     finally:
         scaler.close()
         if rank == 0:
             print(file=sys.stderr, flush=True)
         dist.destroy_process_group()
+
+
+def _stop_agreed(asked: threading.Event, device: torch.device) -> bool:
+    """Whether any rank was asked to stop: one small all-reduce a step."""
+    flag = torch.tensor([float(asked.is_set())], device=device)
+    dist.all_reduce(flag)
+    return bool(flag.item())
 
 
 def _progress(step: int, total: int, loss: float, scale: float, started: float) -> None:
@@ -210,10 +220,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     args.port = args.port or free_port()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    parent = os.getppid()
     context = mp.spawn(train, args=(args,), nprocs=args.world_size, join=False)  # type: ignore[attr-defined,no-untyped-call]
     try:
-        while not context.join():
-            pass
+        while not context.join(timeout=1.0):
+            if os.getppid() != parent:  # what started this is gone (a demo killed, say)
+                _stop_ranks(context.processes)
+                return 1
     except KeyboardInterrupt:
         _stop_ranks(context.processes)
         return 130
@@ -221,17 +234,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _stop_ranks(ranks: Sequence[Any]) -> None:
-    """Pass a Ctrl-C on to the ranks: one sent to this process alone (``kill -INT``, the
-    demo) reaches none of them. They get ``RANK_STOP_S`` to close their scalers."""
+    """Pass a Ctrl-C on to the ranks (one sent to this process alone, by ``kill -INT`` or
+    the demo, reaches none of them) and give them ``RANK_STOP_S`` to stop at a step and
+    close their scalers. Another Ctrl-C meanwhile terminates them at once."""
+
+    def terminate(*_: object) -> None:
+        for rank in ranks:
+            if rank.is_alive():
+                rank.terminate()
+
+    signal.signal(signal.SIGINT, terminate)
     for rank in ranks:
         if rank.is_alive():
             os.kill(rank.pid, signal.SIGINT)
     deadline = time.monotonic() + RANK_STOP_S
     for rank in ranks:
         rank.join(max(0.0, deadline - time.monotonic()))
-    for rank in ranks:
-        if rank.is_alive():
-            rank.terminate()
+    terminate()
 
 
 if __name__ == "__main__":

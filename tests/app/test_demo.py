@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -181,13 +182,35 @@ def test_ctrl_c_to_the_demo_alone_stops_every_rank_and_finishes_the_run(tmp_path
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
 def test_a_second_ctrl_c_kills_the_ranks_at_once_and_quietly(tmp_path: Path) -> None:
     demo = _Demo(tmp_path)
+    lock = sqlite3.connect(tmp_path / "demo.db", isolation_level=None)
     try:
         wait_for(demo.training, 240, "the ranks to train")
+        # The store locked, the first Ctrl-C cannot finish: rank 0's scaler waits to write.
+        lock.execute("BEGIN IMMEDIATE")
         demo.process.send_signal(signal.SIGINT)
         wait_for(lambda: "Ctrl-C again" in demo.output, 30, "the demo to say it stops")
         demo.process.send_signal(signal.SIGINT)
         assert demo.process.wait(20) == 0, demo.output
         wait_for(lambda: not demo.marked(), 10, "every process of the demo to end")
     finally:
+        lock.close()
         demo.stop()
+    assert "stopping now" in demo.output, demo.output
     assert "Traceback" not in demo.output, demo.output
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+def test_the_ranks_stop_and_finish_the_run_when_the_demo_is_killed(tmp_path: Path) -> None:
+    """A terminal closed, or a demo killed outright, runs none of its own clean-up: its
+    trainer, in a session of its own, notices and stops its ranks as for a Ctrl-C."""
+    demo = _Demo(tmp_path)
+    try:
+        wait_for(demo.training, 240, "the ranks to train")
+        demo.process.kill()
+        demo.process.wait(10)
+        wait_for(lambda: not demo.marked(), 60, "the trainer and its ranks to end")
+    finally:
+        demo.stop()
+    with open_store(demo.db) as store:
+        (run,) = list_runs(store)
+    assert run.status == "finished"
