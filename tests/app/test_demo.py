@@ -135,6 +135,11 @@ class _Demo:
         assert isinstance(body, dict)
         return bool(body["runs"]) and body["runs"][0]["steps"] >= 3
 
+    def run_status(self) -> str:
+        with open_store(self.db) as store:
+            (run,) = list_runs(store)
+        return run.status
+
     def marked(self) -> list[int]:
         """Processes alive with this demo's mark: the demo, its trainer and its ranks."""
         pids = []
@@ -173,9 +178,7 @@ def test_ctrl_c_to_the_demo_alone_stops_every_rank_and_finishes_the_run(tmp_path
         wait_for(lambda: not demo.marked(), 30, "every process of the demo to end")
     finally:
         demo.stop()
-    with open_store(demo.db) as store:
-        (run,) = list_runs(store)
-    assert run.status == "finished"
+    assert demo.run_status() == "finished"
     assert "Traceback" not in demo.output and "Warning" not in demo.output, demo.output
 
 
@@ -211,6 +214,4 @@ def test_the_ranks_stop_and_finish_the_run_when_the_demo_is_killed(tmp_path: Pat
         wait_for(lambda: not demo.marked(), 60, "the trainer and its ranks to end")
     finally:
         demo.stop()
-    with open_store(demo.db) as store:
-        (run,) = list_runs(store)
-    assert run.status == "finished"
+    assert demo.run_status() == "finished"
