@@ -12,7 +12,8 @@ import getpass
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -208,9 +209,37 @@ def export(args: argparse.Namespace) -> int:
         if args.output is None:
             sys.stdout.writelines(chunks)
         else:
-            with open(args.output, "w", encoding="utf-8", newline="") as out:
-                out.writelines(chunks)
+            _write_whole(Path(args.output), chunks)
     return 0
+
+
+def _write_whole(path: Path, chunks: Iterable[str]) -> None:
+    """Write ``chunks`` to ``path`` through a file beside it, renamed over it at the end: an
+    export that fails or is interrupted leaves ``path`` as it was, and no part file.
+
+    A path that is no regular file (``/dev/stdout``, a pipe) is written to as it is.
+    """
+    if path.exists() and not path.is_file():
+        with open(path, "w", encoding="utf-8", newline="") as out:
+            out.writelines(chunks)
+        return
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask()
+    handle, part = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with open(handle, "w", encoding="utf-8", newline="") as out:
+            out.writelines(chunks)
+        os.chmod(part, mode)  # as a file opened for writing would have it, not mkstemp's 0600
+        os.replace(part, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(part)
+        raise
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 CONTROL_OPTIONS: dict[str, type] = {
@@ -300,6 +329,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command].run(args)
+    except KeyboardInterrupt:
+        print(f"\nscalewatch {args.command}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # The reader left (``scalewatch runs | head -1``): stop quietly, as other tools do.
         devnull = os.open(os.devnull, os.O_WRONLY)

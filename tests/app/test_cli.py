@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import app.exports
 from app.cli import COMMANDS, main
 from scaler.store.engine import Store
 from scaler.store.runs import end_run
@@ -44,6 +47,44 @@ def test_export_writes_the_same_csv_as_the_api(
     lines = capsys.readouterr().out.splitlines()
     assert [json.loads(line)["step"] for line in lines] == [2]
     assert main(["export", "99", "--db", db_url]) == 1
+
+
+def test_an_interrupted_export_leaves_the_file_it_would_replace(
+    store: Store,
+    db_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = add_run(store, ROWS)
+    out = tmp_path / "steps.csv"
+    out.write_text("last week's export\n")
+    out.chmod(0o640)
+
+    def interrupted(*args: object, **kwargs: object) -> Iterator[str]:
+        yield "step,scale\n"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(app.exports, "export_chunks", interrupted)
+    try:
+        code = main(["export", str(run), "-o", str(out), "--db", db_url])
+    except KeyboardInterrupt:
+        pytest.fail("a Ctrl-C left main() as a traceback")
+    assert code == 130
+    assert capsys.readouterr().err.strip() == "scalewatch export: interrupted"
+    assert out.read_text() == "last week's export\n"
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
+    monkeypatch.undo()
+
+    # A finished export replaces it and keeps its mode; a new file gets the umask's.
+    assert main(["export", str(run), "-o", str(out), "--db", db_url]) == 0
+    assert out.read_text() == GOLDEN_CSV and out.stat().st_mode & 0o777 == 0o640
+    fresh = tmp_path / "fresh.csv"
+    assert main(["export", str(run), "-o", str(fresh), "--db", db_url]) == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert fresh.stat().st_mode & 0o777 == 0o666 & ~umask
+    assert main(["export", str(run), "-o", os.devnull, "--db", db_url]) == 0
 
 
 def test_control_prints_the_pending_request(
