@@ -13,7 +13,8 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -21,6 +22,8 @@ from typing import TextIO
 from app.settings import Settings
 
 __all__ = ["COMMANDS", "Command", "command", "main"]
+
+PROGRESS_S = 0.5  # how often a long export to a file shows its rows on a terminal
 
 Arguments = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]
@@ -209,8 +212,23 @@ def export(args: argparse.Namespace) -> int:
         if args.output is None:
             sys.stdout.writelines(chunks)
         else:
+            if sys.stderr.isatty():
+                chunks = _counted(chunks, header=args.format == "csv", out=sys.stderr)
             _write_whole(Path(args.output), chunks)
     return 0
+
+
+def _counted(chunks: Iterable[str], *, header: bool, out: TextIO) -> Iterator[str]:
+    """``chunks`` as they come, the rows so far shown on ``out`` (a terminal) as they grow."""
+    rows = -1 if header else 0  # a CSV's first line names the columns
+    shown = time.monotonic()
+    for chunk in chunks:
+        rows += chunk.count("\n")
+        if time.monotonic() - shown >= PROGRESS_S:
+            print(f"\rscalewatch export: {rows:,} rows", end="", file=out, flush=True)
+            shown = time.monotonic()
+        yield chunk
+    print(f"\rscalewatch export: {max(rows, 0):,} rows written", file=out, flush=True)
 
 
 def _write_whole(path: Path, chunks: Iterable[str]) -> None:

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+import io
 import json
 import os
 import sqlite3
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import app.cli
 import app.exports
 from app.cli import COMMANDS, main
 from scaler.store.engine import Store
@@ -85,6 +88,29 @@ def test_an_interrupted_export_leaves_the_file_it_would_replace(
     os.umask(umask)
     assert fresh.stat().st_mode & 0o777 == 0o666 & ~umask
     assert main(["export", str(run), "-o", os.devnull, "--db", db_url]) == 0
+
+
+def test_an_export_to_a_file_shows_its_rows_on_a_terminal(
+    store: Store, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    run = add_run(store, ROWS)
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setattr(app.cli, "PROGRESS_S", 0.0)
+    assert main(["export", str(run), "-o", str(tmp_path / "s.csv"), "--db", db_url]) == 0
+    rows = GOLDEN_CSV.count("\n") - 1
+    shown = terminal.getvalue()
+    assert shown.endswith(f"\rscalewatch export: {rows:,} rows written\n")
+    assert f"\rscalewatch export: {rows:,} rows\r" in shown
+
+    quiet = io.StringIO()  # no terminal: nothing said on success
+    monkeypatch.setattr(sys, "stderr", quiet)
+    assert main(["export", str(run), "-o", str(tmp_path / "t.csv"), "--db", db_url]) == 0
+    assert quiet.getvalue() == ""
 
 
 def test_control_prints_the_pending_request(
