@@ -247,7 +247,15 @@ def upgrade_engine(engine: Engine) -> str:
                 return head
         try:
             with _migration_lock(engine) as conn:
-                if _current_revision(conn) != head:
+                current = _current_revision(conn)
+                if current != head:
+                    if current is not None:  # a store of an older scalewatch, not a new one
+                        log.warning(
+                            "scalewatch: upgrading the store's schema (%s to %s); a store"
+                            " of many steps takes a while",
+                            current,
+                            head,
+                        )
                     command.upgrade(_alembic_config(conn), "head")
             return head
         except exc.OperationalError as error:

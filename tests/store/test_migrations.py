@@ -61,6 +61,21 @@ def test_downgrade_to_base_and_upgrade_again(db_url: str) -> None:
     assert _tables(db_url) == TABLES | {"alembic_version"}
 
 
+def test_upgrading_an_older_store_says_so_once_and_a_new_one_says_nothing(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="scaler"):
+        upgrade(db_url)
+        assert caplog.records == []  # a new store: its tables are made in no time
+        downgrade(db_url, "e3f1a9c07b42")
+        upgrade(db_url)
+        upgrade(db_url)
+    (record,) = caplog.records
+    assert record.getMessage().startswith(
+        f"scalewatch: upgrading the store's schema (e3f1a9c07b42 to {head_revision()})"
+    )
+
+
 def test_migrations_ship_as_package_files() -> None:
     package = resources.files("migrations")
     assert package.joinpath("env.py").is_file()
