@@ -41,7 +41,8 @@ export class RunChart {
     this.bucketWidth = 1;
     this.overflowSteps = new Set();
     this.markers = [];
-    this.scaleExtent = [Infinity, -Infinity];
+    this.scaleExtent = [Infinity, -Infinity]; // of the whole run drawn
+    this.shown = null; // a zoomed view drawn, and its y ranges: { view, scales, tracker, rate }
     this.plotted = false;
     this.requeryTimer = null;
     this.flushTimer = null;
@@ -143,10 +144,8 @@ export class RunChart {
     }
     await Plotly.restyle(this.node, update, LINE_TRACES);
     this.scaleExtent = extent([...cols.scaleMin, ...cols.scaleMax, ...this.node.data[T.overflows].y]);
-    await Plotly.relayout(this.node, {
-      ...(this.view ? this.viewRanges(cols) : AUTORANGE_Y),
-      ...powerTicks(this.scaleExtent),
-    });
+    this.shown = this.view ? this.viewShown(cols) : null;
+    await Plotly.relayout(this.node, this.shown ? this.shownLayout() : { ...AUTORANGE_Y, ...powerTicks(this.scaleExtent) });
     const rateName = `skipped-step rate (last ${this.rate.window} steps)`;
     if (this.node.data[T.skipRate].name !== rateName) {
       await Plotly.restyle(this.node, { name: rateName }, [T.skipRate]);
@@ -159,25 +158,51 @@ export class RunChart {
   }
 
   // Plotly autoranges y over every point of a trace, not the visible ones, so a
-  // zoomed view gets its y ranges from the buckets and overflows inside it.
-  viewRanges(cols) {
+  // zoomed view gets its y ranges (and its scale ticks) from the buckets and the
+  // overflows inside it.
+  viewShown(cols) {
     const [start, end] = this.view;
     const overflows = this.node.data[T.overflows];
     const scales = [...cols.scaleMin, ...cols.scaleMax];
     overflows.x.forEach((step, i) => {
       if (step >= start && step <= end) scales.push(overflows.y[i]);
     });
-    const positive = scales.filter((v) => v > 0);
-    if (!positive.length) return AUTORANGE_Y;
-    const lo = Math.log10(Math.min(...positive));
-    const hi = Math.log10(Math.max(...positive));
+    return {
+      view: [start, end],
+      scales: extent(scales),
+      tracker: Math.max(1, ...cols.trMax),
+      rate: Math.max(0.01, ...cols.rate),
+    };
+  }
+
+  shownLayout() {
+    const { scales, tracker, rate } = this.shown;
+    if (!(scales[0] > 0)) return { ...AUTORANGE_Y, ...powerTicks(this.scaleExtent) };
+    const lo = Math.log10(scales[0]);
+    const hi = Math.log10(scales[1]);
     const pad = Math.max(0.1, (hi - lo) * 0.06);
-    const top = (values, floor) => Math.max(floor, ...values) * 1.08;
     return {
       "yaxis.range": [lo - pad, hi + pad],
-      "yaxis2.range": [0, top(cols.trMax, 1)],
-      "yaxis3.range": [0, top(cols.rate, 0.01)],
+      "yaxis2.range": [0, tracker * 1.08],
+      "yaxis3.range": [0, rate * 1.08],
+      ...powerTicks(scales),
     };
+  }
+
+  // Live steps inside a zoomed view widen its y ranges when they fall outside them.
+  widenShown(cols) {
+    const [start, end] = this.shown.view; // the view drawn, which a new one replaces only once drawn
+    const inside = cols.x.map((step, i) => (step >= start && step <= end ? i : -1)).filter((i) => i >= 0);
+    if (!inside.length) return;
+    const before = this.shown;
+    const scales = extent(inside.flatMap((i) => [cols.scaleMin[i], cols.scaleMax[i]]), before.scales);
+    const tracker = Math.max(before.tracker, ...inside.map((i) => cols.trMax[i]));
+    const rate = Math.max(before.rate, ...inside.map((i) => cols.rate[i]));
+    if (scales[0] === before.scales[0] && scales[1] === before.scales[1] && tracker === before.tracker && rate === before.rate) {
+      return;
+    }
+    this.shown = { ...before, scales, tracker, rate };
+    Plotly.relayout(this.node, this.shownLayout());
   }
 
   addBucket(cols, b) {
@@ -247,10 +272,10 @@ export class RunChart {
     const overflows = rows.filter((row) => row.overflow);
     if (overflows.length) this.appendOverflows(overflows);
     const wider = extent([...cols.scaleMin, ...cols.scaleMax], this.scaleExtent);
-    if (wider[0] !== this.scaleExtent[0] || wider[1] !== this.scaleExtent[1]) {
-      this.scaleExtent = wider;
-      Plotly.relayout(this.node, powerTicks(wider));
-    }
+    const widened = wider[0] !== this.scaleExtent[0] || wider[1] !== this.scaleExtent[1];
+    this.scaleExtent = wider;
+    if (this.shown) this.widenShown(cols);
+    else if (widened) Plotly.relayout(this.node, powerTicks(wider));
     this.appended += rows.length;
     this.updateCounts();
     if (!this.view && this.appended > COMPACT_AFTER) this.setView(null);

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import csv
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from _harness import CHROMIUM, HOSTILE_NAME, Served, Tab
 from sqlalchemy import select
 
-from scaler.store import control, queries
+from scaler.store import StepRecord, control, queries, runs
 from scaler.store.schema import steps
 
 pytestmark = pytest.mark.browser
@@ -116,6 +117,56 @@ def test_zoom_requeries_finer_buckets_and_autoscale_returns(tab: Tab, served: Se
     page.evaluate("Plotly.relayout(document.getElementById('chart'), {'xaxis.autorange': true})")
     page.locator("#chart[data-view='all']").wait_for(state="attached")
     assert chart(tab, "gd.data[2].x[0]") < 50
+    assert tab.unexpected_errors() == []
+
+
+def _rising(
+    steps: range, power: Callable[[int], int], overflows: frozenset[int] = frozenset()
+) -> list[StepRecord]:
+    """Steps whose scale is 2**power(step), overflowing (on rank 0) at ``overflows``."""
+    return [
+        StepRecord(
+            step=step,
+            wall_time=1_700_000_000.0 + step,
+            scale=2.0 ** power(step),
+            overflow=step in overflows,
+            skipped=step in overflows,
+            inf_ranks=(0,) if step in overflows else (),
+            scale_after=2.0 ** power(step + 1),
+            growth_tracker=0,
+            growth_interval=46,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            control_version=0,
+        )
+        for step in steps
+    ]
+
+
+def test_a_zoomed_view_ticks_its_own_scales_and_widens_for_live_steps(
+    tab: Tab, served: Served
+) -> None:
+    """Its ticks came from the whole run's scales (every third power of two here), and its
+    y range stayed put when live steps inside it went beyond."""
+    page = tab.page
+    run = runs.create_run(served.store, name="rising", world_size=1, config={}, control={})
+    # Overflows far outside the view, at the run's lowest and highest scales.
+    rising = _rising(range(1, 1001), lambda s: 2 + s // 46, frozenset({5, 995}))
+    runs.write_steps(served.store, run.id, rising)
+    open_run(tab, run.id)
+    page.evaluate("Plotly.relayout(document.getElementById('chart'), {'xaxis.range': [600, 740]})")
+    page.locator("#chart[data-view='600-740']").wait_for(state="attached")
+    ticks = chart(tab, "gd.layout.yaxis.tickvals")
+    assert {2.0**k for k in range(15, 19)} <= set(ticks)  # type: ignore[arg-type]
+
+    page.evaluate("Plotly.relayout(document.getElementById('chart'), {'xaxis.range': [950, 1100]})")
+    page.locator("#chart[data-view='950-1100']").wait_for(state="attached")
+    page.locator("#live[data-state=live]").wait_for()
+    runs.write_steps(served.store, run.id, _rising(range(1001, 1006), lambda s: 30))
+    page.wait_for_function(
+        "(gd => 10 ** gd.layout.yaxis.range[1] >= 2 ** 30)(document.getElementById('chart'))"
+    )
+    assert 2.0**30 in chart(tab, "gd.layout.yaxis.tickvals")  # type: ignore[operator]
     assert tab.unexpected_errors() == []
 
 
