@@ -24,6 +24,7 @@ const REQUERY_DELAY_MS = 300;
 const FLUSH_MS = 100;
 const COMPACT_AFTER = 5000; // live points appended before the whole run is re-bucketed
 const OVERFLOW_PAGE = 1000;
+const BEFORE_POINTS = 1000; // buckets of the steps before a zoomed view, for its rolling rate
 
 export class RunChart {
   constructor(node, runId, { onInfo, onError } = {}) {
@@ -102,8 +103,9 @@ export class RunChart {
         }),
         { signal: controller.signal },
       );
+      const before = view && view[0] > 0 ? await this.loadBefore(view[0], body, controller.signal) : null;
       if (controller.signal.aborted) return;
-      await this.drawBuckets(body);
+      await this.drawBuckets(body, before);
     } catch (error) {
       if (error.name !== "AbortError") throw error;
     } finally {
@@ -112,10 +114,21 @@ export class RunChart {
     this.scheduleFlush();
   }
 
-  async drawBuckets(body) {
+  // The steps of one rate window before a zoomed view: its rolling skipped-step rate
+  // starts from them, not from nothing at the view's left edge.
+  async loadBefore(start, body, signal) {
+    const window = Math.max(MIN_WINDOW, Number(body.bucket_width) || 1);
+    const query = { start: Math.max(0, start - window), end: start - 1, maxPoints: BEFORE_POINTS };
+    return (await getJSON(paths.steps(this.runId, query), { signal })).series;
+  }
+
+  async drawBuckets(body, before = null) {
     const s = body.series;
     this.bucketWidth = Math.max(1, Number(body.bucket_width) || 1);
     this.rate = new RollingRate(Math.max(MIN_WINDOW, this.bucketWidth));
+    for (let i = 0; before && i < before.last_step.length; i += 1) {
+      this.rate.push(before.last_step[i], before.n[i], before.skipped[i]);
+    }
     const cols = emptyColumns();
     for (let i = 0; i < s.last_step.length; i += 1) {
       this.addBucket(cols, {

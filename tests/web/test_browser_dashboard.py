@@ -170,6 +170,22 @@ def test_a_zoomed_view_ticks_its_own_scales_and_widens_for_live_steps(
     assert tab.unexpected_errors() == []
 
 
+def test_a_zoomed_views_skipped_rate_counts_the_steps_before_it(tab: Tab, served: Served) -> None:
+    """It started from nothing at the view's left edge: 0 right after 200 skipped steps."""
+    page = tab.page
+    run = runs.create_run(served.store, name="skipping", world_size=1, config={}, control={})
+    records = _rising(range(1, 801), lambda s: 16, frozenset(range(400, 600)))
+    runs.write_steps(served.store, run.id, records)
+    open_run(tab, run.id)
+    page.evaluate("Plotly.relayout(document.getElementById('chart'), {'xaxis.range': [600, 700]})")
+    page.locator("#chart[data-view='600-700']").wait_for(state="attached")
+    trace = "gd.data.find((t) => t.name.startsWith('skipped-step rate'))"
+    first_step, first_rate = chart(tab, f"[{trace}.x[0], {trace}.y[0]]")  # type: ignore[misc]
+    assert first_step == 600
+    assert first_rate == pytest.approx(199 / 200)  # steps 401-600: all but step 600 skipped
+    assert tab.unexpected_errors() == []
+
+
 def test_control_change_asks_token_again_then_applies_and_marks_chart(
     tab: Tab, served: Served
 ) -> None:
