@@ -10,10 +10,10 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,48 +32,19 @@ def _get_json(url: str) -> object:
 
 
 def test_demo_trains_serves_and_stops_cleanly(tmp_path: Path) -> None:
-    db = f"sqlite:///{tmp_path / 'demo.db'}"
-    port = free_port()
-    env = {**os.environ, "SCALEWATCH_TOKEN": "demo-test-token", "HOME": str(tmp_path)}
-    demo = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "app",
-            "demo",
-            "--steps",
-            "60",
-            "--world-size",
-            "2",
-            "--db",
-            db,
-            "--port",
-            str(port),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    demo = _Demo(tmp_path, steps=60)
+
+    def finished() -> list[dict[str, Any]] | None:
+        assert demo.process.poll() is None, demo.output
+        runs = demo.runs()
+        return runs if runs and runs[0]["status"] == "finished" else None
+
     try:
-        deadline = time.monotonic() + 240
-        runs: list[dict[str, object]] = []
-        while time.monotonic() < deadline and demo.poll() is None:
-            try:
-                body = _get_json(f"http://127.0.0.1:{port}/api/runs")
-            except OSError:
-                body = {"runs": []}
-            assert isinstance(body, dict)
-            runs = body["runs"]
-            if runs and runs[0]["status"] == "finished":
-                break
-            time.sleep(0.5)
-        assert demo.poll() is None, demo.communicate()[0]
-        assert runs and runs[0]["status"] == "finished", runs
+        runs = wait_for(finished, 240, "the demo's run to finish")
         assert runs[0]["world_size"] == 2
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as page:
+        with urllib.request.urlopen(f"http://127.0.0.1:{demo.port}/", timeout=5) as page:
             assert page.status == 200
-        with open_store(db) as store:
+        with open_store(demo.db) as store:
             (info,) = list_runs(store)
             with store.read() as conn:
                 rows = conn.exec_driver_sql(
@@ -83,20 +54,20 @@ def test_demo_trains_serves_and_stops_cleanly(tmp_path: Path) -> None:
         assert info.steps == 60
         assert any(r[1] for r in rows), "the high initial scale overflows"
         assert any(r[3] > r[2] for r in rows), "the scale grows at least once"
+        demo.process.send_signal(signal.SIGINT)
+        assert demo.process.wait(60) == 0, demo.output
     finally:
-        if demo.poll() is None:
-            demo.send_signal(signal.SIGINT)
-        output = demo.communicate(timeout=60)[0]
-    assert demo.returncode == 0, output
-    assert f"http://127.0.0.1:{port}/" in output
-    assert "Warning" not in output  # neither torch's numpy notice nor FSDP2's view warning
+        demo.stop()
+    assert f"http://127.0.0.1:{demo.port}/" in demo.output
+    assert "Warning" not in demo.output  # neither torch's numpy notice nor FSDP2's view warning
 
 
 class _Demo:
-    """``scalewatch demo`` training for long, its output read as it comes, and every
-    process it starts marked in its environment, so that none is missed at the end."""
+    """``scalewatch demo`` training ``steps`` steps (by default, for long), its output read as
+    it comes, and every process it starts marked in its environment, so that none is
+    missed at the end."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, steps: int = 100_000) -> None:
         self.db = f"sqlite:///{tmp_path / 'demo.db'}"
         self.port = free_port()
         self.mark = uuid.uuid4().hex
@@ -106,7 +77,7 @@ class _Demo:
             "HOME": str(tmp_path),
             "SCALEWATCH_TEST_MARK": self.mark,
         }
-        command = [sys.executable, "-m", "app", "demo", "--steps", "100000", "--db", self.db]
+        command = [sys.executable, "-m", "app", "demo", "--steps", str(steps), "--db", self.db]
         self.process = subprocess.Popen(
             [*command, "--port", str(self.port)],
             env=env,
@@ -126,14 +97,20 @@ class _Demo:
     def output(self) -> str:
         return b"".join(self._chunks).decode(errors="replace")
 
-    def training(self) -> bool:
-        """The run has steps stored: every rank is inside its training loop."""
+    def runs(self) -> list[dict[str, Any]]:
+        """The runs the demo's server lists; none while it is not serving yet."""
         try:
             body = _get_json(f"http://127.0.0.1:{self.port}/api/runs")
         except OSError:
-            return False
+            return []
         assert isinstance(body, dict)
-        return bool(body["runs"]) and body["runs"][0]["steps"] >= 3
+        runs: list[dict[str, Any]] = body["runs"]
+        return runs
+
+    def training(self) -> bool:
+        """The run has steps stored: every rank is inside its training loop."""
+        runs = self.runs()
+        return bool(runs) and runs[0]["steps"] >= 3
 
     def run_status(self) -> str:
         with open_store(self.db) as store:
@@ -142,7 +119,9 @@ class _Demo:
 
     def marked(self) -> list[int]:
         """Processes alive with this demo's mark: the demo, its trainer and its ranks."""
-        pids = []
+        pids: list[int] = []
+        if not Path("/proc").is_dir():
+            return pids
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -160,6 +139,8 @@ class _Demo:
         for pid in self.marked():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        if self.process.poll() is None:  # without /proc, the demo itself at least
+            self.process.kill()
         self.process.wait(30)
         self._reader.join(10)
         assert self.process.stdout is not None

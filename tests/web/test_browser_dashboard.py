@@ -28,6 +28,14 @@ def open_run(tab: Tab, run_id: int) -> None:
     tab.page.wait_for_function(f"{POINTS} > 0")
 
 
+def zoom(tab: Tab, start: int, end: int) -> None:
+    """Zoom the chart to steps ``start``..``end``, as a drag does, and wait until it is drawn."""
+    tab.page.evaluate(
+        f"Plotly.relayout(document.getElementById('chart'), {{'xaxis.range': [{start}, {end}]}})"
+    )
+    tab.page.locator(f"#chart[data-view='{start}-{end}']").wait_for(state="attached")
+
+
 def chart(tab: Tab, expression: str) -> object:
     return tab.page.evaluate(f"(gd => {expression})(document.getElementById('chart'))")
 
@@ -108,8 +116,7 @@ def test_run_chart_grows_live_with_overflows_marked(tab: Tab, served: Served) ->
 def test_zoom_requeries_finer_buckets_and_autoscale_returns(tab: Tab, served: Served) -> None:
     page = tab.page
     open_run(tab, served.run_id)
-    page.evaluate("Plotly.relayout(document.getElementById('chart'), {'xaxis.range': [50, 150]})")
-    page.locator("#chart[data-view='50-150']").wait_for(state="attached")
+    zoom(tab, 50, 150)
     assert page.get_attribute("#chart", "data-bucket-width") == "1"
     first = chart(tab, "gd.data[2].x.slice(0, 101)")
     assert first == list(range(50, 151))
@@ -154,13 +161,11 @@ def test_a_zoomed_view_ticks_its_own_scales_and_widens_for_live_steps(
     rising = _rising(range(1, 1001), lambda s: 2 + s // 46, frozenset({5, 995}))
     runs.write_steps(served.store, run.id, rising)
     open_run(tab, run.id)
-    page.evaluate("Plotly.relayout(document.getElementById('chart'), {'xaxis.range': [600, 740]})")
-    page.locator("#chart[data-view='600-740']").wait_for(state="attached")
+    zoom(tab, 600, 740)
     ticks = chart(tab, "gd.layout.yaxis.tickvals")
     assert {2.0**k for k in range(15, 19)} <= set(ticks)  # type: ignore[arg-type]
 
-    page.evaluate("Plotly.relayout(document.getElementById('chart'), {'xaxis.range': [950, 1100]})")
-    page.locator("#chart[data-view='950-1100']").wait_for(state="attached")
+    zoom(tab, 950, 1100)
     page.locator("#live[data-state=live]").wait_for()
     runs.write_steps(served.store, run.id, _rising(range(1001, 1006), lambda s: 30))
     page.wait_for_function(
@@ -172,13 +177,11 @@ def test_a_zoomed_view_ticks_its_own_scales_and_widens_for_live_steps(
 
 def test_a_zoomed_views_skipped_rate_counts_the_steps_before_it(tab: Tab, served: Served) -> None:
     """It started from nothing at the view's left edge: 0 right after 200 skipped steps."""
-    page = tab.page
     run = runs.create_run(served.store, name="skipping", world_size=1, config={}, control={})
     records = _rising(range(1, 801), lambda s: 16, frozenset(range(400, 600)))
     runs.write_steps(served.store, run.id, records)
     open_run(tab, run.id)
-    page.evaluate("Plotly.relayout(document.getElementById('chart'), {'xaxis.range': [600, 700]})")
-    page.locator("#chart[data-view='600-700']").wait_for(state="attached")
+    zoom(tab, 600, 700)
     trace = "gd.data.find((t) => t.name.startsWith('skipped-step rate'))"
     first_step, first_rate = chart(tab, f"[{trace}.x[0], {trace}.y[0]]")  # type: ignore[misc]
     assert first_step == 600
