@@ -88,13 +88,16 @@ def demo(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             # From here to the exit a second Ctrl-C kills the ranks, without a traceback. The
             # server stops by itself within SHUTDOWN_GRACE_S.
-            signal.signal(signal.SIGINT, lambda *_: _force_stop(trainer))
+            forced = threading.Event()
+            signal.signal(signal.SIGINT, lambda *_: _force_stop(trainer, forced))
             print(
                 "\nscalewatch demo: stopping (Ctrl-C again to stop at once)",
                 file=sys.stderr,
                 flush=True,
             )
             _stop_trainer(trainer)
+            if forced.is_set():
+                return 130  # as an interrupted command: the run was not closed
         return 0
     finally:
         server.should_exit = True
@@ -150,7 +153,8 @@ def _trainer_env() -> dict[str, str]:
     return env
 
 
-def _force_stop(trainer: subprocess.Popen[bytes]) -> None:
+def _force_stop(trainer: subprocess.Popen[bytes], forced: threading.Event) -> None:
+    forced.set()
     if trainer.poll() is None:
         print(
             "scalewatch demo: stopping now (the ranks are killed: their run will read as crashed)",
@@ -168,9 +172,13 @@ def _kill_group(trainer: subprocess.Popen[bytes]) -> None:
 
 def _stop_trainer(trainer: subprocess.Popen[bytes]) -> None:
     """Pass the Ctrl-C on to the trainer, which passes it on to its ranks and gives them time
-    to close their scalers; past ``STOP_S`` they are killed."""
+    to close their scalers; past ``STOP_S`` they are killed.
+
+    It gets a SIGTERM, which it takes as a Ctrl-C: one that comes while it still imports
+    torch ends it quietly, where a SIGINT would print a traceback.
+    """
     if trainer.poll() is None:
-        trainer.send_signal(signal.SIGINT)
+        trainer.send_signal(signal.SIGTERM)
     try:
         trainer.wait(timeout=STOP_S)
     except subprocess.TimeoutExpired:

@@ -15,7 +15,6 @@ import random
 import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -117,11 +116,11 @@ def corpus(rank: int, seed: int) -> torch.Tensor:
     return torch.tensor(list(text), dtype=torch.long).clamp_(max=VOCAB - 1)
 
 
-def train(rank: int, args: argparse.Namespace) -> None:
-    # A Ctrl-C asks to stop; the ranks agree on it at a step boundary (_stop_agreed), so
-    # that none leaves while another waits for it in a collective, and every scaler closes.
-    asked = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: asked.set())
+def train(rank: int, args: argparse.Namespace, stop: Any, launcher: int) -> None:
+    # A rank starts with Ctrl-C ignored (see main): the launcher sets ``stop`` instead, and
+    # the ranks agree on it at a step boundary (_stop_agreed), so that none leaves while
+    # another waits for it in a collective, and every scaler closes. So do they when the
+    # launcher is gone.
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= args.world_size
     device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")
     if use_cuda:
@@ -151,10 +150,13 @@ def train(rank: int, args: argparse.Namespace) -> None:
     data = corpus(rank, args.seed)
     gen = torch.Generator().manual_seed(args.seed + rank)
     started = time.monotonic()
+    shown = False  # a progress line, to end at the end
     try:
         for step in range(1, args.steps + 1):
-            if step % STOP_CHECK_EVERY == 1 and _stop_agreed(asked, device):
-                break
+            if step % STOP_CHECK_EVERY == 1:
+                asked = stop.is_set() or os.getppid() != launcher
+                if _stop_agreed(asked, device):
+                    break
             starts = torch.randint(0, len(data) - SEQ - 1, (args.batch_size,), generator=gen)
             chunk = torch.stack([data[s : s + SEQ + 1] for s in starts.tolist()])
             if step % NOISE_EVERY == 0:
@@ -168,17 +170,18 @@ def train(rank: int, args: argparse.Namespace) -> None:
             scaler.update()
             if rank == 0 and (step % 5 == 0 or step == args.steps):
                 _progress(step, args.steps, loss.item(), scaler.get_scale(), started)
+                shown = True
     finally:
         scaler.close()
-        if rank == 0:
+        if shown:
             print(file=sys.stderr, flush=True)
         dist.destroy_process_group()
 
 
-def _stop_agreed(asked: threading.Event, device: torch.device) -> bool:
+def _stop_agreed(asked: bool, device: torch.device) -> bool:
     """Whether any rank was asked to stop: one small all-reduce, and a read of its result
     (on a GPU, a sync: hence only every STOP_CHECK_EVERY steps)."""
-    flag = torch.tensor([float(asked.is_set())], device=device)
+    flag = torch.tensor([float(asked)], device=device)
     dist.all_reduce(flag)
     return bool(flag.item())
 
@@ -223,22 +226,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.port = args.port or free_port()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     parent = os.getppid()
-    context = mp.spawn(train, args=(args,), nprocs=args.world_size, join=False)  # type: ignore[attr-defined,no-untyped-call]
+    stop = mp.get_context("spawn").Event()
+    # A SIGTERM (the demo's, a process manager's) stops the ranks as a Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
+    # The ranks start with Ctrl-C ignored: one while they import torch (seconds) would end
+    # them with a traceback each. A Ctrl-C reaches them through ``stop`` (_stop_ranks).
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        context = mp.spawn(  # type: ignore[attr-defined,no-untyped-call]
+            train, args=(args, stop, os.getpid()), nprocs=args.world_size, join=False
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         while not context.join(timeout=1.0):
             if os.getppid() != parent:  # what started this is gone (a demo killed, say)
-                _stop_ranks(context.processes)
+                _stop_ranks(context.processes, stop)
                 return 1
     except KeyboardInterrupt:
-        _stop_ranks(context.processes)
+        _stop_ranks(context.processes, stop)
         return 130
     return 0
 
 
-def _stop_ranks(ranks: Sequence[Any]) -> None:
-    """Pass a Ctrl-C on to the ranks (one sent to this process alone, by ``kill -INT`` or
-    the demo, reaches none of them) and give them ``RANK_STOP_S`` to stop at a step and
-    close their scalers. Another Ctrl-C meanwhile terminates them at once."""
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _stop_ranks(ranks: Sequence[Any], stop: Any) -> None:
+    """Ask the ranks to stop at a step and close their scalers, and give them
+    ``RANK_STOP_S`` for it. Another Ctrl-C (or SIGTERM) meanwhile terminates them at once."""
 
     def terminate(*_: object) -> None:
         for rank in ranks:
@@ -246,9 +263,8 @@ def _stop_ranks(ranks: Sequence[Any]) -> None:
                 rank.terminate()
 
     signal.signal(signal.SIGINT, terminate)
-    for rank in ranks:
-        if rank.is_alive():
-            os.kill(rank.pid, signal.SIGINT)
+    signal.signal(signal.SIGTERM, terminate)
+    stop.set()
     deadline = time.monotonic() + RANK_STOP_S
     for rank in ranks:
         rank.join(max(0.0, deadline - time.monotonic()))

@@ -62,6 +62,27 @@ def test_demo_trains_serves_and_stops_cleanly(tmp_path: Path) -> None:
     assert "Warning" not in demo.output  # neither torch's numpy notice nor FSDP2's view warning
 
 
+def _marked(mark: str, command: bytes = b"") -> list[int]:
+    """Processes alive with ``mark`` in their environment (and ``command`` in their command
+    line, when given): what a test started, and what those started in turn."""
+    pids: list[int] = []
+    if not Path("/proc").is_dir():
+        return pids
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:  # ended meanwhile
+            continue
+        mine = f"SCALEWATCH_TEST_MARK={mark}".encode() in environ and state != "Z"
+        if mine and command in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
 class _Demo:
     """``scalewatch demo`` training ``steps`` steps (by default, for long), its output read as
     it comes, and every process it starts marked in its environment, so that none is
@@ -117,22 +138,10 @@ class _Demo:
             (run,) = list_runs(store)
         return run.status
 
-    def marked(self) -> list[int]:
-        """Processes alive with this demo's mark: the demo, its trainer and its ranks."""
-        pids: list[int] = []
-        if not Path("/proc").is_dir():
-            return pids
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                environ = (entry / "environ").read_bytes()
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:  # ended meanwhile
-                continue
-            if f"SCALEWATCH_TEST_MARK={self.mark}".encode() in environ and state != "Z":
-                pids.append(int(entry.name))
-        return pids
+    def marked(self, command: bytes = b"") -> list[int]:
+        """Processes alive with this demo's mark (the demo, its trainer and its ranks), those
+        with ``command`` in their command line only, when given."""
+        return _marked(self.mark, command)
 
     def stop(self) -> None:
         """What the test left running: killed."""
@@ -164,6 +173,24 @@ def test_ctrl_c_to_the_demo_alone_stops_every_rank_and_finishes_the_run(tmp_path
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+@pytest.mark.parametrize(
+    "started", [b"scaler.examples.tiny_lm", b"spawn_main"], ids=["trainer", "ranks"]
+)
+def test_a_ctrl_c_while_torch_is_imported_stops_quietly(tmp_path: Path, started: bytes) -> None:
+    """A Ctrl-C in the demo's first seconds, while its trainer (or its ranks) still imported
+    torch, printed a KeyboardInterrupt traceback from each of them."""
+    demo = _Demo(tmp_path)
+    try:
+        wait_for(lambda: demo.marked(started), 120, "the training processes to start")
+        demo.process.send_signal(signal.SIGINT)
+        assert demo.process.wait(60) == 0, demo.output
+        wait_for(lambda: not demo.marked(), 30, "every process of the demo to end")
+    finally:
+        demo.stop()
+    assert "Traceback" not in demo.output and "Warning" not in demo.output, demo.output
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
 def test_a_second_ctrl_c_kills_the_ranks_at_once_and_quietly(tmp_path: Path) -> None:
     demo = _Demo(tmp_path)
     lock = sqlite3.connect(tmp_path / "demo.db", isolation_level=None)
@@ -174,7 +201,7 @@ def test_a_second_ctrl_c_kills_the_ranks_at_once_and_quietly(tmp_path: Path) -> 
         demo.process.send_signal(signal.SIGINT)
         wait_for(lambda: "Ctrl-C again" in demo.output, 30, "the demo to say it stops")
         demo.process.send_signal(signal.SIGINT)
-        assert demo.process.wait(20) == 0, demo.output
+        assert demo.process.wait(20) == 130, demo.output
         wait_for(lambda: not demo.marked(), 10, "every process of the demo to end")
     finally:
         lock.close()
@@ -196,3 +223,44 @@ def test_the_ranks_stop_and_finish_the_run_when_the_demo_is_killed(tmp_path: Pat
     finally:
         demo.stop()
     assert demo.run_status() == "finished"
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["terminated", "killed"])
+def test_the_ranks_stop_and_finish_the_run_when_the_trainer_is_stopped(
+    tmp_path: Path, stop: signal.Signals
+) -> None:
+    """``python -m scaler.examples.tiny_lm`` run directly: a SIGTERM to it (a process
+    manager's stop) stops its ranks as a Ctrl-C does; killed outright, its ranks notice by
+    themselves (they ignore SIGINT, so torch's parent-death SIGINT no longer reaches them)."""
+    db = tmp_path / "lm.db"
+    mark = uuid.uuid4().hex
+    command = [sys.executable, "-m", "scaler.examples.tiny_lm", "--steps", "100000"]
+    trainer = subprocess.Popen(
+        [*command, "--db", f"sqlite:///{db}"],
+        env={**os.environ, "SCALEWATCH_TEST_MARK": mark},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+    def training() -> bool:
+        assert trainer.poll() is None
+        with open_store(f"sqlite:///{db}") as store:
+            runs = list_runs(store)
+        return bool(runs) and runs[0].steps >= 3
+
+    try:
+        wait_for(training, 240, "the ranks to train")
+        trainer.send_signal(stop)
+        trainer.wait(40)
+        wait_for(lambda: not _marked(mark), 40, "the ranks to end")
+    finally:
+        for pid in _marked(mark):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        trainer.kill()
+        _, err = trainer.communicate(timeout=30)
+    with open_store(f"sqlite:///{db}") as store:
+        (run,) = list_runs(store)
+    assert run.status == "finished"
+    assert b"Traceback" not in err, err.decode(errors="replace")
