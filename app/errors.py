@@ -7,9 +7,13 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request, status
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.deps import require_token
+from app.settings import get_settings
 from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning
 
 __all__ = ["install_error_handlers", "unprocessable"]
@@ -36,25 +40,57 @@ async def _validation(request: Request, exc: Exception) -> JSONResponse:
 
 
 def _json_safe(value: Any) -> Any:
-    """NaN and the infinities as strings: JSON has no token for them.
+    """NaN and the infinities as strings (JSON has no token for them), and lone surrogates
+    (which UTF-8 cannot encode) as their escapes.
 
-    >>> _json_safe({"input": [float("nan"), 1.5]})
-    {'input': ['nan', 1.5]}
+    >>> _json_safe({"input": [float("nan"), 1.5, "a\\ud800"]})
+    {'input': ['nan', 1.5, 'a\\\\ud800']}
     """
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
     if isinstance(value, dict):
-        return {key: _json_safe(item) for key, item in value.items()}
+        return {_json_safe(key): _json_safe(item) for key, item in value.items()}
     if isinstance(value, list):
         return [_json_safe(item) for item in value]
     return value
 
 
 async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
+    refused = _unauthorised(request)
+    if refused is not None:
+        return refused
     # FastAPI's own handler echoes the input, and a NaN there fails to serialise (a 500).
     errors = exc.errors() if isinstance(exc, RequestValidationError) else []
     detail = _json_safe(jsonable_encoder(errors))
     return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
+def _unauthorised(request: Request) -> JSONResponse | None:
+    """The 401 of a token-guarded route, when its token is wrong: FastAPI reads the body
+    before it checks the token, and a client without the token learns nothing of it."""
+    dependant = getattr(request.scope.get("route"), "dependant", None)
+    if dependant is None or all(dep.call is not require_token for dep in dependant.dependencies):
+        return None
+    settings = request.app.dependency_overrides.get(get_settings, get_settings)()
+    try:
+        require_token(settings, request.headers.get("authorization"))
+    except HTTPException as refused:
+        return JSONResponse(
+            {"detail": refused.detail}, refused.status_code, headers=refused.headers
+        )
+    return None
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    # A body that is no UTF-8 is FastAPI's 400, raised before the token is checked too.
+    if isinstance(exc, StarletteHTTPException) and exc.status_code == 400:
+        refused = _unauthorised(request)
+        if refused is not None:
+            return refused
+    assert isinstance(exc, StarletteHTTPException)
+    return await http_exception_handler(request, exc)
 
 
 async def _not_found(request: Request, exc: Exception) -> JSONResponse:
@@ -66,6 +102,7 @@ async def _not_running(request: Request, exc: Exception) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _request_validation)
     app.add_exception_handler(ControlValidationError, _validation)
     app.add_exception_handler(RunNotFound, _not_found)

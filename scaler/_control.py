@@ -69,7 +69,8 @@ RULES: dict[str, str] = {
     "growth_interval": f"growth_interval must be an integer >= 1 and <= {INT32_MAX}",
     "hysteresis": f"hysteresis must be an integer >= 1 and <= {INT32_MAX}",
     "growth_factor": "growth_factor must be a finite number > 1",
-    "backoff_factor": "backoff_factor must be a number > 0 and < 1",
+    "backoff_factor": f"backoff_factor must be a number < 1 and >= {FLOAT32_TINY!r} (float32's"
+    " smallest normal: a smaller one backs off a scale of 1 to 0 at the first overflow)",
     **{
         name: f"{name} must be a finite number > 0, from {FLOAT32_TINY!r} to {FLOAT32_MAX!r}"
         " (float32's normal range)"
@@ -101,7 +102,7 @@ def normalise(name: str, value: object) -> int | float | None:
     if name == "growth_factor":
         return number if number > 1 else None
     if name == "backoff_factor":
-        return number if 0 < number < 1 else None
+        return number if FLOAT32_TINY <= number < 1 else None
     return number if FLOAT32_TINY <= number <= FLOAT32_MAX else None
 
 

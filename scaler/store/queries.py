@@ -277,7 +277,9 @@ def chart_series(
             return Series(run_id, start, end, 1)
         lo = bounds[0] if start is None else max(start, bounds[0])
         hi = bounds[1] if end is None else min(end, bounds[1])
-        series = Series(run_id, lo if start is None else start, hi if end is None else end, 1)
+        # An end not asked for is the run's last step, or none past it (no reversed range).
+        shown_end = (hi if hi >= lo else None) if end is None else end
+        series = Series(run_id, lo if start is None else start, shown_end, 1)
         if lo > hi:
             return series
         width, levels = _bucket_width(hi - lo + 1, max_points)

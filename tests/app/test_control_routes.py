@@ -53,12 +53,43 @@ def test_control_needs_the_token(client: TestClient, store: Store) -> None:
     assert client.get(f"/api/runs/{run}/control").json()["history"] == []
 
 
+def test_a_body_is_not_judged_before_the_token(client: TestClient, store: Store) -> None:
+    """FastAPI parses the body before it checks the token: broken JSON got a 422 with the
+    parser's detail, to a client without the token."""
+    run = add_run(store, simulate(10, set()))
+    url = f"/api/runs/{run}/control"
+    json_type = {"Content-Type": "application/json"}
+    not_utf8 = b'{"growth_interval": "\xc3\x28"}'  # FastAPI's 400
+    for body in (b"{", b'{"growth_interval": 0}', not_utf8, b"1" * 5000):
+        refused = client.post(url, content=body, headers=json_type)
+        assert refused.status_code == 401, body
+        assert refused.headers["www-authenticate"] == "Bearer"
+        assert "body" not in refused.text
+    judged = client.post(url, content=b"{", headers={**auth(), **json_type})
+    assert judged.status_code == 422
+    assert judged.json()["detail"][0]["type"] == "json_invalid"
+    assert client.post(url, content=not_utf8, headers={**auth(), **json_type}).status_code == 400
+
+
+def test_a_lone_surrogate_in_a_body_is_a_422_not_a_500(client: TestClient, store: Store) -> None:
+    """The validation error echoes the input, and UTF-8 cannot encode a lone surrogate:
+    the error handler failed (a 500 in plain text, the connection dropped)."""
+    run = add_run(store, simulate(10, set()))
+    headers = {**auth(), "Content-Type": "application/json"}
+    for body in (b'{"\\ud800": 1}', b'{"growth_interval": "\\ud800"}', b'"\\ud83d"'):
+        response = client.post(f"/api/runs/{run}/control", content=body, headers=headers)
+        assert response.status_code == 422, body
+        assert "\\ud8" in response.text  # the surrogate, escaped
+    assert client.get(f"/api/runs/{run}/control").json()["history"] == []
+
+
 def test_invalid_values_are_422_naming_the_field(client: TestClient, store: Store) -> None:
     run = add_run(store, simulate(10, set()))
     for body, field in (
         ({"growth_interval": 0}, "growth_interval"),
         ({"growth_factor": 1.0}, "growth_factor"),
         ({"backoff_factor": 1.5}, "backoff_factor"),
+        ({"backoff_factor": 1e-300}, "backoff_factor"),  # backs off a scale of 1 to 0
         ({"growth_interval": True}, "growth_interval"),
         ({"growth_interval": 1.5}, "growth_interval"),
         ({"min_scale": 10.0, "max_scale": 1.0}, None),

@@ -142,3 +142,9 @@ def test_empty_run_and_range_outside_the_run(client: TestClient, store: Store) -
     run = add_run(store, simulate(10, set()))
     body = client.get(f"/api/runs/{run}/steps?start=100&end=200").json()
     assert body["series"]["n"] == []
+    assert (body["start"], body["end"]) == (100, 200)
+    # Past the last step with no end: no reversed range (start 11, end 10) comes back.
+    body = client.get(f"/api/runs/{run}/steps?start=11").json()
+    assert (body["start"], body["end"], body["series"]["n"]) == (11, None, [])
+    body = client.get(f"/api/runs/{run}/steps?start=10").json()
+    assert (body["start"], body["end"], body["series"]["n"]) == (10, 10, [1])

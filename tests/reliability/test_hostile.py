@@ -148,6 +148,7 @@ BAD_BODIES: list[tuple[str, str]] = [
     (json.dumps({"growth_factor": 1.0}), "growth_factor"),
     (json.dumps({"backoff_factor": -0.5}), "backoff_factor"),
     (json.dumps({"backoff_factor": 1.0}), "backoff_factor"),
+    (json.dumps({"backoff_factor": 1e-300}), "backoff_factor"),
     (json.dumps({"scale": -1.0}), "scale"),
     (json.dumps({"scale": 0}), "scale"),
     (json.dumps({"min_scale": -1e-3}), "min_scale"),

@@ -26,6 +26,7 @@ BAD: list[tuple[str, Any]] = [
     ("backoff_factor", 1.0),
     ("backoff_factor", 1.5),
     ("backoff_factor", math.nan),
+    ("backoff_factor", 1e-300),  # a scale of 1 would back off to 0
     ("init_scale", 0.0),
     ("init_scale", -1.0),
     ("init_scale", math.inf),
@@ -99,6 +100,8 @@ def test_valid_edge_values_are_accepted(cls: type) -> None:
     assert gs.get_growth_interval() == 2**31 - 1
     assert gs.get_growth_factor() == 1e9
     assert gs.get_backoff_factor() == 1e-9
+    gs.set_backoff_factor(2.0**-126)  # float32's smallest normal
+    assert gs.get_backoff_factor() == 2.0**-126
 
 
 @pytest.mark.parametrize("cls", CLASSES)
