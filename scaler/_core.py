@@ -34,6 +34,17 @@ class ScalerConfigError(ValueError, AssertionError):
     """
 
 
+class _ConfigTypeError(TypeError, ScalerConfigError):
+    """A value that is no number at all: torch's own checks raise TypeError for it."""
+
+
+def _refusal(problem: str, *values: object) -> ScalerConfigError:
+    """The error for ``problem``: a TypeError too when one of ``values`` is no number."""
+    if any(not isinstance(v, int | float) for v in values):  # a bool is an int
+        return _ConfigTypeError(problem)
+    return ScalerConfigError(problem)
+
+
 def torch_arguments(
     *,
     init_scale: float,
@@ -52,7 +63,7 @@ def torch_arguments(
     ]
     init_scale, growth_factor, backoff_factor, growth_interval = plain
     if _control.normalise("scale", init_scale) is None:
-        raise ScalerConfigError(f"init_{_control.RULES['scale']}")
+        raise _refusal(f"init_{_control.RULES['scale']}", init_scale)
     values: dict[str, Any] = {
         "growth_factor": growth_factor,
         "backoff_factor": backoff_factor,
@@ -71,7 +82,7 @@ def torch_arguments(
     )
     problem = _control.check(values, {})
     if problem is not None:
-        raise ScalerConfigError(problem)
+        raise _refusal(problem, *values.values())
     if isinstance(growth_interval, float):
         raise ScalerConfigError(f"growth_interval must be an integer, got {growth_interval!r}")
     return init_scale, growth_factor, backoff_factor, growth_interval
@@ -137,7 +148,9 @@ class Instrumented(_Base):
         width = self._attribution_width()
         if new_scale is not None:
             # The step may have been skipped for inf/NaN: its record says so all the same.
-            found = self._combined_found_inf(scale, required=False)
+            # Summed apart from the optimizers' own flags: torch's update(new_scale) leaves
+            # them as they are (a refused new_scale leaves the scaler to step them still).
+            found = self._combined_found_inf(scale, required=False, in_place=False)
             super().update(new_scale)
             self._clamp_scale()
             scale_set = True
@@ -159,8 +172,11 @@ class Instrumented(_Base):
         self._stepped = False
 
     def _combined_found_inf(
-        self, scale: torch.Tensor, required: bool = True
+        self, scale: torch.Tensor, required: bool = True, in_place: bool = True
     ) -> torch.Tensor | None:
+        """The optimizers' found_inf summed, into the first one's as torch's update() does
+        (``in_place``), or into a new tensor (then a fused optimizer's 0-d flag and another
+        optimizer's one-element flag add up too)."""
         # As torch: if every found_inf lives on the scale's device this is asynchronous.
         found_infs = [
             found_inf.to(device=scale.device, non_blocking=True)
@@ -171,6 +187,8 @@ class Instrumented(_Base):
             if not required:
                 return None
             raise AssertionError("No inf checks were recorded prior to update.")
+        if not in_place:
+            return torch.stack([found.reshape(()) for found in found_infs]).sum()
         combined: torch.Tensor = found_infs[0]
         for other in found_infs[1:]:
             combined += other
@@ -404,7 +422,7 @@ class Instrumented(_Base):
     def _set_by_code(self, name: str, value: float | int) -> None:
         problem = _control.check({name: value}, self.control_state() if self._enabled else {})
         if problem is not None:
-            raise ScalerConfigError(problem)
+            raise _refusal(problem, value)
         if not self._enabled:  # as torch: only the attribute, which a disabled scaler ignores
             setattr(self, f"_{name}", value)
             return
@@ -420,7 +438,8 @@ class Instrumented(_Base):
         self._set_by_code("growth_factor", new_factor)
 
     def set_backoff_factor(self, new_factor: float) -> None:
-        """Set a new scale backoff factor (in (0, 1)); recorded as a change by code."""
+        """Set a new scale backoff factor (< 1, and at least float32's smallest normal);
+        recorded as a change by code."""
         self._set_by_code("backoff_factor", new_factor)
 
     def set_growth_interval(self, new_interval: int) -> None:

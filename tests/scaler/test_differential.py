@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from _twin import INJECT, batch, make_pair, mlp, sgd, train, twin_run, world1
+from _twin import INJECT, batch, make_pair, mlp, poison, sgd, train, twin_run, world1
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
@@ -239,6 +239,54 @@ def test_update_with_bad_new_scale_tensor_fails_as_torch(kind: str) -> None:
         messages.append(str(caught.value))
     assert messages[0] == messages[1]
     assert "new_scale should be a float" in messages[0]
+
+
+def two_optimizers_after_a_refused_new_scale(gs: Any, device: str) -> list[Any]:
+    """Two optimizers unscaled, the second one's gradients with an inf; update() refuses its
+    new_scale; then the first optimizer steps."""
+    first, second = mlp(seed=1).to(device), mlp(seed=2).to(device)
+    opt_a = torch.optim.SGD(first.parameters(), lr=0.1)
+    opt_b = torch.optim.SGD(second.parameters(), lr=0.1)
+    x = batch(0).to(device)
+    gs.scale(first(x).pow(2).mean() + second(x).pow(2).mean()).backward()
+    poison(list(second.parameters()), 0, float("inf"))
+    gs.unscale_(opt_a)
+    gs.unscale_(opt_b)
+    with pytest.raises(AssertionError):
+        gs.update(torch.tensor([1.0, 2.0], device=device))
+    flags = [
+        f.clone() for f in gs._per_optimizer_states[id(opt_a)]["found_inf_per_device"].values()
+    ]
+    gs.step(opt_a)
+    return [*flags, *(p.detach().clone() for p in first.parameters())]
+
+
+def test_a_refused_new_scale_leaves_the_optimizers_flags_as_torch(kind: str, device: str) -> None:
+    """Ours summed every optimizer's found_inf into the first one's before torch's update()
+    refused the new_scale: that optimizer's clean step was then skipped."""
+    reference, ours = make_pair(kind, device=device)
+    theirs = two_optimizers_after_a_refused_new_scale(reference, device)
+    mine = two_optimizers_after_a_refused_new_scale(ours, device)
+    assert all(torch.equal(a, b) for a, b in zip(theirs, mine, strict=True))
+    untrained = [p.to(device) for p in mlp(seed=1).parameters()]
+    assert not any(torch.equal(a, b) for a, b in zip(mine[1:], untrained, strict=True))
+
+
+def test_new_scale_after_a_fused_and_a_plain_optimizer(kind: str) -> None:
+    """A fused optimizer's found_inf is 0-d, another's has one element: ours added them up
+    for update(new_scale), which raised where torch's sets the scale."""
+    scales = []
+    for gs in make_pair(kind):
+        first, second = mlp(seed=1), mlp(seed=2)
+        fused = torch.optim.Adam(first.parameters(), lr=0.1, fused=True)
+        plain = torch.optim.SGD(second.parameters(), lr=0.1)
+        x = batch(0)
+        gs.scale(first(x).pow(2).mean() + second(x).pow(2).mean()).backward()
+        gs.step(fused)
+        gs.step(plain)
+        gs.update(1024.0)
+        scales.append(gs.get_scale())
+    assert scales == [1024.0, 1024.0]
 
 
 def nested(dtype: torch.dtype, device: str) -> list[Any]:

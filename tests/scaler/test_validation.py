@@ -54,6 +54,26 @@ def test_constructor_refuses(cls: type, field: str, value: Any) -> None:
 
 
 @pytest.mark.parametrize("cls", CLASSES)
+@pytest.mark.parametrize("field", ["init_scale", "growth_factor", "backoff_factor"])
+def test_a_value_that_is_no_number_is_a_type_error_as_in_torch(cls: type, field: str) -> None:
+    """torch's own checks compare the value with a number: a TypeError for a string."""
+    torch_cls = torch.amp.GradScaler if cls is scaler.GradScaler else None
+    if torch_cls is not None:
+        with pytest.raises(TypeError):
+            torch_cls("cpu", **{field: "2"}).scale(torch.ones(()))
+    with pytest.raises(TypeError, match=field) as caught:
+        build(cls, **{field: "2"})
+    assert isinstance(caught.value, scaler.ScalerConfigError)
+    gs = build(cls)
+    if field != "init_scale":
+        with pytest.raises(TypeError, match=field):
+            getattr(gs, SETTERS[field])(None)
+    with pytest.raises(ValueError, match="growth_interval") as value_error:
+        build(cls, growth_interval=0)
+    assert not isinstance(value_error.value, TypeError)
+
+
+@pytest.mark.parametrize("cls", CLASSES)
 def test_min_scale_above_max_scale_is_refused(cls: type) -> None:
     with pytest.raises(ValueError, match="min_scale"):
         build(cls, min_scale=8.0, max_scale=4.0)
