@@ -84,13 +84,10 @@ def _unauthorised(request: Request) -> JSONResponse | None:
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
-    # A body that is no UTF-8 is FastAPI's 400, raised before the token is checked too.
-    if isinstance(exc, StarletteHTTPException) and exc.status_code == 400:
-        refused = _unauthorised(request)
-        if refused is not None:
-            return refused
     assert isinstance(exc, StarletteHTTPException)
-    return await http_exception_handler(request, exc)
+    # A body that is no UTF-8 is FastAPI's 400, raised before the token is checked too.
+    refused = _unauthorised(request) if exc.status_code == 400 else None
+    return refused if refused is not None else await http_exception_handler(request, exc)
 
 
 async def _not_found(request: Request, exc: Exception) -> JSONResponse:
