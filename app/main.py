@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from app.dashboard import mount_dashboard
 from app.docs import install_docs
 from app.errors import install_error_handlers
+from app.head import HeadAsGet
 from app.limits import BodyLimit
 from app.routes import router
 from app.routes.metrics import metrics_registry
@@ -55,6 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.stopping = threading.Event()  # set by serving.Server: live streams end
     install_error_handlers(app)
     app.add_middleware(BodyLimit)
+    app.add_middleware(HeadAsGet)
     if is_loopback(settings.host):
         app.add_middleware(LoopbackHost, allowed=settings.allowed_hosts.split(","))
     app.include_router(router)

@@ -95,7 +95,11 @@ def test_the_dashboard_serves_browser_files_only(client: TestClient) -> None:
 
 def test_a_method_an_api_route_does_not_take_is_its_405(client: TestClient) -> None:
     """Not the static files' answer (which named their own methods, GET and HEAD)."""
-    for method, path in (("PUT", "/api/runs"), ("HEAD", "/healthz"), ("PATCH", "/api/runs/1")):
+    for method, path in (
+        ("PUT", "/api/runs"),
+        ("HEAD", "/api/runs/1/stream"),
+        ("PATCH", "/api/runs/1"),
+    ):
         response = client.request(method, path)
         assert response.status_code == 405, (method, path)
         assert response.headers["allow"] == "GET", (method, path)
