@@ -83,6 +83,20 @@ def _marked(mark: str, command: bytes = b"") -> list[int]:
     return pids
 
 
+def _kill_marked(mark: str) -> None:
+    """Kill what a test left running of the processes marked with ``mark``."""
+    for pid in _marked(mark):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _run_status(db: str) -> str:
+    """The status of the one run in the store at ``db``."""
+    with open_store(db) as store:
+        (run,) = list_runs(store)
+    return run.status
+
+
 class _Demo:
     """``scalewatch demo`` training ``steps`` steps (by default, for long), its output read as
     it comes, and every process it starts marked in its environment, so that none is
@@ -134,9 +148,7 @@ class _Demo:
         return bool(runs) and runs[0]["steps"] >= 3
 
     def run_status(self) -> str:
-        with open_store(self.db) as store:
-            (run,) = list_runs(store)
-        return run.status
+        return _run_status(self.db)
 
     def marked(self, command: bytes = b"") -> list[int]:
         """Processes alive with this demo's mark (the demo, its trainer and its ranks), those
@@ -145,9 +157,7 @@ class _Demo:
 
     def stop(self) -> None:
         """What the test left running: killed."""
-        for pid in self.marked():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        _kill_marked(self.mark)
         if self.process.poll() is None:  # without /proc, the demo itself at least
             self.process.kill()
         self.process.wait(30)
@@ -255,12 +265,8 @@ def test_the_ranks_stop_and_finish_the_run_when_the_trainer_is_stopped(
         trainer.wait(40)
         wait_for(lambda: not _marked(mark), 40, "the ranks to end")
     finally:
-        for pid in _marked(mark):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        _kill_marked(mark)
         trainer.kill()
         _, err = trainer.communicate(timeout=30)
-    with open_store(f"sqlite:///{db}") as store:
-        (run,) = list_runs(store)
-    assert run.status == "finished"
+    assert _run_status(f"sqlite:///{db}") == "finished"
     assert b"Traceback" not in err, err.decode(errors="replace")
