@@ -20,7 +20,7 @@ from ._torch_compat import (
     non_finite_check_and_unscale_,
 )
 
-KEEP_REDUCED = 4  # payloads kept alive after their all-reduce (see _reset_transient)
+KEEP_REDUCED = 4  # all-reduce handles kept alive after they complete (see _reset_transient)
 
 
 class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
@@ -41,7 +41,11 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         device (str, default "cuda"), init_scale (float, default 2.**16),
         backoff_factor (float, default 0.5), growth_factor (float, default 2.0),
         growth_interval (int, default 2000), enabled (bool, default True),
-        process_group (default ``dist.group.WORLD``): as torch's, in its order.
+        process_group (default None: the default group, torch's ``dist.group.WORLD``):
+            as torch's, in its order. torch's default is the group that is the default
+            when its module is imported; None follows the default group as it is at each
+            step, so a scaler made after ``destroy_process_group()`` and a new
+            ``init_process_group()`` uses the new group.
         min_scale, max_scale, hysteresis, telemetry, run_name (keyword-only):
             see :class:`scaler.GradScaler`.
 
@@ -65,7 +69,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         growth_factor: float = 2.0,
         growth_interval: int = 2000,
         enabled: bool = True,
-        process_group: dist.ProcessGroup | None = dist.group.WORLD,
+        process_group: dist.ProcessGroup | None = None,
         *,
         min_scale: float | None = None,
         max_scale: float | None = None,
@@ -107,11 +111,13 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         self._step_states: list[dict[str, Any]] = []
         self._step_host: list[float] | None = None
         self._lagged: list[tuple[torch.Tensor, Any]] = []
-        # The last payloads all-reduced, kept for as long as the scaler lives. A gloo worker
-        # thread may drop its reference to a payload after the all-reduce has returned; were
-        # that the last one, freeing the tensor would need the GIL on that thread, and a
-        # process group being destroyed holds the GIL while it joins that thread: a hang.
-        self._reduced: deque[torch.Tensor] = deque(maxlen=KEEP_REDUCED)
+        # The handles of the last all-reduces, kept while the scaler lives. A gloo worker
+        # thread drops its reference to a handle just after the all-reduce completes. Were
+        # that the last one, the worker would free the handle and let go of the payload,
+        # which needs the GIL (the payload is a Python tensor). A process group freed
+        # meanwhile holds the GIL while it joins that worker: both wait for ever. Holding
+        # the handle here moves that release to the training thread.
+        self._reduced: deque[dist.Work] = deque(maxlen=KEEP_REDUCED)
 
     # -------------------------------------------------------- found_inf
 
@@ -203,8 +209,10 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
             payload[world:] = slots.to(device, non_blocking=True)
             self._carried = True
         if world > 1 or self._reduce_alone:  # for one rank the all-reduce is the identity
-            dist.all_reduce(payload, group=self.process_group)
-            self._reduced.append(payload)
+            work = dist.all_reduce(payload, group=self.process_group, async_op=True)
+            if work is not None:
+                work.wait()
+                self._reduced.append(work)
         if world > 1 or len(per_device) > 1:
             total = payload[:world].sum()
             for found in per_device.values():

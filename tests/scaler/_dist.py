@@ -21,7 +21,13 @@ Worker = Callable[..., Any]
 
 
 def _entry(
-    rank: int, world: int, port: int, fn: Worker, args: tuple[Any, ...], results: Any
+    rank: int,
+    world: int,
+    port: int,
+    fn: Worker,
+    args: tuple[Any, ...],
+    results: Any,
+    group: bool,
 ) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -33,6 +39,9 @@ def _entry(
         import torch
 
         torch.set_num_threads(1)
+        if not group:  # fn makes its own groups
+            results.put((rank, "ok", fn(rank, world, *args)))
+            return
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
         try:
             results.put((rank, "ok", fn(rank, world, *args)))
@@ -49,13 +58,15 @@ class Ranks:
     On exit every rank still alive is killed, so a hung collective never hangs the test.
     """
 
-    def __init__(self, fn: Worker, world: int, *args: Any) -> None:
+    def __init__(self, fn: Worker, world: int, *args: Any, group: bool = True) -> None:
         ctx = mp.get_context("spawn")
         self._results = ctx.Queue()
         port = free_port()
         self._procs = [
             ctx.Process(
-                target=_entry, args=(rank, world, port, fn, args, self._results), daemon=True
+                target=_entry,
+                args=(rank, world, port, fn, args, self._results, group),
+                daemon=True,
             )
             for rank in range(world)
         ]
@@ -100,9 +111,14 @@ class Ranks:
         return [got[rank] for rank in range(self.world)]
 
 
-def run_ranks(fn: Worker, world: int, *args: Any, timeout: float = 120.0) -> list[Any]:
-    """Run ``fn`` on ``world`` spawned ranks and return each rank's result, in rank order."""
-    with Ranks(fn, world, *args) as ranks:
+def run_ranks(
+    fn: Worker, world: int, *args: Any, timeout: float = 120.0, group: bool = True
+) -> list[Any]:
+    """Run ``fn`` on ``world`` spawned ranks and return each rank's result, in rank order.
+
+    ``group=False``: no process group around ``fn``, which makes its own.
+    """
+    with Ranks(fn, world, *args, group=group) as ranks:
         return ranks.results(timeout)
 
 

@@ -1,4 +1,10 @@
-"""The scaler keeps its all-reduced payloads alive, so no gloo worker frees the last one."""
+"""The scaler holds its last all-reduces' handles, so no gloo worker frees the last one.
+
+A gloo worker thread drops its reference to an all-reduce just after completing it. Were
+that reference the last, the worker would free the payload, a Python tensor, which needs
+the GIL; a process group destroyed meanwhile by a thread holding the GIL (as DDP's reducer
+does) joins that worker: a hang. Holding the handle makes the training thread free it.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import gc
 import weakref
 
 import torch
+import torch.distributed as dist
 
 from scaler import ShardedGradScaler
 from scaler.sharded import KEEP_REDUCED
@@ -41,4 +48,20 @@ def test_reduced_payloads_outlive_their_step_until_newer_ones_replace_them(group
     gs.flush()
     gc.collect()
     assert payload() is None  # freed here, on the training thread
+    gs.close()
+
+
+def test_the_scaler_holds_the_handles_of_its_last_all_reduces(group: None) -> None:
+    param = torch.nn.Parameter(torch.zeros(4))
+    opt = torch.optim.SGD([param], lr=0.1)
+    gs = ShardedGradScaler("cpu", telemetry=False)
+    gs._reduce_alone = True
+    handles = []
+    for _ in range(KEEP_REDUCED + 2):
+        _step(gs, param, opt)
+        newest = gs._reduced[-1]
+        assert isinstance(newest, dist.Work)
+        assert newest.is_completed()  # waited on before the step went on
+        handles.append(newest)
+    assert list(gs._reduced) == handles[-KEEP_REDUCED:]
     gs.close()
