@@ -46,7 +46,10 @@ class PinnedRing:
             if self._cuda
             else []
         )
-        self._parts = [] if self._cuda else [torch.split(row, list(sizes)) for row in self._rows]
+        # Split by columns, then unbind: one view per part and row, made in C++ (a split per
+        # row took ~40 ms for a ring of 4096 rows, at the scaler's first update).
+        columns = [] if self._cuda else torch.split(host, list(sizes), dim=1)
+        self._parts = list(zip(*(column.unbind(0) for column in columns), strict=True))
         self._events: list[Any] = [None] * rows
         self._free: deque[int] = deque(range(rows))
 
