@@ -43,9 +43,10 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         growth_interval (int, default 2000), enabled (bool, default True),
         process_group (default None: the default group, torch's ``dist.group.WORLD``):
             as torch's, in its order. torch's default is the group that is the default
-            when its module is imported; None follows the default group as it is at each
-            step, so a scaler made after ``destroy_process_group()`` and a new
-            ``init_process_group()`` uses the new group.
+            when its module is imported; None is the default group when the scaler runs,
+            so a scaler made after ``destroy_process_group()`` and a new
+            ``init_process_group()`` uses the new group. (Its rank and size are read at
+            its first step and kept.)
         min_scale, max_scale, hysteresis, telemetry, run_name (keyword-only):
             see :class:`scaler.GradScaler`.
 
