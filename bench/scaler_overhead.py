@@ -13,10 +13,10 @@ one.
 
     python bench/scaler_overhead.py [--device cpu|cuda] [--reps 41] [--threads 1]
 
-Each round times every case back to back; the goals are judged on the median of
-the per-round ratios, which cancels the machine's drift between rounds; a seeded
-bootstrap 95% interval of that median follows it in brackets. Medians and
-minimums of the times are printed too.
+Each round times every case back to back, every other round in reverse order; the
+goals are judged on the median of the per-round ratios, which cancels the machine's
+drift between rounds; a seeded bootstrap 95% interval of that median follows it in
+brackets. Medians and minimums of the times are printed too.
 
 Goals: ours/torch <= 1.0 for (a) and (b); ours/limit <= 1.2 for (c).
 """
@@ -165,8 +165,12 @@ def interleaved(
     for fn in cases.values():  # warm-up
         timed(fn, device, 2)
     samples: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(reps):
-        for name, fn in cases.items():
+    order = list(cases.items())
+    for round_no in range(reps):
+        # Every other round runs the cases in reverse, so none always runs first or right
+        # after another (a machine that speeds up or slows down within a round, or a case
+        # that leaves work behind it, favours none of them).
+        for name, fn in order[::-1] if round_no % 2 else order:
             samples[name].append(timed(fn, device, inner))
     return samples
 
