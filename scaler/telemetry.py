@@ -39,7 +39,7 @@ BATCH = 5000
 COALESCE_S = 0.2
 POLL_INTERVAL_S = 0.2
 RETRY_S = 0.5
-CLOSE_FAILING_S = 5.0  # how long close() waits for a store that is failing when it starts
+CLOSE_FAILING_S = 5.0  # how long close() waits for records once the store is failing
 
 
 # Runs that a Telemetry of this process writes: two writers would interleave one run's steps.
@@ -140,11 +140,27 @@ class Telemetry:
     def threads(self) -> tuple[threading.Thread, threading.Thread]:
         return self._writer, self._poller
 
-    def flush(self, timeout: float = 30.0) -> bool:
-        """Wait until everything queued so far is in the store (or ``timeout``)."""
+    def flush(self, timeout: float = 30.0, *, failing_timeout: float | None = None) -> bool:
+        """Wait until everything queued so far is in the store (or ``timeout``).
+
+        ``failing_timeout``: wait at most that long once the store is failing, whether it
+        was failing when the wait began or fails during it.
+        """
         deadline = time.monotonic() + timeout
         with self._lock:
             while self._records or self._outcomes or self._gaps or self._in_flight:
+                if failing_timeout is not None and self._failing is not None:
+                    # A store that fails at the end rarely recovers: do not hold up the exit.
+                    now = time.monotonic()
+                    wait = min(failing_timeout, deadline - now)
+                    deadline = now + wait
+                    log.warning(
+                        "scalewatch: the store is not taking writes; waiting up to %g s for %d"
+                        " records",
+                        wait,
+                        len(self._records) + self._in_flight,
+                    )
+                    failing_timeout = None
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._writer.is_alive():
                     return False
@@ -160,15 +176,7 @@ class Telemetry:
         self._closed = True
         with _LIVE_LOCK:
             _LIVE_UIDS.discard(self.uid)
-        if self._failing is not None:
-            # A store that fails at the end rarely recovers: do not hold up the exit for long.
-            timeout = min(timeout, CLOSE_FAILING_S)
-            log.warning(
-                "scalewatch: the store is not taking writes; waiting up to %g s for %d records",
-                timeout,
-                len(self._records),
-            )
-        flushed = self.flush(timeout)
+        flushed = self.flush(timeout, failing_timeout=min(timeout, CLOSE_FAILING_S))
         self._stop.set()
         self._hurry.set()
         self._wake.set()

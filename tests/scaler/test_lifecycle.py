@@ -179,6 +179,35 @@ def test_close_waits_only_briefly_for_a_store_that_is_failing(
     assert gs.stats().dropped_records == 3  # the records the store never took are counted
 
 
+def test_close_waits_only_briefly_for_a_store_that_fails_while_it_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A short script that exits before its writer first tried the store (a mistyped path)."""
+    monkeypatch.setattr(telemetry_module, "CLOSE_FAILING_S", 0.3)
+    tried = threading.Event()
+    original = telemetry_module.open_store
+
+    def open_later(url: str | None = None) -> Any:
+        tried.wait(60)
+        return original(url)
+
+    monkeypatch.setattr(telemetry_module, "open_store", open_later)
+    gs = GradScaler("cpu", telemetry=f"sqlite:///{tmp_path / 'missing' / 'sw.db'}")
+    train_steps(gs, range(1, 4))
+    telemetry = gs._telemetry
+    closer = threading.Thread(target=gs.close)
+    with caplog.at_level(logging.WARNING, logger="scaler.telemetry"):
+        closer.start()
+        wait_for(lambda: telemetry._closed, 30, "close() to start")
+        assert telemetry._failing is None  # not failing yet when close() began waiting
+        tried.set()
+        closer.join(20)  # 30 s, the close() default, before the bound
+        assert not closer.is_alive()
+    assert "waiting up to 0.3 s for 3 records" in caplog.text
+    assert "3 telemetry records not written at close" in caplog.text
+    assert gs.stats().dropped_records == 3
+
+
 def test_run_id_outlives_close(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'sw.db'}"
     with GradScaler("cpu", telemetry=url) as gs:
