@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from pydantic import ValidationError
+
 from app.settings import Settings
 
 __all__ = ["COMMANDS", "Command", "command", "main"]
@@ -62,16 +64,37 @@ def _settings(args: argparse.Namespace, **overrides: object) -> Settings:
     values = {key: value for key, value in overrides.items() if value is not None}
     if getattr(args, "db", None):
         values["db"] = args.db
-    return Settings(**values)  # type: ignore[arg-type]
+    try:
+        return Settings(**values)  # type: ignore[arg-type]
+    except ValidationError as error:
+        raise BadSetting(_refused(error, given=set(values))) from None
+
+
+class BadSetting(ValueError):
+    """A setting from the command line or the environment that the service refuses."""
+
+
+def _refused(error: ValidationError, given: set[str]) -> str:
+    """Each refused setting, named as the user gave it: an option, or ``$SCALEWATCH_*``."""
+    problems = []
+    for detail in error.errors():
+        name = ".".join(map(str, detail["loc"])) or "settings"
+        variable = f"SCALEWATCH_{name.upper()}"
+        if name in given:
+            name = f"--{name}"
+        elif variable in os.environ:
+            name = f"${variable}"
+        problems.append(f"{name}: {detail['msg']}")
+    return "; ".join(problems)
 
 
 def _existing_store(args: argparse.Namespace) -> str:
     """The store URL of a command that reads one: a SQLite file must exist (a mistyped
     path would otherwise become a new, empty store)."""
-    from sqlalchemy.engine import make_url
+    from scaler.store.engine import parse_store_url
 
     url = _settings(args).db
-    database = make_url(url).database or ""
+    database = parse_store_url(url).database or ""
     local = database not in ("", ":memory:") and not database.startswith("file:")
     if local and not Path(database).exists():
         raise FileNotFoundError(
@@ -241,6 +264,8 @@ def _write_whole(path: Path, chunks: Iterable[str]) -> None:
         with open(path, "w", encoding="utf-8", newline="") as out:
             out.writelines(chunks)
         return
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"cannot write {path}: the directory {path.parent} does not exist")
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask()
     handle, part = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
     try:
@@ -366,13 +391,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _user_error(error: Exception) -> str | None:
     """One line for an error a user can fix (a path, a store, a setting); None for a bug."""
     from alembic.util.exc import CommandError
-    from pydantic import ValidationError
     from sqlalchemy.exc import ArgumentError, DBAPIError
+
+    from scaler.store.errors import NotAStoreURL
 
     if isinstance(error, ValidationError):
         return "; ".join(
             f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in error.errors()
         )
+    if isinstance(error, BadSetting | NotAStoreURL):
+        return str(error)
     if isinstance(error, DBAPIError):
         return f"the store cannot be read: {error.orig}"
     if isinstance(error, CommandError):

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING, TextIO
 
 from app.cli import _db_argument, _settings, command
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 TRAINER = "scaler.examples.tiny_lm"
 # torch says at import, in every rank, that numpy is missing; the trainer needs none.
 QUIET = "ignore:Failed to initialize NumPy:UserWarning"
+WAIT_POLL_S = 0.1  # how often the demo looks whether its trainer has ended
 STOP_S = 30.0  # for the trainer to stop after a Ctrl-C (its ranks get 20 s of it)
 
 
@@ -33,7 +35,9 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=1500, help="training steps (default 1500)")
     parser.add_argument("--world-size", type=int, default=2, help="ranks (default 2)")
     parser.add_argument("--port", type=int, help="dashboard port (default 8765)")
-    parser.add_argument("--run-name", default="tiny-lm-fp16")
+    parser.add_argument(
+        "--run-name", default="tiny-lm-fp16", help="the run's name (default tiny-lm-fp16)"
+    )
     _db_argument(parser)
 
 
@@ -78,7 +82,7 @@ def demo(args: argparse.Namespace) -> int:
             start_new_session=True,
         )
         try:
-            code = trainer.wait()
+            code = _wait(trainer)
             print(
                 f"\nscalewatch demo: training ended (exit {code}); the dashboard keeps serving"
                 " until Ctrl-C.",
@@ -140,6 +144,17 @@ def _announce(settings: Settings, out: TextIO) -> None:
     )
 
 
+def _wait(trainer: subprocess.Popen[bytes]) -> int:
+    """``trainer.wait()``, out of which a Ctrl-C comes at once.
+
+    ``Popen.wait()`` takes a Ctrl-C as the child's too and first waits 0.25 s for it to
+    exit: a second Ctrl-C meanwhile became part of the first one's KeyboardInterrupt.
+    """
+    while (code := trainer.poll()) is None:
+        time.sleep(WAIT_POLL_S)
+    return code
+
+
 def _wait_for_interrupt() -> None:
     forever = threading.Event()
     while not forever.wait(3600):
@@ -157,7 +172,8 @@ def _force_stop(trainer: subprocess.Popen[bytes], forced: threading.Event) -> No
     forced.set()
     if trainer.poll() is None:
         print(
-            "scalewatch demo: stopping now (the ranks are killed: their run will read as crashed)",
+            "scalewatch demo: stopping now (the ranks are killed: a run they had not closed"
+            " will read as crashed)",
             file=sys.stderr,
             flush=True,
         )

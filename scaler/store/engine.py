@@ -27,6 +27,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import URL, Connection, Engine, create_engine, event, exc, make_url
 
 import migrations
+from scaler.store.errors import NotAStoreURL
 
 log = logging.getLogger("scaler.store")
 
@@ -89,6 +90,15 @@ def store_url(value: str) -> str:
     return URL.create("sqlite", database=path).render_as_string(hide_password=False)
 
 
+def parse_store_url(value: str) -> URL:
+    """:func:`store_url` of ``value``, parsed; :class:`NotAStoreURL` for another database."""
+    url = store_url(value)
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        raise NotAStoreURL(parsed.render_as_string(hide_password=True))
+    return parsed
+
+
 def default_url() -> str:
     """``$SCALEWATCH_DB`` when set, else ``sqlite:///scalewatch.db`` (relative to the cwd)."""
     return os.environ.get(ENV_VAR) or DEFAULT_URL
@@ -145,9 +155,7 @@ def make_engine(url: str) -> Engine:
     IMMEDIATE``.
     """
     url = store_url(url)
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite":
-        raise ValueError(f"a scalewatch store is a SQLite database; got {url!r}")
+    parsed = parse_store_url(url)
     database = parsed.database or ""
     if database and database != ":memory:" and not database.startswith("file:"):
         parent = Path(database).expanduser().absolute().parent

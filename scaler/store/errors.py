@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 
+class NotAStoreURL(ValueError):
+    """A URL of another database than SQLite: a store is a SQLite file."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(f"a scalewatch store is a SQLite database; got {url!r}")
+        self.url = url
+
+
 class RunNotFound(LookupError):
     """No run has this id (404)."""
 

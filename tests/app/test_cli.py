@@ -177,11 +177,22 @@ def test_errors_a_user_can_fix_are_one_line(
         (["runs", "--db", str(corrupt)], "scalewatch runs: the store cannot be read: file is not"),
         (
             ["export", str(run), "-o", str(tmp_path / "no" / "dir.csv"), "--db", db_url],
-            "scalewatch export: [Errno 2] No such file or directory",
+            f"scalewatch export: cannot write {tmp_path / 'no' / 'dir.csv'}: the directory"
+            f" {tmp_path / 'no'} does not exist",
         ),
         (["db", "upgrade", "--db", str(tmp_path / "no" / "x.db")], "does not exist"),
         (["serve", "--db", str(corrupt)], "scalewatch serve: the store cannot be read"),
+        (["serve", "--port", "70000", "--db", db_url], "serve: --port: Input should be less"),
     ]
+    other_database = "postgresql://user:secret@127.0.0.1:1/x"
+    for command in (["runs"], ["export", str(run)], ["db", "upgrade"], ["serve"]):
+        cases.append(
+            (
+                [*command, "--db", other_database],
+                f"scalewatch {command[0]}: a scalewatch store is a SQLite database;"
+                " got 'postgresql://user:***@127.0.0.1:1/x'",
+            )
+        )
     for argv, message in cases:
         assert main(argv) == 1, argv
         err = capsys.readouterr().err
@@ -199,7 +210,7 @@ def test_errors_a_user_can_fix_are_one_line(
     assert tables == ["users"]
     monkeypatch.setenv("SCALEWATCH_PORT", "70000")
     assert main(["serve", "--db", db_url]) == 1
-    assert "scalewatch serve: port: Input should be less than or equal to 65535" in (
+    assert "scalewatch serve: $SCALEWATCH_PORT: Input should be less than or equal to 65535" in (
         capsys.readouterr().err
     )
 
