@@ -15,7 +15,7 @@ from . import _control
 from ._control import ControlUpdate
 from ._pinned import PinnedRings
 from ._recorder import Captured, ControlOutcome, Recorder, Snapshot
-from ._torch_compat import _refresh_per_optimizer_state, process_group_info
+from ._torch_compat import OptState, _refresh_per_optimizer_state, process_group_info
 from .stats import ScalerCheckpoint, ScalerStats
 
 if TYPE_CHECKING:
@@ -125,7 +125,6 @@ class Instrumented(_Base):
         self._code_outcomes: list[ControlOutcome] = []
         self._scale_host: float | None = None
         self._last_found: torch.Tensor | None = None
-        self._stepped = False
         self._group: tuple[int, int] | None = None
         self._closer: weakref.finalize[Any, Any] | None = None
         self._last_run_id: int | None = None
@@ -133,15 +132,15 @@ class Instrumented(_Base):
 
     # ------------------------------------------------------------------ steps
 
-    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> float | None:
-        retval = super().step(optimizer, *args, **kwargs)
-        self._stepped = True
-        return retval
-
     def update(self, new_scale: float | torch.Tensor | None = None) -> None:
         if not self._enabled:
             return
         scale, tracker = self._check_scale_growth_tracker("update")
+        # torch's step() marks the optimizers it stepped (or skipped for inf/NaN). step() is
+        # not overridden: torch's warnings in it name the caller's line, as with torch's.
+        stepped = any(
+            state["stage"] is OptState.STEPPED for state in self._per_optimizer_states.values()
+        )
         found: torch.Tensor | None = None
         flags = self._step_flags()
         # Read before _controls_for_step(), which forgets this step's payloads.
@@ -168,8 +167,7 @@ class Instrumented(_Base):
             scale_set = scale_set or (outcome.applied and "scale" in update.values)
             outcomes.append(outcome)
         self._last_found = found
-        self._snapshot(found, flags, width, scale_set, tuple(outcomes))
-        self._stepped = False
+        self._snapshot(found, flags, width, stepped, scale_set, tuple(outcomes))
 
     def _combined_found_inf(
         self, scale: torch.Tensor, required: bool = True, in_place: bool = True
@@ -270,6 +268,7 @@ class Instrumented(_Base):
         found: torch.Tensor | None,
         flags: list[torch.Tensor],
         width: int,
+        stepped: bool,
         scale_set: bool,
         outcomes: tuple[ControlOutcome, ...],
     ) -> None:
@@ -285,7 +284,7 @@ class Instrumented(_Base):
                 captured=Captured(self._scale, self._growth_tracker, found, flags, self._pinned),
                 world_size=width,
                 scale_used=self._scale_host,
-                stepped=self._stepped,
+                stepped=stepped,
                 growth_interval=self._growth_interval,
                 growth_factor=self._growth_factor,
                 backoff_factor=self._backoff_factor,
@@ -401,10 +400,8 @@ class Instrumented(_Base):
             if self._growth_tracker is not None:
                 self._growth_tracker.clamp_(max=int(value) - 1)
             self._init_growth_tracker = min(self._init_growth_tracker, int(value) - 1)
-        elif name == "growth_factor":
-            self._growth_factor = float(value)
-        elif name == "backoff_factor":
-            self._backoff_factor = float(value)
+        elif name in ("growth_factor", "backoff_factor"):
+            setattr(self, f"_{name}", value)  # as given, as torch's setters keep it
         elif name == "scale":
             if self._scale is not None:
                 self._scale.fill_(float(value))

@@ -290,8 +290,8 @@ def _materialise(snap: Snapshot, fold: _Fold) -> StepSample:
         scale_after=scale_after,
         growth_tracker=tracker,
         growth_interval=snap.growth_interval,
-        growth_factor=snap.growth_factor,
-        backoff_factor=snap.backoff_factor,
+        growth_factor=float(snap.growth_factor),  # an int as torch keeps it: stored as float
+        backoff_factor=float(snap.backoff_factor),
         control_version=snap.control_version,
     )
     return StepSample(record, snap.controls)

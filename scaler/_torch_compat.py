@@ -21,6 +21,7 @@ __all__ = [
     "_MultiDeviceReplicator",
     "_refresh_per_optimizer_state",
     "amp_update_scale_",
+    "cuda_amp_unavailable",
     "local_tensor",
     "non_finite_check_and_unscale_",
     "process_group_info",
@@ -32,6 +33,18 @@ def non_finite_check_and_unscale_(
 ) -> None:
     """Multiply ``grads`` by ``inv_scale`` in place; set ``found_inf`` to 1 if any is inf/NaN."""
     torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+
+
+# torch.amp.GradScaler's warning when it disables itself for want of CUDA, word for word.
+CUDA_UNAVAILABLE = "torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling."
+
+
+def cuda_amp_unavailable(device: str) -> bool:
+    """Whether torch's GradScaler on ``device`` would disable itself: cuda, and none here."""
+    if device != "cuda":
+        return False
+    unavailable: Any = torch.cuda.amp.common.amp_definitely_not_available  # untyped in torch
+    return bool(unavailable())
 
 
 def amp_update_scale_(

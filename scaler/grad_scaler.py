@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 
 from ._control import ControlUpdate
 from ._core import Instrumented, torch_arguments
-from ._torch_compat import TorchGradScaler, amp_update_scale_
+from ._torch_compat import (
+    CUDA_UNAVAILABLE,
+    TorchGradScaler,
+    amp_update_scale_,
+    cuda_amp_unavailable,
+)
 
 
 class GradScaler(Instrumented, TorchGradScaler):
@@ -67,6 +73,11 @@ class GradScaler(Instrumented, TorchGradScaler):
             max_scale=max_scale,
             hysteresis=hysteresis,
         )
+        if enabled and cuda_amp_unavailable(device):
+            # torch's own warning, said here so that it names the caller's line as torch's
+            # does (said by torch's __init__, it would name this file).
+            warnings.warn(CUDA_UNAVAILABLE, stacklevel=2)
+            enabled = False
         super().__init__(
             device, init_scale, growth_factor, backoff_factor, growth_interval, enabled
         )

@@ -96,8 +96,6 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
             enabled,
             process_group,
         )
-        if not self._enabled:
-            self.process_group = process_group
         self._setup_extras(
             min_scale=min_scale,
             max_scale=max_scale,
@@ -243,7 +241,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
     # ------------------------------------------------------------ update
 
     def _reporting_group(self) -> Any:
-        return self.process_group
+        return getattr(self, "process_group", None)  # a disabled scaler has none, as torch's
 
     def _step_flags(self) -> list[torch.Tensor]:
         return [state["payload"] for state in self._step_states]

@@ -7,13 +7,16 @@ returned and the final parameters bit for bit.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import pickle
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from _twin import INJECT, batch, make_pair, mlp, poison, sgd, train, twin_run, world1
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
@@ -150,13 +153,29 @@ class LegacyScalingSGD(torch.optim.SGD):
 
 def test_legacy_grad_scaler_kwarg_keeps_torchs_future_warning(kind: str) -> None:
     assert "grad_scaler" in inspect.signature(LegacyScalingSGD.step).parameters
-    traces = []
+    traces, sites = [], []
     for gs in make_pair(kind, init_scale=64.0, growth_interval=2):
         model = mlp()
         opt = LegacyScalingSGD(model.parameters(), lr=0.05)
-        with pytest.warns(FutureWarning, match="stop passing itself as a keyword argument"):
+        with pytest.warns(FutureWarning, match="stop passing itself as a keyword argument") as w:
             traces.append(train(gs, model, [opt], steps=6, inject=INJECT))
+        sites.append({(Path(r.filename).name, r.lineno) for r in w if r.category is FutureWarning})
     traces[1].assert_same(traces[0])
+    # It names the caller's line (train()'s step call), as torch's does: not scalewatch's
+    # code, so a filter for the caller's module matches it and each call site warns once.
+    assert sites[1] == sites[0] and {name for name, _ in sites[0]} == {"_twin.py"}
+
+
+def test_the_cuda_unavailable_warning_names_the_callers_line() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("warns only without CUDA")
+    records = []
+    for cls in (torch.amp.GradScaler, scaler.GradScaler):
+        with pytest.warns(UserWarning, match="CUDA is not available") as w:
+            gs = cls("cuda")  # one line for both: the warning names it
+        assert not gs.is_enabled()
+        records.append([(str(r.message), r.filename, r.lineno) for r in w])
+    assert records[1] == records[0] and records[0][0][1] == __file__
 
 
 def embedding_model() -> nn.Module:
@@ -408,6 +427,18 @@ def test_disabled_mode(kind: str) -> None:
         gs.load_state_dict({})  # a no-op when disabled, as torch's
         gs.update()
         assert gs._get_growth_tracker() == 0
+
+
+def test_a_disabled_sharded_scaler_given_its_group_pickles_as_torchs(group: None) -> None:
+    """torch's disabled ShardedGradScaler keeps no process group, so it pickles; ours
+    held the group (which does not pickle) even when disabled."""
+    pg = dist.new_group([0])
+    theirs = TorchSharded("cpu", enabled=False, process_group=pg)
+    ours = scaler.ShardedGradScaler("cpu", enabled=False, process_group=pg, telemetry=False)
+    for gs in (theirs, ours):
+        assert not hasattr(gs, "process_group")
+        for restored in (pickle.loads(pickle.dumps(gs)), copy.deepcopy(gs)):
+            assert type(restored) is type(gs) and not restored.is_enabled()
 
 
 def misuse_cases() -> dict[str, Callable[[Any, torch.optim.Optimizer, torch.Tensor], None]]:

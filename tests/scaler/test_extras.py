@@ -281,6 +281,18 @@ def test_setters_of_a_disabled_scaler_work_as_torchs(kind: str) -> None:
         ours.checkpoint()
 
 
+def test_setters_keep_the_factors_type_as_torchs(kind: str) -> None:
+    """An int factor stays an int, as torch's setters keep it; the store gets a float."""
+    reference, ours = make_pair(kind, growth_interval=1)
+    for gs in (reference, ours):
+        gs.set_growth_factor(3)
+        gs.set_backoff_factor(0.25)
+    assert type(ours.get_growth_factor()) is type(reference.get_growth_factor()) is int
+    assert ours.state_dict()["growth_factor"] == reference.state_dict()["growth_factor"] == 3
+    run(ours, steps=2, inject=None).assert_same(run(reference, steps=2, inject=None))
+    assert ours.get_scale() == 2.0**16 * 9  # grew by 3, twice
+
+
 def test_an_update_with_a_new_scale_still_counts_the_overflow(kind: str) -> None:
     _, ours = make_pair(kind, init_scale=64.0)
     model = mlp()

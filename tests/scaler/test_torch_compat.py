@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import inspect
 import math
 
 import torch
@@ -123,3 +124,22 @@ def test_process_group_info_and_local_tensor_of_dtensor(group: None) -> None:
     assert type(local) is torch.Tensor
     assert local is sharded._local_tensor
     assert torch.equal(local, full)
+
+
+def test_the_cuda_unavailable_check_and_warning_are_torchs() -> None:
+    source = inspect.getsource(compat.TorchGradScaler.__init__)
+    assert repr(compat.CUDA_UNAVAILABLE)[1:-1] in source  # the text torch warns with
+    assert "amp_definitely_not_available()" in source  # the check torch makes
+    assert compat.cuda_amp_unavailable("cuda") is not torch.cuda.is_available()
+    assert compat.cuda_amp_unavailable("cpu") is False
+
+
+def test_optimizer_stages_mark_a_stepped_optimizer() -> None:
+    """update() reads torch's per-optimizer stage to know whether step() ran."""
+    gs = torch.amp.GradScaler("cpu")
+    param = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([param], lr=0.1)
+    gs.scale(param.sum()).backward()
+    assert gs._per_optimizer_states[id(opt)]["stage"] is compat.OptState.READY
+    gs.step(opt)
+    assert gs._per_optimizer_states[id(opt)]["stage"] is compat.OptState.STEPPED
