@@ -227,24 +227,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     parent = os.getppid()
     stop = mp.get_context("spawn").Event()
-    # A SIGTERM (the demo's, a process manager's) stops the ranks as a Ctrl-C does.
-    signal.signal(signal.SIGTERM, _interrupt)
-    # The ranks start with Ctrl-C ignored: one while they import torch (seconds) would end
-    # them with a traceback each. A Ctrl-C reaches them through ``stop`` (_stop_ranks).
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    context = None
+    deferred: list[int] = []
     try:
-        context = mp.spawn(  # type: ignore[attr-defined,no-untyped-call]
-            train, args=(args, stop, os.getpid()), nprocs=args.world_size, join=False
-        )
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    try:
+        # A SIGTERM while the ranks start waits until they have: raised in the middle of
+        # starting them, it left a traceback and a rank that could not start.
+        signal.signal(signal.SIGTERM, lambda signum, _: deferred.append(signum))
+        # The ranks start with Ctrl-C ignored: one while they import torch (seconds) would
+        # end them with a traceback each. A Ctrl-C reaches them through ``stop``.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            context = mp.spawn(  # type: ignore[attr-defined,no-untyped-call]
+                train, args=(args, stop, os.getpid()), nprocs=args.world_size, join=False
+            )
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            # A SIGTERM (the demo's, a process manager's) stops the ranks as a Ctrl-C does.
+            signal.signal(signal.SIGTERM, _interrupt)
+        if deferred:
+            raise KeyboardInterrupt
         while not context.join(timeout=1.0):
             if os.getppid() != parent:  # what started this is gone (a demo killed, say)
                 _stop_ranks(context.processes, stop)
                 return 1
     except KeyboardInterrupt:
-        _stop_ranks(context.processes, stop)
+        if context is not None:
+            _stop_ranks(context.processes, stop)
         return 130
     return 0
 

@@ -278,3 +278,37 @@ def test_the_ranks_stop_and_finish_the_run_when_the_trainer_is_stopped(
         _, err = trainer.communicate(timeout=30)
     assert _run_status(f"sqlite:///{db}") == "finished"
     assert b"Traceback" not in err, err.decode(errors="replace")
+
+
+def test_a_sigterm_while_the_trainer_starts_its_ranks_waits_until_they_have(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A SIGTERM (the demo passing on a Ctrl-C) in the middle of ``mp.spawn`` raised there:
+    a traceback, and a rank left unable to start. It now stops the ranks once started."""
+    from scaler.examples import tiny_lm
+
+    class Started:
+        processes: list[Any] = []
+
+        def join(self, timeout: float) -> bool:
+            raise AssertionError("the trainer waits for ranks it was told to stop")
+
+    spawned = []
+
+    def spawn(fn: Any, args: Any, nprocs: int, join: bool) -> Started:
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before the next line
+        spawned.append(nprocs)  # the rest of the ranks start
+        return Started()
+
+    stopped = []
+    monkeypatch.setattr(tiny_lm.mp, "spawn", spawn)
+    monkeypatch.setattr(tiny_lm, "_stop_ranks", lambda ranks, stop: stopped.append(ranks))
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = tiny_lm.main(["--steps", "5", "--world-size", "3"])
+    except KeyboardInterrupt:
+        pytest.fail("the SIGTERM was raised inside mp.spawn, while the ranks started")
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    assert code == 130 and spawned == [3] and stopped == [[]]
