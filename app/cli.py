@@ -396,9 +396,7 @@ def _user_error(error: Exception) -> str | None:
     from scaler.store.errors import NotAStoreURL
 
     if isinstance(error, ValidationError):
-        return "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in error.errors()
-        )
+        return _refused(error, given=set())
     if isinstance(error, BadSetting | NotAStoreURL):
         return str(error)
     if isinstance(error, DBAPIError):
