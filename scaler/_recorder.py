@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ._payload import overflowed_ranks
 from ._pinned import PinnedRing, PinnedRings
 from .stats import ScalerStats
 from .store.records import StepRecord
@@ -49,7 +50,7 @@ class StepSample:
 
 
 class Captured:
-    """Device values of one step: [scale, growth tracker, found_inf, *payload flags].
+    """Device values of one step: [scale, growth tracker, found_inf, *payload words].
 
     They are copied to a row of ``rings``: on cuda asynchronously, to pinned memory.
     """
@@ -83,24 +84,22 @@ class Captured:
             self._ring.release(self._row)
             self._ring = None
 
-    def read(self) -> tuple[float, int, float, list[float]]:
-        """(scale, growth tracker, found_inf, flags of each rank summed over optimizers)."""
+    def read(self) -> tuple[float, int, float, list[list[float]]]:
+        """(scale, growth tracker, found_inf, each optimizer's payload words)."""
         assert self._ring is not None, "a step's values are read once"
         values = self._ring.read(self._row)
         self._ring = None
         return _split(values, self._payloads)
 
 
-def _split(values: list[float], payloads: int) -> tuple[float, int, float, list[float]]:
-    """A host row as ``read()`` returns it: the payloads that follow the first three summed."""
+def _split(values: list[float], payloads: int) -> tuple[float, int, float, list[list[float]]]:
+    """A host row as ``read()`` returns it: the words after the first three, per payload."""
     flags = values[3:]
     if not payloads:
         return values[0], int(values[1]), values[2], []
     width = len(flags) // payloads
-    summed = flags[:width]
-    for start in range(width, len(flags), width):
-        summed = [a + b for a, b in zip(summed, flags[start : start + width], strict=True)]
-    return values[0], int(values[1]), values[2], summed
+    rows = [flags[start : start + width] for start in range(0, len(flags), width)]
+    return values[0], int(values[1]), values[2], rows
 
 
 @dataclass(slots=True)
@@ -260,13 +259,16 @@ def _run(ref: weakref.ref[Recorder], cond: threading.Condition) -> None:
 
 
 def _materialise(snap: Snapshot, fold: _Fold) -> StepSample:
-    scale_after, tracker, found, flags = snap.captured.read()
+    scale_after, tracker, found, payloads = snap.captured.read()
     scale_used = snap.scale_used if snap.scale_used is not None else fold.last_scale
     if scale_used is None:
         scale_used = scale_after
     overflow = found > 0
-    if snap.world_size > 0 and flags:
-        inf_ranks = tuple(i for i, f in enumerate(flags[: snap.world_size]) if f > 0)
+    if snap.world_size > 0 and payloads:
+        if len(payloads) == 1:
+            inf_ranks = overflowed_ranks(payloads[0])
+        else:  # several optimizers: a rank flagged by any of them
+            inf_ranks = tuple(sorted({r for row in payloads for r in overflowed_ranks(row)}))
     elif snap.world_size < 0:
         inf_ranks = ()
     else:

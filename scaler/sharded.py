@@ -8,9 +8,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _control
+from . import _control, _payload
 from ._control import ControlUpdate
 from ._core import Instrumented, torch_arguments
+from ._lagged import Lagged
 from ._torch_compat import (
     OptState,
     TorchShardedGradScaler,
@@ -106,10 +107,10 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
 
     def _reset_transient(self) -> None:
         super()._reset_transient()
-        self._carried = False
+        self._carrying: ControlUpdate | None = None  # rank 0: the request this step flagged
         self._step_states: list[dict[str, Any]] = []
-        self._step_host: list[float] | None = None
-        self._lagged: list[tuple[torch.Tensor, Any]] = []
+        self._step_host: list[list[float]] | None = None
+        self._lagged = Lagged()
         # The handles of the last all-reduces, kept while the scaler lives. A gloo worker
         # thread drops its reference to a handle just after the all-reduce completes. Were
         # that the last one, the worker would free the handle and let go of the payload,
@@ -186,7 +187,8 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         return found
 
     def _agree_found_inf(self, state: dict[str, Any]) -> None:
-        """One all-reduce: every rank's own flag, plus a control request from rank 0."""
+        """One all-reduce of one element (up to 52 ranks): every rank's flag as a bit, and
+        whether rank 0 has a control request for this step (see ``_payload``)."""
         info = self._group_info()
         if info is None:
             return
@@ -194,26 +196,30 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         assert self._scale is not None
         device = self._scale.device
         per_device: dict[torch.device, torch.Tensor] = state["found_inf_per_device"]
-        payload = torch.zeros(world + _control.SLOTS, dtype=torch.float64, device=device)
-        own = payload[rank : rank + 1]
         if len(per_device) == 1:
-            own.copy_(next(iter(per_device.values())).reshape(1), non_blocking=True)
+            local = next(iter(per_device.values())).reshape(1)
+        else:  # each device's flag is 0 or 1: any of them sets this rank's bit once
+            flags = [f.to(device, non_blocking=True).reshape(()) for f in per_device.values()]
+            local = torch.stack(flags).sum().clamp_(max=1.0).reshape(1)
+        word, bit = _payload.position(rank)
+        count = _payload.words(world)
+        if count == 1:
+            payload = local.to(device=device, dtype=torch.float64, non_blocking=True, copy=True)
+            if bit != 1.0:
+                payload.mul_(bit)
         else:
-            local = [f.to(device, non_blocking=True).reshape(()) for f in per_device.values()]
-            own.copy_(torch.stack(local).sum().reshape(1))
-        if rank == 0 and self._inbox and not self._carried:
-            slots = torch.tensor(_control.encode(self._inbox.popleft()), dtype=torch.float64)
-            if device.type == "cuda":
-                slots = slots.pin_memory()
-            payload[world:] = slots.to(device, non_blocking=True)
-            self._carried = True
+            payload = torch.zeros(count, dtype=torch.float64, device=device)
+            payload[word : word + 1] = local.to(device, non_blocking=True) * bit
+        if rank == 0 and self._inbox and self._carrying is None:
+            self._carrying = self._inbox.popleft()
+            payload[:1].add_(_payload.REQUEST)
         if world > 1 or self._reduce_alone:  # for one rank the all-reduce is the identity
             work = dist.all_reduce(payload, group=self.process_group, async_op=True)
             if work is not None:
                 work.wait()
                 self._reduced.append(work)
         if world > 1 or len(per_device) > 1:
-            total = payload[:world].sum()
+            total = payload.floor() if count == 1 else payload.floor().sum().reshape(1)
             for found in per_device.values():
                 found.copy_(total)
         state["payload"] = payload
@@ -230,10 +236,10 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         payload = optimizer_state.get("payload")
         if payload is None:
             return super()._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)
-        # One read of the whole payload replaces torch's read of each found_inf.
+        # One read of the payload replaces torch's read of each found_inf.
         host = payload.tolist()
         optimizer_state["host"] = host
-        if sum(host[: optimizer_state["world"]]):
+        if _payload.any_overflow(host):
             return None
         retval: float | None = optimizer.step(*args, **kwargs)
         return retval
@@ -249,18 +255,21 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
     def _attribution_width(self) -> int:
         return int(self._step_states[0]["world"]) if self._step_states else 0
 
-    def _host_payload(self) -> list[float] | None:
-        """This step's payloads summed on the host, reading at most once; None on cuda if unread."""
+    def _host_rows(self) -> list[list[float]] | None:
+        """This step's payloads as read on the host (reading them on cpu); None on cuda when
+        a payload was not read (the fused-optimizer path)."""
         if self._step_host is not None or not self._step_states:
             return self._step_host
-        unread = [s["payload"] for s in self._step_states if "host" not in s]
-        if unread and unread[0].device.type != "cpu":
-            return None
-        rows = [s["host"] for s in self._step_states if "host" in s]
-        if unread:
-            rows.append((unread[0] if len(unread) == 1 else torch.stack(unread).sum(0)).tolist())
-        self._step_host = [sum(col) for col in zip(*rows, strict=True)]
-        return self._step_host
+        rows: list[list[float]] = []
+        for state in self._step_states:
+            host = state.get("host")
+            if host is None:
+                if state["payload"].device.type != "cpu":
+                    return None
+                host = state["payload"].tolist()
+            rows.append(host)
+        self._step_host = rows
+        return rows
 
     def _torch_update(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
@@ -276,9 +285,11 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
             )
             return
         # torch's ShardedGradScaler updates cpu scales in Python, with float32 arithmetic.
-        host = self._host_payload()
-        world = self._attribution_width()
-        overflow = sum(host[:world]) >= 1.0 if host is not None else found.item() >= 1.0
+        rows = self._host_rows()
+        if rows is not None:
+            overflow = any(_payload.any_overflow(row) for row in rows)
+        else:
+            overflow = found.item() >= 1.0
         if overflow:
             scale *= self._backoff_factor
             tracker.fill_(0)
@@ -297,36 +308,44 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         return scale * factor.float()
 
     def _controls_for_step(self) -> list[tuple[ControlUpdate, str | None]]:
-        updates: list[ControlUpdate] = []
-        for slots, event in self._lagged:
-            event.synchronize()
-            update = _control.decode(slots.tolist())
-            if update is not None:
-                updates.append(update)
-        self._lagged = []
+        """The requests that apply at this update() on every rank.
+
+        A step whose payload says rank 0 carries a request is followed by a broadcast of it
+        from rank 0. On cpu it applies at once; on cuda its values reach the host through an
+        asynchronous copy, and it applies at the next update(), as does the broadcast itself
+        when the payload was not read on the host this step (the fused-optimizer path).
+        """
+        updates = [u for u in (_control.decode(s) for s in self._lagged.take_slots()) if u]
+        if self._lagged.take_request():
+            updates.extend(self._receive_request())
         if self._step_states:
-            world = self._attribution_width()
-            host = self._host_payload()
-            if host is not None:
-                update = _control.decode(host[world:])
-                if update is not None:
-                    updates.append(update)
-            else:
-                self._lag_control_slots(world)
+            rows = self._host_rows()
+            if rows is None:
+                payloads = [state["payload"] for state in self._step_states]
+                self._lagged.keep_request_flag(payloads)
+            elif any(_payload.carries_request(row) for row in rows):
+                updates.extend(self._receive_request())
         elif self._inbox and self._group_info() is None:
             updates.extend(self._inbox)
             self._inbox.clear()
         self._step_states = []
         self._step_host = None
-        self._carried = False
         return [(update, None) for update in updates]
 
-    def _lag_control_slots(self, world: int) -> None:
-        """On cuda with no host read this step, the request applies at the next update."""
-        payloads = [s["payload"] for s in self._step_states]
-        slots = (payloads[0] if len(payloads) == 1 else torch.stack(payloads).sum(0))[world:]
-        host = torch.empty(slots.shape, dtype=torch.float64, pin_memory=True)
-        host.copy_(slots, non_blocking=True)
-        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        event.record()
-        self._lagged.append((host, event))
+    def _receive_request(self) -> list[ControlUpdate]:
+        """Rank 0's request, broadcast to every rank: on cpu returned, on cuda lagged."""
+        assert self._scale is not None
+        device = self._scale.device
+        carrying, self._carrying = self._carrying, None
+        encoded = _control.encode(carrying) if carrying is not None else [0.0] * _control.SLOTS
+        slots = torch.tensor(encoded, dtype=torch.float64)
+        if device.type != "cpu":
+            slots = slots.to(device)
+        info = self._group_info()
+        if info is not None and info[1] > 1:
+            dist.broadcast(slots, group=self.process_group, group_src=0)
+        if device.type == "cpu":
+            update = _control.decode(slots.tolist())
+            return [] if update is None else [update]
+        self._lagged.keep_slots(slots)
+        return []

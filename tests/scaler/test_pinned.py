@@ -12,11 +12,11 @@ from scaler._pinned import PinnedRing, PinnedRings
 from scaler._recorder import _split
 
 
-def test_split_sums_each_optimizers_payload_per_rank() -> None:
-    # scale, tracker, found, then two payloads of [rank 0, rank 1, slot]
-    values = [1024.0, 3.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]
-    assert _split(values, 2) == (1024.0, 3, 1.0, [1.0, 2.0, 0.0])
-    assert _split(values[:6], 1) == (1024.0, 3, 1.0, [0.0, 1.0, 0.0])
+def test_split_gives_each_optimizers_payload_words() -> None:
+    # scale, tracker, found, then two payloads of two words each
+    values = [1024.0, 3.0, 1.0, 2.0, 0.0, 1.5, 4.0]
+    assert _split(values, 2) == (1024.0, 3, 1.0, [[2.0, 0.0], [1.5, 4.0]])
+    assert _split(values[:5], 1) == (1024.0, 3, 1.0, [[2.0, 0.0]])
     assert _split(values[:3], 0) == (1024.0, 3, 1.0, [])
 
 

@@ -1,0 +1,216 @@
+"""Scaler cost in a real multi-rank job: torch's ShardedGradScaler against ours, side by side.
+
+Real ranks (``torch.multiprocessing``, gloo on 127.0.0.1, one thread each; NCCL with
+``--backend nccl`` on a GPU machine), world sizes 2 and 4, a DDP and an FSDP2 model of a
+small MLP. In every rank torch's scaler and ours (telemetry off, and on: rank 0 writes to a
+store in a temporary file) train identical model copies in the same group, one after the
+other, in rounds of ``--steps`` steps, every other round in reverse order. Rank 0 times each
+round: the whole training step, and the scaler's calls alone (``scale``, ``step``,
+``update``: the found_inf all-reduce and its host read are in ``step``).
+
+The goal is judged on the median of the per-round ratios ours/torch (which cancels the
+machine's drift between rounds), with a seeded bootstrap 95% interval in brackets.
+
+    python bench/multirank.py [--worlds 2 4] [--rounds 15] [--steps 100] [--backend gloo|nccl]
+
+Goal: ours/torch <= 1.00 on every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
+
+import scaler
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _figures import figure, median_interval
+
+GOAL = 1.0
+VARIANTS = ("torch", "ours, telemetry off", "ours, telemetry on")
+MODELS = ("ddp", "fsdp2")
+WIDTH = 256
+BATCH = 32
+
+
+def mlp(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    for _ in range(4):
+        layers += [nn.Linear(WIDTH, WIDTH), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(WIDTH, 8))
+
+
+def wrap(kind: str, module: nn.Module, device: str) -> nn.Module:
+    module = module.to(device)
+    if kind == "ddp":
+        return nn.parallel.DistributedDataParallel(module)
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in module:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    return fully_shard(module)
+
+
+def make_scaler(variant: str, device: str, store_url: str) -> Any:
+    if variant == "torch":
+        return TorchSharded(device)
+    telemetry = store_url if variant.endswith("on") else False
+    return scaler.ShardedGradScaler(device, telemetry=telemetry, run_name="bench-multirank")
+
+
+class Case:
+    """One variant's model, optimizer and scaler, and its timed steps."""
+
+    def __init__(self, kind: str, variant: str, device: str, store_url: str, rank: int) -> None:
+        self.model = wrap(kind, mlp(seed=0), device)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3)
+        self.gs = make_scaler(variant, device, store_url)
+        self.device = device
+        self.rank = rank
+        self.batches = [torch.randn(BATCH, WIDTH, device=device) for _ in range(4)]
+
+    def run(self, steps: int) -> tuple[float, float]:
+        """(seconds per step, seconds per step in the scaler's calls)."""
+        gs, opt, model = self.gs, self.opt, self.model
+        in_scaler = 0.0
+        self.sync()
+        began = time.perf_counter()
+        for i in range(steps):
+            opt.zero_grad(set_to_none=True)
+            loss = model(self.batches[i % 4]).float().pow(2).mean()
+            t0 = time.perf_counter()
+            scaled = gs.scale(loss)
+            t1 = time.perf_counter()
+            scaled.backward()
+            t2 = time.perf_counter()
+            gs.step(opt)
+            gs.update()
+            in_scaler += (t1 - t0) + (time.perf_counter() - t2)
+        self.sync()
+        return (time.perf_counter() - began) / steps, in_scaler / steps
+
+    def sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def close(self) -> None:
+        if isinstance(self.gs, scaler.ShardedGradScaler):
+            self.gs.close()
+
+
+def rank_main(
+    rank: int, world: int, port: int, backend: str, args: dict[str, Any], out: str
+) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    torch.set_num_threads(1)
+    device = "cpu"
+    if backend == "nccl":
+        device = "cuda"
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=5))
+    results: dict[str, Any] = {}
+    for kind in MODELS:
+        cases = {v: Case(kind, v, device, args["store_url"], rank) for v in VARIANTS}
+        for case in cases.values():
+            case.run(args["warmup"])
+        rounds: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
+        threads: dict[str, int] = {}
+        for r in range(args["rounds"]):
+            order = VARIANTS if r % 2 == 0 else VARIANTS[::-1]
+            for variant in order:
+                dist.barrier()
+                rounds[variant].append(cases[variant].run(args["steps"]))
+                threads[variant] = threading.active_count()
+        counts = torch.tensor([threads[v] for v in VARIANTS], device=device)
+        gathered_counts = [torch.zeros_like(counts) for _ in range(world)]
+        dist.all_gather(gathered_counts, counts)
+        gathered = [dict(zip(VARIANTS, c.tolist(), strict=True)) for c in gathered_counts]
+        for case in cases.values():
+            case.close()
+        del cases
+        results[kind] = {"rounds": rounds, "threads": gathered}
+    if rank == 0:
+        Path(out).write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def report(world: int, backend: str, results: dict[str, Any]) -> None:
+    for kind, data in results.items():
+        rounds = data["rounds"]
+        threads = data["threads"]
+        for index, workload in enumerate(("train step", "scaler calls")):
+            torch_us = [t[index] * 1e6 for t in rounds["torch"]]
+            for variant in VARIANTS[1:]:
+                ours_us = [t[index] * 1e6 for t in rounds[variant]]
+                ratios = [o / t for o, t in zip(ours_us, torch_us, strict=True)]
+                ratio = statistics.median(ratios)
+                low, high = median_interval(ratios)
+                per_rank = "/".join(str(t[variant]) for t in threads)
+                print(
+                    f"world={world} {backend} {kind:5s} {workload:12s} {variant:20s}"
+                    f" torch {statistics.median(torch_us):8.1f} us"
+                    f"  ours {statistics.median(ours_us):8.1f} us"
+                    f"  ours/torch x{ratio:.3f} [{low:.3f}, {high:.3f}]"
+                    f"  threads per rank {per_rank}",
+                    flush=True,
+                )
+                figure(
+                    f"multirank world={world} {backend} {kind} {workload}, {variant}",
+                    f"ours/torch x{ratio:.3f} [{low:.3f}, {high:.3f}]",
+                    f"<= {GOAL:.2f}",
+                    ratio <= GOAL,
+                    f"torch {statistics.median(torch_us):.0f} us,"
+                    f" ours {statistics.median(ours_us):.0f} us",
+                )
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    ns = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    with tempfile.TemporaryDirectory() as tmp:
+        for world in ns.worlds:
+            out = str(Path(tmp) / f"world{world}.json")
+            args = {
+                "rounds": ns.rounds,
+                "steps": ns.steps,
+                "warmup": ns.warmup,
+                "store_url": f"sqlite:///{Path(tmp) / f'store{world}.db'}",
+            }
+            mp.spawn(rank_main, args=(world, free_port(), ns.backend, args, out), nprocs=world)
+            report(world, ns.backend, json.loads(Path(out).read_text()))
+
+
+if __name__ == "__main__":
+    main()

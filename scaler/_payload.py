@@ -1,0 +1,63 @@
+"""The found_inf payload: what the one all-reduce of a step carries, in as few elements as can be.
+
+A collective's cost on gloo follows the payload's length, not its dtype (on 4 ranks one
+element takes ~0.4 ms and four ~3 ms: gloo's ring algorithm starts at one element a rank).
+So every rank's flag is one bit: rank ``r`` adds ``2**(r % 52)`` to word ``r // 52`` when its
+local gradients hold inf/NaN. The words are float64, whose integers are exact to 2**53, and
+bits of different ranks never add into a carry, so the sum is the bitwise OR; up to 52
+ranks it is one element, as torch's found_inf is. Rank 0 adds ``REQUEST`` (0.5) to word 0
+when it has a runtime-control request for this step: the request itself follows in a
+broadcast at ``update()``, on those steps only.
+
+>>> words = [float(2**1 + 2**3) + REQUEST]
+>>> overflowed_ranks(words), carries_request(words), any_overflow(words)
+((1, 3), True, True)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+BITS = 52
+REQUEST = 0.5
+
+
+def words(world: int) -> int:
+    """Elements of the payload for ``world`` ranks.
+
+    >>> words(2), words(52), words(53)
+    (1, 1, 2)
+    """
+    return (world - 1) // BITS + 1
+
+
+def position(rank: int) -> tuple[int, float]:
+    """(word, value) that ``rank`` adds for an overflow.
+
+    >>> position(0), position(53)
+    ((0, 1.0), (1, 2.0))
+    """
+    return rank // BITS, float(2 ** (rank % BITS))
+
+
+def any_overflow(host: Sequence[float]) -> bool:
+    """Whether any rank's flag is set (the request's half never reaches 1)."""
+    return sum(host) >= 1.0
+
+
+def carries_request(host: Sequence[float]) -> bool:
+    return bool(host) and host[0] % 1.0 == REQUEST
+
+
+def overflowed_ranks(host: Sequence[float]) -> tuple[int, ...]:
+    """The ranks whose flag is set in the payload read on the host."""
+    ranks: list[int] = []
+    for index, word in enumerate(host):
+        bits = math.floor(word)
+        base = index * BITS
+        while bits:
+            low = bits & -bits
+            ranks.append(base + low.bit_length() - 1)
+            bits ^= low
+    return tuple(ranks)
