@@ -650,7 +650,7 @@ def _close_parts(recorder: Recorder, telemetry: Any) -> None:
     The garbage collector may run it on one of their own threads, which cannot wait for
     itself: then a thread of its own does it.
     """
-    own = {recorder.thread, *(() if telemetry is None else telemetry.threads)}
+    own = {recorder.thread, *(() if telemetry is None else telemetry.threads)} - {None}
     if threading.current_thread() in own:
         threading.Thread(
             target=_close_parts, args=(recorder, telemetry), name="scalewatch-closer"

@@ -75,6 +75,10 @@ class PinnedRing:
         event.record(torch.cuda.current_stream(staging.device))
         return row
 
+    def arrived(self, row: int) -> bool:
+        """Whether ``row``'s copy has completed (on cpu it completes in ``capture``)."""
+        return not self._cuda or bool(self._events[row].query())
+
     def read(self, row: int) -> list[float]:
         """Wait for ``row``'s copy, read it and give the row back."""
         try:
@@ -116,3 +120,20 @@ class PinnedRings:
             row = ring.capture(parts)
             assert row is not None
         return ring, row
+
+
+def read_cpu(
+    scale: torch.Tensor,
+    tracker: torch.Tensor,
+    found: torch.Tensor | None,
+    flags: Sequence[torch.Tensor],
+) -> list[float]:
+    """A cpu step's values, read at once: [scale, tracker, found_inf (0 if None), *flags].
+
+    cpu tensors are plain memory: reading one is no sync, and a few ``item()`` calls cost
+    the training thread less than copying into a row for the recorder to read.
+    """
+    values = [scale.item(), tracker.item(), 0.0 if found is None else found.item()]
+    for flag in flags:
+        values.extend(flag.tolist())
+    return values

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ._payload import overflowed_ranks
-from ._pinned import PinnedRing, PinnedRings
+from ._pinned import PinnedRing, PinnedRings, read_cpu
 from .stats import ScalerStats
 from .store.records import StepRecord
 
@@ -27,6 +27,7 @@ log = logging.getLogger("scaler")
 MAX_PENDING = 65536
 POLL_S = 0.05
 YIELD_EVERY = 32
+INLINE_BATCH = 1024  # steps a recorder without a thread folds at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +51,13 @@ class StepSample:
 
 
 class Captured:
-    """Device values of one step: [scale, growth tracker, found_inf, *payload words].
+    """Values of one step: [scale, growth tracker, found_inf, *payload words].
 
-    They are copied to a row of ``rings``: on cuda asynchronously, to pinned memory.
+    On cuda they are copied asynchronously to a pinned row of ``rings``; cpu tensors are
+    plain memory, read at once (no device, so no sync).
     """
 
-    __slots__ = ("_payloads", "_ring", "_row")
+    __slots__ = ("_host", "_payloads", "_ring", "_row")
 
     def __init__(
         self,
@@ -66,29 +68,38 @@ class Captured:
         rings: PinnedRings,
     ) -> None:
         self._payloads = len(flags)
+        self._ring: PinnedRing | None = None
+        self._row = 0
+        self._host: list[float] | None = None
+        if found is not None and found.numel() != 1:
+            found = found.reshape(-1)[:1]
+        if not scale.is_cuda:
+            self._host = read_cpu(scale, tracker, found, flags)
+            return
         if found is None:
             found = scale.new_zeros(1)
-        elif found.numel() != 1:
-            found = found.reshape(-1)[:1]
-        if scale.is_cuda:
-            parts = [scale.reshape(1), tracker.reshape(1), found.reshape(1), *flags]
-        else:  # a cpu row takes 0-d values as they are
-            parts = [scale, tracker, found, *flags]
+        parts = [scale.reshape(1), tracker.reshape(1), found.reshape(1), *flags]
         sizes = (1, 1, 1, *[flag.numel() for flag in flags])  # scale, tracker, found_inf first
-        self._ring: PinnedRing | None
         self._ring, self._row = rings.capture(parts, sizes)
 
     def discard(self) -> None:
         """Give the row back without reading it (the step was dropped)."""
+        self._host = None
         if self._ring is not None:
             self._ring.release(self._row)
             self._ring = None
 
+    def arrived(self) -> bool:
+        """Whether the values have reached the host (reading them would not wait)."""
+        return self._ring is None or self._ring.arrived(self._row)
+
     def read(self) -> tuple[float, int, float, list[list[float]]]:
         """(scale, growth tracker, found_inf, each optimizer's payload words)."""
-        assert self._ring is not None, "a step's values are read once"
-        values = self._ring.read(self._row)
-        self._ring = None
+        values, self._host = self._host, None
+        if values is None:
+            assert self._ring is not None, "a step's values are read once"
+            values = self._ring.read(self._row)
+            self._ring = None
         return _split(values, self._payloads)
 
 
@@ -167,22 +178,32 @@ class Recorder:
         self._dropped: int = previous._dropped if previous is not None else 0
         self._sink = sink
         self._closed = False
-        self._thread = threading.Thread(
-            target=_run,
-            args=(weakref.ref(self), self._cond),
-            name="scalewatch-recorder",
-            daemon=True,
-        )
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if sink is not None:
+            self._thread = threading.Thread(
+                target=_run,
+                args=(weakref.ref(self), self._cond),
+                name="scalewatch-recorder",
+                daemon=True,
+            )
+            self._thread.start()
 
     def submit(self, snap: Snapshot) -> None:
-        """Never blocks: past MAX_PENDING unread snapshots the step is dropped and counted."""
+        """Never blocks: past MAX_PENDING unread snapshots the step is dropped and counted.
+
+        Without a sink (telemetry off, or a rank that does not report) there is no thread:
+        the training thread folds the steps whose values have arrived, every INLINE_BATCH
+        steps, which costs it less than a thread's wake-ups and GIL hand-offs.
+        """
         if len(self._pending) >= MAX_PENDING:
             self._dropped += 1
             snap.captured.discard()
             return
         self._pending.append(snap)
         self._submitted += 1
+        if self._thread is None and len(self._pending) >= INLINE_BATCH:
+            with self._cond:
+                self._drain(arrived_only=True)
 
     def stats(self, timeout: float = 30.0) -> ScalerStats:
         self.flush(timeout)
@@ -192,6 +213,9 @@ class Recorder:
     def flush(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         with self._cond:
+            if self._thread is None:
+                self._drain()
+                return
             self._cond.notify()
             while self._done < self._submitted:
                 left = deadline - time.monotonic()
@@ -204,7 +228,8 @@ class Recorder:
         return self._closed
 
     @property
-    def thread(self) -> threading.Thread:
+    def thread(self) -> threading.Thread | None:
+        """The thread that reads the steps; None without a sink (the caller's thread does)."""
         return self._thread
 
     def close(self) -> None:
@@ -214,17 +239,22 @@ class Recorder:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=10)
+        thread = self._thread
+        if thread is not None and threading.current_thread() is not thread:
+            thread.join(timeout=10)
 
-    def _drain(self) -> bool:
-        """Read every pending snapshot; False once closed and empty."""
+    def _drain(self, arrived_only: bool = False) -> bool:
+        """Read every pending snapshot (``arrived_only``: up to the first whose values are
+        still on their way, which waiting for would be a sync); False once closed and empty."""
         batch: list[StepSample] = []
         popped = 0
+        threaded = self._thread is not None
         while self._pending:
+            if arrived_only and not self._pending[0].captured.arrived():
+                break
             snap = self._pending.popleft()
             popped += 1
-            if popped % YIELD_EVERY == 0:
+            if threaded and popped % YIELD_EVERY == 0:
                 time.sleep(0)  # hand the GIL to the training thread rather than make it wait
             try:
                 sample = _materialise(snap, self._fold)

