@@ -202,13 +202,14 @@ def _variants(kind: str, url: str, device: str) -> dict[str, Any]:
 
 
 def _telemetry_threads_cpu(gs: Any) -> float:
-    """CPU seconds used so far by the writer and poller threads of ``gs``'s telemetry."""
-    telemetry = getattr(gs, "_telemetry", None)  # torch's scalers have none
-    if telemetry is None:
+    """CPU seconds used so far by the threads of ``gs``'s telemetry and recorder."""
+    link = getattr(gs, "_link", None)  # torch's scalers have none
+    if link is None or link.telemetry is None:
         return 0.0
     total = 0.0
-    for thread in (telemetry._writer, telemetry._poller):
-        if thread.ident is None or not thread.is_alive():
+    recorder = () if link.recorder is None else (link.recorder.thread,)
+    for thread in (*link.telemetry.threads, *recorder):
+        if thread is None or thread.ident is None or not thread.is_alive():
             continue
         try:
             total += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
@@ -322,7 +323,7 @@ def bench_training_thread(
                             samples[name].append((wall * 1e6, cpu * 1e6))
                             if name == "on":
                                 threads_cpu.append((_telemetry_threads_cpu(gs) - before) / n)
-                    telemetry = variants["on"]._telemetry
+                    telemetry = variants["on"]._link.telemetry
                     written = telemetry is not None and telemetry.flush(60)
                     for gs in variants.values():
                         if hasattr(gs, "close"):

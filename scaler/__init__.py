@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._core import ScalerConfigError
+    from ._config import ScalerConfigError
     from .grad_scaler import GradScaler
     from .sharded import ShardedGradScaler
     from .stats import ScalerCheckpoint, ScalerStats
@@ -26,7 +26,7 @@ __all__ = [
 _HOMES = {
     "GradScaler": ".grad_scaler",
     "ScalerCheckpoint": ".stats",
-    "ScalerConfigError": "._core",
+    "ScalerConfigError": "._config",
     "ScalerStats": ".stats",
     "ShardedGradScaler": ".sharded",
 }

@@ -6,9 +6,11 @@ A request rides in the float64 payload of the all-reduce that agrees found_inf:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 FIELDS: tuple[str, ...] = (
     "growth_interval",
@@ -150,3 +152,48 @@ def check(values: Mapping[str, object], current: Mapping[str, object]) -> str | 
         if normalise(name, value) is None:
             return RULES[name]
     return next(iter(bounds_problems(values, current).values()), None)
+
+
+@dataclass(frozen=True, slots=True)
+class ControlState:
+    """The factors in effect: what a request may change (the scale aside, which lives on the
+    device and is set directly).
+
+    >>> apply(ControlState(2000, 2.0, 0.5), {"growth_interval": 100})[0].growth_interval
+    100
+    """
+
+    growth_interval: int
+    growth_factor: float
+    backoff_factor: float
+    min_scale: float | None = None
+    max_scale: float | None = None
+    hysteresis: int | None = None
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {name: getattr(self, name) for name in STATE_FIELDS}
+
+
+STATE_FIELDS = tuple(name for name in FIELDS if name != "scale")
+
+
+def apply(
+    state: ControlState, values: Mapping[str, float | int]
+) -> tuple[ControlState, str | None]:
+    """``state`` with ``values`` applied, or ``state`` itself and the first rule they break.
+
+    >>> apply(ControlState(2000, 2.0, 0.5, max_scale=4.0), {"min_scale": 8.0})[1]
+    'min_scale must be <= max_scale (4.0)'
+    """
+    problem = check(values, state.as_dict())
+    if problem is not None:
+        return state, problem
+    changes: dict[str, Any] = {}
+    for name, value in values.items():
+        if name in INT_FIELDS:
+            changes[name] = int(value)
+        elif name in ("min_scale", "max_scale"):
+            changes[name] = float(value)
+        elif name != "scale":
+            changes[name] = value  # a factor as given, as torch's setters keep it
+    return dataclasses.replace(state, **changes), None

@@ -1,20 +1,25 @@
-"""What GradScaler and ShardedGradScaler add to torch's classes, written once."""
+"""What GradScaler and ShardedGradScaler add to torch's classes, written once.
+
+The torch-facing overrides live here; the parts they use are each a module of their
+own: the added scale rules (``_extras``), the link to the run (``_link``), the control
+rules and their pure application (``_control``), the constructor's checks (``_config``).
+"""
 
 from __future__ import annotations
 
-import dataclasses
-import threading
 import time
-import weakref
-from collections import defaultdict, deque
+from collections import defaultdict
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import _control
-from ._control import ControlUpdate
-from ._pinned import PinnedRings
-from ._recorder import Captured, ControlOutcome, Recorder, Snapshot
+from ._config import Options, not_an_integer, refusal
+from ._control import ControlState, ControlUpdate
+from ._extras import Extras
+from ._link import RunLink
+from ._recorder import Captured, ControlOutcome, Snapshot
 from ._torch_compat import OptState, _refresh_per_optimizer_state, process_group_info
 from .stats import ScalerCheckpoint, ScalerStats
 
@@ -26,109 +31,27 @@ else:
 STATE_KEY = "scalewatch"
 
 
-class ScalerConfigError(ValueError, AssertionError):
-    """A constructor or setter value that would break training.
-
-    It is a ValueError; it is also an AssertionError because torch raises that
-    for the same growth/backoff checks, so code catching either keeps working.
-    """
-
-
-class _ConfigTypeError(TypeError, ScalerConfigError):
-    """A value that is no number at all: torch's own checks raise TypeError for it."""
-
-
-def _refusal(problem: str, *values: object) -> ScalerConfigError:
-    """The error for ``problem``: a TypeError too when one of ``values`` is no number."""
-    if any(not isinstance(v, int | float) for v in values):  # a bool is an int
-        return _ConfigTypeError(problem)
-    return ScalerConfigError(problem)
-
-
-def torch_arguments(
-    *,
-    init_scale: float,
-    growth_factor: float,
-    backoff_factor: float,
-    growth_interval: int,
-    min_scale: float | None,
-    max_scale: float | None,
-    hysteresis: int | None,
-) -> tuple[float, float, float, int]:
-    """Check the constructor's values; returns torch's four, a one-element tensor (which
-    torch takes too) as the number it holds."""
-    plain: list[Any] = [
-        value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
-        for value in (init_scale, growth_factor, backoff_factor, growth_interval)
-    ]
-    init_scale, growth_factor, backoff_factor, growth_interval = plain
-    if _control.normalise("scale", init_scale) is None:
-        raise _refusal(f"init_{_control.RULES['scale']}", init_scale)
-    values: dict[str, Any] = {
-        "growth_factor": growth_factor,
-        "backoff_factor": backoff_factor,
-        "growth_interval": growth_interval,
-    }
-    values.update(
-        {
-            k: v
-            for k, v in (
-                ("min_scale", min_scale),
-                ("max_scale", max_scale),
-                ("hysteresis", hysteresis),
-            )
-            if v is not None
-        }
-    )
-    problem = _control.check(values, {})
-    if problem is not None:
-        raise _refusal(problem, *values.values())
-    if isinstance(growth_interval, float):
-        raise ScalerConfigError(f"growth_interval must be an integer, got {growth_interval!r}")
-    return init_scale, growth_factor, backoff_factor, growth_interval
-
-
 class Instrumented(_Base):
     """The scalewatch extras over torch's GradScaler state machine."""
 
     _step_count: int
     _control_version: int
+    _TRANSIENT: tuple[str, ...] = ("_link",)  # attributes a copy of the scaler leaves behind
 
-    def _setup_extras(
-        self,
-        *,
-        min_scale: float | None,
-        max_scale: float | None,
-        hysteresis: int | None,
-        telemetry: Any,
-        run_name: str | None,
-    ) -> None:
-        self._min_scale = None if min_scale is None else float(min_scale)
-        self._max_scale = None if max_scale is None else float(max_scale)
-        self._hysteresis = hysteresis
-        self._init_hysteresis_tracker = hysteresis
+    def _setup(self, options: Options) -> None:
+        self._extras = Extras(options.min_scale, options.max_scale, options.hysteresis)
+        self._extras.hysteresis_start = options.hysteresis
         if self._enabled:
             self._clamp_scale()  # an init_scale outside min/max_scale starts at the bound
-        self._telemetry_option = telemetry
-        self._run_name = run_name
+        self._telemetry_option = options.telemetry
+        self._run_name = options.run_name
         self._run_uid: str | None = None
         self._step_count = 0
         self._control_version = 0
         self._reset_transient()
 
     def _reset_transient(self) -> None:
-        self._hysteresis_tracker: torch.Tensor | None = None
-        self._recorder: Recorder | None = None
-        self._pinned = PinnedRings()
-        self._telemetry: Any = None
-        self._inbox: deque[ControlUpdate] = deque()
-        self._code_outcomes: list[ControlOutcome] = []
-        self._scale_host: float | None = None
-        self._last_found: torch.Tensor | None = None
-        self._group: tuple[int, int] | None = None
-        self._closer: weakref.finalize[Any, Any] | None = None
-        self._last_run_id: int | None = None
-        self._closed_telemetry_dropped = 0  # records earlier telemetry of this scaler lost
+        self._link = RunLink()
 
     # ------------------------------------------------------------------ steps
 
@@ -141,7 +64,6 @@ class Instrumented(_Base):
         stepped = any(
             state["stage"] is OptState.STEPPED for state in self._per_optimizer_states.values()
         )
-        found: torch.Tensor | None = None
         flags = self._step_flags()
         # Read before _controls_for_step(), which forgets this step's payloads.
         width = self._attribution_width()
@@ -160,13 +82,13 @@ class Instrumented(_Base):
             self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
             scale_set = False
         self._step_count += 1
-        outcomes = self._code_outcomes
-        self._code_outcomes = []
-        for update, refusal in self._controls_for_step():
-            outcome = self._apply_control(update, refusal)
+        link = self._link
+        outcomes, link.code_outcomes = link.code_outcomes, []
+        for update, refusal_reason in self._controls_for_step():
+            outcome = self._apply_control(update, refusal_reason)
             scale_set = scale_set or (outcome.applied and "scale" in update.values)
             outcomes.append(outcome)
-        self._last_found = found
+        link.last_found = found
         self._snapshot(found, flags, width, stepped, scale_set, tuple(outcomes))
 
     def _combined_found_inf(
@@ -195,63 +117,29 @@ class Instrumented(_Base):
     def _update_scale(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
     ) -> None:
-        if self._hysteresis is None:
+        extras = self._extras
+        if extras.hysteresis is None:
             self._torch_update(scale, tracker, found)
         else:
-            self._hysteresis_update(scale, tracker, found, self._hysteresis)
-        if self._min_scale is not None or self._max_scale is not None:
-            scale.clamp_(min=self._min_scale, max=self._max_scale)
+            factors = (self._growth_interval, self._growth_factor, self._backoff_factor)
+            extras.hysteresis_update(scale, tracker, found, factors, self._multiply_scale)
+        extras.clamp_(scale)
 
     def _clamp_scale(self) -> None:
         """Keep the scale, and the one a lazy scaler starts from, within min/max_scale."""
-        if self._min_scale is None and self._max_scale is None:
-            return
-        self._init_scale = self._clamped(self._init_scale)
-        if self._scale is not None:
-            self._scale.clamp_(min=self._min_scale, max=self._max_scale)
-
-    def _clamped(self, scale: float) -> float:
-        if self._min_scale is not None:
-            scale = max(scale, self._min_scale)
-        return scale if self._max_scale is None else min(scale, self._max_scale)
+        if self._extras.bounded:
+            self._init_scale = self._extras.clamped(self._init_scale)
+            self._extras.clamp_(self._scale)
 
     def _torch_update(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
     ) -> None:
         raise NotImplementedError
 
-    def _hysteresis_update(
-        self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor, hysteresis: int
-    ) -> None:
-        """Megatron's rule: back off only after ``hysteresis`` overflows since the last growth."""
-        hyst = self._hysteresis_tensor(scale.device)
-        overflow = found.reshape(()) > 0
-        successful = tracker + 1
-        grow = ~overflow & (successful >= self._growth_interval)
-        new_hyst = torch.where(overflow, hyst - 1, torch.where(grow, hysteresis, hyst))
-        backoff = overflow & (new_hyst <= 0)
-        one = torch.ones((), dtype=torch.float64, device=scale.device)
-        factor = torch.where(
-            backoff, self._backoff_factor, torch.where(grow, self._growth_factor, one)
-        )
-        grown = self._multiply_scale(scale, factor)
-        keep = grow & ~torch.isfinite(grown)
-        scale.copy_(torch.where(keep, scale, grown))
-        tracker.copy_(torch.where(overflow | grow, torch.zeros_like(tracker), successful))
-        hyst.copy_(new_hyst)
-
     def _multiply_scale(self, scale: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
         """``scale * factor`` rounded as torch's update rounds it."""
         # torch's kernel multiplies in double and rounds once to float.
         return (scale.double() * factor).float()
-
-    def _hysteresis_tensor(self, device: torch.device) -> torch.Tensor:
-        if self._hysteresis_tracker is None:
-            start = self._init_hysteresis_tracker
-            if start is None:
-                start = self._hysteresis or 1
-            self._hysteresis_tracker = torch.full((), start, dtype=torch.int32, device=device)
-        return self._hysteresis_tracker
 
     # -------------------------------------------------------- telemetry hooks
 
@@ -273,27 +161,23 @@ class Instrumented(_Base):
         outcomes: tuple[ControlOutcome, ...],
     ) -> None:
         assert self._scale is not None and self._growth_tracker is not None
-        recorder = self._recorder
-        if recorder is None or recorder.closed:
-            recorder = self._recorder = Recorder(self._init_scale, self._make_sink(), recorder)
-            self._close_when_dropped(recorder)
-        recorder.submit(
-            Snapshot(
-                step=self._step_count,
-                wall_time=time.time(),
-                captured=Captured(self._scale, self._growth_tracker, found, flags, self._pinned),
-                world_size=width,
-                scale_used=self._scale_host,
-                stepped=stepped,
-                growth_interval=self._growth_interval,
-                growth_factor=self._growth_factor,
-                backoff_factor=self._backoff_factor,
-                control_version=self._control_version,
-                scale_set=scale_set,
-                controls=outcomes,
-            )
+        link = self._link
+        snapshot = Snapshot(
+            step=self._step_count,
+            wall_time=time.time(),
+            captured=Captured(self._scale, self._growth_tracker, found, flags, link.pinned),
+            world_size=width,
+            scale_used=link.scale_host,
+            stepped=stepped,
+            growth_interval=self._growth_interval,
+            growth_factor=self._growth_factor,
+            backoff_factor=self._backoff_factor,
+            control_version=self._control_version,
+            scale_set=scale_set,
+            controls=outcomes,
         )
-        self._scale_host = None
+        link.submit(self, snapshot, self._init_scale, self._make_sink)
+        link.scale_host = None
 
     def _make_sink(self) -> Any:
         """The telemetry writer's intake on the reporting rank; None elsewhere or when off."""
@@ -303,35 +187,27 @@ class Instrumented(_Base):
             return None
         from .telemetry import Telemetry
 
-        self._telemetry = Telemetry(
+        telemetry = self._link.telemetry = Telemetry(
             None if option is None or option is True else option,
             name=self._run_name,
             world_size=1 if info is None else info[1],
             config=self._config(),
             control=self.control_state(),
-            inbox=self._inbox,
+            inbox=self._link.inbox,
             uid=self._run_uid,
         )
-        self._run_uid = self._telemetry.uid
-        return self._telemetry.submit
-
-    def _close_when_dropped(self, recorder: Recorder) -> None:
-        """Close ``recorder`` and the telemetry it feeds when this scaler is garbage-collected
-        or at interpreter exit, whichever comes first: a scaler that is a local of a training
-        function and never closed still has every step written and its run marked finished.
-        """
-        if self._closer is not None:
-            self._closer.detach()
-        self._closer = weakref.finalize(self, _close_parts, recorder, self._telemetry)
+        self._run_uid = telemetry.uid
+        return telemetry.submit
 
     def _group_info(self) -> tuple[int, int] | None:
         """(rank, size) of the group whose rank 0 reports; None for a single process.
 
         Looked up once (a group, once joined, keeps its rank and size), not every step.
         """
-        if self._group is None:
-            self._group = process_group_info(self._reporting_group())
-        return self._group
+        link = self._link
+        if link.group is None:
+            link.group = process_group_info(self._reporting_group())
+        return link.group
 
     def _reporting_group(self) -> Any:
         """The process group whose rank 0 reports (None: the default, global ranks)."""
@@ -345,9 +221,9 @@ class Instrumented(_Base):
             "growth_factor": self._growth_factor,
             "backoff_factor": self._backoff_factor,
             "growth_interval": self._growth_interval,
-            "min_scale": self._min_scale,
-            "max_scale": self._max_scale,
-            "hysteresis": self._hysteresis,
+            "min_scale": self._extras.min_scale,
+            "max_scale": self._extras.max_scale,
+            "hysteresis": self._extras.hysteresis,
         }
 
     @property
@@ -358,7 +234,7 @@ class Instrumented(_Base):
     @property
     def run_id(self) -> int | None:
         """The run's id in the store, once the writer has created it."""
-        return self._last_run_id if self._telemetry is None else self._telemetry.run_id
+        return self._link.run_id
 
     # ---------------------------------------------------------------- control
 
@@ -366,22 +242,29 @@ class Instrumented(_Base):
         """Requests every rank applies at this update() boundary, each with a refusal or None."""
         return []
 
+    def _control_now(self) -> ControlState:
+        extras = self._extras
+        return ControlState(
+            growth_interval=self._growth_interval,
+            growth_factor=self._growth_factor,
+            backoff_factor=self._backoff_factor,
+            min_scale=extras.min_scale,
+            max_scale=extras.max_scale,
+            hysteresis=extras.hysteresis,
+        )
+
     def control_state(self) -> dict[str, float | int | None]:
         """The factors in effect (no scale: reading it would sync)."""
-        return {
-            "growth_interval": self._growth_interval,
-            "growth_factor": self._growth_factor,
-            "backoff_factor": self._backoff_factor,
-            "min_scale": self._min_scale,
-            "max_scale": self._max_scale,
-            "hysteresis": self._hysteresis,
-        }
+        return self._control_now().as_dict()
 
-    def _apply_control(self, update: ControlUpdate, refusal: str | None = None) -> ControlOutcome:
-        problem = refusal or _control.check(update.values, self.control_state())
+    def _apply_control(
+        self, update: ControlUpdate, refusal_reason: str | None = None
+    ) -> ControlOutcome:
+        problem = refusal_reason
         if problem is None:
-            for name, value in update.values.items():
-                self._set_field(name, value)
+            new, problem = _control.apply(self._control_now(), update.values)
+        if problem is None:
+            self._adopt(new, update.values)
             self._control_version += 1
         return ControlOutcome(
             request_id=update.request_id,
@@ -392,42 +275,40 @@ class Instrumented(_Base):
             version=self._control_version,
         )
 
-    def _set_field(self, name: str, value: float | int) -> None:
-        """Apply one validated value so that the rule holds from the next update on."""
-        if name == "growth_interval":
-            self._growth_interval = int(value)
+    def _adopt(self, new: ControlState, values: Mapping[str, float | int]) -> None:
+        """Make ``new`` (and a requested scale) hold from the next update on."""
+        old = self._control_now()
+        self._growth_factor, self._backoff_factor = new.growth_factor, new.backoff_factor
+        if new.growth_interval != old.growth_interval:
+            self._growth_interval = new.growth_interval
             # torch grows only when tracker + 1 == interval: never leave the tracker past it.
             if self._growth_tracker is not None:
-                self._growth_tracker.clamp_(max=int(value) - 1)
-            self._init_growth_tracker = min(self._init_growth_tracker, int(value) - 1)
-        elif name in ("growth_factor", "backoff_factor"):
-            setattr(self, f"_{name}", value)  # as given, as torch's setters keep it
-        elif name == "scale":
+                self._growth_tracker.clamp_(max=new.growth_interval - 1)
+            self._init_growth_tracker = min(self._init_growth_tracker, new.growth_interval - 1)
+        if "scale" in values:
             if self._scale is not None:
-                self._scale.fill_(float(value))
-            self._init_scale = float(value)
-        elif name in ("min_scale", "max_scale"):
-            setattr(self, f"_{name}", float(value))
+                self._scale.fill_(float(values["scale"]))
+            self._init_scale = float(values["scale"])
+        for name in ("min_scale", "max_scale", "hysteresis"):
+            if name in values:
+                self._extras.set(name, values[name])
+        if "min_scale" in values or "max_scale" in values:
             self._clamp_scale()
-        elif name == "hysteresis":
-            self._hysteresis = int(value)
-            if self._hysteresis_tracker is not None:
-                self._hysteresis_tracker.clamp_(max=int(value))
-            start = self._init_hysteresis_tracker
-            self._init_hysteresis_tracker = int(value) if start is None else min(start, int(value))
 
     def _set_by_code(self, name: str, value: float | int) -> None:
         problem = _control.check({name: value}, self.control_state() if self._enabled else {})
         if problem is not None:
-            raise _refusal(problem, value)
+            raise refusal(problem, value)
         if not self._enabled:  # as torch: only the attribute, which a disabled scaler ignores
             setattr(self, f"_{name}", value)
             return
-        self._set_field(name, value)
+        new, _ = _control.apply(self._control_now(), {name: value})
+        self._adopt(new, {name: value})
         self._control_version += 1
-        state = self.control_state()
-        self._code_outcomes.append(
-            ControlOutcome(0, {name: value}, True, None, state, self._control_version)
+        self._link.code_outcomes.append(
+            ControlOutcome(
+                0, {name: value}, True, None, self.control_state(), self._control_version
+            )
         )
 
     def set_growth_factor(self, new_factor: float) -> None:
@@ -444,8 +325,9 @@ class Instrumented(_Base):
 
         Lowering it below the current growth tracker grows at the next clean step.
         """
-        if isinstance(new_interval, float):
-            raise ScalerConfigError(f"growth_interval must be an integer, got {new_interval!r}")
+        error = not_an_integer("growth_interval", new_interval)
+        if error is not None:
+            raise error
         self._set_by_code("growth_interval", new_interval)
 
     # ------------------------------------------------------------------ extras
@@ -455,7 +337,7 @@ class Instrumented(_Base):
 
         .. warning:: reads a device value: a CPU-GPU sync.
         """
-        found = self._last_found
+        found = self._link.last_found
         return bool(found is not None and found.reshape(-1).sum().item() > 0)
 
     def flush(self, timeout: float = 30.0) -> bool:
@@ -463,15 +345,7 @@ class Instrumented(_Base):
 
         Returns False when they were not all recorded and stored within ``timeout`` seconds.
         """
-        deadline = time.monotonic() + timeout
-        if self._recorder is not None:
-            try:
-                self._recorder.flush(timeout)
-            except TimeoutError:
-                return False
-        if self._telemetry is None:
-            return True
-        return bool(self._telemetry.flush(max(0.0, deadline - time.monotonic())))
+        return self._link.flush(timeout)
 
     def stats(self, timeout: float = 30.0) -> ScalerStats:
         """Counts since creation: steps, skipped steps, overflows, growths, backoffs, scales
@@ -481,36 +355,28 @@ class Instrumented(_Base):
         .. note:: waits for the background recorder to read the steps queued so far;
            raises ``TimeoutError`` if it has not within ``timeout`` seconds.
         """
-        if self._recorder is None:
+        stats = self._link.stats(timeout)
+        if stats is None:
             scale = self._init_scale if self._enabled else 1.0
             return ScalerStats(current_scale=scale, min_scale_seen=scale, max_scale_seen=scale)
-        stats = self._recorder.stats(timeout)
-        lost = self._closed_telemetry_dropped
-        if self._telemetry is not None:
-            lost += self._telemetry.dropped
-        return dataclasses.replace(stats, dropped_records=stats.dropped_records + lost)
+        return stats
 
     @property
     def min_scale(self) -> float | None:
-        return self._min_scale
+        return self._extras.min_scale
 
     @property
     def max_scale(self) -> float | None:
-        return self._max_scale
+        return self._extras.max_scale
 
     @property
     def hysteresis(self) -> int | None:
-        return self._hysteresis
+        return self._extras.hysteresis
 
     @property
     def steps(self) -> int:
         """Number of ``update()`` calls, continued across a resume."""
         return self._step_count
-
-    def _hysteresis_value(self) -> int | None:
-        if self._hysteresis_tracker is not None:
-            return int(self._hysteresis_tracker.item())
-        return self._init_hysteresis_tracker
 
     def state_dict(self) -> dict[str, Any]:
         """torch's five entries plus ``"scalewatch"`` (extras, step count, run id).
@@ -522,10 +388,7 @@ class Instrumented(_Base):
             state[STATE_KEY] = {
                 "step": self._step_count,
                 "run_uid": self._run_uid,
-                "min_scale": self._min_scale,
-                "max_scale": self._max_scale,
-                "hysteresis": self._hysteresis,
-                "hysteresis_tracker": self._hysteresis_value(),
+                **self._extras.state(),
                 "control_version": self._control_version,
             }
         return state
@@ -540,21 +403,17 @@ class Instrumented(_Base):
             return
         extras = state_dict.get(STATE_KEY)
         run_uid = None if extras is None else extras.get("run_uid")
-        recording = self._recorder is not None and not self._recorder.closed
+        recorder = self._link.recorder
+        recording = recorder is not None and not recorder.closed
         if recording and (extras is None or run_uid != self._run_uid):
             self.close()
         self._run_uid = run_uid
         self._step_count = 0 if extras is None else int(extras["step"])
         if extras is not None:
-            self._min_scale = extras.get("min_scale")
-            self._max_scale = extras.get("max_scale")
-            self._hysteresis = extras.get("hysteresis")
-            self._init_hysteresis_tracker = extras.get("hysteresis_tracker")
-            if self._hysteresis_tracker is not None and self._init_hysteresis_tracker is not None:
-                self._hysteresis_tracker.fill_(self._init_hysteresis_tracker)
+            self._extras.load(extras)
             self._control_version = int(extras.get("control_version", 0))
         self._clamp_scale()
-        self._scale_host = self._clamped(float(state_dict["scale"]))
+        self._link.scale_host = self._extras.clamped(float(state_dict["scale"]))
 
     def checkpoint(self) -> ScalerCheckpoint:
         """A typed ``state_dict()``. Reads the scale: a CPU-GPU sync."""
@@ -568,10 +427,10 @@ class Instrumented(_Base):
             backoff_factor=self._backoff_factor,
             growth_interval=self._growth_interval,
             growth_tracker=self._get_growth_tracker(),
-            min_scale=self._min_scale,
-            max_scale=self._max_scale,
-            hysteresis=self._hysteresis,
-            hysteresis_tracker=self._hysteresis_value(),
+            min_scale=self._extras.min_scale,
+            max_scale=self._extras.max_scale,
+            hysteresis=self._extras.hysteresis,
+            hysteresis_tracker=self._extras.hysteresis_value(),
             step=self._step_count,
             run_uid=self._run_uid,
             control_version=self._control_version,
@@ -579,6 +438,7 @@ class Instrumented(_Base):
 
     def load_checkpoint(self, checkpoint: ScalerCheckpoint) -> None:
         """Restore a ``checkpoint()``."""
+        data = checkpoint.to_dict()
         self.load_state_dict(
             {
                 "scale": checkpoint.scale,
@@ -587,34 +447,24 @@ class Instrumented(_Base):
                 "growth_interval": checkpoint.growth_interval,
                 "_growth_tracker": checkpoint.growth_tracker,
                 STATE_KEY: {
-                    "step": checkpoint.step,
-                    "run_uid": checkpoint.run_uid,
-                    "min_scale": checkpoint.min_scale,
-                    "max_scale": checkpoint.max_scale,
-                    "hysteresis": checkpoint.hysteresis,
-                    "hysteresis_tracker": checkpoint.hysteresis_tracker,
-                    "control_version": checkpoint.control_version,
+                    key: data[key]
+                    for key in (
+                        "step",
+                        "run_uid",
+                        "min_scale",
+                        "max_scale",
+                        "hysteresis",
+                        "hysteresis_tracker",
+                        "control_version",
+                    )
                 },
             }
         )
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        if self._enabled:
-            state["_init_hysteresis_tracker"] = self._hysteresis_value()
-        for name in (
-            "_hysteresis_tracker",
-            "_recorder",
-            "_pinned",
-            "_telemetry",
-            "_closer",
-            "_last_run_id",
-            "_closed_telemetry_dropped",
-            "_inbox",
-            "_code_outcomes",
-            "_last_found",
-            "_reduced",
-        ):
+        state["_extras"] = self._extras.for_pickle()
+        for name in self._TRANSIENT:
             state.pop(name, None)
         return state
 
@@ -629,33 +479,10 @@ class Instrumented(_Base):
 
         Also done when the scaler is garbage-collected and at interpreter exit.
         """
-        closer, telemetry = self._closer, self._telemetry
-        self._telemetry = None
-        if closer is not None:
-            closer()  # does nothing once done
-        if telemetry is not None:
-            self._last_run_id = telemetry.run_id
-            self._closed_telemetry_dropped += telemetry.dropped
+        self._link.close()
 
     def __enter__(self) -> Instrumented:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _close_parts(recorder: Recorder, telemetry: Any) -> None:
-    """Close a scaler's recorder and telemetry (the finalizer of a dropped or exiting scaler).
-
-    The garbage collector may run it on one of their own threads, which cannot wait for
-    itself: then a thread of its own does it.
-    """
-    own = {recorder.thread, *(() if telemetry is None else telemetry.threads)} - {None}
-    if threading.current_thread() in own:
-        threading.Thread(
-            target=_close_parts, args=(recorder, telemetry), name="scalewatch-closer"
-        ).start()
-        return
-    recorder.close()
-    if telemetry is not None:
-        telemetry.close()

@@ -7,8 +7,9 @@ from typing import Any
 
 import torch
 
+from ._config import Options
 from ._control import ControlUpdate
-from ._core import Instrumented, torch_arguments
+from ._core import Instrumented
 from ._torch_compat import (
     CUDA_UNAVAILABLE,
     TorchGradScaler,
@@ -64,14 +65,9 @@ class GradScaler(Instrumented, TorchGradScaler):
         telemetry: Any = None,
         run_name: str | None = None,
     ) -> None:
-        init_scale, growth_factor, backoff_factor, growth_interval = torch_arguments(
-            init_scale=init_scale,
-            growth_factor=growth_factor,
-            backoff_factor=backoff_factor,
-            growth_interval=growth_interval,
-            min_scale=min_scale,
-            max_scale=max_scale,
-            hysteresis=hysteresis,
+        options = Options(min_scale, max_scale, hysteresis, telemetry, run_name)
+        init_scale, growth_factor, backoff_factor, growth_interval = options.torch_arguments(
+            init_scale, growth_factor, backoff_factor, growth_interval
         )
         if enabled and cuda_amp_unavailable(device):
             # torch's own warning, said here so that it names the caller's line as torch's
@@ -81,13 +77,7 @@ class GradScaler(Instrumented, TorchGradScaler):
         super().__init__(
             device, init_scale, growth_factor, backoff_factor, growth_interval, enabled
         )
-        self._setup_extras(
-            min_scale=min_scale,
-            max_scale=max_scale,
-            hysteresis=hysteresis,
-            telemetry=telemetry,
-            run_name=run_name,
-        )
+        self._setup(options)
 
     def _torch_update(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
@@ -101,10 +91,10 @@ class GradScaler(Instrumented, TorchGradScaler):
         return -1 if info is not None and info[1] > 1 else 0
 
     def _controls_for_step(self) -> list[tuple[ControlUpdate, str | None]]:
-        if not self._inbox:
+        if not self._link.inbox:
             return []
-        requests = list(self._inbox)
-        self._inbox.clear()
+        requests = list(self._link.inbox)
+        self._link.inbox.clear()
         refusal = None
         if self._attribution_width() < 0:
             refusal = (

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import defaultdict
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from . import _control, _payload
+from . import _payload
+from ._agreement import Agreement
+from ._config import Options
 from ._control import ControlUpdate
-from ._core import Instrumented, torch_arguments
-from ._lagged import Lagged
+from ._core import Instrumented
 from ._torch_compat import (
     OptState,
     TorchShardedGradScaler,
@@ -20,8 +21,6 @@ from ._torch_compat import (
     local_tensor,
     non_finite_check_and_unscale_,
 )
-
-KEEP_REDUCED = 4  # all-reduce handles kept alive after they complete (see _reset_transient)
 
 
 class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
@@ -62,6 +61,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
 
     # Run the all-reduce even in a group of one rank (to measure what it costs).
     _reduce_alone = False
+    _TRANSIENT = ("_link", "_agreement")
 
     def __init__(
         self,
@@ -79,14 +79,9 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         telemetry: Any = None,
         run_name: str | None = None,
     ) -> None:
-        init_scale, growth_factor, backoff_factor, growth_interval = torch_arguments(
-            init_scale=init_scale,
-            growth_factor=growth_factor,
-            backoff_factor=backoff_factor,
-            growth_interval=growth_interval,
-            min_scale=min_scale,
-            max_scale=max_scale,
-            hysteresis=hysteresis,
+        options = Options(min_scale, max_scale, hysteresis, telemetry, run_name)
+        init_scale, growth_factor, backoff_factor, growth_interval = options.torch_arguments(
+            init_scale, growth_factor, backoff_factor, growth_interval
         )
         super().__init__(
             device,
@@ -97,27 +92,11 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
             enabled,
             process_group,
         )
-        self._setup_extras(
-            min_scale=min_scale,
-            max_scale=max_scale,
-            hysteresis=hysteresis,
-            telemetry=telemetry,
-            run_name=run_name,
-        )
+        self._setup(options)
 
     def _reset_transient(self) -> None:
         super()._reset_transient()
-        self._carrying: ControlUpdate | None = None  # rank 0: the request this step flagged
-        self._step_states: list[dict[str, Any]] = []
-        self._step_host: list[list[float]] | None = None
-        self._lagged = Lagged()
-        # The handles of the last all-reduces, kept while the scaler lives. A gloo worker
-        # thread drops its reference to a handle just after the all-reduce completes. Were
-        # that the last one, the worker would free the handle and let go of the payload,
-        # which needs the GIL (the payload is a Python tensor). A process group freed
-        # meanwhile holds the GIL while it joins that worker: both wait for ever. Holding
-        # the handle here moves that release to the training thread.
-        self._reduced: deque[dist.Work] = deque(maxlen=KEEP_REDUCED)
+        self._agreement = Agreement()
 
     # -------------------------------------------------------- found_inf
 
@@ -187,44 +166,19 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         return found
 
     def _agree_found_inf(self, state: dict[str, Any]) -> None:
-        """One all-reduce of one element (up to 52 ranks): every rank's flag as a bit, and
-        whether rank 0 has a control request for this step (see ``_payload``)."""
-        info = self._group_info()
-        if info is None:
+        """One all-reduce: every rank's flag, and whether rank 0 carries a request."""
+        group = self._group_info()
+        if group is None:
             return
-        rank, world = info
         assert self._scale is not None
-        device = self._scale.device
-        per_device: dict[torch.device, torch.Tensor] = state["found_inf_per_device"]
-        if len(per_device) == 1:
-            local = next(iter(per_device.values())).reshape(1)
-        else:  # each device's flag is 0 or 1: any of them sets this rank's bit once
-            flags = [f.to(device, non_blocking=True).reshape(()) for f in per_device.values()]
-            local = torch.stack(flags).sum().clamp_(max=1.0).reshape(1)
-        word, bit = _payload.position(rank)
-        count = _payload.words(world)
-        if count == 1:
-            payload = local.to(device=device, dtype=torch.float64, non_blocking=True, copy=True)
-            if bit != 1.0:
-                payload.mul_(bit)
-        else:
-            payload = torch.zeros(count, dtype=torch.float64, device=device)
-            payload[word : word + 1] = local.to(device, non_blocking=True) * bit
-        if rank == 0 and self._inbox and self._carrying is None:
-            self._carrying = self._inbox.popleft()
-            payload[:1].add_(_payload.REQUEST)
-        if world > 1 or self._reduce_alone:  # for one rank the all-reduce is the identity
-            work = dist.all_reduce(payload, group=self.process_group, async_op=True)
-            if work is not None:
-                work.wait()
-                self._reduced.append(work)
-        if world > 1 or len(per_device) > 1:
-            total = payload.floor() if count == 1 else payload.floor().sum().reshape(1)
-            for found in per_device.values():
-                found.copy_(total)
-        state["payload"] = payload
-        state["world"] = world
-        self._step_states.append(state)
+        self._agreement.agree(
+            state,
+            group,
+            self._scale.device,
+            self._link.inbox,
+            self.process_group,
+            self._reduce_alone,
+        )
 
     def _maybe_opt_step(
         self,
@@ -250,26 +204,10 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         return getattr(self, "process_group", None)  # a disabled scaler has none, as torch's
 
     def _step_flags(self) -> list[torch.Tensor]:
-        return [state["payload"] for state in self._step_states]
+        return self._agreement.flags()
 
     def _attribution_width(self) -> int:
-        return int(self._step_states[0]["world"]) if self._step_states else 0
-
-    def _host_rows(self) -> list[list[float]] | None:
-        """This step's payloads as read on the host (reading them on cpu); None on cuda when
-        a payload was not read (the fused-optimizer path)."""
-        if self._step_host is not None or not self._step_states:
-            return self._step_host
-        rows: list[list[float]] = []
-        for state in self._step_states:
-            host = state.get("host")
-            if host is None:
-                if state["payload"].device.type != "cpu":
-                    return None
-                host = state["payload"].tolist()
-            rows.append(host)
-        self._step_host = rows
-        return rows
+        return self._agreement.width()
 
     def _torch_update(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
@@ -285,7 +223,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
             )
             return
         # torch's ShardedGradScaler updates cpu scales in Python, with float32 arithmetic.
-        rows = self._host_rows()
+        rows = self._agreement.host_rows()
         if rows is not None:
             overflow = any(_payload.any_overflow(row) for row in rows)
         else:
@@ -308,44 +246,12 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         return scale * factor.float()
 
     def _controls_for_step(self) -> list[tuple[ControlUpdate, str | None]]:
-        """The requests that apply at this update() on every rank.
-
-        A step whose payload says rank 0 carries a request is followed by a broadcast of it
-        from rank 0. On cpu it applies at once; on cuda its values reach the host through an
-        asynchronous copy, and it applies at the next update(), as does the broadcast itself
-        when the payload was not read on the host this step (the fused-optimizer path).
-        """
-        updates = [u for u in (_control.decode(s) for s in self._lagged.take_slots()) if u]
-        if self._lagged.take_request():
-            updates.extend(self._receive_request())
-        if self._step_states:
-            rows = self._host_rows()
-            if rows is None:
-                payloads = [state["payload"] for state in self._step_states]
-                self._lagged.keep_request_flag(payloads)
-            elif any(_payload.carries_request(row) for row in rows):
-                updates.extend(self._receive_request())
-        elif self._inbox and self._group_info() is None:
-            updates.extend(self._inbox)
-            self._inbox.clear()
-        self._step_states = []
-        self._step_host = None
-        return [(update, None) for update in updates]
-
-    def _receive_request(self) -> list[ControlUpdate]:
-        """Rank 0's request, broadcast to every rank: on cpu returned, on cuda lagged."""
         assert self._scale is not None
-        device = self._scale.device
-        carrying, self._carrying = self._carrying, None
-        encoded = _control.encode(carrying) if carrying is not None else [0.0] * _control.SLOTS
-        slots = torch.tensor(encoded, dtype=torch.float64)
-        if device.type != "cpu":
-            slots = slots.to(device)
-        info = self._group_info()
-        if info is not None and info[1] > 1:
-            dist.broadcast(slots, group=self.process_group, group_src=0)
-        if device.type == "cpu":
-            update = _control.decode(slots.tolist())
-            return [] if update is None else [update]
-        self._lagged.keep_slots(slots)
-        return []
+        group = self._group_info()
+        inbox = self._link.inbox
+        if not self._agreement.step_states and inbox and group is None:
+            updates = list(inbox)  # no process group: a single process applies them now
+            inbox.clear()
+        else:
+            updates = self._agreement.controls(group, self._scale.device, self.process_group)
+        return [(update, None) for update in updates]

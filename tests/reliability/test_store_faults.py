@@ -60,7 +60,7 @@ class Trainer:
 
     def dropped(self) -> int:
         """Records dropped so far by the telemetry writer."""
-        return int(self.gs._telemetry.dropped)
+        return int(self.gs._link.telemetry.dropped)
 
     def run(self, seconds: float) -> list[float]:
         """Train for ``seconds``; each step's own time (without the pacing)."""

@@ -92,7 +92,7 @@ def test_a_dropped_scaler_is_closed_and_its_threads_end(tmp_path: Path, cls: typ
     url = f"sqlite:///{tmp_path / 'sw.db'}"
     gs = cls("cpu", telemetry=url, run_name="dropped")
     train_steps(gs, range(1, 21))
-    threads = [gs._recorder.thread, *gs._telemetry.threads]
+    threads = [gs._link.recorder.thread, *gs._link.telemetry.threads]
     del gs
     gc.collect()
     for thread in threads:
@@ -167,7 +167,7 @@ def test_close_waits_only_briefly_for_a_store_that_is_failing(
     monkeypatch.setattr(telemetry_module, "CLOSE_FAILING_S", 0.3)
     gs = GradScaler("cpu", telemetry=f"sqlite:///{tmp_path / 'missing' / 'sw.db'}")
     train_steps(gs, range(1, 4))
-    telemetry = gs._telemetry
+    telemetry = gs._link.telemetry
     wait_for(lambda: telemetry._failing, 30, "the writer to find the store failing")
     closer = threading.Thread(target=gs.close)
     with caplog.at_level(logging.WARNING, logger="scaler.telemetry"):
@@ -194,7 +194,7 @@ def test_close_waits_only_briefly_for_a_store_that_fails_while_it_waits(
     monkeypatch.setattr(telemetry_module, "open_store", open_later)
     gs = GradScaler("cpu", telemetry=f"sqlite:///{tmp_path / 'missing' / 'sw.db'}")
     train_steps(gs, range(1, 4))
-    telemetry = gs._telemetry
+    telemetry = gs._link.telemetry
     closer = threading.Thread(target=gs.close)
     with caplog.at_level(logging.WARNING, logger="scaler.telemetry"):
         closer.start()

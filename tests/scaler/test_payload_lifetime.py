@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from scaler import ShardedGradScaler
-from scaler.sharded import KEEP_REDUCED
+from scaler._agreement import KEEP_REDUCED
 
 
 def _step(gs: ShardedGradScaler, param: torch.nn.Parameter, opt: torch.optim.Optimizer) -> None:
@@ -59,9 +59,9 @@ def test_the_scaler_holds_the_handles_of_its_last_all_reduces(group: None) -> No
     handles = []
     for _ in range(KEEP_REDUCED + 2):
         _step(gs, param, opt)
-        newest = gs._reduced[-1]
+        newest = gs._agreement.reduced[-1]
         assert isinstance(newest, dist.Work)
         assert newest.is_completed()  # waited on before the step went on
         handles.append(newest)
-    assert list(gs._reduced) == handles[-KEEP_REDUCED:]
+    assert list(gs._agreement.reduced) == handles[-KEEP_REDUCED:]
     gs.close()

@@ -203,13 +203,13 @@ def test_cuda_sync_debug_mode(optimizers: str, telemetry: bool | None) -> None:
     plain = scaler.GradScaler("cuda", telemetry=telemetry, **kwargs)
     mine = cuda_steps(plain, optimizers, error_mode_for_step=fused)
     assert mine <= theirs
-    assert (plain._telemetry is not None) == (telemetry is None)
+    assert (plain._link.telemetry is not None) == (telemetry is None)
     plain.close()
     with world1():
         theirs = cuda_steps(TorchSharded("cuda", **kwargs), optimizers, error_mode_for_step=False)
         ours = scaler.ShardedGradScaler("cuda", telemetry=telemetry, **kwargs)
         mine = cuda_steps(ours, optimizers, error_mode_for_step=False)
-        assert (ours._telemetry is not None) == (telemetry is None)
+        assert (ours._link.telemetry is not None) == (telemetry is None)
         assert ours.stats().steps == STEPS
         ours.close()
     assert mine <= theirs

@@ -95,7 +95,7 @@ def _fsdp_twin(rank: int, world: int, url: str) -> dict[str, Any]:
         torch.equal(a._local_tensor, b._local_tensor)  # type: ignore[attr-defined]
         for a, b in zip(pairs[0][1].parameters(), pairs[1][1].parameters(), strict=True)
     )
-    if ours._telemetry is not None:
+    if ours._link.telemetry is not None:
         assert ours.flush(30)
     db_name = url.rsplit("/", 1)[-1]
     store_fds = [
@@ -106,7 +106,7 @@ def _fsdp_twin(rank: int, world: int, url: str) -> dict[str, Any]:
     result = {
         "scales": scales,
         "params_equal": params_equal,
-        "telemetry_none": ours._telemetry is None,
+        "telemetry_none": ours._link.telemetry is None,
         "store_open": bool(store_fds),
         "run_id": ours.run_id,
         "steps": ours.steps,
@@ -400,7 +400,7 @@ def test_a_locked_store_never_stops_training_and_loses_nothing(tmp_path: Path) -
         step += 1
         train_step(gs, model, opt, step)
     assert gs.flush(30)
-    dropped = gs._telemetry.dropped
+    dropped = gs._link.telemetry.dropped
     gs.close()
 
     assert locked_steps >= 30 and slowest < 1.0  # training went on while the store was locked
@@ -465,10 +465,10 @@ def test_an_unwritable_store_drops_past_the_bound_and_records_the_gap(
         nonlocal step
         step += 1
         train_step(gs, model, opt, step)
-        return gs._telemetry is not None and gs._telemetry.dropped >= 40
+        return gs._link.telemetry is not None and gs._link.telemetry.dropped >= 40
 
     wait_for(dropping, 60, "records to be dropped past the queue bound")
-    telemetry = gs._telemetry
+    telemetry = gs._link.telemetry
     assert telemetry is not None
     if fault == "read-only":
         switch(False)
@@ -660,7 +660,7 @@ def test_telemetry_adds_no_sync_to_a_training_step(kind: str, tmp_path: Path) ->
                 gs.update()
         syncs.append(sum(counts.values()))
     ours = pair[1]
-    assert ours._telemetry is not None  # the store was really on
+    assert ours._link.telemetry is not None  # the store was really on
     ours.close()
     assert syncs[1] <= syncs[0]
 

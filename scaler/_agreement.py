@@ -1,0 +1,148 @@
+"""How the ranks of a ShardedGradScaler agree on found_inf, and on a control request.
+
+Per optimizer and step, one all-reduce of the ``_payload`` (one element up to 52 ranks,
+as torch's found_inf). On the steps where rank 0 flags a request in it, a broadcast of
+the request follows at ``update()``; every rank does the same at the same boundary.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import _control, _payload
+from ._control import ControlUpdate
+from ._lagged import Lagged
+
+KEEP_REDUCED = 4  # all-reduce handles kept alive after they complete (see Agreement)
+
+
+class Agreement:
+    """The per-step state of the agreement: transient, never pickled."""
+
+    def __init__(self) -> None:
+        self.carrying: ControlUpdate | None = None  # rank 0: the request it flagged
+        self.step_states: list[dict[str, Any]] = []
+        self._step_host: list[list[float]] | None = None
+        self._lagged = Lagged()
+        # The handles of the last all-reduces, kept while the scaler lives. A gloo worker
+        # thread drops its reference to a handle just after the all-reduce completes. Were
+        # that the last one, the worker would free the handle and let go of the payload,
+        # which needs the GIL (the payload is a Python tensor). A process group freed
+        # meanwhile holds the GIL while it joins that worker: both wait for ever. Holding
+        # the handle here moves that release to the training thread.
+        self.reduced: deque[dist.Work] = deque(maxlen=KEEP_REDUCED)
+
+    def agree(
+        self,
+        state: dict[str, Any],
+        group: tuple[int, int],
+        device: torch.device,
+        inbox: deque[ControlUpdate],
+        process_group: Any,
+        reduce_alone: bool,
+    ) -> None:
+        """Agree ``state``'s found_inf across the ranks of ``group`` (rank, size)."""
+        rank, world = group
+        per_device: dict[torch.device, torch.Tensor] = state["found_inf_per_device"]
+        payload = _own_payload(per_device, rank, world, device)
+        if rank == 0 and inbox and self.carrying is None:
+            self.carrying = inbox.popleft()
+            payload[:1].add_(_payload.REQUEST)
+        if world > 1 or reduce_alone:  # for one rank the all-reduce is the identity
+            work = dist.all_reduce(payload, group=process_group, async_op=True)
+            if work is not None:
+                work.wait()
+                self.reduced.append(work)
+        if world > 1 or len(per_device) > 1:
+            total = payload.floor() if len(payload) == 1 else payload.floor().sum().reshape(1)
+            for found in per_device.values():
+                found.copy_(total)
+        state["payload"] = payload
+        state["world"] = world
+        self.step_states.append(state)
+
+    def flags(self) -> list[torch.Tensor]:
+        return [state["payload"] for state in self.step_states]
+
+    def width(self) -> int:
+        return int(self.step_states[0]["world"]) if self.step_states else 0
+
+    def host_rows(self) -> list[list[float]] | None:
+        """This step's payloads as read on the host (reading them on cpu); None on cuda when
+        a payload was not read (the fused-optimizer path)."""
+        if self._step_host is not None or not self.step_states:
+            return self._step_host
+        rows: list[list[float]] = []
+        for state in self.step_states:
+            host = state.get("host")
+            if host is None:
+                if state["payload"].device.type != "cpu":
+                    return None
+                host = state["payload"].tolist()
+            rows.append(host)
+        self._step_host = rows
+        return rows
+
+    def controls(
+        self, group: tuple[int, int] | None, device: torch.device, process_group: Any
+    ) -> list[ControlUpdate]:
+        """The requests that apply at this update() on every rank; forgets this step.
+
+        A request broadcast on cpu applies at once; on cuda its values reach the host by an
+        asynchronous copy, and it applies at the next update(), as does the broadcast itself
+        when the payload was not read on the host this step (the fused-optimizer path).
+        """
+        updates = [u for u in map(_control.decode, self._lagged.take_slots()) if u is not None]
+        if self._lagged.take_request():
+            updates.extend(self._receive(group, device, process_group))
+        if self.step_states:
+            rows = self.host_rows()
+            if rows is None:
+                self._lagged.keep_request_flag(self.flags())
+            elif any(_payload.carries_request(row) for row in rows):
+                updates.extend(self._receive(group, device, process_group))
+        self.step_states = []
+        self._step_host = None
+        return updates
+
+    def _receive(
+        self, group: tuple[int, int] | None, device: torch.device, process_group: Any
+    ) -> list[ControlUpdate]:
+        """Rank 0's request, broadcast to every rank: on cpu returned, on cuda lagged."""
+        carrying, self.carrying = self.carrying, None
+        encoded = _control.encode(carrying) if carrying is not None else [0.0] * _control.SLOTS
+        slots = torch.tensor(encoded, dtype=torch.float64)
+        if device.type != "cpu":
+            slots = slots.to(device)
+        if group is not None and group[1] > 1:
+            dist.broadcast(slots, group=process_group, group_src=0)
+        if device.type != "cpu":
+            self._lagged.keep_slots(slots)
+            return []
+        update = _control.decode(slots.tolist())
+        return [] if update is None else [update]
+
+
+def _own_payload(
+    per_device: dict[torch.device, torch.Tensor], rank: int, world: int, device: torch.device
+) -> torch.Tensor:
+    """This rank's contribution: its bit where its local gradients hold inf/NaN."""
+    if len(per_device) == 1:
+        local = next(iter(per_device.values())).reshape(1)
+    else:  # each device's flag is 0 or 1: any of them sets this rank's bit once
+        flags = [f.to(device, non_blocking=True).reshape(()) for f in per_device.values()]
+        local = torch.stack(flags).sum().clamp_(max=1.0).reshape(1)
+    word, bit = _payload.position(rank)
+    count = _payload.words(world)
+    if count == 1:
+        payload = local.to(device=device, dtype=torch.float64, non_blocking=True, copy=True)
+        if bit != 1.0:
+            payload.mul_(bit)
+        return payload
+    payload = torch.zeros(count, dtype=torch.float64, device=device)
+    payload[word : word + 1] = local.to(device, non_blocking=True) * bit
+    return payload

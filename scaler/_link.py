@@ -1,0 +1,115 @@
+"""A scaler's link to its run: what it holds only while it trains, never pickled.
+
+The recorder that reads each step's values, the telemetry they feed on the reporting
+rank, the finalizer that closes both, the control requests waiting for a step, and the
+host-side values of the step in progress. A copy of a scaler (pickle, deepcopy) gets a
+new link, and so a run of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ._control import ControlUpdate
+from ._pinned import PinnedRings
+from ._recorder import ControlOutcome, Recorder, Sink, Snapshot
+from .stats import ScalerStats
+
+if TYPE_CHECKING:
+    import torch
+
+    from .telemetry import Telemetry
+
+
+class RunLink:
+    """The transient half of a scaler: one attribute, so a copy can leave all of it behind."""
+
+    def __init__(self) -> None:
+        self.recorder: Recorder | None = None
+        self.telemetry: Telemetry | None = None
+        self.closer: weakref.finalize[Any, Any] | None = None
+        self.pinned = PinnedRings()
+        self.inbox: deque[ControlUpdate] = deque()
+        self.code_outcomes: list[ControlOutcome] = []
+        self.scale_host: float | None = None  # the scale, where the host knows it
+        self.last_found: torch.Tensor | None = None
+        self.group: tuple[int, int] | None = None
+        self.last_run_id: int | None = None
+        self.closed_dropped = 0  # records that earlier telemetry of this scaler lost
+
+    def submit(
+        self, owner: object, snapshot: Snapshot, init_scale: float, make_sink: Callable[[], Any]
+    ) -> None:
+        """Hand ``snapshot`` to the recorder, opening one (and the run) at the first step."""
+        recorder = self.recorder
+        if recorder is None or recorder.closed:
+            sink: Sink | None = make_sink()
+            recorder = self.recorder = Recorder(init_scale, sink, recorder)
+            self._close_when_dropped(owner, recorder)
+        recorder.submit(snapshot)
+
+    def _close_when_dropped(self, owner: object, recorder: Recorder) -> None:
+        """Close ``recorder`` and its telemetry when ``owner`` is garbage-collected or at
+        interpreter exit, whichever comes first: a scaler that is a local of a training
+        function and never closed still has every step written and its run finished.
+        """
+        if self.closer is not None:
+            self.closer.detach()
+        self.closer = weakref.finalize(owner, _close_parts, recorder, self.telemetry)
+
+    @property
+    def run_id(self) -> int | None:
+        return self.last_run_id if self.telemetry is None else self.telemetry.run_id
+
+    def flush(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        if self.recorder is not None:
+            try:
+                self.recorder.flush(timeout)
+            except TimeoutError:
+                return False
+        if self.telemetry is None:
+            return True
+        return bool(self.telemetry.flush(max(0.0, deadline - time.monotonic())))
+
+    def stats(self, timeout: float) -> ScalerStats | None:
+        """The recorder's counts with every lost record; None before the first step."""
+        if self.recorder is None:
+            return None
+        stats = self.recorder.stats(timeout)
+        lost = self.closed_dropped
+        if self.telemetry is not None:
+            lost += self.telemetry.dropped
+        return dataclasses.replace(stats, dropped_records=stats.dropped_records + lost)
+
+    def close(self) -> None:
+        closer, telemetry = self.closer, self.telemetry
+        self.telemetry = None
+        if closer is not None:
+            closer()  # does nothing once done
+        if telemetry is not None:
+            self.last_run_id = telemetry.run_id
+            self.closed_dropped += telemetry.dropped
+
+
+def _close_parts(recorder: Recorder, telemetry: Telemetry | None) -> None:
+    """Close a scaler's recorder and telemetry (the finalizer of a dropped or exiting scaler).
+
+    The garbage collector may run it on one of their own threads, which cannot wait for
+    itself: then a thread of its own does it.
+    """
+    own = {recorder.thread, *(() if telemetry is None else telemetry.threads)} - {None}
+    if threading.current_thread() in own:
+        threading.Thread(
+            target=_close_parts, args=(recorder, telemetry), name="scalewatch-closer"
+        ).start()
+        return
+    recorder.close()
+    if telemetry is not None:
+        telemetry.close()
