@@ -207,7 +207,7 @@ def _telemetry_threads_cpu(gs: Any) -> float:
     if telemetry is None:
         return 0.0
     total = 0.0
-    for thread in (telemetry._writer, telemetry._poller):
+    for thread in telemetry.threads:
         if thread.ident is None or not thread.is_alive():
             continue
         try:
@@ -278,7 +278,8 @@ def bench_training_thread(
     On - off is the median of each round's own difference: rounds side by side share the
     machine's state at that moment, which a best-of or a difference of medians does not.
     A round is ``steps`` steps, or more to last ``min_round_s``: the writer writes every
-    ``COALESCE_S``, and a round must hold several of its writes, not none or one.
+    ``TelemetrySettings.coalesce_s``, and a round must hold several of its writes, not
+    none or one.
     """
     torch.set_num_threads(1)
     began = time.perf_counter()

@@ -14,7 +14,7 @@ import torch
 from . import _control
 from ._control import ControlUpdate
 from ._pinned import PinnedRings
-from ._recorder import Captured, ControlOutcome, Recorder, Snapshot
+from ._recorder import Captured, ControlOutcome, ControlSource, Recorder, Snapshot
 from ._torch_compat import OptState, _refresh_per_optimizer_state, process_group_info
 from .stats import ScalerCheckpoint, ScalerStats
 
@@ -384,6 +384,7 @@ class Instrumented(_Base):
                 self._set_field(name, value)
             self._control_version += 1
         return ControlOutcome(
+            source=ControlSource.REQUEST,
             request_id=update.request_id,
             values=dict(update.values),
             applied=problem is None,
@@ -427,7 +428,9 @@ class Instrumented(_Base):
         self._control_version += 1
         state = self.control_state()
         self._code_outcomes.append(
-            ControlOutcome(0, {name: value}, True, None, state, self._control_version)
+            ControlOutcome(
+                ControlSource.CODE, None, {name: value}, True, None, state, self._control_version
+            )
         )
 
     def set_growth_factor(self, new_factor: float) -> None:
