@@ -113,6 +113,11 @@ class RecordQueue:
             gaps, self.gaps = joined(self.gaps), []
         return gaps
 
+    def first_wall_time(self) -> float | None:
+        """The wall time of the oldest record queued, if any."""
+        with self.lock:
+            return self.records[0][1] if self.records else None
+
     def busy(self) -> bool:
         """Something is queued or being written; call with ``lock`` held."""
         return bool(self.records or self.outcomes or self.gaps or self.in_flight)

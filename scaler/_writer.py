@@ -29,13 +29,14 @@ log = logging.getLogger("scaler.telemetry")
 
 @dataclass(frozen=True)
 class RunSpec:
-    """What the run row is created with."""
+    """What the run row is created with; ``started_at`` is when recording began."""
 
     uid: str
     name: str
     world_size: int
     config: Mapping[str, Any]
     control: Mapping[str, Any]
+    started_at: float
     resume: bool = False
 
 
@@ -103,6 +104,7 @@ class Writer:
         run = self._run
         ref = store_runs.resume_run(self.store, run.uid) if self._resume else None
         if ref is None:
+            first = self._queue.first_wall_time()
             ref = store_runs.create_run(
                 self.store,
                 name=run.name,
@@ -110,6 +112,7 @@ class Writer:
                 config=run.config,
                 control=run.control,
                 uid=run.uid,
+                started_at=run.started_at if first is None else min(run.started_at, first),
             )
         self.run_id = ref.id
         return True

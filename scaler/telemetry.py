@@ -95,6 +95,9 @@ class Telemetry:
         inbox: deque[ControlUpdate],
         uid: str | None = None,
     ) -> None:
+        # A run starts at or before its first step: a scaler makes its telemetry before it
+        # takes the first step's wall time, and the writer creates the run after it.
+        started_at = time.time()
         settings = target if isinstance(target, TelemetrySettings) else TelemetrySettings(target)
         self.settings = settings
         with _LIVE_LOCK:
@@ -114,6 +117,7 @@ class Telemetry:
             world_size=world_size,
             config=dict(config),
             control=dict(control),
+            started_at=started_at,
             resume=uid is not None,
         )
         self._queue = RecordQueue(settings.max_pending, settings.batch)

@@ -294,6 +294,22 @@ def test_close_marks_finished_and_a_finished_run_never_reads_as_crashed(tmp_path
     gs.close()  # twice is fine
 
 
+def test_a_run_starts_at_or_before_its_first_step(kind: str, tmp_path: Path) -> None:
+    """The run row is written after the first steps were taken; it still starts before them."""
+    url = db_url(tmp_path / "sw.db")
+    cls = scaler.GradScaler if kind == "plain" else scaler.ShardedGradScaler
+    model = mlp()
+    opt = sgd(model)[0]
+    with cls("cpu", growth_interval=2, telemetry=url) as gs:
+        for step in range(1, 6):
+            train_step(gs, model, opt, step)
+        assert gs.flush(30)
+    with open_store(url) as store:
+        (run,) = run_rows(store)
+        first = min(row["wall_time"] for row in step_rows(store))
+    assert run["started_at"] <= first
+
+
 def test_step_writes_keep_the_heartbeat_and_an_idle_run_beats_on_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
