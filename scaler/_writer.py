@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, StatementError
 
 from ._queue import Gap, QueuedOutcome, RecordQueue
 from ._recorder import ControlSource
@@ -177,12 +177,13 @@ class Writer:
         return gaps
 
     def _failed(self, error: Exception) -> None:
+        reason = one_line(error)
         if self.failing is None:
             log.warning(
                 "scalewatch: the store is not taking writes (%s); records wait, then are dropped",
-                error,
+                reason,
             )
-        self.failing = f"{type(error).__name__}: {error}"
+        self.failing = reason
 
     def _recovered(self) -> None:
         if self.failing is not None:
@@ -190,6 +191,19 @@ class Writer:
                 "scalewatch: the store takes writes again; %d records dropped", self._queue.dropped
             )
             self.failing = None
+
+
+def one_line(error: BaseException) -> str:
+    """Why ``error`` happened, in one line: the driver's own message, without SQL or values.
+
+    >>> one_line(OSError("disk I/O error\\nmore"))
+    'OSError: disk I/O error'
+    """
+    cause: BaseException = error
+    if isinstance(error, StatementError) and error.orig is not None:
+        cause = error.orig  # SQLAlchemy's message adds the statement and its parameters
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[0] if lines else 'no message'}"
 
 
 def write_outcome(store: Store, run_id: int, queued: QueuedOutcome) -> None:

@@ -24,7 +24,7 @@ from ._control import ControlUpdate
 from ._poller import Poller
 from ._queue import RecordQueue
 from ._recorder import StepSample
-from ._writer import RunSpec, Writer
+from ._writer import RunSpec, Writer, one_line
 from .store import runs as store_runs
 from .store.engine import Store
 
@@ -213,7 +213,7 @@ class Telemetry:
                     "scalewatch: could not mark run %s %s: %s",
                     writer.run_id,
                     status,
-                    error,
+                    one_line(error),
                 )
         if not flushed:
             with queue.lock:  # queued, and a batch the writer may still be stuck writing

@@ -24,13 +24,15 @@ import pytest
 import torch
 from _dist import run_ranks, wait_for
 from _twin import INJECT, batch, mlp, poison, sgd, train, train_step
-from sqlalchemy import event, func, select
+from sqlalchemy import create_engine, event, func, select, text
+from sqlalchemy.exc import DBAPIError
 from test_sync_count import counting_host_reads
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
 import scaler
 from scaler._recorder import ControlOutcome, ControlSource, StepSample
+from scaler._writer import one_line
 from scaler.store import StepRecord, Store, open_store
 from scaler.store import runs as store_runs
 from scaler.store.runs import HEARTBEAT_TIMEOUT_S, effective_status
@@ -445,6 +447,40 @@ def _read_only(store: Store) -> Callable[[bool], None]:
         store.engine.dispose()
 
     return switch
+
+
+def test_the_store_failing_is_one_line_with_the_reason_and_no_sql(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLAlchemy's message carries the statement and its parameters over several lines."""
+    caplog.set_level(logging.WARNING, logger="scaler.telemetry")
+    store = open_store(db_url(tmp_path / "sw.db"))
+    _read_only(store)(True)
+    settings = TelemetrySettings(store, retry_s=0.05)
+    telemetry = Telemetry(settings, name=None, world_size=1, config={}, control={}, inbox=deque())
+    try:
+        telemetry.submit([_sample(1)])
+        wait_for(lambda: telemetry.failing is not None, 30, "the writer to find the store failing")
+    finally:
+        telemetry.close(timeout=1.0)
+        store.close()
+    (warning,) = [r.getMessage() for r in caplog.records if "not taking writes (" in r.getMessage()]
+    reason = "OperationalError: attempt to write a readonly database"
+    assert warning == (
+        f"scalewatch: the store is not taking writes ({reason}); records wait, then are dropped"
+    )
+    assert telemetry.failing == reason  # also the reason a gap is recorded with
+
+
+def test_one_line_keeps_the_drivers_message_without_the_statement_or_its_values() -> None:
+    engine = create_engine("sqlite://")
+    with pytest.raises(DBAPIError) as raised, engine.connect() as conn:
+        conn.execute(text("INSERT INTO nowhere VALUES (:secret)"), {"secret": "hunter2"})
+    engine.dispose()
+    assert "hunter2" in str(raised.value) and "[SQL" in str(raised.value)
+    assert one_line(raised.value) == "OperationalError: no such table: nowhere"
+    assert one_line(OSError("disk I/O error\nmore")) == "OSError: disk I/O error"
+    assert one_line(RuntimeError()) == "RuntimeError: no message"
 
 
 @pytest.mark.parametrize("fault", ["read-only", "directory-removed"])
