@@ -69,3 +69,18 @@ def test_the_rules_module_pins_its_public_names() -> None:
         "check",
         "normalise",
     ]
+
+
+def test_the_cli_and_the_api_model_take_the_fields_the_rules_name() -> None:
+    """The CLI's options are derived from the rules; the API model declares its fields
+    with pydantic's strict types (for its schema), which must agree with them."""
+    from app.cli import CONTROL_HELP, CONTROL_OPTIONS
+    from app.models import ControlRequest
+
+    assert list(CONTROL_OPTIONS) == list(CONTROL_HELP) == list(rules.FIELDS)
+    assert {name for name, kind in CONTROL_OPTIONS.items() if kind is int} == rules.INT_FIELDS
+    assert list(ControlRequest.model_fields) == list(rules.FIELDS)
+    integral = {
+        name for name, info in ControlRequest.model_fields.items() if "int" in str(info.annotation)
+    }
+    assert integral == rules.INT_FIELDS
