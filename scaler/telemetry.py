@@ -77,6 +77,23 @@ class TelemetrySettings:
                 raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
 
 
+def _claim(uid: str | None) -> tuple[str, bool]:
+    """(the uid to write, whether it resumes ``uid``): a fresh one for None, or when a
+    Telemetry of this process writes ``uid`` already."""
+    with _LIVE_LOCK:
+        if uid is not None and uid in _LIVE_UIDS:
+            # A copy of a scaler (deepcopy, pickle, its state_dict) beside the original.
+            log.warning(
+                "scalewatch: run %s is being written by another scaler of this process;"
+                " this one starts a run of its own",
+                uid,
+            )
+            uid = None
+        claimed = uid or uuid.uuid4().hex
+        _LIVE_UIDS.add(claimed)
+    return claimed, uid is not None
+
+
 class Telemetry:
     """Writes one run's samples and control outcomes; feeds pending requests to ``inbox``.
 
@@ -100,17 +117,7 @@ class Telemetry:
         started_at = time.time()
         settings = target if isinstance(target, TelemetrySettings) else TelemetrySettings(target)
         self.settings = settings
-        with _LIVE_LOCK:
-            if uid is not None and uid in _LIVE_UIDS:
-                # A copy of a scaler (deepcopy, pickle, its state_dict) beside the original.
-                log.warning(
-                    "scalewatch: run %s is being written by another scaler of this process;"
-                    " this one starts a run of its own",
-                    uid,
-                )
-                uid = None
-            self.uid = uid or uuid.uuid4().hex
-            _LIVE_UIDS.add(self.uid)
+        self.uid, resume = _claim(uid)
         run = RunSpec(
             uid=self.uid,
             name=name or f"{socket.gethostname()}-{os.getpid()}-{self.uid[:6]}",
@@ -118,7 +125,7 @@ class Telemetry:
             config=dict(config),
             control=dict(control),
             started_at=started_at,
-            resume=uid is not None,
+            resume=resume,
         )
         self._queue = RecordQueue(settings.max_pending, settings.batch)
         self._writer = Writer(
