@@ -22,6 +22,7 @@ from typing import TextIO
 from pydantic import ValidationError
 
 from app.settings import Settings
+from scaler.store.rules import FIELDS, INT_FIELDS
 
 __all__ = ["COMMANDS", "Command", "command", "main"]
 
@@ -285,15 +286,7 @@ def _umask() -> int:
     return umask
 
 
-CONTROL_OPTIONS: dict[str, type] = {
-    "growth_interval": int,
-    "growth_factor": float,
-    "backoff_factor": float,
-    "scale": float,
-    "min_scale": float,
-    "max_scale": float,
-    "hysteresis": int,
-}
+CONTROL_OPTIONS: dict[str, type] = {name: int if name in INT_FIELDS else float for name in FIELDS}
 
 
 CONTROL_HELP = {

@@ -279,7 +279,8 @@ def bench_training_thread(
     On - off is the median of each round's own difference: rounds side by side share the
     machine's state at that moment, which a best-of or a difference of medians does not.
     A round is ``steps`` steps, or more to last ``min_round_s``: the writer writes every
-    ``COALESCE_S``, and a round must hold several of its writes, not none or one.
+    ``TelemetrySettings.coalesce_s``, and a round must hold several of its writes, not
+    none or one.
     """
     torch.set_num_threads(1)
     began = time.perf_counter()

@@ -19,7 +19,7 @@ from ._config import Options, not_an_integer, refusal
 from ._control import ControlState, ControlUpdate
 from ._extras import Extras
 from ._link import RunLink
-from ._recorder import Captured, ControlOutcome, Snapshot
+from ._recorder import Captured, ControlOutcome, ControlSource, Snapshot
 from ._torch_compat import OptState, _refresh_per_optimizer_state, process_group_info
 from .stats import ScalerCheckpoint, ScalerStats
 
@@ -267,6 +267,7 @@ class Instrumented(_Base):
             self._adopt(new, update.values)
             self._control_version += 1
         return ControlOutcome(
+            source=ControlSource.REQUEST,
             request_id=update.request_id,
             values=dict(update.values),
             applied=problem is None,
@@ -307,7 +308,13 @@ class Instrumented(_Base):
         self._control_version += 1
         self._link.code_outcomes.append(
             ControlOutcome(
-                0, {name: value}, True, None, self.control_state(), self._control_version
+                ControlSource.CODE,
+                None,
+                {name: value},
+                True,
+                None,
+                self.control_state(),
+                self._control_version,
             )
         )
 

@@ -14,6 +14,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 
@@ -30,16 +31,31 @@ YIELD_EVERY = 32
 INLINE_BATCH = 1024  # steps a recorder without a thread folds at once
 
 
+class ControlSource(str, Enum):  # enum.StrEnum from Python 3.11; this runs on 3.10
+    """Where a control change came from."""
+
+    REQUEST = "request"  # a request in the store (the API or the CLI), ``request_id`` its id
+    CODE = "code"  # a setter called by the training script: no request
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True, slots=True)
 class ControlOutcome:
-    """What happened to a control change at a step (request_id 0: a setter called by code)."""
+    """What happened to a control change at a step; ``request_id`` is None for ``CODE``."""
 
-    request_id: int
+    source: ControlSource
+    request_id: int | None
     values: dict[str, float | int]
     applied: bool
     reason: str | None
     state: dict[str, float | int | None]
     version: int
+
+    def __post_init__(self) -> None:
+        if (self.request_id is None) != (self.source is ControlSource.CODE):
+            raise ValueError(f"a {self.source} change has request_id {self.request_id!r}")
 
 
 @dataclass(frozen=True, slots=True)

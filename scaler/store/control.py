@@ -16,7 +16,6 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, RowMapping, select, update
 
-from scaler._control import EMPTY, FIELDS, RULES, UNKNOWN, bounds_problems, normalise
 from scaler.store.engine import Store
 from scaler.store.errors import (
     ControlValidationError,
@@ -25,6 +24,7 @@ from scaler.store.errors import (
     RunNotRunning,
 )
 from scaler.store.records import ControlRequestRow
+from scaler.store.rules import EMPTY, FIELDS, RULES, UNKNOWN, bounds_problems, normalise
 from scaler.store.runs import effective_status, ended_first
 from scaler.store.schema import control_requests, runs
 

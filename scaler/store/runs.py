@@ -64,8 +64,13 @@ def create_run(
     control: Mapping[str, Any],
     uid: str | None = None,
     torch_version: str | None = None,
+    started_at: float | None = None,
 ) -> RunRef:
-    """Insert a running run owned by this process; ``uid`` defaults to a fresh UUID (hex)."""
+    """Insert a running run owned by this process; ``uid`` defaults to a fresh UUID (hex).
+
+    ``started_at`` (default: now) is when recording began: a trainer's writer creates the
+    row after its first steps were taken, and a run starts at or before its first step.
+    """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     uid = uid or uuid.uuid4().hex
@@ -81,7 +86,7 @@ def create_run(
         "torch_version": torch_version or _torch_version(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "started_at": now,
+        "started_at": now if started_at is None else min(started_at, now),
         "ended_at": None,
         "heartbeat_at": now,
         "last_step": 0,

@@ -29,9 +29,9 @@ from _faults import (
 from sqlalchemy import select
 
 import scaler
-from scaler import telemetry as telemetry_module
 from scaler.store import Store, open_store
 from scaler.store.schema import runs, steps, telemetry_gaps
+from scaler.telemetry import TelemetrySettings
 
 PERIOD = 0.005  # s per step: 200 steps/s
 QUEUE_BOUND = 100  # records; each fault outlasts it several times
@@ -46,7 +46,7 @@ MAX_STEP_S = 0.5  # no single step waits for the store
 class Trainer:
     """A small MLP trained with ``scaler.GradScaler`` on this thread, paced at ``PERIOD``."""
 
-    def __init__(self, telemetry: str | Store) -> None:
+    def __init__(self, telemetry: TelemetrySettings) -> None:
         torch.manual_seed(0)
         self.model = torch.nn.Sequential(
             torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
@@ -138,15 +138,14 @@ def _one_thread() -> Iterator[None]:
     "fault", ["locked", "read-only", "disk-full", "directory-moved", "directory-deleted"]
 )
 def test_a_store_fault_never_slows_training_and_every_drop_is_a_recorded_gap(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+    tmp_path: Path, fault: str
 ) -> None:
-    monkeypatch.setattr(telemetry_module, "MAX_PENDING", QUEUE_BOUND)
     folder = tmp_path / "store"
     folder.mkdir()
     db = folder / "sw.db"
     url = db_url(db)
     store = open_store(url) if fault in ("read-only", "disk-full") else None
-    trainer = Trainer(store or url)
+    trainer = Trainer(TelemetrySettings(store or url, max_pending=QUEUE_BOUND))
     try:
         trainer.run(0.5)  # warm up
         before = trainer.run(1.0)

@@ -16,10 +16,10 @@ from _dist import wait_for
 from _twin import GradScaler, ShardedGradScaler, mlp, sgd, train_step
 from sqlalchemy import select
 
-from scaler import _recorder
-from scaler import telemetry as telemetry_module
+from scaler import _recorder, _writer
 from scaler.store import open_store
 from scaler.store.schema import runs, steps
+from scaler.telemetry import TelemetrySettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -161,14 +161,18 @@ def test_flush_returns_false_when_the_recorder_is_behind(
     gs.close()
 
 
+def _close_failing_soon(db: Path) -> TelemetrySettings:
+    """A store that close() waits 0.3 s for once it fails."""
+    return TelemetrySettings(f"sqlite:///{db}", close_failing_s=0.3)
+
+
 def test_close_waits_only_briefly_for_a_store_that_is_failing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(telemetry_module, "CLOSE_FAILING_S", 0.3)
-    gs = GradScaler("cpu", telemetry=f"sqlite:///{tmp_path / 'missing' / 'sw.db'}")
+    gs = GradScaler("cpu", telemetry=_close_failing_soon(tmp_path / "missing" / "sw.db"))
     train_steps(gs, range(1, 4))
     telemetry = gs._link.telemetry
-    wait_for(lambda: telemetry._failing, 30, "the writer to find the store failing")
+    wait_for(lambda: telemetry.failing, 30, "the writer to find the store failing")
     closer = threading.Thread(target=gs.close)
     with caplog.at_level(logging.WARNING, logger="scaler.telemetry"):
         closer.start()
@@ -183,23 +187,22 @@ def test_close_waits_only_briefly_for_a_store_that_fails_while_it_waits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A short script that exits before its writer first tried the store (a mistyped path)."""
-    monkeypatch.setattr(telemetry_module, "CLOSE_FAILING_S", 0.3)
     tried = threading.Event()
-    original = telemetry_module.open_store
+    original = _writer.open_store
 
     def open_later(url: str | None = None) -> Any:
         tried.wait(60)
         return original(url)
 
-    monkeypatch.setattr(telemetry_module, "open_store", open_later)
-    gs = GradScaler("cpu", telemetry=f"sqlite:///{tmp_path / 'missing' / 'sw.db'}")
+    monkeypatch.setattr(_writer, "open_store", open_later)
+    gs = GradScaler("cpu", telemetry=_close_failing_soon(tmp_path / "missing" / "sw.db"))
     train_steps(gs, range(1, 4))
     telemetry = gs._link.telemetry
     closer = threading.Thread(target=gs.close)
     with caplog.at_level(logging.WARNING, logger="scaler.telemetry"):
         closer.start()
-        wait_for(lambda: telemetry._closed, 30, "close() to start")
-        assert telemetry._failing is None  # not failing yet when close() began waiting
+        wait_for(lambda: telemetry.closed, 30, "close() to start")
+        assert telemetry.failing is None  # not failing yet when close() began waiting
         tried.set()
         closer.join(20)  # 30 s, the close() default, before the bound
         assert not closer.is_alive()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import os
 import queue
 import sqlite3
@@ -23,19 +24,20 @@ import pytest
 import torch
 from _dist import run_ranks, wait_for
 from _twin import INJECT, batch, mlp, poison, sgd, train, train_step
-from sqlalchemy import event, func, select
+from sqlalchemy import create_engine, event, func, select, text
+from sqlalchemy.exc import DBAPIError
 from test_sync_count import counting_host_reads
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
 import scaler
-from scaler import telemetry as telemetry_module
-from scaler._recorder import StepSample
+from scaler._recorder import ControlOutcome, ControlSource, StepSample
+from scaler._writer import one_line
 from scaler.store import StepRecord, Store, open_store
 from scaler.store import runs as store_runs
 from scaler.store.runs import HEARTBEAT_TIMEOUT_S, effective_status
 from scaler.store.schema import runs, steps, telemetry_gaps
-from scaler.telemetry import Telemetry
+from scaler.telemetry import Telemetry, TelemetrySettings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -294,6 +296,22 @@ def test_close_marks_finished_and_a_finished_run_never_reads_as_crashed(tmp_path
     gs.close()  # twice is fine
 
 
+def test_a_run_starts_at_or_before_its_first_step(kind: str, tmp_path: Path) -> None:
+    """The run row is written after the first steps were taken; it still starts before them."""
+    url = db_url(tmp_path / "sw.db")
+    cls = scaler.GradScaler if kind == "plain" else scaler.ShardedGradScaler
+    model = mlp()
+    opt = sgd(model)[0]
+    with cls("cpu", growth_interval=2, telemetry=url) as gs:
+        for step in range(1, 6):
+            train_step(gs, model, opt, step)
+        assert gs.flush(30)
+    with open_store(url) as store:
+        (run,) = run_rows(store)
+        first = min(row["wall_time"] for row in step_rows(store))
+    assert run["started_at"] <= first
+
+
 def test_step_writes_keep_the_heartbeat_and_an_idle_run_beats_on_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -431,14 +449,46 @@ def _read_only(store: Store) -> Callable[[bool], None]:
     return switch
 
 
+def test_the_store_failing_is_one_line_with_the_reason_and_no_sql(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLAlchemy's message carries the statement and its parameters over several lines."""
+    caplog.set_level(logging.WARNING, logger="scaler.telemetry")
+    store = open_store(db_url(tmp_path / "sw.db"))
+    _read_only(store)(True)
+    settings = TelemetrySettings(store, retry_s=0.05)
+    telemetry = Telemetry(settings, name=None, world_size=1, config={}, control={}, inbox=deque())
+    try:
+        telemetry.submit([_sample(1)])
+        wait_for(lambda: telemetry.failing is not None, 30, "the writer to find the store failing")
+    finally:
+        telemetry.close(timeout=1.0)
+        store.close()
+    (warning,) = [r.getMessage() for r in caplog.records if "not taking writes (" in r.getMessage()]
+    reason = "OperationalError: attempt to write a readonly database"
+    assert warning == (
+        f"scalewatch: the store is not taking writes ({reason}); records wait, then are dropped"
+    )
+    assert telemetry.failing == reason  # also the reason a gap is recorded with
+
+
+def test_one_line_keeps_the_drivers_message_without_the_statement_or_its_values() -> None:
+    engine = create_engine("sqlite://")
+    with pytest.raises(DBAPIError) as raised, engine.connect() as conn:
+        conn.execute(text("INSERT INTO nowhere VALUES (:secret)"), {"secret": "hunter2"})
+    engine.dispose()
+    assert "hunter2" in str(raised.value) and "[SQL" in str(raised.value)
+    assert one_line(raised.value) == "OperationalError: no such table: nowhere"
+    assert one_line(OSError("disk I/O error\nmore")) == "OSError: disk I/O error"
+    assert one_line(RuntimeError()) == "RuntimeError: no message"
+
+
 @pytest.mark.parametrize("fault", ["read-only", "directory-removed"])
 def test_an_unwritable_store_drops_past_the_bound_and_records_the_gap(
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
     fault: str,
 ) -> None:
-    monkeypatch.setattr(telemetry_module, "MAX_PENDING", 16)
     caplog.set_level(logging.WARNING, logger="scaler.telemetry")
     folder = tmp_path / "store"
     folder.mkdir()
@@ -448,7 +498,8 @@ def test_an_unwritable_store_drops_past_the_bound_and_records_the_gap(
     opt = sgd(model)[0]
     step = 0
     if fault == "read-only":
-        gs = scaler.GradScaler("cpu", growth_interval=50, telemetry=store)
+        settings = TelemetrySettings(store, max_pending=16)
+        gs = scaler.GradScaler("cpu", growth_interval=50, telemetry=settings)
         for step in range(1, 6):
             train_step(gs, model, opt, step)
         assert gs.flush(30)
@@ -456,7 +507,8 @@ def test_an_unwritable_store_drops_past_the_bound_and_records_the_gap(
         switch(True)
     else:
         # The store's directory is gone when the writer first opens it.
-        gs = scaler.GradScaler("cpu", growth_interval=50, telemetry=url)
+        settings = TelemetrySettings(url, max_pending=16)
+        gs = scaler.GradScaler("cpu", growth_interval=50, telemetry=settings)
         store.close()
         folder.rename(tmp_path / "elsewhere")
     steps_before_fault = step
@@ -503,11 +555,11 @@ def test_an_unwritable_store_drops_past_the_bound_and_records_the_gap(
 
 
 def test_a_failed_batch_dropped_after_newer_records_is_in_the_same_gap(
-    writer: tuple[Telemetry, Store, list[int]],
+    make_writer: MakeWriter,
 ) -> None:
     """Steps 1-3 fail to write and go back to the queue's front; 4-6, which came in
     meanwhile, are dropped first, then 1-3: one lost range, 1-6, is recorded."""
-    telemetry, store, _ = writer
+    telemetry, store, _ = make_writer(max_pending=4)
     write = store_runs.write_step_values
     taken, failed_once, resubmitted = threading.Event(), threading.Event(), threading.Event()
 
@@ -518,7 +570,7 @@ def test_a_failed_batch_dropped_after_newer_records_is_in_the_same_gap(
             raise sqlite3.OperationalError("disk I/O error")
         write(store, run_id, values)
 
-    ensure_run = telemetry._ensure_run
+    ensure_run = telemetry._writer._ensure_run
 
     def retry_after_resubmit() -> bool:
         if failed_once.is_set():  # the retry takes its batch only once 8-10 are queued
@@ -526,14 +578,13 @@ def test_a_failed_batch_dropped_after_newer_records_is_in_the_same_gap(
         return ensure_run()
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(telemetry_module, "MAX_PENDING", 4)
         patch.setattr(store_runs, "write_step_values", failing_once)
-        patch.setattr(telemetry, "_ensure_run", retry_after_resubmit)
+        patch.setattr(telemetry._writer, "_ensure_run", retry_after_resubmit)
         telemetry.submit([_sample(step) for step in range(1, 4)])
         wait_for(taken.is_set, 30, "the writer to take steps 1-3")
         telemetry.submit([_sample(step) for step in range(4, 8)])  # 4-6 dropped, 7 queued
         failed_once.set()
-        wait_for(lambda: telemetry._failing is not None, 30, "the write of 1-3 to fail")
+        wait_for(lambda: telemetry.failing is not None, 30, "the write of 1-3 to fail")
         telemetry.submit([_sample(step) for step in range(8, 11)])  # 1-3 dropped now
         resubmitted.set()
         assert telemetry.flush(30)
@@ -557,14 +608,32 @@ def _sample(step: int) -> StepSample:
     )
 
 
+MakeWriter = Callable[..., tuple[Telemetry, Store, list[int]]]
+
+
 @pytest.fixture
-def writer(tmp_path: Path) -> Iterator[tuple[Telemetry, Store, list[int]]]:
-    """A telemetry writer on a file store whose run exists; the sizes of its step batches."""
-    store = open_store(db_url(tmp_path / "sw.db"))
-    telemetry = Telemetry(store, name="cadence", world_size=1, config={}, control={}, inbox=deque())
-    wait_for(lambda: telemetry.run_id is not None, 30, "the writer to create its run")
-    batches: list[int] = []
+def make_writer(tmp_path: Path) -> Iterator[MakeWriter]:
+    """``make_writer(**settings)``: a telemetry writer with ``TelemetrySettings(**settings)``
+    on a file store whose run exists, and the sizes of its step batches."""
+    made: list[tuple[Telemetry, Store]] = []
     write = store_runs.write_step_values
+
+    def make(**settings: Any) -> tuple[Telemetry, Store, list[int]]:
+        assert not made, "one writer a test"
+        store = open_store(db_url(tmp_path / "sw.db"))
+        telemetry = Telemetry(
+            TelemetrySettings(store, **settings),
+            name="cadence",
+            world_size=1,
+            config={},
+            control={},
+            inbox=deque(),
+        )
+        made.append((telemetry, store))
+        wait_for(lambda: telemetry.run_id is not None, 30, "the writer to create its run")
+        return telemetry, store, batches
+
+    batches: list[int] = []
 
     def counting(store: Store, run_id: int, values: Any) -> None:
         batches.append(len(values))
@@ -572,9 +641,16 @@ def writer(tmp_path: Path) -> Iterator[tuple[Telemetry, Store, list[int]]]:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(store_runs, "write_step_values", counting)
-        yield telemetry, store, batches
-    telemetry.close()
-    store.close()
+        yield make
+    for telemetry, store in made:
+        telemetry.close()
+        store.close()
+
+
+@pytest.fixture
+def writer(make_writer: MakeWriter) -> tuple[Telemetry, Store, list[int]]:
+    """A telemetry writer with the default settings (see ``make_writer``)."""
+    return make_writer()
 
 
 def _stored(store: Store) -> int:
@@ -583,10 +659,9 @@ def _stored(store: Store) -> int:
 
 
 def test_the_writer_gathers_a_burst_of_records_into_one_transaction(
-    writer: tuple[Telemetry, Store, list[int]], monkeypatch: pytest.MonkeyPatch
+    make_writer: MakeWriter,
 ) -> None:
-    telemetry, store, batches = writer
-    monkeypatch.setattr(telemetry_module, "COALESCE_S", 2.0)
+    telemetry, store, batches = make_writer(coalesce_s=2.0)
     for step in range(1, 41):  # as the recorder hands them over: a few at a time
         telemetry.submit([_sample(step)])
         time.sleep(0.001)
@@ -599,41 +674,80 @@ def test_the_default_cadence_keeps_a_step_under_a_second_from_the_store(
 ) -> None:
     """What a kill -9 may lose, and what a live chart waits for, stay under 1 s."""
     telemetry, store, _ = writer
-    assert telemetry_module.COALESCE_S <= 0.25
+    assert telemetry.settings.coalesce_s == TelemetrySettings().coalesce_s <= 0.25
     began = time.monotonic()
     telemetry.submit([_sample(1)])
     wait_for(lambda: _stored(store) == 1, 30, "the step to reach the store")
     assert time.monotonic() - began < 1.0
 
 
-def test_queued_records_leave_the_garbage_collectors_tracking(
-    writer: tuple[Telemetry, Store, list[int]], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_queued_records_leave_the_garbage_collectors_tracking(make_writer: MakeWriter) -> None:
     """Records waiting for the writer cost the collections that run meanwhile, some of them
     on the training thread, nothing once a collection has seen them."""
-    telemetry, store, _ = writer
-    monkeypatch.setattr(telemetry_module, "COALESCE_S", 600.0)  # they stay queued
+    telemetry, store, _ = make_writer(coalesce_s=600.0)  # they stay queued
     telemetry.submit([_sample(step) for step in range(1, 11)])
     gc.collect(0)
-    with telemetry._lock:
-        queued = list(telemetry._records)
+    with telemetry._queue.lock:
+        queued = list(telemetry._queue.records)
     assert len(queued) == 10
     assert not any(gc.is_tracked(record) for record in queued)
     assert telemetry.flush(30) and _stored(store) == 10
 
 
-def test_flush_and_a_full_batch_write_at_once(
-    writer: tuple[Telemetry, Store, list[int]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    telemetry, store, batches = writer
-    monkeypatch.setattr(telemetry_module, "COALESCE_S", 600.0)
-    monkeypatch.setattr(telemetry_module, "BATCH", 10)
+def test_flush_and_a_full_batch_write_at_once(make_writer: MakeWriter) -> None:
+    telemetry, store, batches = make_writer(coalesce_s=600.0, batch=10)
     telemetry.submit([_sample(step) for step in range(1, 4)])
     assert telemetry.flush(30)
     assert _stored(store) == 3 and batches == [3]
     telemetry.submit([_sample(step) for step in range(4, 14)])  # a whole batch: no waiting
     wait_for(lambda: _stored(store) == 13, 30, "a full batch to reach the store")
     assert batches == [3, 10]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"max_pending": 0},
+        {"batch": 2.5},
+        {"batch": True},
+        {"coalesce_s": -1.0},
+        {"retry_s": math.nan},
+        {"close_failing_s": "5"},
+    ],
+    ids=repr,
+)
+def test_settings_refuse_values_the_writer_cannot_run_with(bad: dict[str, Any]) -> None:
+    (name,) = bad
+    with pytest.raises(ValueError, match=f"^{name} must be "):
+        TelemetrySettings(**bad)
+
+
+def test_settings_are_per_writer_not_per_process(tmp_path: Path) -> None:
+    """Two writers of one process, each with its own bound: the tunables are arguments."""
+    small = TelemetrySettings(db_url(tmp_path / "missing" / "a.db"), max_pending=3)
+    large = TelemetrySettings(db_url(tmp_path / "missing" / "b.db"), max_pending=8)
+    made = [
+        Telemetry(settings, name=None, world_size=1, config={}, control={}, inbox=deque())
+        for settings in (small, large)
+    ]
+    try:
+        for telemetry in made:
+            telemetry.submit([_sample(step) for step in range(1, 11)])
+        assert [telemetry.dropped for telemetry in made] == [7, 2]
+    finally:
+        for telemetry in made:
+            telemetry.close(timeout=1.0)
+
+
+def test_a_control_outcome_says_where_it_came_from() -> None:
+    code = ControlOutcome(ControlSource.CODE, None, {"growth_factor": 3.0}, True, None, {}, 1)
+    request = ControlOutcome(ControlSource.REQUEST, 7, {"scale": 8.0}, False, "no", {}, 1)
+    assert (code.source, code.request_id, str(code.source)) == (ControlSource.CODE, None, "code")
+    assert (request.source, request.request_id) == (ControlSource.REQUEST, 7)
+    with pytest.raises(ValueError, match="code change has request_id 0"):
+        ControlOutcome(ControlSource.CODE, 0, {"scale": 8.0}, True, None, {}, 1)
+    with pytest.raises(ValueError, match="request change has request_id None"):
+        ControlOutcome(ControlSource.REQUEST, None, {"scale": 8.0}, True, None, {}, 1)
 
 
 # ------------------------------------------------------------ host-device syncs

@@ -200,6 +200,17 @@ def test_create_run_records_identity(store: Store) -> None:
         create_run(store, name="c", world_size=1, config={}, control={}, uid=ref.uid)
 
 
+def test_create_run_takes_when_recording_began(store: Store) -> None:
+    """A trainer creates its run after its first steps: the row starts when they did."""
+    began = time.time() - 5.0
+    ref = create_run(store, name="late", world_size=1, config={}, control={}, started_at=began)
+    assert _run_row(store, ref.id)["started_at"] == began
+    before = time.time()
+    now = create_run(store, name="now", world_size=1, config={}, control={})
+    started = _run_row(store, now.id)["started_at"]
+    assert isinstance(started, float) and before <= started <= time.time()
+
+
 def test_end_and_resume(store: Store, run: RunRef) -> None:
     end_run(store, run.id, "crashed")
     row = _run_row(store, run.id)

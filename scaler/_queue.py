@@ -1,0 +1,147 @@
+"""The writer's bounded queue: records and control outcomes waiting for the store.
+
+The recorder thread puts, the writer thread takes; neither waits on the store. Past
+``max_pending`` records the oldest are dropped, counted and kept as ranges of steps
+(gaps) for the writer to record once the store takes writes again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from ._recorder import ControlOutcome, StepSample
+from .store.runs import step_values
+
+Gap = tuple[int, int, int]  # (first step, last step, records dropped): a whole range
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedOutcome:
+    """A control outcome to write; ``step`` is None for one settled at no step."""
+
+    step: int | None
+    at: float
+    outcome: ControlOutcome
+
+
+class RecordQueue:
+    """Records as :func:`step_values` tuples, outcomes, and the gaps of records dropped.
+
+    ``lock`` guards everything here; ``idle`` (on ``lock``) is notified after each pass
+    of the writer; ``wake`` says something was queued, ``hurry`` to write it without
+    gathering more (a whole batch is queued, or a flush waits).
+    """
+
+    def __init__(self, max_pending: int, batch: int) -> None:
+        self._max_pending = max_pending
+        self._batch = batch
+        # Plain tuples, which the garbage collector stops tracking.
+        self.records: deque[tuple[Any, ...]] = deque()
+        self.outcomes: deque[QueuedOutcome] = deque()
+        self.gaps: list[Gap] = []
+        self.in_flight = 0
+        self.dropped = 0
+        self.lock = threading.Lock()
+        self.idle = threading.Condition(self.lock)
+        self.wake = threading.Event()
+        self.hurry = threading.Event()
+
+    def put(self, samples: list[StepSample]) -> None:
+        """Called by the recorder thread; never blocks on the store."""
+        records = self.records
+        with self.lock:
+            for sample in samples:
+                records.append(step_values(sample.record))
+                for outcome in sample.controls:
+                    self.outcomes.append(
+                        QueuedOutcome(sample.record.step, sample.record.wall_time, outcome)
+                    )
+            # The batch being written counts: it may fail and come back.
+            overflow = len(records) + self.in_flight - self._max_pending
+            for _ in range(min(max(0, overflow), len(records))):
+                self._drop(records.popleft()[0])
+            full = len(records) >= self._batch
+        if full:
+            self.hurry.set()
+        self.wake.set()
+
+    def put_outcome(self, outcome: QueuedOutcome) -> None:
+        with self.lock:
+            self.outcomes.append(outcome)
+        self.wake.set()
+
+    def _drop(self, step: int) -> None:
+        self.dropped += 1
+        if self.gaps and self.gaps[-1][1] + 1 == step:
+            first, _, count = self.gaps[-1]
+            self.gaps[-1] = (first, step, count + 1)
+        else:
+            self.gaps.append((step, step, 1))
+
+    def take(self) -> tuple[list[tuple[Any, ...]], list[QueuedOutcome]]:
+        """The next batch of records (it leaves the queue) and every queued outcome.
+
+        Records dropped while the batch is written are never ones that reach the store;
+        :meth:`put_back` returns the batch to the front if the write fails.
+        """
+        records = self.records
+        with self.lock:
+            batch = [records.popleft() for _ in range(min(self._batch, len(records)))]
+            outcomes = list(self.outcomes)
+            self.in_flight = len(batch) + len(outcomes)
+        return batch, outcomes
+
+    def put_back(self, batch: list[tuple[Any, ...]], gaps: list[Gap]) -> None:
+        """A batch whose write failed, and the gaps that were lost with it, to the front."""
+        with self.lock:
+            self.records.extendleft(reversed(batch))
+            self.gaps[:0] = gaps
+
+    def outcome_written(self) -> None:
+        with self.lock:
+            self.outcomes.popleft()
+
+    def written(self) -> None:
+        with self.lock:
+            self.in_flight = 0
+
+    def take_gaps(self) -> list[Gap]:
+        with self.lock:
+            gaps, self.gaps = joined(self.gaps), []
+        return gaps
+
+    def first_wall_time(self) -> float | None:
+        """The wall time of the oldest record queued, if any."""
+        with self.lock:
+            return self.records[0][1] if self.records else None
+
+    def busy(self) -> bool:
+        """Something is queued or being written; call with ``lock`` held."""
+        return bool(self.records or self.outcomes or self.gaps or self.in_flight)
+
+    def unwritten(self) -> int:
+        """Records queued or being written; call with ``lock`` held."""
+        return len(self.records) + self.in_flight
+
+
+def joined(gaps: list[Gap]) -> list[Gap]:
+    """``gaps`` in step order, ranges that touch joined into one.
+
+    A batch whose write failed goes back to the front of the queue; when it is dropped
+    after records that came in while it was being written, its steps open a second range
+    right before the first.
+
+    >>> joined([(4, 6, 3), (1, 3, 3), (9, 9, 1)])
+    [(1, 6, 6), (9, 9, 1)]
+    """
+    result: list[Gap] = []
+    for first, last, count in sorted(gaps):
+        if result and result[-1][1] + 1 == first:
+            start, _, before = result[-1]
+            result[-1] = (start, last, before + count)
+        else:
+            result.append((first, last, count))
+    return result
