@@ -73,7 +73,7 @@ def table(rows: list[list[str]]) -> str:
 
 
 def main() -> int:
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     sections, all_rows, failed = [], [], []
     for script, args in SCRIPTS.items():
         output, rows, seconds, code = run(script, args)

@@ -14,7 +14,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 import torch
 
@@ -31,7 +31,7 @@ YIELD_EVERY = 32
 INLINE_BATCH = 1024  # steps a recorder without a thread folds at once
 
 
-class ControlSource(str, Enum):  # enum.StrEnum from Python 3.11; this runs on 3.10
+class ControlSource(StrEnum):
     """Where a control change came from."""
 
     REQUEST = "request"  # a request in the store (the API or the CLI), ``request_id`` its id

@@ -1,7 +1,14 @@
-"""Every use of torch internals lives here, pinned by ``tests/scaler/test_torch_compat.py``."""
+"""Every use of torch internals lives here, pinned by ``tests/scaler/test_torch_compat.py``.
+
+That includes the bodies of our overrides of torch's private methods, and the signatures
+of the private methods we override or call (``PINNED``): a torch whose privates changed
+fails those tests, rather than training on with a scaler that half-works.
+"""
 
 from __future__ import annotations
 
+import inspect
+from collections import defaultdict
 from typing import Any
 
 import torch
@@ -23,9 +30,107 @@ __all__ = [
     "amp_update_scale_",
     "cuda_amp_unavailable",
     "local_tensor",
+    "maybe_opt_step_result",
+    "mismatched_signatures",
     "non_finite_check_and_unscale_",
     "process_group_info",
+    "unscale_local_grads",
 ]
+
+# (class, method) -> its parameters, for every torch private we override or call.
+PINNED: dict[tuple[type, str], tuple[str, ...]] = {
+    (TorchGradScaler, "_maybe_opt_step"): (
+        "self",
+        "optimizer",
+        "optimizer_state",
+        "args",
+        "kwargs",
+    ),
+    (TorchGradScaler, "_check_inf_per_device"): ("self", "optimizer"),
+    (TorchGradScaler, "_check_scale_growth_tracker"): ("self", "funcname"),
+    (TorchGradScaler, "_get_growth_tracker"): ("self",),
+    (TorchGradScaler, "unscale_"): ("self", "optimizer"),
+    (TorchGradScaler, "update"): ("self", "new_scale"),
+    (TorchShardedGradScaler, "_unscale_grads_"): (
+        "self",
+        "optimizer",
+        "inv_scale",
+        "found_inf",
+        "allow_fp16",
+    ),
+    (TorchShardedGradScaler, "unscale_"): ("self", "optimizer"),
+    (TorchShardedGradScaler, "update"): ("self", "new_scale"),
+}
+
+
+def mismatched_signatures() -> list[str]:
+    """The pinned methods whose parameters in this torch differ from ``PINNED``."""
+    wrong = []
+    for (cls, name), expected in PINNED.items():
+        found = tuple(inspect.signature(getattr(cls, name)).parameters)
+        if found != expected:
+            wrong.append(f"{cls.__name__}.{name}{found}, expected {expected}")
+    return wrong
+
+
+# torch 2.13's _maybe_opt_step returns the optimizer's return value; a later torch returns
+# (retval, found_inf). What our override returns follows the torch it runs on.
+_STEP_RETURNS_PAIR = (
+    "tuple" in str(inspect.signature(TorchGradScaler._maybe_opt_step).return_annotation).lower()
+)
+
+
+def maybe_opt_step_result(retval: Any, optimizer_state: dict[str, Any]) -> Any:
+    """What torch's ``_maybe_opt_step`` would return for ``retval``."""
+    if _STEP_RETURNS_PAIR:
+        return retval, optimizer_state["found_inf_per_device"]
+    return retval
+
+
+def unscale_local_grads(
+    optimizer: torch.optim.Optimizer,
+    inv_scale: torch.Tensor,
+    found_inf: torch.Tensor,
+    allow_fp16: bool,
+    fallback_device: torch.device,
+) -> dict[torch.device, torch.Tensor]:
+    """torch's ShardedGradScaler._unscale_grads_, each rank checking only its local shard.
+
+    Returns found_inf per device; a rank that holds no gradient shard at all still gets
+    one on ``fallback_device``, for it takes part in the all-reduce.
+    """
+    per_device_inv_scale = _GeneralMultiDeviceReplicator(inv_scale)
+    per_device_found_inf = _GeneralMultiDeviceReplicator(found_inf)
+    grouped: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                grad = param.grad
+                if grad is None:
+                    continue
+                if (not allow_fp16) and grad.dtype == torch.float16:
+                    raise ValueError("Attempting to unscale FP16 gradients.")
+                if grad.is_sparse:
+                    # Coalescing may overflow scaled fp16 values: check the coalesced ones.
+                    if grad.dtype is torch.float16:
+                        param_grad_fp32 = grad.type(torch.float32).coalesce()
+                        param.grad = grad = param_grad_fp32.type(torch.float16)
+                    to_unscale = grad._values()
+                elif type(grad) is torch.Tensor:  # the common case, without a call per grad
+                    to_unscale = grad
+                else:
+                    to_unscale = local_tensor(grad)
+                grouped[to_unscale.device][to_unscale.dtype].append(to_unscale)
+        for device, per_dtype in grouped.items():
+            for grads in per_dtype.values():
+                non_finite_check_and_unscale_(
+                    grads, per_device_found_inf.get(device), per_device_inv_scale.get(device)
+                )
+    if not per_device_found_inf._per_device_tensors:
+        per_device_found_inf.get(fallback_device)
+    return per_device_found_inf._per_device_tensors
 
 
 def non_finite_check_and_unscale_(

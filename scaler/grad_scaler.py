@@ -41,9 +41,10 @@ class GradScaler(Instrumented, TorchGradScaler):
         min_scale, max_scale (float, keyword-only, default None): clamp the scale.
         hysteresis (int, keyword-only, default None): back off only after this
             many overflows since the last growth (Megatron's meaning).
-        telemetry (None, str, store or False, keyword-only): None records to the
-            default store (``$SCALEWATCH_DB`` or ``sqlite:///scalewatch.db``), a URL
-            or store picks another, False turns recording off.
+        telemetry (None, str, store, TelemetrySettings or False, keyword-only): None
+            records to the default store (``$SCALEWATCH_DB`` or ``sqlite:///scalewatch.db``),
+            a URL or store picks another, ``scaler.telemetry.TelemetrySettings`` also sets
+            the writer's queue bound and cadence, False turns recording off.
         run_name (str, keyword-only): the run's name in the store.
 
     In a multi-process job every rank applies the same values only with

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 import torch
@@ -16,10 +15,9 @@ from ._core import Instrumented
 from ._torch_compat import (
     OptState,
     TorchShardedGradScaler,
-    _GeneralMultiDeviceReplicator,
     amp_update_scale_,
-    local_tensor,
-    non_finite_check_and_unscale_,
+    maybe_opt_step_result,
+    unscale_local_grads,
 )
 
 
@@ -107,40 +105,8 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         found_inf: torch.Tensor,
         allow_fp16: bool = True,
     ) -> dict[torch.device, torch.Tensor]:
-        per_device_inv_scale = _GeneralMultiDeviceReplicator(inv_scale)
-        per_device_found_inf = _GeneralMultiDeviceReplicator(found_inf)
-        grouped: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = defaultdict(
-            lambda: defaultdict(list)
-        )
-        with torch.no_grad():
-            for group in optimizer.param_groups:
-                for param in group["params"]:
-                    grad = param.grad
-                    if grad is None:
-                        continue
-                    if (not allow_fp16) and grad.dtype == torch.float16:
-                        raise ValueError("Attempting to unscale FP16 gradients.")
-                    if grad.is_sparse:
-                        # Coalescing may overflow scaled fp16 values: check the coalesced ones.
-                        if grad.dtype is torch.float16:
-                            param_grad_fp32 = grad.type(torch.float32).coalesce()
-                            param.grad = grad = param_grad_fp32.type(torch.float16)
-                        to_unscale = grad._values()
-                    elif type(grad) is torch.Tensor:  # the common case, without a call per grad
-                        to_unscale = grad
-                    else:
-                        to_unscale = local_tensor(grad)
-                    grouped[to_unscale.device][to_unscale.dtype].append(to_unscale)
-            for device, per_dtype in grouped.items():
-                for grads in per_dtype.values():
-                    non_finite_check_and_unscale_(
-                        grads, per_device_found_inf.get(device), per_device_inv_scale.get(device)
-                    )
-        # A rank may hold no gradient shard at all; it still takes part in the all-reduce.
-        if not per_device_found_inf._per_device_tensors:
-            assert self._scale is not None
-            per_device_found_inf.get(self._scale.device)
-        return per_device_found_inf._per_device_tensors
+        assert self._scale is not None
+        return unscale_local_grads(optimizer, inv_scale, found_inf, allow_fp16, self._scale.device)
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         if not self._enabled:
@@ -186,17 +152,15 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         optimizer_state: dict[str, Any],
         *args: Any,
         **kwargs: Any,
-    ) -> float | None:
+    ) -> Any:
         payload = optimizer_state.get("payload")
         if payload is None:
             return super()._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)
         # One read of the payload replaces torch's read of each found_inf.
         host = payload.tolist()
         optimizer_state["host"] = host
-        if _payload.any_overflow(host):
-            return None
-        retval: float | None = optimizer.step(*args, **kwargs)
-        return retval
+        retval = None if _payload.any_overflow(host) else optimizer.step(*args, **kwargs)
+        return maybe_opt_step_result(retval, optimizer_state)
 
     # ------------------------------------------------------------ update
 

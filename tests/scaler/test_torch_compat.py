@@ -5,7 +5,10 @@ from __future__ import annotations
 import enum
 import inspect
 import math
+import tomllib
+from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
@@ -143,3 +146,56 @@ def test_optimizer_stages_mark_a_stepped_optimizer() -> None:
     assert gs._per_optimizer_states[id(opt)]["stage"] is compat.OptState.READY
     gs.step(opt)
     assert gs._per_optimizer_states[id(opt)]["stage"] is compat.OptState.STEPPED
+
+
+def test_the_privates_we_override_or_call_have_the_pinned_signatures() -> None:
+    assert compat.mismatched_signatures() == []
+
+
+def test_a_changed_private_signature_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    key = (compat.TorchGradScaler, "_maybe_opt_step")
+    monkeypatch.setitem(compat.PINNED, key, ("self", "optimizer"))
+    assert compat.mismatched_signatures() == [
+        "GradScaler._maybe_opt_step('self', 'optimizer', 'optimizer_state', 'args', 'kwargs'),"
+        " expected ('self', 'optimizer')"
+    ]
+
+
+def test_every_torch_private_our_classes_override_is_pinned() -> None:
+    pinned = {name for _, name in compat.PINNED}
+    for ours, theirs in (
+        (scaler.GradScaler, compat.TorchGradScaler),
+        (scaler.ShardedGradScaler, compat.TorchShardedGradScaler),
+    ):
+        overridden = {
+            name
+            for klass in ours.__mro__
+            if klass.__module__.startswith("scaler.")
+            for name in vars(klass)
+            if name.startswith("_") and not name.startswith("__") and hasattr(theirs, name)
+        }
+        assert overridden <= pinned, overridden - pinned
+
+
+def test_maybe_opt_step_returns_what_this_torchs_returns(monkeypatch: pytest.MonkeyPatch) -> None:
+    state = {"found_inf_per_device": {torch.device("cpu"): torch.zeros(1)}}
+    annotation = inspect.signature(compat.TorchGradScaler._maybe_opt_step).return_annotation
+    assert "tuple" not in str(annotation).lower()  # torch 2.13: the optimizer's return value
+    assert compat.maybe_opt_step_result(0.5, state) == 0.5
+    monkeypatch.setattr(compat, "_STEP_RETURNS_PAIR", True)  # a torch that returns a pair
+    assert compat.maybe_opt_step_result(0.5, state) == (0.5, state["found_inf_per_device"])
+
+
+def test_the_declared_torch_range_starts_at_the_tested_torch() -> None:
+    """CI installs constraints.txt's torch: the package must not claim an older one works."""
+    root = Path(__file__).resolve().parents[2]
+    pins = dict(
+        line.split("==")
+        for line in (root / "constraints.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    torch_requirement = next(d for d in project["dependencies"] if d.startswith("torch"))
+    lower = torch_requirement.split(">=")[1].split(",")[0]
+    assert pins["torch"].startswith(lower), (torch_requirement, pins["torch"])
+    assert torch.__version__.startswith(pins["torch"])
