@@ -25,8 +25,6 @@ if TYPE_CHECKING:
     import uvicorn
 
 TRAINER = "scaler.examples.tiny_lm"
-# torch says at import, in every rank, that numpy is missing; the trainer needs none.
-QUIET = "ignore:Failed to initialize NumPy:UserWarning"
 WAIT_POLL_S = 0.1  # how often the demo looks whether its trainer has ended
 STOP_S = 30.0  # for the trainer to stop after a Ctrl-C (its ranks get 20 s of it)
 
@@ -74,7 +72,6 @@ def demo(args: argparse.Namespace) -> int:
                 "--run-name",
                 args.run_name,
             ],
-            env=_trainer_env(),
             # Its own session: a Ctrl-C reaches it through this process alone (see
             # _stop_trainer), and a forced stop kills the ranks with it. A terminal closed
             # (or this process killed) is no signal to it: it notices that this process
@@ -159,13 +156,6 @@ def _wait_for_interrupt() -> None:
     forever = threading.Event()
     while not forever.wait(3600):
         pass
-
-
-def _trainer_env() -> dict[str, str]:
-    """This process's environment, with torch's notice of a missing numpy silenced."""
-    env = dict(os.environ)
-    env["PYTHONWARNINGS"] = ",".join(filter(None, (env.get("PYTHONWARNINGS"), QUIET)))
-    return env
 
 
 def _force_stop(trainer: subprocess.Popen[bytes], forced: threading.Event) -> None:
