@@ -203,17 +203,29 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
         help="every step, or only the steps that overflowed (default steps)",
     )
     parser.add_argument("--format", choices=["csv", "jsonl"], default="csv", help="(default csv)")
-    parser.add_argument("--start", type=_step, help="first step (default: the first)")
-    parser.add_argument("--end", type=_step, help="last step (default: the last)")
+    parser.add_argument("--start", type=int, help="first step (default: the first)")
+    parser.add_argument("--end", type=int, help="last step (default: the last)")
     parser.add_argument("-o", "--output", help="file to write (default: standard output)")
     _db_argument(parser)
 
 
-def _step(text: str) -> int:
-    step = int(text)
-    if step < 0:
-        raise argparse.ArgumentTypeError(f"a step is >= 0, not {step}")
-    return step
+def _step_range_refused(start: int | None, end: int | None) -> str | None:
+    """Why the API would refuse ``start`` and ``end`` (422), as one line; None if it takes
+    them. The bounds are the API's own (:data:`app.models.Step`)."""
+    from pydantic import TypeAdapter
+
+    from app.models import Step
+
+    step = TypeAdapter(Step)
+    for name, value in (("--start", start), ("--end", end)):
+        try:
+            if value is not None:
+                step.validate_python(value)
+        except ValidationError as error:
+            return f"{name} {value}: {error.errors()[0]['msg']}"
+    if start is not None and end is not None and start > end:
+        return f"--start {start} is after --end {end}"
+    return None
 
 
 @command("export", "export a run's steps or overflows as CSV or JSON Lines", _export_arguments)
@@ -222,8 +234,9 @@ def export(args: argparse.Namespace) -> int:
     from scaler.store.engine import open_store
     from scaler.store.queries import run_status
 
-    if args.start is not None and args.end is not None and args.start > args.end:
-        print(f"scalewatch export: --start {args.start} is after --end {args.end}", file=sys.stderr)
+    refused = _step_range_refused(args.start, args.end)
+    if refused is not None:  # before a byte of output, as the API answers 422
+        print(f"scalewatch export: {refused}", file=sys.stderr)
         return 2
     with open_store(_existing_store(args)) as store:
         if run_status(store, args.run) is None:
