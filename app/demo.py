@@ -44,6 +44,12 @@ def demo(args: argparse.Namespace) -> int:
     if args.steps < 1 or args.world_size < 1:
         print("scalewatch demo: --steps and --world-size must be >= 1", file=sys.stderr)
         return 2
+    from scaler.examples.tiny_lm import world_size_refused
+
+    too_many = world_size_refused(args.world_size)
+    if too_many is not None:  # before anything starts: the trainer would refuse it too
+        print(f"scalewatch demo: {too_many}", file=sys.stderr)
+        return 2
     from app.serving import CannotServe, ready_to_serve
 
     try:  # the store is migrated once here, before the ranks and the server start
