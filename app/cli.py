@@ -314,9 +314,10 @@ CONTROL_HELP = {
     "growth_factor": "what a growth multiplies the scale by (> 1)",
     "backoff_factor": "what an overflow multiplies the scale by (between 0 and 1)",
     "scale": "set the scale now",
-    "min_scale": "the lowest the scale may go",
-    "max_scale": "the highest the scale may go",
-    "hysteresis": "overflows since the last growth before a backoff (an integer >= 1)",
+    "min_scale": "the lowest the scale may go (once set, it can be moved, not removed)",
+    "max_scale": "the highest the scale may go (once set, it can be moved, not removed)",
+    "hysteresis": "overflows since the last growth before a backoff (an integer >= 1; once"
+    " set it cannot be removed, and 1 backs off at every overflow, as without it)",
 }
 
 

@@ -25,12 +25,18 @@ if TYPE_CHECKING:
     import uvicorn
 
 TRAINER = "scaler.examples.tiny_lm"
+DEFAULT_STEPS = 10_000  # minutes at 10-60 it/s: 1500 ended before a reader had sent a change
 WAIT_POLL_S = 0.1  # how often the demo looks whether its trainer has ended
 STOP_S = 30.0  # for the trainer to stop after a Ctrl-C (its ranks get 20 s of it)
 
 
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=1500, help="training steps (default 1500)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help=f"training steps (default {DEFAULT_STEPS}: minutes, time to try a control request)",
+    )
     parser.add_argument("--world-size", type=int, default=2, help="ranks (default 2)")
     parser.add_argument("--port", type=int, help="dashboard port (default 8765)")
     parser.add_argument(

@@ -18,7 +18,7 @@ const FIELDS = [
   { name: "scale", label: "Scale", hint: "Set the loss scale now; > 0" },
   { name: "min_scale", label: "Min scale", hint: "Floor for the scale; > 0" },
   { name: "max_scale", label: "Max scale", hint: "Ceiling for the scale; ≥ min scale" },
-  { name: "hysteresis", label: "Hysteresis", hint: "Overflows tolerated before backing off; integer ≥ 1", integer: true },
+  { name: "hysteresis", label: "Hysteresis", hint: "Overflows tolerated before backing off; integer ≥ 1; cannot be removed once set (1: back off at every overflow)", integer: true },
 ];
 const FIELD_NAMES = FIELDS.map((f) => f.name);
 

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
@@ -152,8 +152,7 @@ def train(rank: int, args: argparse.Namespace, stop: Any, launcher: int) -> None
     )
     data = corpus(rank, args.seed)
     gen = torch.Generator().manual_seed(args.seed + rank)
-    started = time.monotonic()
-    shown = False  # a progress line, to end at the end
+    progress = Progress(args.steps) if rank == 0 else None
     try:
         for step in range(1, args.steps + 1):
             if step % STOP_CHECK_EVERY == 1:
@@ -171,13 +170,12 @@ def train(rank: int, args: argparse.Namespace, stop: Any, launcher: int) -> None
             scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
             scaler.step(optimizer)
             scaler.update()
-            if rank == 0 and (step % 5 == 0 or step == args.steps):
-                _progress(step, args.steps, loss.item(), scaler.get_scale(), started)
-                shown = True
+            if progress is not None and progress.due(step):
+                progress.show(step, loss.item(), scaler.get_scale())
     finally:
         scaler.close()
-        if shown:
-            print(file=sys.stderr, flush=True)
+        if progress is not None:
+            progress.end()
         dist.destroy_process_group()
 
 
@@ -230,15 +228,37 @@ def _stop_agreed(asked: bool, device: torch.device) -> bool:
     return bool(flag.item())
 
 
-def _progress(step: int, total: int, loss: float, scale: float, started: float) -> None:
-    width = 30
-    done = width * step // total
-    rate = step / max(time.monotonic() - started, 1e-9)
-    bar = "#" * done + "." * (width - done)
-    sys.stderr.write(
-        f"\r[{bar}] step {step}/{total}  loss {loss:6.3f}  scale {scale:>10.0f}  {rate:5.1f} it/s"
-    )
-    sys.stderr.flush()
+class Progress:
+    """Rank 0's progress: on a terminal one line redrawn in place (``\\r``) every few steps
+    and ended by a newline; anywhere else (a log, a pipe) a plain line now and then."""
+
+    def __init__(self, total: int, out: TextIO | None = None) -> None:
+        self.out = sys.stderr if out is None else out
+        self.terminal = self.out.isatty()
+        self.total = total
+        self.every = 5 if self.terminal else 100
+        self.started = time.monotonic()
+        self.open = False  # a line redrawn in place, not ended yet
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0 or step == self.total
+
+    def show(self, step: int, loss: float, scale: float) -> None:
+        width = 30
+        done = width * step // self.total
+        rate = step / max(time.monotonic() - self.started, 1e-9)
+        bar = "#" * done + "." * (width - done)
+        line = f"[{bar}] step {step}/{self.total}  loss {loss:6.3f}  scale {scale:>10.0f}"
+        line += f"  {rate:5.1f} it/s"
+        self.out.write(f"\r{line}" if self.terminal else f"{line}\n")
+        self.out.flush()
+        self.open = self.terminal
+
+    def end(self) -> None:
+        if self.open:
+            self.out.write("\n")
+            self.out.flush()
+            self.open = False
 
 
 def free_port() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
@@ -61,6 +62,9 @@ def test_demo_trains_serves_and_stops_cleanly(tmp_path: Path) -> None:
         demo.stop()
     assert f"http://127.0.0.1:{demo.port}/" in demo.output
     assert "Warning" not in demo.output  # neither torch's numpy notice nor FSDP2's view warning
+    # Not a terminal: the progress is plain lines, the last one whole.
+    assert "\r" not in demo.output
+    assert any(line.split()[1:3] == ["step", "60/60"] for line in demo.output.splitlines())
 
 
 def _marked(mark: str, command: bytes = b"") -> list[int]:
@@ -380,3 +384,32 @@ def test_the_machine_runs_a_rank_per_core_or_per_gpu() -> None:
     assert cores == len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
     assert tiny_lm.world_size_refused(max(cores, gpus)) is None
     assert tiny_lm.world_size_refused(max(cores, gpus) + 1) is not None
+
+
+class _Stream(io.StringIO):
+    def __init__(self, terminal: bool) -> None:
+        super().__init__()
+        self.terminal = terminal
+
+    def isatty(self) -> bool:
+        return self.terminal
+
+
+@pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "log"])
+def test_the_progress_redraws_one_line_on_a_terminal_only_and_ends_it(terminal: bool) -> None:
+    """It wrote ``\\r`` into logs and pipes too, one long line of redraws."""
+    from scaler.examples.tiny_lm import Progress
+
+    out = _Stream(terminal)
+    progress = Progress(250, out)
+    for step in range(1, 251):
+        if progress.due(step):
+            progress.show(step, 1.0, 2.0**16)
+    progress.end()
+    text = out.getvalue()
+    assert text.endswith("\n") and text.count("\n") == (1 if terminal else 3)
+    if terminal:
+        assert text.count("\r") == 50 and not text.startswith("\n")
+    else:
+        assert "\r" not in text
+        assert [line.split()[2] for line in text.splitlines()] == ["100/250", "200/250", "250/250"]
