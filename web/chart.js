@@ -44,6 +44,7 @@ export class RunChart {
     this.bucketWidth = 1;
     this.overflowSteps = new Set();
     this.markers = [];
+    this.drawnMarkers = null; // what applyMarkers last drew, so that it redraws only a change
     this.scaleExtent = [Infinity, -Infinity]; // of the whole run drawn
     this.shown = null; // a zoomed view drawn, and its y ranges: { view, scales, tracker, rate }
     this.plotted = false;
@@ -294,6 +295,7 @@ export class RunChart {
     if (this.shown) this.widenShown(cols);
     else if (widened) Plotly.relayout(this.node, powerTicks(wider));
     this.appended += rows.length;
+    if (!this.view && this.markers.length) this.applyMarkers(); // more steps in as many pixels
     this.updateCounts();
     if (!this.view && this.appended > COMPACT_AFTER) this.setView(null);
   }
@@ -331,6 +333,9 @@ export class RunChart {
       showarrow: false,
       font: { color: "#6e40c9", size: 11 },
     }));
+    const key = `${shapes.length}:${annotations.map((a) => a.text).join()}`;
+    if (key === this.drawnMarkers) return;
+    this.drawnMarkers = key;
     Plotly.relayout(this.node, { shapes, annotations });
     this.node.dataset.markers = String(shapes.length);
     this.node.dataset.labels = String(annotations.length);
