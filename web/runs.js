@@ -32,7 +32,7 @@ const COLUMNS = [
   { key: "started_at", label: "Started", cls: "time", show: formatTime },
   { key: "ended_at", label: "Ended", cls: "time", show: formatTime },
   { key: "duration", label: "Duration", cls: "num", show: formatDuration },
-  { key: "last_heartbeat", label: "Last seen", show: (t) => formatAgo(t) },
+  { key: "last_heartbeat", label: "Last seen", cls: "time", show: (t) => formatAgo(t) },
 ];
 
 // A running run's duration so far; an ended one's from its start to its end.

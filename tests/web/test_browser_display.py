@@ -201,4 +201,10 @@ def test_the_runs_page_shows_when_each_run_started_and_ended_and_for_how_long(
     }
     live = page.locator(f'#runs tbody tr[data-run-id="{served.run_id}"] td[data-label="Ended"]')
     assert live.inner_text() == "\u2013"  # the dash of a value not known
+    # Beside the columns that never wrap, the names were squeezed to a word a line.
+    name = row.locator("td.name").bounding_box()
+    assert name is not None and name["width"] >= 140
+    wrap = "(w => [w.scrollWidth, w.clientWidth])(document.querySelector('.table-wrap'))"
+    scrolled, shown = page.evaluate(wrap)
+    assert scrolled <= shown, "every column in view at 1280 pixels"
     assert tab.unexpected_errors() == []
