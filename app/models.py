@@ -25,11 +25,11 @@ __all__ = [
 ]
 
 StrictInt = Annotated[int, Strict()]
+# Strict: ``true`` is not a number; an integer is still a valid float.
+StrictFloat = Annotated[float, Strict()]
 # A step number as the store keeps it (a signed 64-bit integer): the one bound of every
 # step the HTTP API and the CLI take; a larger one cannot even be compared with the rows.
 Step = Annotated[int, Field(ge=0, le=INT64_MAX)]
-# Strict: ``true`` is not a number; an integer is still a valid float.
-StrictFloat = Annotated[float, Strict()]
 
 
 class RunSummary(BaseModel):
