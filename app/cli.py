@@ -204,17 +204,29 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
         help="every step, or only the steps that overflowed (default steps)",
     )
     parser.add_argument("--format", choices=["csv", "jsonl"], default="csv", help="(default csv)")
-    parser.add_argument("--start", type=_step, help="first step (default: the first)")
-    parser.add_argument("--end", type=_step, help="last step (default: the last)")
+    parser.add_argument("--start", type=int, help="first step (default: the first)")
+    parser.add_argument("--end", type=int, help="last step (default: the last)")
     parser.add_argument("-o", "--output", help="file to write (default: standard output)")
     _db_argument(parser)
 
 
-def _step(text: str) -> int:
-    step = int(text)
-    if step < 0:
-        raise argparse.ArgumentTypeError(f"a step is >= 0, not {step}")
-    return step
+def _step_range_refused(start: int | None, end: int | None) -> str | None:
+    """Why the API would refuse ``start`` and ``end`` (422), as one line; None if it takes
+    them. The bounds are the API's own (:data:`app.models.Step`)."""
+    from pydantic import TypeAdapter
+
+    from app.models import Step
+
+    step = TypeAdapter(Step)
+    for name, value in (("--start", start), ("--end", end)):
+        try:
+            if value is not None:
+                step.validate_python(value)
+        except ValidationError as error:
+            return f"{name} {value}: {error.errors()[0]['msg']}"
+    if start is not None and end is not None and start > end:
+        return f"--start {start} is after --end {end}"
+    return None
 
 
 @command("export", "export a run's steps or overflows as CSV or JSON Lines", _export_arguments)
@@ -223,8 +235,9 @@ def export(args: argparse.Namespace) -> int:
     from scaler.store.engine import open_store
     from scaler.store.queries import run_status
 
-    if args.start is not None and args.end is not None and args.start > args.end:
-        print(f"scalewatch export: --start {args.start} is after --end {args.end}", file=sys.stderr)
+    refused = _step_range_refused(args.start, args.end)
+    if refused is not None:  # before a byte of output, as the API answers 422
+        print(f"scalewatch export: {refused}", file=sys.stderr)
         return 2
     with open_store(_existing_store(args)) as store:
         if run_status(store, args.run) is None:
@@ -294,9 +307,10 @@ CONTROL_HELP = {
     "growth_factor": "what a growth multiplies the scale by (> 1)",
     "backoff_factor": "what an overflow multiplies the scale by (between 0 and 1)",
     "scale": "set the scale now",
-    "min_scale": "the lowest the scale may go",
-    "max_scale": "the highest the scale may go",
-    "hysteresis": "overflows since the last growth before a backoff (an integer >= 1)",
+    "min_scale": "the lowest the scale may go (once set, it can be moved, not removed)",
+    "max_scale": "the highest the scale may go (once set, it can be moved, not removed)",
+    "hysteresis": "overflows since the last growth before a backoff (an integer >= 1; once"
+    " set it cannot be removed, and 1 backs off at every overflow, as without it)",
 }
 
 

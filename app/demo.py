@@ -25,14 +25,18 @@ if TYPE_CHECKING:
     import uvicorn
 
 TRAINER = "scaler.examples.tiny_lm"
-# torch says at import, in every rank, that numpy is missing; the trainer needs none.
-QUIET = "ignore:Failed to initialize NumPy:UserWarning"
+DEFAULT_STEPS = 10_000  # minutes at 10-60 it/s: 1500 ended before a reader had sent a change
 WAIT_POLL_S = 0.1  # how often the demo looks whether its trainer has ended
 STOP_S = 30.0  # for the trainer to stop after a Ctrl-C (its ranks get 20 s of it)
 
 
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=1500, help="training steps (default 1500)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help=f"training steps (default {DEFAULT_STEPS}: minutes, time to try a control request)",
+    )
     parser.add_argument("--world-size", type=int, default=2, help="ranks (default 2)")
     parser.add_argument("--port", type=int, help="dashboard port (default 8765)")
     parser.add_argument(
@@ -45,6 +49,12 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
 def demo(args: argparse.Namespace) -> int:
     if args.steps < 1 or args.world_size < 1:
         print("scalewatch demo: --steps and --world-size must be >= 1", file=sys.stderr)
+        return 2
+    from scaler.examples.tiny_lm import world_size_refused
+
+    too_many = world_size_refused(args.world_size)
+    if too_many is not None:  # before anything starts: the trainer would refuse it too
+        print(f"scalewatch demo: {too_many}", file=sys.stderr)
         return 2
     from app.serving import CannotServe, ready_to_serve
 
@@ -74,7 +84,6 @@ def demo(args: argparse.Namespace) -> int:
                 "--run-name",
                 args.run_name,
             ],
-            env=_trainer_env(),
             # Its own session: a Ctrl-C reaches it through this process alone (see
             # _stop_trainer), and a forced stop kills the ranks with it. A terminal closed
             # (or this process killed) is no signal to it: it notices that this process
@@ -159,13 +168,6 @@ def _wait_for_interrupt() -> None:
     forever = threading.Event()
     while not forever.wait(3600):
         pass
-
-
-def _trainer_env() -> dict[str, str]:
-    """This process's environment, with torch's notice of a missing numpy silenced."""
-    env = dict(os.environ)
-    env["PYTHONWARNINGS"] = ",".join(filter(None, (env.get("PYTHONWARNINGS"), QUIET)))
-    return env
 
 
 def _force_stop(trainer: subprocess.Popen[bytes], forced: threading.Event) -> None:

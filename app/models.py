@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
+from scaler.store.queries import INT64_MAX
+
 __all__ = [
     "ControlRequest",
     "ControlRequestOut",
@@ -18,12 +20,16 @@ __all__ = [
     "RunList",
     "RunSummary",
     "SeriesColumns",
+    "Step",
     "StepSeries",
 ]
 
 StrictInt = Annotated[int, Strict()]
 # Strict: ``true`` is not a number; an integer is still a valid float.
 StrictFloat = Annotated[float, Strict()]
+# A step number as the store keeps it (a signed 64-bit integer): the one bound of every
+# step the HTTP API and the CLI take; a larger one cannot even be compared with the rows.
+Step = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
 class RunSummary(BaseModel):

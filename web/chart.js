@@ -9,6 +9,7 @@ import {
   LINE_TRACES,
   RollingRate,
   T,
+  addScalePoints,
   emptyColumns,
   extent,
   figureLayout,
@@ -16,6 +17,7 @@ import {
   overflowPoint,
   powerTicks,
   stepAsBucket,
+  thinLabels,
 } from "./chart_figure.js";
 
 const Plotly = window.Plotly;
@@ -42,6 +44,7 @@ export class RunChart {
     this.bucketWidth = 1;
     this.overflowSteps = new Set();
     this.markers = [];
+    this.drawnMarkers = null; // what applyMarkers last drew, so that it redraws only a change
     this.scaleExtent = [Infinity, -Infinity]; // of the whole run drawn
     this.shown = null; // a zoomed view drawn, and its y ranges: { view, scales, tracker, rate }
     this.plotted = false;
@@ -131,7 +134,7 @@ export class RunChart {
     }
     const cols = emptyColumns();
     for (let i = 0; i < s.last_step.length; i += 1) {
-      this.addBucket(cols, {
+      this.addBucket(cols, i === 0, {
         first_step: s.first_step[i],
         last_step: s.last_step[i],
         n: s.n[i],
@@ -168,6 +171,7 @@ export class RunChart {
     this.node.dataset.bucketWidth = String(this.bucketWidth);
     this.updateCounts();
     this.onInfo({ bucketWidth: this.bucketWidth, view: this.view, points: cols.x.length });
+    if (this.markers.length) this.applyMarkers(); // labels thinned for the range now shown
   }
 
   // Plotly autoranges y over every point of a trace, not the visible ones, so a
@@ -218,12 +222,13 @@ export class RunChart {
     Plotly.relayout(this.node, this.shownLayout());
   }
 
-  addBucket(cols, b) {
+  // ``first``: the first bucket of a drawing, where the scale line starts.
+  addBucket(cols, first, b) {
     cols.x.push(b.last_step);
+    cols.xFirst.push(b.first_step);
     cols.scaleMin.push(b.scale_min);
     cols.scaleMax.push(b.scale_max);
-    cols.scaleLast.push(b.scale_last);
-    cols.cdScale.push([b.first_step, b.scale_min, b.scale_max]);
+    addScalePoints(cols, b, first);
     cols.trMin.push(b.tracker_min);
     cols.trMax.push(b.tracker_max);
     cols.trLast.push(b.tracker_last);
@@ -270,13 +275,13 @@ export class RunChart {
     this.pending = [];
     if (!rows.length) return;
     const cols = emptyColumns();
-    for (const row of rows) this.addBucket(cols, stepAsBucket(row));
+    rows.forEach((row, i) => this.addBucket(cols, this.lastStep < 0 && i === 0, stepAsBucket(row)));
     this.lastStep = rows[rows.length - 1].step;
     const none = () => [];
     Plotly.extendTraces(
       this.node,
       {
-        x: LINE_TRACES.map(() => cols.x),
+        x: [cols.xFirst, cols.xFirst, cols.xNext, cols.x, cols.x, cols.x, cols.x],
         y: [cols.scaleMax, cols.scaleMin, cols.scaleLast, cols.trMax, cols.trMin, cols.trLast, cols.rate],
         customdata: [none(), none(), cols.cdScale, none(), none(), cols.cdTracker, none()],
       },
@@ -290,6 +295,7 @@ export class RunChart {
     if (this.shown) this.widenShown(cols);
     else if (widened) Plotly.relayout(this.node, powerTicks(wider));
     this.appended += rows.length;
+    if (!this.view && this.markers.length) this.applyMarkers(); // more steps in as many pixels
     this.updateCounts();
     if (!this.view && this.appended > COMPACT_AFTER) this.setView(null);
   }
@@ -316,7 +322,7 @@ export class RunChart {
       y1: 1,
       line: { color: "#6e40c9", width: 1.5, dash: "dash" },
     }));
-    const annotations = markers.map((m) => ({
+    const annotations = thinLabels(markers, this.xRange(), this.plotWidth()).map((m) => ({
       xref: "x",
       yref: "paper",
       x: m.step,
@@ -327,8 +333,27 @@ export class RunChart {
       showarrow: false,
       font: { color: "#6e40c9", size: 11 },
     }));
+    const key = `${shapes.length}:${annotations.map((a) => a.text).join()}`;
+    if (key === this.drawnMarkers) return;
+    this.drawnMarkers = key;
     Plotly.relayout(this.node, { shapes, annotations });
     this.node.dataset.markers = String(shapes.length);
+    this.node.dataset.labels = String(annotations.length);
+  }
+
+  // The steps shown: Plotly writes the range it drew back into the layout.
+  xRange() {
+    const range = this.node.layout && this.node.layout.xaxis && this.node.layout.xaxis.range;
+    if (range && Number.isFinite(Number(range[0])) && Number.isFinite(Number(range[1]))) {
+      return [Number(range[0]), Number(range[1])];
+    }
+    const steps = this.markers.map((m) => m.step);
+    return [Math.min(0, ...steps), Math.max(this.lastStep, ...steps)];
+  }
+
+  plotWidth() {
+    const axis = this.node._fullLayout && this.node._fullLayout.xaxis; // the plot area, in pixels
+    return (axis && axis._length) || Math.max(100, (this.node.clientWidth || 1000) - 82);
   }
 
   updateCounts() {

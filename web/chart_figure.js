@@ -1,6 +1,8 @@
 // What the run's charts look like: traces, layout, axis ticks, and the
 // per-bucket values they are built from. No data flow here; see chart.js.
 
+import { formatScale } from "./dom.js";
+
 export const T = {
   scaleMax: 0,
   scaleMin: 1,
@@ -77,8 +79,66 @@ export function extent(values, start = [Infinity, -Infinity]) {
   return [lo, hi];
 }
 
+// x: each bucket's last step (tracker, rate); xFirst: its first step (the scale's
+// min-max band); xNext: where the scale line changes, the step after a bucket, from
+// which the scale after its last update is the one used. The line is a step function
+// (Plotly's "hv"), so at an overflow it shows the scale used there, as the marker does,
+// and the backoff at the next step.
 export function emptyColumns() {
-  return { x: [], scaleMin: [], scaleMax: [], scaleLast: [], trMin: [], trMax: [], trLast: [], rate: [], cdScale: [], cdTracker: [] };
+  return {
+    x: [],
+    xFirst: [],
+    xNext: [],
+    scaleMin: [],
+    scaleMax: [],
+    scaleLast: [],
+    trMin: [],
+    trMax: [],
+    trLast: [],
+    rate: [],
+    cdScale: [],
+    cdTracker: [],
+  };
+}
+
+// The scale used at a bucket's first step, where a drawing starts: exact for one step
+// (of its two scales, the one it did not end with) and for a live row.
+export function firstScale(b) {
+  if (b.scale_first !== undefined) return b.scale_first;
+  if (b.n !== 1) return b.scale_last;
+  return b.scale_last === b.scale_min ? b.scale_max : b.scale_min;
+}
+
+// The line's points of one bucket: where the drawing starts (``first``), then the step after it.
+export function addScalePoints(cols, b, first) {
+  const range = `steps ${b.first_step}–${b.last_step}: min ${formatScale(b.scale_min)} · max ${formatScale(b.scale_max)}`;
+  if (first) {
+    const used = firstScale(b);
+    cols.xNext.push(b.first_step);
+    cols.scaleLast.push(used);
+    cols.cdScale.push([formatScale(used), range]);
+  }
+  cols.xNext.push(b.last_step + 1);
+  cols.scaleLast.push(b.scale_last);
+  cols.cdScale.push([formatScale(b.scale_last), range]);
+}
+
+// Of the markers inside ``[x0, x1]`` (steps), those whose label stands at least ``gap``
+// pixels right of the last label kept, at ``width`` pixels for the range: many changes
+// close together keep their lines, and one label for a crowd, until zoomed in.
+export function thinLabels(markers, [x0, x1], width, gap = 36) {
+  const perStep = width / Math.max(1e-9, x1 - x0);
+  const kept = [];
+  let last = -Infinity;
+  const inside = markers.filter((m) => m.step >= x0 && m.step <= x1).sort((a, b) => a.step - b.step);
+  for (const m of inside) {
+    const px = (m.step - x0) * perStep;
+    if (px - last >= gap) {
+      kept.push(m);
+      last = px;
+    }
+  }
+  return kept;
 }
 
 // One live step row, as its own one-step bucket.
@@ -89,6 +149,7 @@ export function stepAsBucket(row) {
     first_step: row.step,
     last_step: row.step,
     n: 1,
+    scale_first: used,
     scale_min: Math.min(used, after),
     scale_max: Math.max(used, after),
     scale_last: after,
@@ -101,14 +162,14 @@ export function stepAsBucket(row) {
 
 export function overflowPoint(item) {
   const ranks = (item.inf_ranks || []).join(", ") || "none recorded";
-  return { x: item.step, y: item.scale, cd: [item.scale_after, ranks] };
+  return { x: item.step, y: item.scale, cd: [formatScale(item.scale_after), ranks, formatScale(item.scale)] };
 }
 
 export function figureTraces(cols, overflows) {
-  const band = (y, yaxis, name, fill) => ({
+  const band = (y, yaxis, name, fill, x = cols.x) => ({
     type: "scatter",
     mode: "lines",
-    x: cols.x.slice(),
+    x: x.slice(),
     y,
     yaxis,
     name,
@@ -119,20 +180,19 @@ export function figureTraces(cols, overflows) {
     showlegend: false,
     customdata: [],
   });
+  const stepped = { width: 0, color: "rgba(11,87,208,0.25)", shape: "hv" };
   return [
-    band(cols.scaleMax, "y", "scale max", false),
-    { ...band(cols.scaleMin, "y", "scale min–max", true), showlegend: true },
+    { ...band(cols.scaleMax, "y", "scale max", false, cols.xFirst), line: stepped },
+    { ...band(cols.scaleMin, "y", "scale min–max", true, cols.xFirst), line: stepped, showlegend: true },
     {
       type: "scatter",
       mode: "lines",
-      name: "scale (last)",
-      x: cols.x.slice(),
+      name: "scale used",
+      x: cols.xNext.slice(),
       y: cols.scaleLast,
       customdata: cols.cdScale,
-      line: { color: "#0b57d0", width: 1.6 },
-      hovertemplate:
-        "steps %{customdata[0]}–%{x}<br>last %{y:.6g}<br>" +
-        "min %{customdata[1]:.6g} · max %{customdata[2]:.6g}<extra>scale</extra>",
+      line: { color: "#0b57d0", width: 1.6, shape: "hv" },
+      hovertemplate: "from step %{x}: %{customdata[0]}<br>%{customdata[1]}<extra>scale used</extra>",
     },
     {
       type: "scatter",
@@ -143,7 +203,7 @@ export function figureTraces(cols, overflows) {
       customdata: overflows.map((p) => p.cd),
       marker: { symbol: "x-thin-open", size: 9, color: "#b42318", line: { width: 2, color: "#b42318" } },
       hovertemplate:
-        "overflow at step %{x}<br>scale %{y:.6g} → %{customdata[0]:.6g}" +
+        "overflow at step %{x}<br>scale %{customdata[2]} → %{customdata[0]}" +
         "<br>ranks with inf/NaN: %{customdata[1]}<extra></extra>",
     },
     {

@@ -1,19 +1,15 @@
 // The control panel: values in effect, the change form, the request history.
 
 import { ApiError, fieldErrors, getJSON, paths, postJSON } from "./api.js";
-import { badge, el, formatNumber, formatScale, formatTime, formatValues, setText, showAlert } from "./dom.js";
+import { badge, displayName, el, formatTime, formatValue, formatValues, setText, showAlert } from "./dom.js";
 
 const TOKEN_KEY = "scalewatch.token";
 const PENDING_POLL_MS = 1000;
 
 const DECIMAL = /^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/;
-const SCALES = new Set(["scale", "min_scale", "max_scale"]);
 
-// A value in effect as the panel shows it: scales as the run's header does.
-function stateText(name, value) {
-  if (value === null || value === undefined) return name === "scale" ? "–" : "off";
-  return SCALES.has(name) ? formatScale(value) : formatNumber(value);
-}
+// A value in effect as the panel shows it: as the run's header and the chart do.
+const stateText = formatValue;
 
 const FIELDS = [
   { name: "growth_interval", label: "Growth interval", hint: "Clean steps before the scale grows; integer ≥ 1", integer: true },
@@ -22,7 +18,7 @@ const FIELDS = [
   { name: "scale", label: "Scale", hint: "Set the loss scale now; > 0" },
   { name: "min_scale", label: "Min scale", hint: "Floor for the scale; > 0" },
   { name: "max_scale", label: "Max scale", hint: "Ceiling for the scale; ≥ min scale" },
-  { name: "hysteresis", label: "Hysteresis", hint: "Overflows tolerated before backing off; integer ≥ 1", integer: true },
+  { name: "hysteresis", label: "Hysteresis", hint: "Overflows tolerated before backing off; integer ≥ 1; cannot be removed once set (1: back off at every overflow)", integer: true },
 ];
 const FIELD_NAMES = FIELDS.map((f) => f.name);
 
@@ -150,7 +146,7 @@ export class ControlPanel {
     if (!shown || step.scale_after === undefined) return; // the panel has not loaded yet
     this.state = { ...this.state, scale: step.scale_after };
     setText(shown, stateText("scale", step.scale_after));
-    this.inputs.scale.placeholder = `now ${step.scale_after}`;
+    this.inputs.scale.placeholder = `now ${stateText("scale", step.scale_after)}`;
   }
 
   renderState(state) {
@@ -169,7 +165,7 @@ export class ControlPanel {
     );
     for (const field of FIELDS) {
       const value = state[field.name];
-      this.inputs[field.name].placeholder = value === null || value === undefined ? "off" : `now ${value}`;
+      this.inputs[field.name].placeholder = value === null || value === undefined ? "off" : `now ${stateText(field.name, value)}`;
     }
   }
 
@@ -184,7 +180,7 @@ export class ControlPanel {
           el("td", { class: "num", "data-label": "#", text: row.id }),
           el("td", { "data-label": "Requested", text: formatTime(row.requested_at) }),
           el("td", { "data-label": "Change", text: formatValues(row.values) }),
-          el("td", { "data-label": "By", text: [row.requested_by, row.source].filter(Boolean).join(" · ") }),
+          el("td", { "data-label": "By", text: displayName([row.requested_by, row.source].filter(Boolean).join(" · ")) }),
           el("td", { "data-label": "Status" }, badge(row.status)),
           el("td", {
             class: "num",

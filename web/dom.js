@@ -36,17 +36,19 @@ export function badge(status) {
   return el("span", { class: `badge badge-${known ? status : "other"}`, text: label });
 }
 
+// Every number the pages show goes through formatNumber (or formatScale, which adds the
+// power of two): the same value reads the same on every panel and in the chart.
 export function formatScale(value) {
   if (value === null || value === undefined || !Number.isFinite(value)) return "–";
   const exponent = Math.log2(value);
   const power = Number.isInteger(exponent) ? ` (2^${exponent})` : "";
   if (value >= 1e7 || value < 1e-3) return value.toExponential(3) + power;
-  return value.toLocaleString("en-US", { maximumFractionDigits: 6 }) + power;
+  return formatNumber(value) + power;
 }
 
 export function formatCount(value) {
   if (value === null || value === undefined) return "–";
-  return Number(value).toLocaleString("en-US");
+  return formatNumber(Number(value));
 }
 
 export function formatRate(value) {
@@ -54,10 +56,36 @@ export function formatRate(value) {
   return `${(value * 100).toFixed(value > 0 && value < 0.001 ? 3 : 2)}%`;
 }
 
+// The shortest text that reads back as the same double (JavaScript's own), with the
+// thousands grouped: 65536.0390625 is "65,536.0390625", never rounded to 6 places.
 export function formatNumber(value) {
   if (value === null || value === undefined) return "off";
   if (typeof value !== "number") return String(value);
-  return Number.isInteger(value) ? value.toLocaleString("en-US") : String(value);
+  const text = String(value);
+  if (!Number.isFinite(value) || text.includes("e")) return text;
+  const [whole, fraction] = text.split(".");
+  const grouped = whole.replace(/\B(?=(\d{3})+(?!\d))/g, ",");
+  return fraction === undefined ? grouped : `${grouped}.${fraction}`;
+}
+
+const SCALE_FIELDS = new Set(["scale", "min_scale", "max_scale", "scale_after"]);
+
+// A control or state value by its name: scales as formatScale, the rest as formatNumber.
+export function formatValue(name, value) {
+  if (value === null || value === undefined) return name === "scale" ? "–" : "off";
+  return SCALE_FIELDS.has(name) ? formatScale(value) : formatNumber(value);
+}
+
+// Bidirectional controls (U+202E and the like) in a name reorder the text around it: a
+// run named "\u202Etxt.exe" would read "exe.txt". Shown as their code points instead.
+const BIDI_CONTROLS = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+
+export function displayName(text) {
+  if (text === null || text === undefined) return "";
+  return String(text).replace(
+    BIDI_CONTROLS,
+    (c) => `<U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}>`,
+  );
 }
 
 function toMillis(seconds) {
@@ -74,6 +102,7 @@ export function formatAgo(seconds, now = Date.now()) {
   return `${Math.floor(delta / 86400)} d ago`;
 }
 
+// Every time the pages show is local "YYYY-MM-DD HH:MM:SS"; ``seconds`` may be Date.now().
 export function formatTime(seconds) {
   if (seconds === null || seconds === undefined) return "–";
   const date = new Date(toMillis(seconds));
@@ -84,9 +113,18 @@ export function formatTime(seconds) {
   );
 }
 
+export function formatDuration(seconds) {
+  if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) return "–";
+  const total = Math.max(0, Math.round(seconds));
+  const [h, m, s] = [Math.floor(total / 3600), Math.floor(total / 60) % 60, total % 60];
+  if (h) return `${formatNumber(h)} h ${String(m).padStart(2, "0")} min`;
+  if (m) return `${m} min ${String(s).padStart(2, "0")} s`;
+  return `${s} s`;
+}
+
 export function formatValues(values) {
   return Object.entries(values || {})
-    .map(([key, value]) => `${key} = ${value}`)
+    .map(([key, value]) => `${key} = ${formatValue(key, value)}`)
     .join(", ");
 }
 

@@ -5,6 +5,7 @@ import { RunChart } from "./chart.js";
 import { ControlPanel } from "./control.js";
 import {
   badge,
+  displayName,
   el,
   formatAgo,
   formatCount,
@@ -39,8 +40,9 @@ function setLive(state, text) {
 }
 
 function renderDetail(run, panel) {
-  setText(document.getElementById("run-name"), run.name);
-  document.title = `${run.name} · scalewatch`;
+  const name = displayName(run.name);
+  setText(document.getElementById("run-name"), name);
+  document.title = `${name} · scalewatch`;
   if (currentStatus !== run.status) {
     document.getElementById("run-status").replaceChildren(badge(run.status));
     panel.setRunStatus(run.status);

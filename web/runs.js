@@ -4,11 +4,14 @@
 import { getJSON, paths } from "./api.js";
 import {
   badge,
+  displayName,
   el,
   formatAgo,
   formatCount,
+  formatDuration,
   formatRate,
   formatScale,
+  formatTime,
   setText,
   showAlert,
 } from "./dom.js";
@@ -26,8 +29,17 @@ const COLUMNS = [
   { key: "scale", label: "Current scale", cls: "num", show: formatScale },
   { key: "overflows", label: "Overflows", cls: "num", show: formatCount },
   { key: "skipped_rate", label: "Skipped steps", cls: "num", show: formatRate },
-  { key: "last_heartbeat", label: "Last seen", show: (t) => formatAgo(t) },
+  { key: "started_at", label: "Started", cls: "time", show: formatTime },
+  { key: "ended_at", label: "Ended", cls: "time", show: formatTime },
+  { key: "duration", label: "Duration", cls: "num", show: formatDuration },
+  { key: "last_heartbeat", label: "Last seen", cls: "time", show: (t) => formatAgo(t) },
 ];
+
+// A running run's duration so far; an ended one's from its start to its end.
+function duration(run, now = Date.now() / 1000) {
+  if (run.started_at === null || run.started_at === undefined) return null;
+  return (run.ended_at ?? (run.status === "running" ? now : run.last_heartbeat)) - run.started_at;
+}
 
 function makeRow(run) {
   const cells = {};
@@ -43,8 +55,10 @@ function makeRow(run) {
 }
 
 function updateRow(row, run) {
-  setText(row.link, run.name);
-  row.link.setAttribute("aria-label", `Open run ${run.name}`);
+  const name = displayName(run.name);
+  setText(row.link, name);
+  row.link.setAttribute("aria-label", `Open run ${name}`);
+  run = { ...run, duration: duration(run) };
   if (row.status !== run.status) {
     row.cells.status.replaceChildren(badge(run.status));
     row.status = run.status;
@@ -53,9 +67,7 @@ function updateRow(row, run) {
   for (const column of COLUMNS) {
     if (column.show) setText(row.cells[column.key], column.show(run[column.key]));
   }
-  row.cells.last_heartbeat.title = run.last_heartbeat
-    ? new Date(run.last_heartbeat * 1000).toString()
-    : "";
+  row.cells.last_heartbeat.title = run.last_heartbeat ? formatTime(run.last_heartbeat) : "";
 }
 
 function render(runs) {
@@ -90,7 +102,7 @@ async function refresh() {
     showAlert(document.getElementById("error"), "");
     setText(
       document.getElementById("updated"),
-      `Updated ${new Date().toLocaleTimeString()} · refreshes every ${POLL_MS / 1000} s`,
+      `Updated ${formatTime(Date.now())} · refreshes every ${POLL_MS / 1000} s`,
     );
   } catch (error) {
     showAlert(document.getElementById("error"), `Could not load runs: ${error.message}`);

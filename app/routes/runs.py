@@ -16,6 +16,7 @@ from app.models import (
     RunDetail,
     RunList,
     RunSummary,
+    Step,
     StepSeries,
 )
 from scaler.store import queries
@@ -25,7 +26,7 @@ from scaler.store.queries import INT64_MAX, RunInfo
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 
 RunId = Annotated[int, Path(ge=1, le=INT64_MAX)]
-NonNegative = Annotated[int | None, Query(ge=0, le=INT64_MAX)]
+NonNegative = Annotated[Step | None, Query()]
 After = Annotated[int | None, Query(ge=-1, le=INT64_MAX)]
 NOT_FOUND: dict[int | str, dict[str, object]] = {
     404: {"model": ErrorMessage, "description": "no such run"}

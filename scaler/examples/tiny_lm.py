@@ -10,14 +10,16 @@ until it overflows again, and a rare batch of noise makes the loss spike.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import random
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 import torch.distributed as dist
@@ -121,6 +123,7 @@ def train(rank: int, args: argparse.Namespace, stop: Any, launcher: int) -> None
     # the ranks agree on it at a step boundary (_stop_agreed), so that none leaves while
     # another waits for it in a collective, and every scaler closes. So do they when the
     # launcher is gone.
+    _end_with_launcher(RANK_STOP_S)
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= args.world_size
     device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")
     if use_cuda:
@@ -149,8 +152,7 @@ def train(rank: int, args: argparse.Namespace, stop: Any, launcher: int) -> None
     )
     data = corpus(rank, args.seed)
     gen = torch.Generator().manual_seed(args.seed + rank)
-    started = time.monotonic()
-    shown = False  # a progress line, to end at the end
+    progress = Progress(args.steps) if rank == 0 else None
     try:
         for step in range(1, args.steps + 1):
             if step % STOP_CHECK_EVERY == 1:
@@ -168,14 +170,54 @@ def train(rank: int, args: argparse.Namespace, stop: Any, launcher: int) -> None
             scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
             scaler.step(optimizer)
             scaler.update()
-            if rank == 0 and (step % 5 == 0 or step == args.steps):
-                _progress(step, args.steps, loss.item(), scaler.get_scale(), started)
-                shown = True
+            if progress is not None and progress.due(step):
+                progress.show(step, loss.item(), scaler.get_scale())
     finally:
         scaler.close()
-        if shown:
-            print(file=sys.stderr, flush=True)
+        if progress is not None:
+            progress.end()
         dist.destroy_process_group()
+
+
+def _end_with_launcher(grace_s: float) -> None:
+    """End this rank at most ``grace_s`` after its launcher ends, however it ends (killed
+    outright too): ranks waiting in the rendezvous for ranks never started, or in a
+    collective for a rank that is gone, ran on for as long as torch's 30-minute timeout.
+
+    The launcher's end is seen on a pipe it holds (multiprocessing's parent sentinel),
+    which the kernel closes whatever ends it. The training loop sees it too
+    (``os.getppid()``) and stops with the other ranks at a step, closing its scaler; the
+    grace is for that, and only a rank that cannot get there is ended here.
+    """
+    launcher = multiprocessing.parent_process()
+    if launcher is None:  # not started by a launcher: nothing to outlive
+        return
+
+    def watch() -> None:
+        launcher.join()
+        threading.Event().wait(grace_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
+def max_world_size() -> tuple[int, int]:
+    """The CPU cores this process may use (one a rank with gloo) and the GPUs (one a rank
+    with NCCL): more ranks than both exhaust the machine, and never all meet."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return cores or 1, gpus
+
+
+def world_size_refused(world_size: int) -> str | None:
+    """Why this machine cannot run ``world_size`` ranks, in one line; None if it can."""
+    cores, gpus = max_world_size()
+    if world_size <= max(cores, gpus):
+        return None
+    return (
+        f"--world-size {world_size} is more ranks than this machine can run:"
+        f" {cores} CPU cores (one a rank, gloo) and {gpus} GPUs (one a rank, NCCL)"
+    )
 
 
 def _stop_agreed(asked: bool, device: torch.device) -> bool:
@@ -186,15 +228,37 @@ def _stop_agreed(asked: bool, device: torch.device) -> bool:
     return bool(flag.item())
 
 
-def _progress(step: int, total: int, loss: float, scale: float, started: float) -> None:
-    width = 30
-    done = width * step // total
-    rate = step / max(time.monotonic() - started, 1e-9)
-    bar = "#" * done + "." * (width - done)
-    sys.stderr.write(
-        f"\r[{bar}] step {step}/{total}  loss {loss:6.3f}  scale {scale:>10.0f}  {rate:5.1f} it/s"
-    )
-    sys.stderr.flush()
+class Progress:
+    """Rank 0's progress: on a terminal one line redrawn in place (``\\r``) every few steps
+    and ended by a newline; anywhere else (a log, a pipe) a plain line now and then."""
+
+    def __init__(self, total: int, out: TextIO | None = None) -> None:
+        self.out = sys.stderr if out is None else out
+        self.terminal = self.out.isatty()
+        self.total = total
+        self.every = 5 if self.terminal else 100
+        self.started = time.monotonic()
+        self.open = False  # a line redrawn in place, not ended yet
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0 or step == self.total
+
+    def show(self, step: int, loss: float, scale: float) -> None:
+        width = 30
+        done = width * step // self.total
+        rate = step / max(time.monotonic() - self.started, 1e-9)
+        bar = "#" * done + "." * (width - done)
+        line = f"[{bar}] step {step}/{self.total}  loss {loss:6.3f}  scale {scale:>10.0f}"
+        line += f"  {rate:5.1f} it/s"
+        self.out.write(f"\r{line}" if self.terminal else f"{line}\n")
+        self.out.flush()
+        self.open = self.terminal
+
+    def end(self) -> None:
+        if self.open:
+            self.out.write("\n")
+            self.out.flush()
+            self.open = False
 
 
 def free_port() -> int:
@@ -218,6 +282,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.world_size < 1:
         parser.error("--steps and --world-size must be >= 1")
+    refused = world_size_refused(args.world_size)
+    if refused is not None:
+        parser.exit(2, f"{parser.prog}: {refused}\n")
     return args
 
 

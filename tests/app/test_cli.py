@@ -262,3 +262,34 @@ def test_demo_refuses_an_unguarded_address_in_one_line(
     assert main(["demo", "--db", str(tmp_path / "x.db")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("scalewatch demo: refusing to bind '0.0.0.0'") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "query", "refused"),
+    [
+        (["--end", "99999999999999999999999"], "end=99999999999999999999999",
+         "--end 99999999999999999999999: Input should be less than or equal to"),
+        (["--start", "9223372036854775808", "--what", "overflows"],
+         "start=9223372036854775808&what=overflows",
+         "--start 9223372036854775808: Input should be less than or equal to"),
+        (["--start", "-1"], "start=-1", "--start -1: Input should be greater than or equal to 0"),
+    ],
+    ids=["end-past-int64", "start-past-int64", "negative"],
+)  # fmt: skip
+def test_export_refuses_the_steps_the_api_refuses_before_any_output(
+    client: TestClient,
+    store: Store,
+    db_url: str,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    query: str,
+    refused: str,
+) -> None:
+    """A step past the store's 64-bit integers printed the CSV header, then an
+    OverflowError traceback (or, for overflows, the header alone and exit 0)."""
+    run = add_run(store, simulate(20, {4, 9, 15}))
+    assert client.get(f"/api/runs/{run}/export?{query}").status_code == 422
+    assert main(["export", str(run), *argv, "--db", db_url]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(f"scalewatch export: {refused}") and err.count("\n") == 1, err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
@@ -61,6 +62,9 @@ def test_demo_trains_serves_and_stops_cleanly(tmp_path: Path) -> None:
         demo.stop()
     assert f"http://127.0.0.1:{demo.port}/" in demo.output
     assert "Warning" not in demo.output  # neither torch's numpy notice nor FSDP2's view warning
+    # Not a terminal: the progress is plain lines, the last one whole.
+    assert "\r" not in demo.output
+    assert any(line.split()[1:3] == ["step", "60/60"] for line in demo.output.splitlines())
 
 
 def _marked(mark: str, command: bytes = b"") -> list[int]:
@@ -302,6 +306,7 @@ def test_a_sigterm_while_the_trainer_starts_its_ranks_waits_until_they_have(
 
     stopped = []
     monkeypatch.setattr(tiny_lm.mp, "spawn", spawn)
+    monkeypatch.setattr(tiny_lm, "max_world_size", lambda: (3, 0))  # whatever the machine
     monkeypatch.setattr(tiny_lm, "_stop_ranks", lambda ranks, stop: stopped.append(ranks))
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -312,3 +317,99 @@ def test_a_sigterm_while_the_trainer_starts_its_ranks_waits_until_they_have(
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
     assert code == 130 and spawned == [3] and stopped == [[]]
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
+@pytest.mark.parametrize("killed", ["trainer", "demo"])
+def test_a_rank_stuck_in_a_collective_ends_when_its_launcher_is_killed(
+    tmp_path: Path, killed: str
+) -> None:
+    """A rank that cannot reach its next check for a stop (in the rendezvous for ranks never
+    started, in a collective with a rank that does not answer: here one stopped) ran on
+    after its trainer was killed outright, for as long as torch's 30-minute timeout; with a
+    demo of 500 ranks, 341 of them did. A killed demo's trainer still ends its ranks."""
+    demo = _Demo(tmp_path)
+    stopped: list[int] = []
+    try:
+        wait_for(demo.training, 240, "the ranks to train")
+        (trainer,) = demo.marked(b"scaler.examples.tiny_lm")
+        first, second = sorted(demo.marked(b"spawn_main"))
+        os.kill(second, signal.SIGSTOP)
+        stopped.append(second)
+        os.kill(trainer if killed == "trainer" else demo.process.pid, signal.SIGKILL)
+        wait_for(lambda: first not in demo.marked(), 60, "the rank left waiting to end")
+        os.kill(second, signal.SIGCONT)
+        stopped.clear()
+        wait_for(lambda: not demo.marked(b"spawn_main"), 60, "every rank to end")
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        demo.stop()
+
+
+def test_the_demo_refuses_more_ranks_than_the_machine_runs_before_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``demo --world-size 500`` started 500 ranks on a 24 GB machine and exhausted it."""
+    from app import demo
+    from app.cli import main
+    from scaler.examples import tiny_lm
+
+    def started(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the trainer was started")
+
+    monkeypatch.setattr(demo.subprocess, "Popen", started)
+    monkeypatch.setattr(tiny_lm, "max_world_size", lambda: (4, 2))
+    db = f"sqlite:///{tmp_path / 'demo.db'}"
+    argv = ["demo", "--world-size", "5", "--port", str(free_port()), "--db", db]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (
+        "scalewatch demo: --world-size 5 is more ranks than this machine can run:"
+        " 4 CPU cores (one a rank, gloo) and 2 GPUs (one a rank, NCCL)\n"
+    )
+    with pytest.raises(SystemExit) as refused:
+        tiny_lm.parse_args(["--world-size", "5"])
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert tiny_lm.parse_args(["--world-size", "4"]).world_size == 4
+
+
+def test_the_machine_runs_a_rank_per_core_or_per_gpu() -> None:
+    from scaler.examples import tiny_lm
+
+    cores, gpus = tiny_lm.max_world_size()
+    assert cores == len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
+    assert tiny_lm.world_size_refused(max(cores, gpus)) is None
+    assert tiny_lm.world_size_refused(max(cores, gpus) + 1) is not None
+
+
+class _Stream(io.StringIO):
+    def __init__(self, terminal: bool) -> None:
+        super().__init__()
+        self.terminal = terminal
+
+    def isatty(self) -> bool:
+        return self.terminal
+
+
+@pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "log"])
+def test_the_progress_redraws_one_line_on_a_terminal_only_and_ends_it(terminal: bool) -> None:
+    """It wrote ``\\r`` into logs and pipes too, one long line of redraws."""
+    from scaler.examples.tiny_lm import Progress
+
+    out = _Stream(terminal)
+    progress = Progress(250, out)
+    for step in range(1, 251):
+        if progress.due(step):
+            progress.show(step, 1.0, 2.0**16)
+    progress.end()
+    text = out.getvalue()
+    assert text.endswith("\n") and text.count("\n") == (1 if terminal else 3)
+    if terminal:
+        assert text.count("\r") == 50 and not text.startswith("\n")
+    else:
+        assert "\r" not in text
+        assert [line.split()[2] for line in text.splitlines()] == ["100/250", "200/250", "250/250"]
