@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint venv clean demo bench
+.PHONY: test lint venv clean demo bench cuda-check
 
 venv: $(STAMP)
 
@@ -28,3 +28,6 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
+
+cuda-check: $(STAMP)
+	bash bench/cuda_check.sh

@@ -1,7 +1,8 @@
 """Scaler cost in a real multi-rank job: torch's ShardedGradScaler against ours, side by side.
 
 Real ranks (``torch.multiprocessing``, gloo on 127.0.0.1, one thread each; NCCL with
-``--backend nccl`` on a GPU machine), world sizes 2 and 4, a DDP and an FSDP2 model of a
+``--backend nccl`` on a GPU machine, a GPU a rank; ``--device cuda`` with gloo lets the
+ranks share one GPU), world sizes 2 and 4, a DDP and an FSDP2 model of a
 small MLP. In every rank torch's scaler and ours (telemetry off, and on: rank 0 writes to a
 store in a temporary file) train identical model copies in the same group, one after the
 other, in rounds of ``--steps`` steps, every other round in reverse order. Rank 0 times each
@@ -11,7 +12,8 @@ round: the whole training step, and the scaler's calls alone (``scale``, ``step`
 The goal is judged on the median of the per-round ratios ours/torch (which cancels the
 machine's drift between rounds), with a seeded bootstrap 95% interval in brackets.
 
-    python bench/multirank.py [--worlds 2 4] [--rounds 15] [--steps 100] [--backend gloo|nccl]
+    python bench/multirank.py [--worlds 2 4] [--rounds 11] [--steps N] [--models ddp fsdp2]
+        [--backend gloo|nccl] [--device cpu|cuda]
 
 Goal: ours/torch <= 1.00 on every row.
 """
@@ -45,6 +47,7 @@ from _figures import figure, median_interval
 GOAL = 1.0
 VARIANTS = ("torch", "ours, telemetry off", "ours, telemetry on")
 MODELS = ("ddp", "fsdp2")
+STEPS = {"ddp": 60, "fsdp2": 30}  # a round's steps: FSDP2's step on cpu is ~5x DDP's
 WIDTH = 256
 BATCH = 32
 
@@ -123,9 +126,8 @@ def rank_main(
     torch.set_num_threads(1)
     # torch's own scaler on FSDP2's DTensor grads: not ours to fix, and not what is timed
     warnings.filterwarnings("ignore", message="Found a non-scalar tensor with numel=1")
-    device = "cpu"
-    if backend == "nccl":
-        device = "cuda"
+    device = args["device"]
+    if device == "cuda":  # NCCL: a GPU a rank; gloo: the ranks may share one GPU
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=5))
     results: dict[str, Any] = {}
@@ -139,7 +141,7 @@ def rank_main(
             order = VARIANTS if r % 2 == 0 else VARIANTS[::-1]
             for variant in order:
                 dist.barrier()
-                rounds[variant].append(cases[variant].run(args["steps"]))
+                rounds[variant].append(cases[variant].run(args["steps"] or STEPS[kind]))
                 threads[variant] = sum(
                     t.name.startswith("scalewatch") for t in threading.enumerate()
                 )
@@ -198,11 +200,12 @@ def free_port() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--steps", type=int, help="steps a round (default: ddp 60, fsdp2 30)")
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ns = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
@@ -213,6 +216,7 @@ def main() -> None:
                 "steps": ns.steps,
                 "warmup": ns.warmup,
                 "models": ns.models,
+                "device": "cuda" if ns.backend == "nccl" else ns.device,
                 "store_url": f"sqlite:///{Path(tmp) / f'store{world}.db'}",
             }
             mp.spawn(rank_main, args=(world, free_port(), ns.backend, args, out), nprocs=world)

@@ -20,6 +20,7 @@ from _figures import PREFIX
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {  # script -> arguments
     "scaler_overhead.py": [],
+    "multirank.py": [],
     "telemetry.py": [],
     "control.py": [],
     "service.py": [],

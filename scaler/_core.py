@@ -116,7 +116,8 @@ class Instrumented(Controlled):
         else:
             factors = (self._growth_interval, self._growth_factor, self._backoff_factor)
             extras.hysteresis_update(scale, tracker, found, factors, self._multiply_scale)
-        extras.clamp_(scale)
+        if extras.min_scale is not None or extras.max_scale is not None:
+            extras.clamp_(scale)
 
     def _torch_update(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor

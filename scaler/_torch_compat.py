@@ -176,8 +176,11 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return local if isinstance(local, torch.Tensor) else tensor
 
 
+_DIST_AVAILABLE = dist.is_available()
+
+
 def process_group_info(group: Any) -> tuple[int, int] | None:
     """(rank in group, group size), or None when no process group is initialised."""
-    if not (dist.is_available() and dist.is_initialized()):
+    if not (_DIST_AVAILABLE and dist.is_initialized()):  # asked every step without a group
         return None
     return dist.get_rank(group), dist.get_world_size(group)
