@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.deps import require_token
+from app.head import allowed_methods
 from app.settings import get_settings
 from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning
 
@@ -87,7 +88,14 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     # A body that is no UTF-8 is FastAPI's 400, raised before the token is checked too.
     refused = _unauthorised(request) if exc.status_code == 400 else None
-    return refused if refused is not None else await http_exception_handler(request, exc)
+    if refused is not None:
+        return refused
+    if exc.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
+        allow = ", ".join(allowed_methods(request.app.router.routes, request.scope))
+        exc = StarletteHTTPException(
+            405, exc.detail, headers={**(exc.headers or {}), "Allow": allow}
+        )
+    return await http_exception_handler(request, exc)
 
 
 async def _not_found(request: Request, exc: Exception) -> JSONResponse:

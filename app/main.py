@@ -13,6 +13,7 @@ from app.dashboard import mount_dashboard
 from app.docs import install_docs
 from app.errors import install_error_handlers
 from app.head import HeadAsGet
+from app.headers import SecurityHeaders
 from app.limits import BodyLimit
 from app.routes import router
 from app.routes.metrics import metrics_registry
@@ -59,6 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(HeadAsGet)
     if is_loopback(settings.host):
         app.add_middleware(LoopbackHost, allowed=settings.allowed_hosts.split(","))
+    app.add_middleware(SecurityHeaders)  # outermost: on every refusal too
     app.include_router(router)
     install_docs(app)
     mount_dashboard(app)
