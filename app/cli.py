@@ -91,19 +91,40 @@ def _refused(error: ValidationError, given: set[str]) -> str:
 def _existing_store(args: argparse.Namespace) -> str:
     """The store URL of a command that reads one: a SQLite file must exist (a mistyped
     path would otherwise become a new, empty store)."""
-    from scaler.store.engine import parse_store_url
-
     url = _settings(args).db
-    database = parse_store_url(url).database or ""
-    local = database not in ("", ":memory:") and not database.startswith("file:")
-    if local and not Path(database).exists():
+    path = _local_file(url)
+    database, local = str(path), path is not None
+    empty = local and _empty_file(Path(database))
+    if local and (empty or not Path(database).exists()):
+        where = f"{database} is an empty file" if empty else f"no store at {database}"
         raise FileNotFoundError(
-            f"no store at {database} (training creates it;"
+            f"{where} (training creates a store;"
             f" 'scalewatch db upgrade --db {url}' makes an empty one)"
         )
-    if local and _foreign_database(Path(database)):
-        raise FileExistsError(f"{database} is a SQLite database, but not a scalewatch store")
+    _refuse_foreign(url)
     return url
+
+
+def _local_file(url: str) -> Path | None:
+    from scaler.store.engine import parse_store_url
+
+    database = parse_store_url(url).database or ""
+    if database in ("", ":memory:") or database.startswith("file:"):
+        return None
+    return Path(database)
+
+
+def _empty_file(path: Path) -> bool:
+    """A file of 0 bytes (and no write-ahead log): SQLite would take it for an empty
+    database, and opening it would make it a store."""
+    wal = path.with_name(path.name + "-wal")
+    return path.is_file() and path.stat().st_size == 0 and not (wal.exists() and wal.stat().st_size)
+
+
+def _refuse_foreign(url: str) -> None:
+    path = _local_file(url)
+    if path is not None and path.exists() and _foreign_database(path):
+        raise FileExistsError(f"{path} is a SQLite database, but not a scalewatch store")
 
 
 def _foreign_database(path: Path) -> bool:
@@ -173,7 +194,7 @@ def runs(args: argparse.Namespace) -> int:
     from scaler.store import queries
     from scaler.store.engine import open_store
 
-    with open_store(_existing_store(args)) as store:
+    with open_store(_existing_store(args), check=True) as store:
         infos = queries.list_runs(store)
     table = [["ID", "NAME", "STATUS", "WORLD", "STEPS", "SCALE", "OVERFLOWS", "SKIPPED"]]
     for run in infos:
@@ -225,7 +246,7 @@ def export(args: argparse.Namespace) -> int:
     if args.start is not None and args.end is not None and args.start > args.end:
         print(f"scalewatch export: --start {args.start} is after --end {args.end}", file=sys.stderr)
         return 2
-    with open_store(_existing_store(args)) as store:
+    with open_store(_existing_store(args), check=True) as store:
         if run_status(store, args.run) is None:
             print(f"scalewatch export: no run {args.run}", file=sys.stderr)
             return 1
@@ -324,7 +345,7 @@ def control(args: argparse.Namespace) -> int:
 
     values = {name: getattr(args, name) for name in CONTROL_OPTIONS}
     values = {name: value for name, value in values.items() if value is not None}
-    with open_store(_existing_store(args)) as store:
+    with open_store(_existing_store(args), check=True) as store:
         try:
             row = request_control(
                 store, args.run, values, requested_by=getpass.getuser(), source="cli"
@@ -350,6 +371,7 @@ def db(args: argparse.Namespace) -> int:
     from scaler.store.engine import upgrade
 
     url = _settings(args).db
+    _refuse_foreign(url)  # upgrading would add a store's tables to another program's data
     print(f"{url}: at revision {upgrade(url)}")
     return 0
 
@@ -393,11 +415,11 @@ def _user_error(error: Exception) -> str | None:
     from alembic.util.exc import CommandError
     from sqlalchemy.exc import ArgumentError, DBAPIError
 
-    from scaler.store.errors import NotAStoreURL
+    from scaler.store.errors import NotAStoreURL, StoreDamaged
 
     if isinstance(error, ValidationError):
         return _refused(error, given=set())
-    if isinstance(error, BadSetting | NotAStoreURL):
+    if isinstance(error, BadSetting | NotAStoreURL | StoreDamaged):
         return str(error)
     if isinstance(error, DBAPIError):
         return f"the store cannot be read: {error.orig}"

@@ -10,12 +10,14 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.deps import require_token
 from app.head import allowed_methods
+from app.health import store_unavailable
 from app.settings import get_settings
-from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning
+from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning, StoreDamaged
 
 __all__ = ["install_error_handlers", "unprocessable"]
 
@@ -112,3 +114,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ControlValidationError, _validation)
     app.add_exception_handler(RunNotFound, _not_found)
     app.add_exception_handler(RunNotRunning, _not_running)
+    app.add_exception_handler(DBAPIError, store_unavailable)
+    app.add_exception_handler(StoreDamaged, store_unavailable)

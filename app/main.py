@@ -14,6 +14,7 @@ from app.docs import install_docs
 from app.errors import install_error_handlers
 from app.head import HeadAsGet
 from app.headers import SecurityHeaders
+from app.health import StoreHealth
 from app.limits import BodyLimit
 from app.routes import router
 from app.routes.metrics import metrics_registry
@@ -55,6 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.dependency_overrides[get_settings] = lambda: settings
     app.state.stopping = threading.Event()  # set by serving.Server: live streams end
+    app.state.health = StoreHealth()
     install_error_handlers(app)
     app.add_middleware(BodyLimit)
     app.add_middleware(HeadAsGet)

@@ -19,6 +19,7 @@ __all__ = [
     "RunSummary",
     "SeriesColumns",
     "StepSeries",
+    "Unhealthy",
 ]
 
 StrictInt = Annotated[int, Strict()]
@@ -132,3 +133,8 @@ class ErrorMessage(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
+
+
+class Unhealthy(BaseModel):
+    status: Literal["unavailable"] = "unavailable"
+    detail: str = Field(description="why, in one line")

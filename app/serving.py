@@ -102,13 +102,14 @@ def listen(host: str, port: int) -> socket.socket:
 
 def ready_to_serve(settings: Settings, out: TextIO) -> tuple[Settings, socket.socket]:
     """What ``serve`` and ``demo`` do before serving, in an order that writes no token on a
-    refusal: the bind check, the store (created or upgraded: an unusable one is a plain
-    error here, not a traceback from the server), the socket, then the token (``prepare``).
+    refusal: the bind check, the store (checked whole, then created or upgraded: a damaged
+    or unusable one is a plain error here, not a traceback from the server), the socket,
+    then the token (``prepare``).
 
     Raises :class:`CannotServe`; returns the settings with their token, and the socket.
     """
     refuse_unguarded(settings)
-    open_store(settings.db).close()
+    open_store(settings.db, check=True).close()
     try:
         sock = listen(settings.host, settings.port)
     except OSError as error:
