@@ -16,6 +16,7 @@ from app.head import HeadAsGet
 from app.headers import SecurityHeaders
 from app.health import StoreHealth
 from app.limits import BodyLimit
+from app.penalty import FailurePenalty
 from app.routes import router
 from app.routes.metrics import metrics_registry
 from app.security import LoopbackHost, is_loopback
@@ -57,6 +58,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.dependency_overrides[get_settings] = lambda: settings
     app.state.stopping = threading.Event()  # set by serving.Server: live streams end
     app.state.health = StoreHealth()
+    app.state.penalty = FailurePenalty()  # wrong tokens per client
     install_error_handlers(app)
     app.add_middleware(BodyLimit)
     app.add_middleware(HeadAsGet)

@@ -14,6 +14,7 @@ from app.settings import Settings
 from scaler.store.engine import open_store
 
 __all__ = [
+    "MIN_TOKEN_CHARS",
     "SHUTDOWN_GRACE_S",
     "SWITCH_INTERVAL_S",
     "BindRefused",
@@ -31,6 +32,8 @@ __all__ = [
 SWITCH_INTERVAL_S = 0.0005
 # How long a stopping server waits for open responses before it cancels them.
 SHUTDOWN_GRACE_S = 2
+# The shortest token a service bound beyond loopback accepts (a generated one has 43).
+MIN_TOKEN_CHARS = 16
 
 
 class Server(uvicorn.Server):
@@ -73,11 +76,21 @@ class BindRefused(CannotServe):
 
 
 def refuse_unguarded(settings: Settings) -> None:
-    """Raise :class:`BindRefused` for a non-loopback host without an explicit token."""
-    if settings.token is None and not is_loopback(settings.host):
+    """Raise :class:`BindRefused` for a non-loopback host without an explicit token, or
+    with one under ``MIN_TOKEN_CHARS`` characters."""
+    if is_loopback(settings.host):
+        return
+    if settings.token is None:
         raise BindRefused(
             f"refusing to bind {settings.host!r} without an explicit token: anyone who can"
             " reach it could change running jobs. Set SCALEWATCH_TOKEN, or bind 127.0.0.1."
+        )
+    length = len(settings.token.get_secret_value())
+    if length < MIN_TOKEN_CHARS:
+        raise BindRefused(
+            f"refusing to bind {settings.host!r} with a token of {length} characters: one"
+            f" under {MIN_TOKEN_CHARS} can be guessed by anyone who can reach it. Set a longer"
+            " SCALEWATCH_TOKEN (python -c 'import secrets; print(secrets.token_urlsafe(32))')."
         )
 
 

@@ -38,6 +38,12 @@ def get_control(store: StoreDep, run: RunId) -> ControlView:
         404: {"model": ErrorMessage, "description": "no such run"},
         409: {"model": ErrorMessage, "description": "the run is not running"},
         413: {"model": ErrorMessage, "description": f"a body over {MAX_BODY_BYTES} bytes"},
+        429: {
+            "model": ErrorMessage,
+            "description": "too many wrong tokens from this client lately: refused, whatever"
+            " the token, for the seconds in Retry-After",
+            "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+        },
     },
 )
 def post_control(
