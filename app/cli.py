@@ -152,8 +152,8 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     "serve",
     "run the service and the dashboard. Control requests need the bearer token from"
     " $SCALEWATCH_TOKEN; without it a new token is generated, printed once and written to"
-    " ~/.scalewatch/token (mode 0600; $SCALEWATCH_TOKEN_FILE to move it). Binding an"
-    " address other than loopback requires $SCALEWATCH_TOKEN.",
+    " ~/.scalewatch/token-PORT (mode 0600; $SCALEWATCH_TOKEN_FILE to move it). Binding an"
+    " address other than loopback requires a $SCALEWATCH_TOKEN of 16 characters or more.",
     _serve_arguments,
 )
 def serve(args: argparse.Namespace) -> int:

@@ -129,7 +129,7 @@ def ready_to_serve(settings: Settings, out: TextIO) -> tuple[Settings, socket.so
         where = f"{settings.host}:{settings.port}"
         raise CannotServe(f"cannot listen on {where}: {error.strerror or error}") from error
     try:
-        settings = prepare(settings, out)
+        settings = prepare(settings, out, port=sock.getsockname()[1])
         tune_for_serving()
     except BaseException:
         sock.close()
@@ -150,9 +150,10 @@ def make_server(app: Any, settings: Settings, sock: socket.socket, **config: Any
     )
 
 
-def prepare(settings: Settings, out: TextIO) -> Settings:
+def prepare(settings: Settings, out: TextIO, *, port: int | None = None) -> Settings:
     """Settings with a token: ``SCALEWATCH_TOKEN`` when set, else a new one, printed once on
-    ``out`` and written to ``settings.token_file`` (mode 0600).
+    ``out`` and written (mode 0600) to ``settings.token_path(port)``: a file of the
+    service's port alone, so a second service never replaces the token of a first.
 
     Raises :class:`BindRefused` for a non-loopback host without an explicit token.
     """
@@ -160,7 +161,7 @@ def prepare(settings: Settings, out: TextIO) -> Settings:
     if settings.token is not None:
         return settings
     token = new_token()
-    path = write_token_file(settings.token_file, token)
+    path = write_token_file(settings.token_path(port), token)
     print(f"scalewatch: bearer token for control requests (also in {path}, mode 0600):", file=out)
     print(token, file=out, flush=True)
     return settings.model_copy(update={"token": SecretStr(token)})

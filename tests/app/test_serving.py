@@ -18,7 +18,7 @@ from pydantic import SecretStr
 from app.cli import main
 from app.main import create_app
 from app.security import check_token, host_name, is_loopback
-from app.serving import MIN_TOKEN_CHARS, BindRefused, listen, prepare
+from app.serving import MIN_TOKEN_CHARS, BindRefused, listen, prepare, ready_to_serve
 from app.settings import Settings
 from scaler.store.engine import open_store
 from scaler.store.runs import write_steps
@@ -224,3 +224,24 @@ def _answers(http: httpx.Client) -> bool:
         return http.get("/healthz").status_code == 200
     except httpx.TransportError:
         return False
+
+
+def test_two_services_keep_a_token_file_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both wrote ~/.scalewatch/token, which then held the second token alone while the first
+    service accepted only its own (``make demo`` beside a running ``serve``)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("SCALEWATCH_TOKEN", raising=False)
+    monkeypatch.delenv("SCALEWATCH_TOKEN_FILE", raising=False)
+    db = f"sqlite:///{tmp_path / 'x.db'}"
+    first, first_sock = ready_to_serve(Settings(db=db, port=0), out=io.StringIO())
+    second, second_sock = ready_to_serve(Settings(db=db, port=0), out=io.StringIO())
+    with first_sock, second_sock:
+        ports = [sock.getsockname()[1] for sock in (first_sock, second_sock)]
+        for settings, port in zip((first, second), ports, strict=True):
+            assert settings.token is not None
+            path = tmp_path / ".scalewatch" / f"token-{port}"
+            assert path.read_text().strip() == settings.token.get_secret_value()
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert first.token != second.token
