@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from typing import Annotated
 
-from fastapi import Depends, Header, HTTPException, Request, status
+from fastapi import Depends, Header, HTTPException, Request, Security, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.penalty import FailurePenalty
 from app.security import check_token
@@ -20,9 +21,15 @@ def get_store(request: Request) -> Store:
     return store
 
 
+# Declares the bearer scheme in the OpenAPI document (Swagger UI's "Authorize"); the
+# check itself is require_token's, which answers 401 as it should, not HTTPBearer's 403.
+_BEARER = HTTPBearer(auto_error=False, description="the token `scalewatch serve` printed")
+
+
 def require_token(
     request: Request,
     settings: Annotated[Settings, Depends(get_settings)],
+    _scheme: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)] = None,
     authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> None:
     """401 for a missing or wrong bearer token; 429, whatever the token, for a client

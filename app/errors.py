@@ -78,7 +78,7 @@ def _unauthorised(request: Request) -> JSONResponse | None:
         return None
     settings = request.app.dependency_overrides.get(get_settings, get_settings)()
     try:
-        require_token(request, settings, request.headers.get("authorization"))
+        require_token(request, settings, authorization=request.headers.get("authorization"))
     except HTTPException as refused:
         return JSONResponse(
             {"detail": refused.detail}, refused.status_code, headers=refused.headers

@@ -16,6 +16,7 @@ from app.head import HeadAsGet
 from app.headers import SecurityHeaders
 from app.health import StoreHealth
 from app.limits import BodyLimit
+from app.openapi import install_openapi
 from app.penalty import FailurePenalty
 from app.routes import router
 from app.routes.metrics import metrics_registry
@@ -67,5 +68,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(SecurityHeaders)  # outermost: on every refusal too
     app.include_router(router)
     install_docs(app)
+    install_openapi(app)
     mount_dashboard(app)
     return app

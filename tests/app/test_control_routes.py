@@ -114,3 +114,25 @@ def test_control_of_a_finished_or_unknown_run(client: TestClient, store: Store) 
     assert finished.status_code == 409
     assert "finished" in finished.json()["detail"]
     assert unknown.status_code == 404
+
+
+def test_the_history_comes_in_pages(client: TestClient, store: Store) -> None:
+    """It came whole, however long (an autopilot files many requests)."""
+    from scaler.store.control import request_control
+
+    run = add_run(store, simulate(10, set()))
+    ids = [
+        request_control(store, run, {"growth_interval": 10 + i}, requested_by="t").id
+        for i in range(7)
+    ]
+    url = f"/api/runs/{run}/control"
+    first = client.get(url, params={"limit": 3}).json()
+    assert [row["id"] for row in first["history"]] == ids[4:]
+    assert first["next"] == ids[4] and first["state"]["growth_interval"] == 4
+    second = client.get(url, params={"limit": 3, "before": first["next"]}).json()
+    assert [row["id"] for row in second["history"]] == ids[1:4]
+    last = client.get(url, params={"limit": 3, "before": second["next"]}).json()
+    assert [row["id"] for row in last["history"]] == ids[:1] and last["next"] is None
+    whole = client.get(url).json()
+    assert [row["id"] for row in whole["history"]] == ids and whole["next"] is None
+    assert client.get(url, params={"limit": 1001}).status_code == 422
