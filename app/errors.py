@@ -64,10 +64,28 @@ async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
     refused = _unauthorised(request)
     if refused is not None:
         return refused
+    if _body_not_json(request):
+        detail = [{"loc": ["body"], "msg": NOT_JSON, "type": "content_type"}]
+        return JSONResponse({"detail": detail}, status.HTTP_422_UNPROCESSABLE_CONTENT)
     # FastAPI's own handler echoes the input, and a NaN there fails to serialise (a 500).
     errors = exc.errors() if isinstance(exc, RequestValidationError) else []
     detail = _json_safe(jsonable_encoder(errors))
     return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
+NOT_JSON = (
+    "the body must be JSON, sent with 'Content-Type: application/json'"
+    " (curl: -H 'Content-Type: application/json'; -d alone sends a form)"
+)
+
+
+def _body_not_json(request: Request) -> bool:
+    """A request with a body that does not say it is JSON: FastAPI then reads it as no
+    object at all, and its 422 does not say why (``curl -d`` sends a form)."""
+    if request.method not in ("POST", "PUT", "PATCH"):
+        return False
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    return not (media_type == "application/json" or media_type.endswith("+json"))
 
 
 def _unauthorised(request: Request) -> JSONResponse | None:

@@ -136,3 +136,21 @@ def test_the_history_comes_in_pages(client: TestClient, store: Store) -> None:
     whole = client.get(url).json()
     assert [row["id"] for row in whole["history"]] == ids and whole["next"] is None
     assert client.get(url, params={"limit": 1001}).status_code == 422
+
+
+def test_a_body_not_sent_as_json_is_told_to_be(client: TestClient, store: Store) -> None:
+    """``curl -d`` sends a form: the 422 said the body was no 'valid dictionary'."""
+    run = add_run(store, simulate(10, set()))
+    url = f"/api/runs/{run}/control"
+    for content_type in ("application/x-www-form-urlencoded", "text/plain", None):
+        headers = {**auth(), **({"Content-Type": content_type} if content_type else {})}
+        response = client.post(url, content=b'{"growth_interval": 500}', headers=headers)
+        assert response.status_code == 422, content_type
+        (error,) = response.json()["detail"]
+        assert error["loc"] == ["body"] and error["type"] == "content_type"
+        assert "Content-Type: application/json" in error["msg"] and "\n" not in error["msg"]
+    wrong_token = client.post(url, content=b"growth_interval=5", headers=auth("x" * 20))
+    assert wrong_token.status_code == 401
+    assert client.get(url).json()["history"] == []
+    typed = {**auth(), "Content-Type": "application/json; charset=utf-8"}
+    assert client.post(url, content=b'{"growth_interval": 500}', headers=typed).status_code == 202
