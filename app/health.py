@@ -11,10 +11,11 @@ import time
 
 from fastapi import Request, status
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scaler.store.engine import storage_failure
 
-__all__ = ["FAILURE_MEMORY_S", "StoreHealth", "store_unavailable"]
+__all__ = ["FAILURE_MEMORY_S", "StorageGuard", "StoreHealth", "store_unavailable"]
 
 log = logging.getLogger("app.health")
 
@@ -53,3 +54,46 @@ async def store_unavailable(request: Request, exc: Exception) -> JSONResponse:
         status.HTTP_503_SERVICE_UNAVAILABLE,
         headers={"Retry-After": "10"},
     )
+
+
+def _storage_reason(error: BaseException | None) -> str | None:
+    """:func:`storage_failure` of ``error`` or of what it was raised from (Starlette wraps an
+    exception raised once the answer has started)."""
+    while error is not None:
+        reason = storage_failure(error)
+        if reason is not None:
+            return reason
+        error = error.__cause__ or error.__context__
+    return None
+
+
+class StorageGuard:
+    """A storage failure once an answer has started (a streamed export, a live stream):
+    the answer is cut short, so the client sees it incomplete, never whole, and the log
+    gets one line, not a traceback."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as error:
+            reason = _storage_reason(error)
+            if reason is None or not started:
+                raise
+            health: StoreHealth = scope["app"].state.health
+            health.failed(reason)
+            log.warning(
+                "scalewatch: %s cut short: the store cannot be used: %s", scope["path"], reason
+            )

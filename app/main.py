@@ -14,7 +14,7 @@ from app.docs import install_docs
 from app.errors import install_error_handlers
 from app.head import HeadAsGet
 from app.headers import SecurityHeaders
-from app.health import StoreHealth
+from app.health import StorageGuard, StoreHealth
 from app.limits import BodyLimit
 from app.openapi import install_openapi
 from app.penalty import FailurePenalty
@@ -65,6 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(HeadAsGet)
     if is_loopback(settings.host):
         app.add_middleware(LoopbackHost, allowed=settings.allowed_hosts.split(","))
+    app.add_middleware(StorageGuard)
     app.add_middleware(SecurityHeaders)  # outermost: on every refusal too
     app.include_router(router)
     install_docs(app)

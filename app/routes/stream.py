@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
+import logging
 import re
 import time
 from collections import OrderedDict
@@ -23,7 +24,9 @@ from app.routes.control import request_out
 from app.routes.runs import NOT_FOUND, After, RunId, require_run_exists
 from scaler.store import queries
 from scaler.store.control import control_history
-from scaler.store.engine import Store
+from scaler.store.engine import Store, storage_failure
+
+log = logging.getLogger("app.stream")
 
 router = APIRouter(prefix="/api/runs", tags=["stream"])
 
@@ -202,9 +205,14 @@ class _Hub:
                     return
                 self._wake()
                 await asyncio.sleep(self.poll_s)
-        except Exception:
+        except Exception as error:
             self.failed = True
-            raise
+            reason = storage_failure(error)
+            if reason is None:
+                raise
+            # Its streams end; their clients reconnect and are told (503).
+            log.warning("scalewatch: run %d's streams end: the store cannot be used: %s",
+                        self.run_id, reason)  # fmt: skip
         finally:
             self._wake()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import shutil
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from app.cli import main
 from scaler.store.engine import Store, storage_failure
 from tests.app.conftest import TestClient, add_run, simulate
+from tests.app.test_stream import server  # noqa: F401  (a real uvicorn)
 
 DAMAGE_AT, DAMAGE_BYTES = 8192, 16 * 1024
 
@@ -105,3 +107,30 @@ def test_only_the_stores_condition_is_a_storage_failure() -> None:
     assert storage_failure(sqlite3.IntegrityError("UNIQUE constraint failed: runs.id")) is None
     assert storage_failure(sqlite3.ProgrammingError("Cannot operate on a closed database")) is None
     assert storage_failure(ValueError("no")) is None
+
+
+def test_an_export_the_store_fails_part_way_is_cut_short_in_one_line(
+    server: str,  # noqa: F811
+    store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Once the 200 has started, the client must see the file incomplete (never whole) and
+    the log one line: it got uvicorn's traceback."""
+    import httpx
+
+    import app.routes.export
+
+    run = add_run(store, simulate(20, set()))
+
+    def failing(*args: object, **kwargs: object) -> Iterator[str]:
+        yield "step,wall_time\n"
+        raise sqlite3.DatabaseError("database disk image is malformed")
+
+    monkeypatch.setattr(app.routes.export, "export_chunks", failing)
+    caplog.set_level(logging.WARNING)
+    with pytest.raises(httpx.RemoteProtocolError):
+        httpx.get(f"{server}/api/runs/{run}/export", timeout=10)
+    assert "export cut short: the store cannot be used: database disk image" in caplog.text
+    assert "Traceback" not in caplog.text and "Traceback" not in capfd.readouterr().err
