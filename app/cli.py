@@ -89,57 +89,9 @@ def _refused(error: ValidationError, given: set[str]) -> str:
 
 
 def _existing_store(args: argparse.Namespace) -> str:
-    """The store URL of a command that reads one: a SQLite file must exist (a mistyped
-    path would otherwise become a new, empty store)."""
-    url = _settings(args).db
-    path = _local_file(url)
-    database, local = str(path), path is not None
-    empty = local and _empty_file(Path(database))
-    if local and (empty or not Path(database).exists()):
-        where = f"{database} is an empty file" if empty else f"no store at {database}"
-        raise FileNotFoundError(
-            f"{where} (training creates a store;"
-            f" 'scalewatch db upgrade --db {url}' makes an empty one)"
-        )
-    _refuse_foreign(url)
-    return url
+    from app.store_files import existing_store
 
-
-def _local_file(url: str) -> Path | None:
-    from scaler.store.engine import parse_store_url
-
-    database = parse_store_url(url).database or ""
-    if database in ("", ":memory:") or database.startswith("file:"):
-        return None
-    return Path(database)
-
-
-def _empty_file(path: Path) -> bool:
-    """A file of 0 bytes (and no write-ahead log): SQLite would take it for an empty
-    database, and opening it would make it a store."""
-    wal = path.with_name(path.name + "-wal")
-    return path.is_file() and path.stat().st_size == 0 and not (wal.exists() and wal.stat().st_size)
-
-
-def _refuse_foreign(url: str) -> None:
-    path = _local_file(url)
-    if path is not None and path.exists() and _foreign_database(path):
-        raise FileExistsError(f"{path} is a SQLite database, but not a scalewatch store")
-
-
-def _foreign_database(path: Path) -> bool:
-    """Whether ``path`` holds tables, none of them a store's (opening would add ours)."""
-    import sqlite3
-
-    try:
-        conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)
-        try:
-            names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
-        finally:
-            conn.close()
-    except sqlite3.DatabaseError:
-        return False  # not a database at all: opening it says so
-    return bool(names) and "alembic_version" not in names
+    return existing_store(_settings(args).db)
 
 
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -368,10 +320,11 @@ def _db_arguments(parser: argparse.ArgumentParser) -> None:
 
 @command("db", "manage the store's schema", _db_arguments)
 def db(args: argparse.Namespace) -> int:
+    from app.store_files import refuse_foreign
     from scaler.store.engine import upgrade
 
     url = _settings(args).db
-    _refuse_foreign(url)  # upgrading would add a store's tables to another program's data
+    refuse_foreign(url)  # upgrading would add a store's tables to another program's data
     print(f"{url}: at revision {upgrade(url)}")
     return 0
 

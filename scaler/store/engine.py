@@ -57,18 +57,20 @@ _PROBED = (
 )
 # SQLite's primary result codes of a store that cannot be used as it is (the file, the
 # disk, a lock), as opposed to a mistake in a statement: sqlite3.h.
-_STORAGE_CODES = {
-    3: "permission denied",  # SQLITE_PERM
-    5: "the store is locked",  # SQLITE_BUSY
-    6: "the store is locked",  # SQLITE_LOCKED
-    8: "the store is read-only",  # SQLITE_READONLY
-    10: "disk I/O error",  # SQLITE_IOERR
-    11: "database disk image is malformed",  # SQLITE_CORRUPT
-    13: "database or disk is full",  # SQLITE_FULL
-    14: "unable to open database file",  # SQLITE_CANTOPEN
-    15: "locking protocol error",  # SQLITE_PROTOCOL
-    26: "file is not a database",  # SQLITE_NOTADB
-}
+_STORAGE_CODES = frozenset(
+    {
+        3,  # SQLITE_PERM
+        5,  # SQLITE_BUSY
+        6,  # SQLITE_LOCKED
+        8,  # SQLITE_READONLY
+        10,  # SQLITE_IOERR
+        11,  # SQLITE_CORRUPT
+        13,  # SQLITE_FULL
+        14,  # SQLITE_CANTOPEN
+        15,  # SQLITE_PROTOCOL
+        26,  # SQLITE_NOTADB
+    }
+)
 
 
 def insert_rows(cursor: sqlite3.Cursor, head: str, rows: Sequence[Sequence[Any]]) -> None:
@@ -264,8 +266,8 @@ def storage_failure(error: BaseException) -> str | None:
 
 def check_integrity(engine: Engine) -> None:
     """Raise :class:`StoreDamaged` unless SQLite's ``quick_check`` finds the database behind
-    ``engine`` whole (a new, empty file is). It reads the whole file: seconds for a store
-    of millions of steps, so the service and the CLI check at open, the trainer does not.
+    ``engine`` whole (a new, empty file is). It reads the whole file, so the service and
+    the CLI check at open; the trainer, which must start at once, does not.
     """
     url = engine.url.render_as_string(hide_password=True)
     try:
