@@ -90,36 +90,9 @@ def _refused(error: ValidationError, given: set[str]) -> str:
 
 
 def _existing_store(args: argparse.Namespace) -> str:
-    """The store URL of a command that reads one: a SQLite file must exist (a mistyped
-    path would otherwise become a new, empty store)."""
-    from scaler.store.engine import parse_store_url
+    from app.store_files import existing_store
 
-    url = _settings(args).db
-    database = parse_store_url(url).database or ""
-    local = database not in ("", ":memory:") and not database.startswith("file:")
-    if local and not Path(database).exists():
-        raise FileNotFoundError(
-            f"no store at {database} (training creates it;"
-            f" 'scalewatch db upgrade --db {url}' makes an empty one)"
-        )
-    if local and _foreign_database(Path(database)):
-        raise FileExistsError(f"{database} is a SQLite database, but not a scalewatch store")
-    return url
-
-
-def _foreign_database(path: Path) -> bool:
-    """Whether ``path`` holds tables, none of them a store's (opening would add ours)."""
-    import sqlite3
-
-    try:
-        conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)
-        try:
-            names = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
-        finally:
-            conn.close()
-    except sqlite3.DatabaseError:
-        return False  # not a database at all: opening it says so
-    return bool(names) and "alembic_version" not in names
+    return existing_store(_settings(args).db)
 
 
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -132,8 +105,8 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     "serve",
     "run the service and the dashboard. Control requests need the bearer token from"
     " $SCALEWATCH_TOKEN; without it a new token is generated, printed once and written to"
-    " ~/.scalewatch/token (mode 0600; $SCALEWATCH_TOKEN_FILE to move it). Binding an"
-    " address other than loopback requires $SCALEWATCH_TOKEN.",
+    " ~/.scalewatch/token-PORT (mode 0600; $SCALEWATCH_TOKEN_FILE to move it). Binding an"
+    " address other than loopback requires a $SCALEWATCH_TOKEN of 16 characters or more.",
     _serve_arguments,
 )
 def serve(args: argparse.Namespace) -> int:
@@ -174,7 +147,7 @@ def runs(args: argparse.Namespace) -> int:
     from scaler.store import queries
     from scaler.store.engine import open_store
 
-    with open_store(_existing_store(args)) as store:
+    with open_store(_existing_store(args), check=True) as store:
         infos = queries.list_runs(store)
     table = [["ID", "NAME", "STATUS", "WORLD", "STEPS", "SCALE", "OVERFLOWS", "SKIPPED"]]
     for run in infos:
@@ -211,8 +184,9 @@ def _export_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _step_range_refused(start: int | None, end: int | None) -> str | None:
-    """Why the API would refuse ``start`` and ``end`` (422), as one line; None if it takes
-    them. The bounds are the API's own (:data:`app.models.Step`)."""
+    """Why ``start`` and ``end`` are refused, as one line; None if they are taken. The
+    bounds are the API's own (:data:`app.models.Step`), which it refuses with 422; a
+    start after the end, which the API answers with an empty range, is a usage mistake."""
     from pydantic import TypeAdapter
 
     from app.models import Step
@@ -236,10 +210,10 @@ def export(args: argparse.Namespace) -> int:
     from scaler.store.queries import run_status
 
     refused = _step_range_refused(args.start, args.end)
-    if refused is not None:  # before a byte of output, as the API answers 422
+    if refused is not None:  # before a byte of output
         print(f"scalewatch export: {refused}", file=sys.stderr)
         return 2
-    with open_store(_existing_store(args)) as store:
+    with open_store(_existing_store(args), check=True) as store:
         if run_status(store, args.run) is None:
             print(f"scalewatch export: no run {args.run}", file=sys.stderr)
             return 1
@@ -331,7 +305,7 @@ def control(args: argparse.Namespace) -> int:
 
     values = {name: getattr(args, name) for name in CONTROL_OPTIONS}
     values = {name: value for name, value in values.items() if value is not None}
-    with open_store(_existing_store(args)) as store:
+    with open_store(_existing_store(args), check=True) as store:
         try:
             row = request_control(
                 store, args.run, values, requested_by=getpass.getuser(), source="cli"
@@ -354,9 +328,11 @@ def _db_arguments(parser: argparse.ArgumentParser) -> None:
 
 @command("db", "manage the store's schema", _db_arguments)
 def db(args: argparse.Namespace) -> int:
+    from app.store_files import refuse_foreign
     from scaler.store.engine import upgrade
 
     url = _settings(args).db
+    refuse_foreign(url)  # upgrading would add a store's tables to another program's data
     print(f"{url}: at revision {upgrade(url)}")
     return 0
 
@@ -400,11 +376,11 @@ def _user_error(error: Exception) -> str | None:
     from alembic.util.exc import CommandError
     from sqlalchemy.exc import ArgumentError, DBAPIError
 
-    from scaler.store.errors import NotAStoreURL
+    from scaler.store.errors import NotAStoreURL, StoreDamaged
 
     if isinstance(error, ValidationError):
         return _refused(error, given=set())
-    if isinstance(error, BadSetting | NotAStoreURL):
+    if isinstance(error, BadSetting | NotAStoreURL | StoreDamaged):
         return str(error)
     if isinstance(error, DBAPIError):
         return f"the store cannot be read: {error.orig}"

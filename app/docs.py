@@ -1,44 +1,68 @@
-"""The OpenAPI docs page at ``/docs``, served with Swagger UI from an installed package:
-like the dashboard, it works with no internet."""
+"""The OpenAPI docs page at ``/docs``: Swagger UI 5 (which reads the OpenAPI 3.1 that
+FastAPI writes; 4.x cannot) from the installed ``fastapi-offline`` package, so that, like
+the dashboard, it works with no internet. Its start-up script is ``web/docs.js``: the
+pages' Content-Security-Policy runs no inline script."""
 
 from __future__ import annotations
 
+from html import escape
+from importlib.resources import files
 from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse
 
-__all__ = ["DOCS_ASSETS", "install_docs"]
+__all__ = ["DOCS_ASSETS", "install_docs", "swagger_ui_dir"]
 
-# URL path -> (file in swagger_ui_bundle's directory, media type)
+# URL path -> (file in fastapi_offline's static directory, media type)
 DOCS_ASSETS = {
     "/vendor/swagger-ui/swagger-ui-bundle.js": ("swagger-ui-bundle.js", "text/javascript"),
     "/vendor/swagger-ui/swagger-ui.css": ("swagger-ui.css", "text/css"),
-    "/vendor/swagger-ui/favicon.png": ("favicon-32x32.png", "image/png"),
+    "/vendor/swagger-ui/favicon.png": ("favicon.png", "image/png"),
 }
+START_SCRIPT = "/docs.js"  # web/docs.js, served with the dashboard
+
+_PAGE = """<!doctype html>
+<html lang="en">
+<head>
+  <meta charset="utf-8">
+  <meta name="viewport" content="width=device-width, initial-scale=1">
+  <title>{title}</title>
+  <link rel="stylesheet" href="{css}">
+  <link rel="icon" href="{icon}">
+</head>
+<body>
+  <div id="swagger-ui" data-openapi-url="{openapi_url}"></div>
+  <script src="{js}"></script>
+  <script src="{start}"></script>
+</body>
+</html>
+"""
+
+
+def swagger_ui_dir() -> Path:
+    return Path(str(files("fastapi_offline"))) / "static"
 
 
 def install_docs(app: FastAPI) -> None:
-    """``/docs`` and the three Swagger UI files it loads; for an app made with
-    ``docs_url=None`` and ``redoc_url=None`` (FastAPI's pages load them from a CDN)."""
-    from swagger_ui_bundle import swagger_ui_path
-
-    openapi_url = app.openapi_url or "/openapi.json"
+    """``/docs`` and the Swagger UI files it loads; for an app made with ``docs_url=None``
+    and ``redoc_url=None`` (FastAPI's pages load them from a CDN)."""
     js, css, icon = DOCS_ASSETS
+    page = _PAGE.format(
+        title=escape(f"{app.title} API"),
+        css=css,
+        icon=icon,
+        openapi_url=escape(app.openapi_url or "/openapi.json"),
+        js=js,
+        start=START_SCRIPT,
+    )
 
     @app.get("/docs", include_in_schema=False)
     def docs() -> HTMLResponse:
-        return get_swagger_ui_html(
-            openapi_url=openapi_url,
-            title=f"{app.title} API",
-            swagger_js_url=js,
-            swagger_css_url=css,
-            swagger_favicon_url=icon,
-        )
+        return HTMLResponse(page)
 
     for path, (name, media_type) in DOCS_ASSETS.items():
-        file = Path(swagger_ui_path) / name
+        file = swagger_ui_dir() / name
 
         def asset(file: Path = file, media_type: str = media_type) -> FileResponse:
             return FileResponse(file, media_type=media_type)

@@ -10,11 +10,14 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.deps import require_token
+from app.head import allowed_methods
+from app.health import store_unavailable
 from app.settings import get_settings
-from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning
+from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning, StoreDamaged
 
 __all__ = ["install_error_handlers", "unprocessable"]
 
@@ -61,10 +64,28 @@ async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
     refused = _unauthorised(request)
     if refused is not None:
         return refused
+    if _body_not_json(request):
+        detail = [{"loc": ["body"], "msg": NOT_JSON, "type": "content_type"}]
+        return JSONResponse({"detail": detail}, status.HTTP_422_UNPROCESSABLE_CONTENT)
     # FastAPI's own handler echoes the input, and a NaN there fails to serialise (a 500).
     errors = exc.errors() if isinstance(exc, RequestValidationError) else []
     detail = _json_safe(jsonable_encoder(errors))
     return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
+NOT_JSON = (
+    "the body must be JSON, sent with 'Content-Type: application/json'"
+    " (curl: -H 'Content-Type: application/json'; -d alone sends a form)"
+)
+
+
+def _body_not_json(request: Request) -> bool:
+    """A request with a body that does not say it is JSON: FastAPI then reads it as no
+    object at all, and its 422 does not say why (``curl -d`` sends a form)."""
+    if request.method not in ("POST", "PUT", "PATCH"):
+        return False
+    media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    return not (media_type == "application/json" or media_type.endswith("+json"))
 
 
 def _unauthorised(request: Request) -> JSONResponse | None:
@@ -75,7 +96,7 @@ def _unauthorised(request: Request) -> JSONResponse | None:
         return None
     settings = request.app.dependency_overrides.get(get_settings, get_settings)()
     try:
-        require_token(settings, request.headers.get("authorization"))
+        require_token(request, settings, authorization=request.headers.get("authorization"))
     except HTTPException as refused:
         return JSONResponse(
             {"detail": refused.detail}, refused.status_code, headers=refused.headers
@@ -87,7 +108,14 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     # A body that is no UTF-8 is FastAPI's 400, raised before the token is checked too.
     refused = _unauthorised(request) if exc.status_code == 400 else None
-    return refused if refused is not None else await http_exception_handler(request, exc)
+    if refused is not None:
+        return refused
+    if exc.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
+        allow = ", ".join(allowed_methods(request.app.router.routes, request.scope))
+        exc = StarletteHTTPException(
+            405, exc.detail, headers={**(exc.headers or {}), "Allow": allow}
+        )
+    return await http_exception_handler(request, exc)
 
 
 async def _not_found(request: Request, exc: Exception) -> JSONResponse:
@@ -104,3 +132,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ControlValidationError, _validation)
     app.add_exception_handler(RunNotFound, _not_found)
     app.add_exception_handler(RunNotRunning, _not_running)
+    app.add_exception_handler(DBAPIError, store_unavailable)
+    app.add_exception_handler(StoreDamaged, store_unavailable)

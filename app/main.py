@@ -13,7 +13,11 @@ from app.dashboard import mount_dashboard
 from app.docs import install_docs
 from app.errors import install_error_handlers
 from app.head import HeadAsGet
+from app.headers import SecurityHeaders
+from app.health import StorageGuard, StoreHealth
 from app.limits import BodyLimit
+from app.openapi import install_openapi
+from app.penalty import FailurePenalty
 from app.routes import router
 from app.routes.metrics import metrics_registry
 from app.security import LoopbackHost, is_loopback
@@ -54,12 +58,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.dependency_overrides[get_settings] = lambda: settings
     app.state.stopping = threading.Event()  # set by serving.Server: live streams end
+    app.state.health = StoreHealth()
+    app.state.penalty = FailurePenalty()  # wrong tokens per client
     install_error_handlers(app)
     app.add_middleware(BodyLimit)
     app.add_middleware(HeadAsGet)
     if is_loopback(settings.host):
         app.add_middleware(LoopbackHost, allowed=settings.allowed_hosts.split(","))
+    app.add_middleware(StorageGuard)
+    app.add_middleware(SecurityHeaders)  # outermost: on every refusal too
     app.include_router(router)
     install_docs(app)
+    install_openapi(app)
     mount_dashboard(app)
     return app

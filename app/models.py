@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from scaler.store.queries import INT64_MAX
+from scaler.store.rules import FLOAT32_MAX, FLOAT32_TINY, INT32_MAX
 
 __all__ = [
     "ControlRequest",
@@ -22,6 +24,7 @@ __all__ = [
     "SeriesColumns",
     "Step",
     "StepSeries",
+    "Unhealthy",
 ]
 
 StrictInt = Annotated[int, Strict()]
@@ -95,21 +98,50 @@ class OverflowPage(BaseModel):
     next: int | None = Field(description="pass as ?after= for the next page; null at the end")
 
 
+# Each control field's rule (scaler/_control.py's RULES) in JSON Schema, so that the
+# OpenAPI document refuses what the store refuses. A null is refused too: a bound once set
+# is never removed.
+_INTEGER = {"type": "integer", "minimum": 1, "maximum": INT32_MAX}
+_SCALE = {"type": "number", "minimum": FLOAT32_TINY, "maximum": FLOAT32_MAX}
+CONTROL_FIELD_SCHEMAS: dict[str, dict[str, Any]] = {
+    "growth_interval": _INTEGER,
+    "hysteresis": _INTEGER,
+    "growth_factor": {"type": "number", "exclusiveMinimum": 1, "maximum": sys.float_info.max},
+    "backoff_factor": {"type": "number", "minimum": FLOAT32_TINY, "exclusiveMaximum": 1},
+    "scale": _SCALE,
+    "min_scale": _SCALE,
+    "max_scale": _SCALE,
+}
+
+
+def _control_schema(schema: dict[str, Any]) -> None:
+    schema["minProperties"] = 1  # an empty request changes nothing: refused
+    schema["examples"] = [{"growth_interval": 500, "growth_factor": 2.0}]
+    for name, field in schema["properties"].items():
+        title = field.get("title")
+        field.clear()
+        field.update(CONTROL_FIELD_SCHEMAS[name], title=title)
+
+
 class ControlRequest(BaseModel):
-    """A change to the running scaler; any subset of the fields, applied together."""
+    """A change to the running scaler; any subset of the fields (one at least), applied
+    together. Beyond each field's rule, ``min_scale <= scale <= max_scale`` must hold, the
+    values in effect standing in for those not sent (a 422 names the field): JSON Schema
+    cannot say that."""
 
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"examples": [{"growth_interval": 500, "growth_factor": 2.0}]},
+        json_schema_extra=_control_schema,
     )
 
-    growth_interval: StrictInt | None = None
+    # JSON Schema's integers include 500.0; the store takes it as 500.
+    growth_interval: StrictInt | StrictFloat | None = None
     growth_factor: StrictFloat | None = None
     backoff_factor: StrictFloat | None = None
     scale: StrictFloat | None = None
     min_scale: StrictFloat | None = None
     max_scale: StrictFloat | None = None
-    hysteresis: StrictInt | None = None
+    hysteresis: StrictInt | StrictFloat | None = None
 
 
 class ControlRequestOut(BaseModel):
@@ -127,7 +159,8 @@ class ControlRequestOut(BaseModel):
 
 class ControlView(BaseModel):
     state: dict[str, Any] = Field(description="runs.control plus the current scale and version")
-    history: list[ControlRequestOut]
+    history: list[ControlRequestOut] = Field(description="a page of requests, oldest first")
+    next: int | None = Field(description="pass as ?before= for the older page; null at the first")
 
 
 class ErrorMessage(BaseModel):
@@ -138,3 +171,8 @@ class ErrorMessage(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
+
+
+class Unhealthy(BaseModel):
+    status: Literal["unavailable"] = "unavailable"
+    detail: str = Field(description="why, in one line")

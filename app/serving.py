@@ -14,6 +14,7 @@ from app.settings import Settings
 from scaler.store.engine import open_store
 
 __all__ = [
+    "MIN_TOKEN_CHARS",
     "SHUTDOWN_GRACE_S",
     "SWITCH_INTERVAL_S",
     "BindRefused",
@@ -31,6 +32,8 @@ __all__ = [
 SWITCH_INTERVAL_S = 0.0005
 # How long a stopping server waits for open responses before it cancels them.
 SHUTDOWN_GRACE_S = 2
+# The shortest token a service bound beyond loopback accepts (a generated one has 43).
+MIN_TOKEN_CHARS = 16
 
 
 class Server(uvicorn.Server):
@@ -73,11 +76,21 @@ class BindRefused(CannotServe):
 
 
 def refuse_unguarded(settings: Settings) -> None:
-    """Raise :class:`BindRefused` for a non-loopback host without an explicit token."""
-    if settings.token is None and not is_loopback(settings.host):
+    """Raise :class:`BindRefused` for a non-loopback host without an explicit token, or
+    with one under ``MIN_TOKEN_CHARS`` characters."""
+    if is_loopback(settings.host):
+        return
+    if settings.token is None:
         raise BindRefused(
             f"refusing to bind {settings.host!r} without an explicit token: anyone who can"
             " reach it could change running jobs. Set SCALEWATCH_TOKEN, or bind 127.0.0.1."
+        )
+    length = len(settings.token.get_secret_value())
+    if length < MIN_TOKEN_CHARS:
+        raise BindRefused(
+            f"refusing to bind {settings.host!r} with a token of {length} characters: one"
+            f" under {MIN_TOKEN_CHARS} can be guessed by anyone who can reach it. Set a longer"
+            " SCALEWATCH_TOKEN (python -c 'import secrets; print(secrets.token_urlsafe(32))')."
         )
 
 
@@ -102,20 +115,21 @@ def listen(host: str, port: int) -> socket.socket:
 
 def ready_to_serve(settings: Settings, out: TextIO) -> tuple[Settings, socket.socket]:
     """What ``serve`` and ``demo`` do before serving, in an order that writes no token on a
-    refusal: the bind check, the store (created or upgraded: an unusable one is a plain
-    error here, not a traceback from the server), the socket, then the token (``prepare``).
+    refusal: the bind check, the store (checked whole, then created or upgraded: a damaged
+    or unusable one is a plain error here, not a traceback from the server), the socket,
+    then the token (``prepare``).
 
     Raises :class:`CannotServe`; returns the settings with their token, and the socket.
     """
     refuse_unguarded(settings)
-    open_store(settings.db).close()
+    open_store(settings.db, check=True).close()
     try:
         sock = listen(settings.host, settings.port)
     except OSError as error:
         where = f"{settings.host}:{settings.port}"
         raise CannotServe(f"cannot listen on {where}: {error.strerror or error}") from error
     try:
-        settings = prepare(settings, out)
+        settings = prepare(settings, out, port=sock.getsockname()[1])
         tune_for_serving()
     except BaseException:
         sock.close()
@@ -136,9 +150,10 @@ def make_server(app: Any, settings: Settings, sock: socket.socket, **config: Any
     )
 
 
-def prepare(settings: Settings, out: TextIO) -> Settings:
+def prepare(settings: Settings, out: TextIO, *, port: int | None = None) -> Settings:
     """Settings with a token: ``SCALEWATCH_TOKEN`` when set, else a new one, printed once on
-    ``out`` and written to ``settings.token_file`` (mode 0600).
+    ``out`` and written (mode 0600) to ``settings.token_path(port)``: a file of the
+    service's port alone, so a second service never replaces the token of a first.
 
     Raises :class:`BindRefused` for a non-loopback host without an explicit token.
     """
@@ -146,7 +161,7 @@ def prepare(settings: Settings, out: TextIO) -> Settings:
     if settings.token is not None:
         return settings
     token = new_token()
-    path = write_token_file(settings.token_file, token)
+    path = write_token_file(settings.token_path(port), token)
     print(f"scalewatch: bearer token for control requests (also in {path}, mode 0600):", file=out)
     print(token, file=out, flush=True)
     return settings.model_copy(update={"token": SecretStr(token)})

@@ -10,9 +10,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from scaler.store.engine import default_url, store_url
 
-__all__ = ["DEFAULT_TOKEN_FILE", "Settings", "get_settings"]
+__all__ = ["TOKEN_DIR", "Settings", "get_settings"]
 
-DEFAULT_TOKEN_FILE = Path("~/.scalewatch/token")
+# Where generated tokens are written, one file per port: two services never share one.
+TOKEN_DIR = Path("~/.scalewatch")
 
 
 class Settings(BaseSettings):
@@ -24,7 +25,7 @@ class Settings(BaseSettings):
     token: SecretStr | None = None
     host: str = "127.0.0.1"
     port: int = Field(default=8765, ge=0, le=65535)
-    token_file: Path = DEFAULT_TOKEN_FILE
+    token_file: Path | None = None  # None: TOKEN_DIR / "token-<port>"
     # Host names beside loopback that a service bound to loopback answers to (a reverse
     # proxy's name), comma-separated; "*" for any.
     allowed_hosts: str = ""
@@ -44,6 +45,13 @@ class Settings(BaseSettings):
         # spaces around it (a newline from a file) could never be matched: HTTP drops them.
         value = "" if token is None else token.get_secret_value().strip()
         return SecretStr(value) if value else None
+
+    def token_path(self, port: int | None = None) -> Path:
+        """Where a generated token for the service on ``port`` (default: ``self.port``) is
+        written: ``token_file`` when set, else ``~/.scalewatch/token-<port>``."""
+        if self.token_file is not None:
+            return self.token_file
+        return TOKEN_DIR / f"token-{self.port if port is None else port}"
 
 
 @lru_cache

@@ -128,8 +128,14 @@ export class ControlPanel {
 
   async refresh() {
     const body = await getJSON(paths.control(this.runId));
+    // The history comes in pages, the newest page first: the chart marks every applied change.
+    const rows = [...(body.history || [])];
+    for (let page = body; page.next !== null && page.next !== undefined; ) {
+      page = await getJSON(`${paths.control(this.runId)}?before=${page.next}&limit=1000`);
+      rows.push(...(page.history || []));
+    }
     this.renderState(body.state || {});
-    this.history = new Map((body.history || []).map((row) => [row.id, row]));
+    this.history = new Map(rows.map((row) => [row.id, row]));
     this.renderHistory();
   }
 

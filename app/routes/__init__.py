@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from app.models import ErrorMessage
 from app.routes import control, export, metrics, runs, stream
 
-__all__ = ["router"]
+__all__ = ["STORE_UNAVAILABLE", "router"]
+
+STORE_UNAVAILABLE: dict[int | str, dict[str, object]] = {
+    503: {"model": ErrorMessage, "description": "the store cannot be used (damaged, unreadable)"}
+}
 
 router = APIRouter()
 for module in (runs, control, export, stream, metrics):
-    router.include_router(module.router)
+    router.include_router(module.router, responses=STORE_UNAVAILABLE)

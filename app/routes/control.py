@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, status
+import bisect
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, status
 
 from app.deps import StoreDep, TokenDep
 from app.limits import MAX_BODY_BYTES
 from app.models import ControlRequest, ControlRequestOut, ControlView, ErrorMessage
 from app.routes.runs import NOT_FOUND, RunId, require_run
 from scaler.store.control import control_history, request_control
+from scaler.store.queries import INT64_MAX
 
 router = APIRouter(prefix="/api/runs", tags=["control"])
 
@@ -18,11 +22,22 @@ def request_out(row: object) -> ControlRequestOut:
 
 
 @router.get("/{run}/control", responses=NOT_FOUND)
-def get_control(store: StoreDep, run: RunId) -> ControlView:
+def get_control(
+    store: StoreDep,
+    run: RunId,
+    before: Annotated[int | None, Query(ge=1, le=INT64_MAX)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> ControlView:
+    """The values in effect and a page of the audit trail: the newest ``limit`` requests
+    before the request ``before`` (default: all), oldest first."""
     info = require_run(store, run)
     state = {**info.control, "scale": info.scale, "version": info.control_version}
-    history = [request_out(row) for row in control_history(store, run)]
-    return ControlView(state=state, history=history)
+    rows = control_history(store, run)
+    if before is not None:
+        rows = rows[: bisect.bisect_left([row.id for row in rows], before)]
+    page = rows[-limit:]
+    older = page[0].id if len(rows) > len(page) else None
+    return ControlView(state=state, history=[request_out(row) for row in page], next=older)
 
 
 @router.post(
@@ -38,6 +53,12 @@ def get_control(store: StoreDep, run: RunId) -> ControlView:
         404: {"model": ErrorMessage, "description": "no such run"},
         409: {"model": ErrorMessage, "description": "the run is not running"},
         413: {"model": ErrorMessage, "description": f"a body over {MAX_BODY_BYTES} bytes"},
+        429: {
+            "model": ErrorMessage,
+            "description": "too many wrong tokens from this client lately: refused, whatever"
+            " the token, for the seconds in Retry-After",
+            "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+        },
     },
 )
 def post_control(

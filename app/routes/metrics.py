@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Request, Response, status
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from app.models import Health
+from app.deps import StoreDep
+from app.health import StoreHealth
+from app.models import Health, Unhealthy
 from scaler.store import queries
-from scaler.store.engine import Store
+from scaler.store.engine import Store, storage_failure
 
 router = APIRouter(tags=["metrics"])
 
@@ -66,6 +69,26 @@ def metrics(request: Request) -> Response:
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/healthz")
-def healthz() -> Health:
-    return Health()
+@router.get(
+    "/healthz",
+    response_model=Health,
+    responses={
+        503: {"model": Unhealthy, "description": "the store cannot be used (damaged, unreadable)"}
+    },
+)
+def healthz(request: Request, store: StoreDep) -> Health | JSONResponse:
+    """ok when a probe of the store reads and no request met a storage failure lately."""
+    health: StoreHealth = request.app.state.health
+    problem = health.problem()
+    if problem is None:
+        try:
+            store.probe()
+        except Exception as error:
+            problem = storage_failure(error)
+            if problem is None:
+                raise
+            health.failed(problem)
+    if problem is None:
+        return Health()
+    body = Unhealthy(detail=f"the store cannot be used: {problem}")
+    return JSONResponse(body.model_dump(), status.HTTP_503_SERVICE_UNAVAILABLE)

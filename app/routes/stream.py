@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import json
+import logging
 import re
 import time
 from collections import OrderedDict
@@ -19,12 +20,13 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.deps import SettingsDep, StoreDep
-from app.errors import unprocessable
 from app.routes.control import request_out
 from app.routes.runs import NOT_FOUND, After, RunId, require_run_exists
 from scaler.store import queries
 from scaler.store.control import control_history
-from scaler.store.engine import Store
+from scaler.store.engine import Store, storage_failure
+
+log = logging.getLogger("app.stream")
 
 router = APIRouter(prefix="/api/runs", tags=["stream"])
 
@@ -203,9 +205,14 @@ class _Hub:
                     return
                 self._wake()
                 await asyncio.sleep(self.poll_s)
-        except Exception:
+        except Exception as error:
             self.failed = True
-            raise
+            reason = storage_failure(error)
+            if reason is None:
+                raise
+            # Its streams end; their clients reconnect and are told (503).
+            log.warning("scalewatch: run %d's streams end: the store cannot be used: %s",
+                        self.run_id, reason)  # fmt: skip
         finally:
             self._wake()
 
@@ -343,22 +350,13 @@ async def stream(
     settings: SettingsDep,
     run: RunId,
     after: After = None,
-    last_event_id: Annotated[str | None, Header()] = None,
+    last_event_id: Annotated[int | None, Header(ge=-1, le=queries.INT64_MAX)] = None,
 ) -> StreamingResponse:
     """``event: step`` per new step (id = step), ``event: control`` per change of a control
     request, ``event: end`` once the run is no longer running. Starts after the
     ``Last-Event-ID`` header, else after ``?after=``, else after the run's last step (and
     never after it: a point past the last step starts there)."""
-    resume = after
-    if last_event_id:
-        try:
-            resume = int(last_event_id)
-            if not -1 <= resume <= queries.INT64_MAX:
-                raise ValueError(resume)
-        except ValueError:
-            raise unprocessable(
-                ["header", "last-event-id"], "must be a step number", "int_parsing"
-            ) from None
+    resume = after if last_event_id is None else last_event_id
     await run_in_threadpool(require_run_exists, store, run)
     last = await run_in_threadpool(queries.last_step, store, run)
     newest = -1 if last is None else last

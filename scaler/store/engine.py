@@ -27,7 +27,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import URL, Connection, Engine, create_engine, event, exc, make_url
 
 import migrations
-from scaler.store.errors import NotAStoreURL
+from scaler.store.errors import NotAStoreURL, StoreDamaged
 
 log = logging.getLogger("scaler.store")
 
@@ -47,6 +47,30 @@ MAX_ROWS_PER_STATEMENT = 1024
 _OLDEST_LIMIT = 999
 # Attempts at switching a new file to WAL; each failed one waits for the lock holder.
 _WAL_ATTEMPTS = 100
+# Each table and its key, for Store.probe.
+_PROBED = (
+    ("runs", ("id",)),
+    ("steps", ("run_id", "step")),
+    ("step_rollups", ("run_id", "level", "bucket")),
+    ("control_requests", ("id",)),
+    ("telemetry_gaps", ("id",)),
+)
+# SQLite's primary result codes of a store that cannot be used as it is (the file, the
+# disk, a lock), as opposed to a mistake in a statement: sqlite3.h.
+_STORAGE_CODES = frozenset(
+    {
+        3,  # SQLITE_PERM
+        5,  # SQLITE_BUSY
+        6,  # SQLITE_LOCKED
+        8,  # SQLITE_READONLY
+        10,  # SQLITE_IOERR
+        11,  # SQLITE_CORRUPT
+        13,  # SQLITE_FULL
+        14,  # SQLITE_CANTOPEN
+        15,  # SQLITE_PROTOCOL
+        26,  # SQLITE_NOTADB
+    }
+)
 
 
 def insert_rows(cursor: sqlite3.Cursor, head: str, rows: Sequence[Sequence[Any]]) -> None:
@@ -132,6 +156,15 @@ class Store:
             with conn.begin():
                 yield conn
 
+    def probe(self) -> None:
+        """Read the first and the last rows of each table: quick (a few pages), and it
+        raises SQLAlchemy's error for a store that cannot be read, or no longer at all."""
+        with self.read() as conn:
+            for table, key in _PROBED:
+                for order in ("ASC", "DESC"):
+                    by = ", ".join(f"{column} {order}" for column in key)
+                    conn.exec_driver_sql(f"SELECT {key[0]} FROM {table} ORDER BY {by} LIMIT 1")
+
     def close(self) -> None:
         self.engine.dispose()
 
@@ -209,6 +242,48 @@ def _on_begin(conn: Connection) -> None:
     conn.exec_driver_sql(f"BEGIN {mode}")
 
 
+def storage_failure(error: BaseException) -> str | None:
+    """The one-line reason when ``error`` (SQLAlchemy's or the driver's) says the store
+    cannot be used as it is (damaged, unreadable, full, locked); None for another error.
+
+    >>> storage_failure(sqlite3.DatabaseError("database disk image is malformed"))
+    'database disk image is malformed'
+    >>> storage_failure(sqlite3.IntegrityError("UNIQUE constraint failed")) is None
+    True
+    """
+    orig = error.orig if isinstance(error, exc.DBAPIError) else error
+    if isinstance(orig, StoreDamaged):
+        return str(orig)
+    if not isinstance(orig, sqlite3.DatabaseError):
+        return None
+    code = getattr(orig, "sqlite_errorcode", None)
+    if code is not None:
+        return str(orig).splitlines()[0] if (code & 0xFF) in _STORAGE_CODES else None
+    # A driver without error codes (Python 3.10): the classes SQLite's codes map to.
+    storage = isinstance(orig, sqlite3.OperationalError) or type(orig) is sqlite3.DatabaseError
+    return str(orig).splitlines()[0] if storage else None
+
+
+def check_integrity(engine: Engine) -> None:
+    """Raise :class:`StoreDamaged` unless SQLite's ``quick_check`` finds the database behind
+    ``engine`` whole (a new, empty file is). It reads the whole file, so the service and
+    the CLI check at open; the trainer, which must start at once, does not.
+    """
+    url = engine.url.render_as_string(hide_password=True)
+    try:
+        with engine.connect() as conn:
+            problems = conn.exec_driver_sql("PRAGMA quick_check(1)").scalars().all()
+    except exc.DBAPIError as error:
+        reason = storage_failure(error)
+        if reason is None or "locked" in reason:
+            raise
+        raise StoreDamaged(url, reason) from None
+    if problems != ["ok"]:
+        lines = [line for row in problems for line in str(row).splitlines()]
+        first = next((line for line in lines if not line.startswith("***")), lines[0])
+        raise StoreDamaged(url, f"SQLite's quick_check: {first}")
+
+
 def _alembic_config(connection: Connection | None = None) -> Config:
     config = Config()
     config.set_main_option("script_location", str(Path(migrations.__file__).parent))
@@ -279,9 +354,13 @@ def upgrade_engine(engine: Engine) -> str:
 
 
 def upgrade(url: str | None = None) -> str:
-    """Create or upgrade the store at ``url`` (default: :func:`default_url`); return the head."""
+    """Create or upgrade the store at ``url`` (default: :func:`default_url`); return the head.
+
+    A damaged store is refused (:class:`StoreDamaged`) before anything is written to it.
+    """
     engine = make_engine(url or default_url())
     try:
+        check_integrity(engine)
         return upgrade_engine(engine)
     finally:
         engine.dispose()
@@ -297,14 +376,17 @@ def downgrade(url: str | None = None, revision: str = "base") -> None:
         engine.dispose()
 
 
-def open_store(url: str | None = None) -> Store:
-    """Open the store at ``url`` (default: :func:`default_url`), upgrading it to the head.
+def open_store(url: str | None = None, *, check: bool = False) -> Store:
+    """Open the store at ``url`` (default: :func:`default_url`), upgrading it to the head;
+    with ``check``, first refuse a damaged one (:func:`check_integrity`).
 
     Safe when several processes open the same new file at the same moment.
     """
     resolved = store_url(url or default_url())
     engine = make_engine(resolved)
     try:
+        if check:
+            check_integrity(engine)
         upgrade_engine(engine)
     except BaseException:
         engine.dispose()

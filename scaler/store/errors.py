@@ -42,3 +42,13 @@ class ControlValidationError(ValueError):
     def __init__(self, errors: dict[str, str]) -> None:
         super().__init__("; ".join(f"{field}: {message}" for field, message in errors.items()))
         self.errors = errors
+
+
+class StoreDamaged(RuntimeError):
+    """SQLite's ``quick_check`` finds the store's file damaged, or it is no database at all:
+    reading it would fail part-way (the service answers 503)."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"the store cannot be read: {reason} (in {url}; restore it from a copy)")
+        self.url = url
+        self.reason = reason

@@ -293,3 +293,29 @@ def test_export_refuses_the_steps_the_api_refuses_before_any_output(
     out, err = capsys.readouterr()
     assert out == ""
     assert err.startswith(f"scalewatch export: {refused}") and err.count("\n") == 1, err
+
+
+def test_db_upgrade_refuses_another_programs_database_and_an_empty_file_is_no_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``db upgrade`` added a store's tables to another program's SQLite file; ``runs`` took
+    a 0-byte file for an empty store (and made it one)."""
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE users (name TEXT)")
+    conn.close()
+    assert main(["db", "upgrade", "--db", str(other)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"scalewatch db: {other} is a SQLite database, but not a scalewatch store\n"
+    with sqlite3.connect(other) as conn:
+        tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master")]
+    conn.close()
+    assert tables == ["users"]
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    for argv in (["runs"], ["export", "1"], ["control", "1", "--scale", "2"]):
+        assert main([*argv, "--db", str(empty)]) == 1
+        err = capsys.readouterr().err
+        assert f": {empty} is an empty file (training creates a store;" in err, err
+        assert err.count("\n") == 1
+    assert empty.stat().st_size == 0

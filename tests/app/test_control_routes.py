@@ -114,3 +114,43 @@ def test_control_of_a_finished_or_unknown_run(client: TestClient, store: Store) 
     assert finished.status_code == 409
     assert "finished" in finished.json()["detail"]
     assert unknown.status_code == 404
+
+
+def test_the_history_comes_in_pages(client: TestClient, store: Store) -> None:
+    """It came whole, however long (an autopilot files many requests)."""
+    from scaler.store.control import request_control
+
+    run = add_run(store, simulate(10, set()))
+    ids = [
+        request_control(store, run, {"growth_interval": 10 + i}, requested_by="t").id
+        for i in range(7)
+    ]
+    url = f"/api/runs/{run}/control"
+    first = client.get(url, params={"limit": 3}).json()
+    assert [row["id"] for row in first["history"]] == ids[4:]
+    assert first["next"] == ids[4] and first["state"]["growth_interval"] == 4
+    second = client.get(url, params={"limit": 3, "before": first["next"]}).json()
+    assert [row["id"] for row in second["history"]] == ids[1:4]
+    last = client.get(url, params={"limit": 3, "before": second["next"]}).json()
+    assert [row["id"] for row in last["history"]] == ids[:1] and last["next"] is None
+    whole = client.get(url).json()
+    assert [row["id"] for row in whole["history"]] == ids and whole["next"] is None
+    assert client.get(url, params={"limit": 1001}).status_code == 422
+
+
+def test_a_body_not_sent_as_json_is_told_to_be(client: TestClient, store: Store) -> None:
+    """``curl -d`` sends a form: the 422 said the body was no 'valid dictionary'."""
+    run = add_run(store, simulate(10, set()))
+    url = f"/api/runs/{run}/control"
+    for content_type in ("application/x-www-form-urlencoded", "text/plain", None):
+        headers = {**auth(), **({"Content-Type": content_type} if content_type else {})}
+        response = client.post(url, content=b'{"growth_interval": 500}', headers=headers)
+        assert response.status_code == 422, content_type
+        (error,) = response.json()["detail"]
+        assert error["loc"] == ["body"] and error["type"] == "content_type"
+        assert "Content-Type: application/json" in error["msg"] and "\n" not in error["msg"]
+    wrong_token = client.post(url, content=b"growth_interval=5", headers=auth("x" * 20))
+    assert wrong_token.status_code == 401
+    assert client.get(url).json()["history"] == []
+    typed = {**auth(), "Content-Type": "application/json; charset=utf-8"}
+    assert client.post(url, content=b'{"growth_interval": 500}', headers=typed).status_code == 202

@@ -50,7 +50,7 @@ def test_overflows_export_as_json_lines_in_a_range(client: TestClient, store: St
 
 def test_a_bad_export_is_refused_before_any_byte(client: TestClient, store: Store) -> None:
     run = add_run(store, ROWS)
-    for query in ("format=xml", "what=everything", "start=3&end=1", "start=-5"):
+    for query in ("format=xml", "what=everything", "start=-5"):
         with client.stream("GET", f"/api/runs/{run}/export?{query}") as response:
             assert response.status_code == 422, query
             assert response.headers["content-type"] == "application/json"

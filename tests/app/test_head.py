@@ -38,3 +38,29 @@ def test_head_of_an_export_or_a_stream_is_refused(
     refused = client.head(f"/api/runs/{run}/{ending}")
     assert refused.status_code == 405
     assert refused.headers["allow"] == "GET"
+
+
+def test_a_405_names_every_method_its_path_takes(client: TestClient, store: Store) -> None:
+    """``PUT /api/runs/6/control`` said ``Allow: GET``: its GET and POST are two routes, and
+    Starlette named the first one's methods alone."""
+    run = add_run(store, simulate(5, set()))
+    paths = client.get("/openapi.json").json()["paths"]
+    assert paths
+    for template, operations in paths.items():
+        path = template.replace("{run}", str(run))
+        taken = {method.upper() for method in operations}
+        if "GET" in taken and not path.endswith(("/export", "/stream")):
+            taken.add("HEAD")
+        refused = sorted({"DELETE", "PATCH", "POST", "PUT"} - taken)[0]
+        response = client.request(refused, path)
+        assert response.status_code == 405, (refused, path)
+        assert response.headers["allow"] == ", ".join(sorted(taken)), (refused, path)
+    response = client.put(f"/api/runs/{run}/control")
+    assert response.headers["allow"] == "GET, HEAD, POST"
+
+
+def test_a_405_of_the_pages_names_get_and_head(client: TestClient) -> None:
+    for path in ("/", "/run.html", "/docs", "/openapi.json", "/vendor/plotly.min.js"):
+        response = client.post(path)
+        assert response.status_code == 405, path
+        assert response.headers["allow"] == "GET, HEAD", path

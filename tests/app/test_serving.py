@@ -18,7 +18,7 @@ from pydantic import SecretStr
 from app.cli import main
 from app.main import create_app
 from app.security import check_token, host_name, is_loopback
-from app.serving import BindRefused, listen, prepare
+from app.serving import MIN_TOKEN_CHARS, BindRefused, listen, prepare, ready_to_serve
 from app.settings import Settings
 from scaler.store.engine import open_store
 from scaler.store.runs import write_steps
@@ -41,9 +41,27 @@ def test_binding_elsewhere_without_a_token_is_refused(
 
 
 def test_an_explicit_token_allows_any_host(tmp_path: Path) -> None:
-    settings = Settings(host="0.0.0.0", token=SecretStr("abc"), token_file=tmp_path / "t")
+    token = SecretStr("a" * MIN_TOKEN_CHARS)
+    settings = Settings(host="0.0.0.0", token=token, token_file=tmp_path / "t")
     assert prepare(settings, out=io.StringIO()) is settings
     assert not (tmp_path / "t").exists()
+
+
+def test_a_short_token_is_refused_beyond_loopback_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SCALEWATCH_TOKEN=a scalewatch serve --host 0.0.0.0`` started."""
+    monkeypatch.setenv("SCALEWATCH_TOKEN", "a" * (MIN_TOKEN_CHARS - 1))
+    monkeypatch.setenv("SCALEWATCH_TOKEN_FILE", str(tmp_path / "token"))
+    db = f"sqlite:///{tmp_path / 'x.db'}"
+    assert main(["serve", "--host", "0.0.0.0", "--port", "0", "--db", db]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("scalewatch serve: refusing to bind '0.0.0.0' with a token of 15")
+    assert "one under 16 can be guessed" in err and err.count("\n") == 1, err
+    with pytest.raises(BindRefused):
+        prepare(Settings(host="10.1.2.3", token=SecretStr("a")), out=io.StringIO())
+    loopback = Settings(token=SecretStr("a"), token_file=tmp_path / "t")  # reachable by its host
+    assert prepare(loopback, out=io.StringIO()) is loopback
 
 
 def test_a_generated_token_is_printed_once_and_saved_owner_only(tmp_path: Path) -> None:
@@ -206,3 +224,24 @@ def _answers(http: httpx.Client) -> bool:
         return http.get("/healthz").status_code == 200
     except httpx.TransportError:
         return False
+
+
+def test_two_services_keep_a_token_file_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both wrote ~/.scalewatch/token, which then held the second token alone while the first
+    service accepted only its own (``make demo`` beside a running ``serve``)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("SCALEWATCH_TOKEN", raising=False)
+    monkeypatch.delenv("SCALEWATCH_TOKEN_FILE", raising=False)
+    db = f"sqlite:///{tmp_path / 'x.db'}"
+    first, first_sock = ready_to_serve(Settings(db=db, port=0), out=io.StringIO())
+    second, second_sock = ready_to_serve(Settings(db=db, port=0), out=io.StringIO())
+    with first_sock, second_sock:
+        ports = [sock.getsockname()[1] for sock in (first_sock, second_sock)]
+        for settings, port in zip((first, second), ports, strict=True):
+            assert settings.token is not None
+            path = tmp_path / ".scalewatch" / f"token-{port}"
+            assert path.read_text().strip() == settings.token.get_secret_value()
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert first.token != second.token

@@ -25,10 +25,12 @@ def browser() -> Iterator[Any]:
         chromium.close()
 
 
-@pytest.fixture
-def tab(browser: Any, served: Served) -> Iterator[Tab]:
+def _tab(browser: Any, served: Served, *, bypass_csp: bool) -> Iterator[Tab]:
     context = browser.new_context(
-        base_url=served.base_url, accept_downloads=True, viewport={"width": 1280, "height": 900}
+        base_url=served.base_url,
+        accept_downloads=True,
+        viewport={"width": 1280, "height": 900},
+        bypass_csp=bypass_csp,
     )
     page = context.new_page()
     page.set_default_timeout(10_000)
@@ -43,3 +45,17 @@ def tab(browser: Any, served: Served) -> Iterator[Tab]:
     page.on("dialog", on_dialog)
     yield tab
     context.close()
+
+
+@pytest.fixture
+def tab(browser: Any, served: Served) -> Iterator[Tab]:
+    """A tab whose page lets the test evaluate JavaScript: Playwright evaluates a waited-on
+    expression as a string, which the pages' Content-Security-Policy refuses. The pages
+    under their policy: ``strict_tab``."""
+    yield from _tab(browser, served, bypass_csp=True)
+
+
+@pytest.fixture
+def strict_tab(browser: Any, served: Served) -> Iterator[Tab]:
+    """A tab under the pages' Content-Security-Policy (a violation is a console error)."""
+    yield from _tab(browser, served, bypass_csp=False)
