@@ -17,6 +17,7 @@ from ._config import Options
 from ._controlled import Controlled
 from ._extras import Extras
 from ._link import RunLink
+from ._pinned import read_cpu
 from ._recorder import Captured, ControlOutcome, Snapshot
 from ._torch_compat import OptState, _refresh_per_optimizer_state, process_group_info
 from .stats import ScalerCheckpoint, ScalerStats
@@ -54,9 +55,11 @@ class Instrumented(Controlled):
         scale, tracker = self._check_scale_growth_tracker("update")
         # torch's step() marks the optimizers it stepped (or skipped for inf/NaN). step() is
         # not overridden: torch's warnings in it name the caller's line, as with torch's.
-        stepped = any(
-            state["stage"] is OptState.STEPPED for state in self._per_optimizer_states.values()
-        )
+        stepped = False
+        for state in self._per_optimizer_states.values():
+            if state["stage"] is OptState.STEPPED:
+                stepped = True
+                break
         flags = self._step_flags()
         # Read before _controls_for_step(), which forgets this step's payloads.
         width = self._attribution_width()
@@ -76,13 +79,17 @@ class Instrumented(Controlled):
             scale_set = False
         self._step_count += 1
         link = self._link
-        outcomes, link.code_outcomes = link.code_outcomes, []
-        for update, refusal_reason in self._controls_for_step():
-            outcome = self._apply_control(update, refusal_reason)
-            scale_set = scale_set or (outcome.applied and "scale" in update.values)
-            outcomes.append(outcome)
+        outcomes: tuple[ControlOutcome, ...] = ()
+        if link.code_outcomes:
+            outcomes, link.code_outcomes = tuple(link.code_outcomes), []
+        controls = self._controls_for_step()
+        if controls:
+            for update, refusal_reason in controls:
+                outcome = self._apply_control(update, refusal_reason)
+                scale_set = scale_set or (outcome.applied and "scale" in update.values)
+                outcomes += (outcome,)
         link.last_found = found
-        self._snapshot(found, flags, width, stepped, scale_set, tuple(outcomes))
+        self._snapshot(found, flags, width, stepped, scale_set, outcomes)
 
     def _combined_found_inf(
         self, scale: torch.Tensor, required: bool = True, in_place: bool = True
@@ -148,23 +155,31 @@ class Instrumented(Controlled):
         scale_set: bool,
         outcomes: tuple[ControlOutcome, ...],
     ) -> None:
-        assert self._scale is not None and self._growth_tracker is not None
+        scale, tracker = self._scale, self._growth_tracker
+        assert scale is not None and tracker is not None
         link = self._link
         snapshot = Snapshot(
-            step=self._step_count,
-            wall_time=time.time(),
-            captured=Captured(self._scale, self._growth_tracker, found, flags, link.pinned),
-            world_size=width,
-            scale_used=link.scale_host,
-            stepped=stepped,
-            growth_interval=self._growth_interval,
-            growth_factor=self._growth_factor,
-            backoff_factor=self._backoff_factor,
-            control_version=self._control_version,
-            scale_set=scale_set,
-            controls=outcomes,
+            self._step_count,
+            time.time(),
+            # cpu tensors are memory: read at once, no sync (see _pinned.read_cpu)
+            Captured(scale, tracker, found, flags, link.pinned)
+            if scale.is_cuda
+            else read_cpu(scale, tracker, found, flags),
+            width,
+            link.scale_host,
+            stepped,
+            self._growth_interval,
+            self._growth_factor,
+            self._backoff_factor,
+            self._control_version,
+            scale_set,
+            outcomes,
         )
-        link.submit(self, snapshot, self._init_scale, self._make_sink)
+        recorder = link.recorder
+        if recorder is None or recorder.closed:
+            link.submit(self, snapshot, self._init_scale, self._make_sink)
+        else:
+            recorder.submit(snapshot)
         link.scale_host = None
 
     def _make_sink(self) -> Any:

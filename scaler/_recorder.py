@@ -18,6 +18,7 @@ from enum import StrEnum
 
 import torch
 
+from . import _payload
 from ._payload import overflowed_ranks
 from ._pinned import PinnedRing, PinnedRings, read_cpu
 from .stats import ScalerStats
@@ -28,7 +29,7 @@ log = logging.getLogger("scaler")
 MAX_PENDING = 65536
 POLL_S = 0.05
 YIELD_EVERY = 32
-INLINE_BATCH = 1024  # steps a recorder without a thread folds at once
+INLINE_BATCH = 256  # steps a recorder without a thread folds at once
 
 
 class ControlSource(StrEnum):
@@ -133,7 +134,7 @@ def _split(values: list[float], payloads: int) -> tuple[float, int, float, list[
 class Snapshot:
     step: int
     wall_time: float
-    captured: Captured
+    captured: Captured | list[float]  # list: a cpu step's values, read at once
     world_size: int  # rank flags in the payload; 0: single process; -1: not known
     scale_used: float | None  # known on the host (first step, after a load or a new_scale)
     stepped: bool
@@ -175,6 +176,29 @@ class _Fold:
             dropped_records=dropped,
         )
 
+    def add(
+        self,
+        scale_used: float | None,
+        scale_after: float,
+        overflow: bool,
+        stepped: bool,
+        scale_set: bool,
+    ) -> float:
+        """Count one step; returns the scale it used (``scale_used``, or the last one seen)."""
+        used = scale_used if scale_used is not None else self.last_scale
+        if used is None:
+            used = scale_after
+        self.steps += 1
+        self.skipped += overflow and stepped
+        self.overflows += overflow
+        self.growths += not scale_set and scale_after > used
+        self.backoffs += not scale_set and scale_after < used
+        self.current = scale_after
+        self.low = min(self.low, used, scale_after)
+        self.high = max(self.high, used, scale_after)
+        self.last_scale = scale_after
+        return used
+
 
 class Recorder:
     """Takes snapshots from the training thread; one daemon thread reads them.
@@ -213,7 +237,8 @@ class Recorder:
         """
         if len(self._pending) >= MAX_PENDING:
             self._dropped += 1
-            snap.captured.discard()
+            if isinstance(snap.captured, Captured):
+                snap.captured.discard()
             return
         self._pending.append(snap)
         self._submitted += 1
@@ -266,14 +291,15 @@ class Recorder:
         popped = 0
         threaded = self._thread is not None
         while self._pending:
-            if arrived_only and not self._pending[0].captured.arrived():
+            head = self._pending[0].captured
+            if arrived_only and isinstance(head, Captured) and not head.arrived():
                 break
             snap = self._pending.popleft()
             popped += 1
             if threaded and popped % YIELD_EVERY == 0:
                 time.sleep(0)  # hand the GIL to the training thread rather than make it wait
             try:
-                sample = _materialise(snap, self._fold)
+                sample = _materialise(snap, self._fold, sample=self._sink is not None)
             except Exception:  # a broken snapshot must not stop the thread
                 log.exception("scalewatch: could not read step %d", snap.step)
                 sample = None
@@ -304,12 +330,21 @@ def _run(ref: weakref.ref[Recorder], cond: threading.Condition) -> None:
                 cond.wait(POLL_S)
 
 
-def _materialise(snap: Snapshot, fold: _Fold) -> StepSample:
-    scale_after, tracker, found, payloads = snap.captured.read()
-    scale_used = snap.scale_used if snap.scale_used is not None else fold.last_scale
-    if scale_used is None:
-        scale_used = scale_after
+def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample | None:
+    """Fold ``snap`` into ``fold``; returns its sample, unless ``sample`` is False (no sink)."""
+    captured = snap.captured
+    if isinstance(captured, Captured):
+        scale_after, tracker, found, payloads = captured.read()
+    elif len(captured) == 3:  # no payload (GradScaler, or no process group)
+        scale_after, found, payloads = captured[0], captured[2], []
+        tracker = int(captured[1])
+    else:
+        count = (len(captured) - 3) // _payload.words(snap.world_size)
+        scale_after, tracker, found, payloads = _split(captured, count)
     overflow = found > 0
+    scale_used = fold.add(snap.scale_used, scale_after, overflow, snap.stepped, snap.scale_set)
+    if not sample:
+        return None
     if snap.world_size > 0 and payloads:
         if len(payloads) == 1:
             inf_ranks = overflowed_ranks(payloads[0])
@@ -319,15 +354,6 @@ def _materialise(snap: Snapshot, fold: _Fold) -> StepSample:
         inf_ranks = ()
     else:
         inf_ranks = (0,) if overflow else ()
-    fold.steps += 1
-    fold.skipped += overflow and snap.stepped
-    fold.overflows += overflow
-    fold.growths += not snap.scale_set and scale_after > scale_used
-    fold.backoffs += not snap.scale_set and scale_after < scale_used
-    fold.current = scale_after
-    fold.low = min(fold.low, scale_used, scale_after)
-    fold.high = max(fold.high, scale_used, scale_after)
-    fold.last_scale = scale_after
     record = StepRecord(
         step=snap.step,
         wall_time=snap.wall_time,

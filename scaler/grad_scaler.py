@@ -88,8 +88,10 @@ class GradScaler(Instrumented, TorchGradScaler):
         )
 
     def _attribution_width(self) -> int:
-        info = self._group_info()
-        return -1 if info is not None and info[1] > 1 else 0
+        group = self._link.group
+        if group is None:  # asked every step: cheaply, for a group may be made later
+            group = self._group_info()
+        return -1 if group is not None and group[1] > 1 else 0
 
     def _controls_for_step(self) -> list[tuple[ControlUpdate, str | None]]:
         if not self._link.inbox:

@@ -145,9 +145,9 @@ def test_flush_returns_false_when_the_recorder_is_behind(
     release = threading.Event()
     original = _recorder._materialise
 
-    def slow(*args: Any) -> Any:
+    def slow(*args: Any, **kwargs: Any) -> Any:
         release.wait(60)
-        return original(*args)
+        return original(*args, **kwargs)
 
     monkeypatch.setattr(_recorder, "_materialise", slow)
     gs = GradScaler("cpu", telemetry=f"sqlite:///{tmp_path / 'sw.db'}")
