@@ -12,7 +12,7 @@ round: the whole training step, and the scaler's calls alone (``scale``, ``step`
 The goal is judged on the median of the per-round ratios ours/torch (which cancels the
 machine's drift between rounds), with a seeded bootstrap 95% interval in brackets.
 
-    python bench/multirank.py [--worlds 2 4] [--rounds 11] [--steps N] [--models ddp fsdp2]
+    python bench/multirank.py [--worlds 2 4] [--rounds 21] [--steps N] [--models ddp fsdp2]
         [--backend gloo|nccl] [--device cpu|cuda]
 
 Goal: ours/torch <= 1.00 on every row.
@@ -200,7 +200,7 @@ def free_port() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--steps", type=int, help="steps a round (default: ddp 60, fsdp2 30)")
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
