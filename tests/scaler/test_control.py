@@ -43,20 +43,24 @@ def state_of(gs: Any) -> dict[str, Any]:
 # ------------------------------------------------------------ real ranks
 
 
-def _controlled(rank: int, world: int, url: str, go: str) -> dict[str, Any]:
+def _controlled(
+    rank: int, world: int, url: str, go: str, device: str = "cpu", fused: bool = False
+) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel
 
-    model = DistributedDataParallel(mlp(seed=0))
-    opt = sgd(model)[0]
+    model = DistributedDataParallel(mlp(seed=0).to(device))
+    # fused Adam steps on the device: no host read of the payload, so the request's flag
+    # and then the request itself reach the host one update later (scaler/_lagged.py)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True) if fused else sgd(model)[0]
     gs = scaler.ShardedGradScaler(
-        "cpu", init_scale=INIT, growth_interval=1000, telemetry=url, run_name=f"control-{world}"
+        device, init_scale=INIT, growth_interval=1000, telemetry=url, run_name=f"control-{world}"
     )
     scales: list[float] = []
     states: list[dict[str, Any]] = []
     stop_at = None
     for step in range(1, 3001):
         opt.zero_grad()
-        gs.scale(model(batch(step * world + rank)).pow(2).mean()).backward()
+        gs.scale(model(batch(step * world + rank).to(device)).pow(2).mean()).backward()
         if rank == world - 1 and step % 7 == 0:
             grad = model.module[0].weight.grad
             grad.view(-1)[0] = float("inf")
@@ -83,11 +87,23 @@ def _first_step(states: list[dict[str, Any]], key: str, value: Any) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 4])
-def test_requests_apply_on_every_rank_at_the_same_step(tmp_path: Path, world: int) -> None:
+@pytest.mark.parametrize(
+    ("world", "device", "fused"),
+    [
+        (2, "cpu", False),
+        (4, "cpu", False),
+        pytest.param(2, "cuda", False, marks=pytest.mark.cuda, id="2-cuda"),
+        pytest.param(2, "cuda", True, marks=pytest.mark.cuda, id="2-cuda-fused"),
+    ],
+    ids=["2", "4", "2-cuda", "2-cuda-fused"],
+)
+def test_requests_apply_on_every_rank_at_the_same_step(
+    tmp_path: Path, world: int, device: str, fused: bool
+) -> None:
+    """On cuda the ranks share the one GPU (gloo all-reduces cuda tensors)."""
     url = db_url(tmp_path / "sw.db")
     go = tmp_path / "go"
-    with Ranks(_controlled, world, url, str(go)) as ranks:
+    with Ranks(_controlled, world, url, str(go), device, fused) as ranks:
         store = open_store(url)
 
         def paused_run() -> int | None:
