@@ -116,7 +116,9 @@ class Agreement:
         carrying, self.carrying = self.carrying, None
         encoded = _control.encode(carrying) if carrying is not None else [0.0] * _control.SLOTS
         slots = torch.tensor(encoded, dtype=torch.float64)
-        if device.type != "cpu":
+        if device.type == "cuda":  # from pinned memory the copy does not block the host
+            slots = slots.pin_memory().to(device, non_blocking=True)
+        elif device.type != "cpu":
             slots = slots.to(device)
         if group is not None and group[1] > 1:
             dist.broadcast(slots, group=process_group, group_src=0)
