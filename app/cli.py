@@ -350,7 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import app.demo  # noqa: F401  (registers ``demo``)
+    import app.demo
+    import app.instrument  # noqa: F401  (registers ``instrument``)
 
     args = build_parser().parse_args(argv)
     try:

@@ -7,6 +7,7 @@ rules and their pure application (``_control``), the constructor's checks (``_co
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from typing import Any
@@ -38,7 +39,8 @@ class Instrumented(Controlled):
         if self._enabled:
             self._clamp_scale()  # an init_scale outside min/max_scale starts at the bound
         self._telemetry_option = options.telemetry
-        self._run_name = options.run_name
+        # A scaler built by a script that cannot be edited (scalewatch instrument) is named so.
+        self._run_name = options.run_name or os.environ.get("SCALEWATCH_RUN_NAME") or None
         self._run_uid: str | None = None
         self._step_count = 0
         self._control_version = 0

@@ -7,6 +7,7 @@ fails those tests, rather than training on with a scaler that half-works.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections import defaultdict
 from typing import Any
@@ -29,6 +30,7 @@ __all__ = [
     "_refresh_per_optimizer_state",
     "amp_update_scale_",
     "cuda_amp_unavailable",
+    "deprecation_of",
     "local_tensor",
     "maybe_opt_step_result",
     "mismatched_signatures",
@@ -184,3 +186,15 @@ def process_group_info(group: Any) -> tuple[int, int] | None:
     if not (_DIST_AVAILABLE and dist.is_initialized()):  # asked every step without a group
         return None
     return dist.get_rank(group), dist.get_world_size(group)
+
+
+def deprecation_of(device: str) -> str:
+    """The FutureWarning text of torch's deprecated ``torch.<device>.amp.GradScaler``."""
+    module = importlib.import_module(f"torch.{device}.amp.grad_scaler")
+    message: Any = getattr(module.GradScaler.__init__, "__deprecated__", None)
+    if isinstance(message, str):
+        return message
+    return (  # a torch whose alias is no longer marked so: its words as of torch 2.13
+        f"`torch.{device}.amp.GradScaler(args...)` is deprecated. "
+        f"Please use `torch.amp.GradScaler('{device}', args...)` instead."
+    )
