@@ -4,10 +4,10 @@ from __future__ import annotations
 
 
 class NotAStoreURL(ValueError):
-    """A URL of another database than SQLite: a store is a SQLite file."""
+    """A URL of another database than SQLite or PostgreSQL (the ``url`` shown masked)."""
 
     def __init__(self, url: str) -> None:
-        super().__init__(f"a scalewatch store is a SQLite database; got {url!r}")
+        super().__init__(f"a scalewatch store is a SQLite or PostgreSQL database; got {url!r}")
         self.url = url
 
 
