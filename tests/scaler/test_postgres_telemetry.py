@@ -1,0 +1,47 @@
+"""A trainer writing its telemetry to a PostgreSQL store: the same rows as on SQLite."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from _twin import INJECT, mlp, sgd, train
+from sqlalchemy import select
+
+import scaler
+from scaler.store import open_store
+from scaler.store.schema import runs, steps
+
+pytestmark = pytest.mark.postgres
+
+
+def test_a_trainer_writes_every_step_and_ends_its_run_on_postgresql(postgres_url: str) -> None:
+    kwargs: dict[str, Any] = {"device": "cpu", "init_scale": 2.0**10, "growth_interval": 2}
+    theirs = torch.amp.GradScaler(**kwargs)
+    ours = scaler.GradScaler(**kwargs, telemetry=postgres_url, run_name="on postgres")
+    traces = []
+    for gs in (theirs, ours):
+        model = mlp()
+        traces.append(train(gs, model, sgd(model), steps=12, inject=INJECT))
+    traces[1].assert_same(traces[0])
+    assert ours.flush(30)
+    run_id = ours.run_id
+    ours.close()
+    with open_store(postgres_url) as store, store.read() as conn:
+        rows = [
+            dict(row._mapping)
+            for row in conn.execute(
+                select(steps).where(steps.c.run_id == run_id).order_by(steps.c.step)
+            )
+        ]
+        run = conn.execute(select(runs).where(runs.c.id == run_id)).one()._mapping
+    scales = traces[0].scales
+    assert [r["step"] for r in rows] == list(range(1, 13))
+    assert [r["overflow"] for r in rows] == [s in INJECT for s in range(12)]
+    assert [r["skipped"] for r in rows] == traces[0].skipped
+    assert [r["scale_after"] for r in rows] == scales
+    assert [r["scale"] for r in rows] == [2.0**10, *scales[:-1]]
+    assert [r["growth_tracker"] for r in rows] == traces[0].trackers
+    assert run["name"] == "on postgres" and run["status"] == "finished"
+    assert run["last_step"] == 12
