@@ -95,8 +95,13 @@ def _existing_store(args: argparse.Namespace) -> str:
     from scaler.store.engine import parse_store_url
 
     url = _settings(args).db
-    database = parse_store_url(url).database or ""
-    local = database not in ("", ":memory:") and not database.startswith("file:")
+    parsed = parse_store_url(url)
+    database = parsed.database or ""
+    local = (
+        parsed.get_backend_name() == "sqlite"
+        and database not in ("", ":memory:")
+        and not database.startswith("file:")
+    )
     if local and not Path(database).exists():
         raise FileNotFoundError(
             f"no store at {database} (training creates it;"
@@ -340,10 +345,10 @@ def _db_arguments(parser: argparse.ArgumentParser) -> None:
 
 @command("db", "manage the store's schema", _db_arguments)
 def db(args: argparse.Namespace) -> int:
-    from scaler.store.engine import upgrade
+    from scaler.store.engine import shown_url, upgrade
 
     url = _settings(args).db
-    print(f"{url}: at revision {upgrade(url)}")
+    print(f"{shown_url(url)}: at revision {upgrade(url)}")
     return 0
 
 
@@ -393,7 +398,9 @@ def _user_error(error: Exception) -> str | None:
     if isinstance(error, BadSetting | NotAStoreURL):
         return str(error)
     if isinstance(error, DBAPIError):
-        return f"the store cannot be read: {error.orig}"
+        # The driver's first line says what failed; libpq adds hints on lines of their own.
+        reason = str(error.orig).strip().splitlines()
+        return f"the store cannot be read: {reason[0] if reason else type(error.orig).__name__}"
     if isinstance(error, CommandError):
         return f"the store's schema: {error} (was it written by a newer scalewatch?)"
     if isinstance(error, ArgumentError | OSError):

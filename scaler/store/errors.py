@@ -11,6 +11,18 @@ class NotAStoreURL(ValueError):
         self.url = url
 
 
+class UnsupportedDriver(NotAStoreURL):
+    """A PostgreSQL URL naming another driver than psycopg 3, the one the store is tested with."""
+
+    def __init__(self, drivername: str) -> None:
+        ValueError.__init__(
+            self,
+            "a PostgreSQL store is opened through psycopg 3: write the URL as"
+            f" 'postgresql+psycopg://...', not {drivername!r}",
+        )
+        self.url = drivername
+
+
 class RunNotFound(LookupError):
     """No run has this id (404)."""
 

@@ -14,6 +14,8 @@ from typing import Any
 
 from sqlalchemy import URL, Connection, Engine, create_engine, text
 
+from scaler.store.errors import UnsupportedDriver
+
 DRIVER = "psycopg"
 # pg_advisory_xact_lock's key: "scalewatch" in ASCII, truncated to 63 bits. Any key would
 # do as long as every scalewatch process uses the same one.
@@ -30,10 +32,7 @@ def is_postgres(url: URL) -> bool:
 def check_driver(url: URL) -> None:
     """psycopg 3 is the one driver the store is tested with; say so for another."""
     if url.get_driver_name() != DRIVER:
-        raise ValueError(
-            f"a PostgreSQL store is opened through psycopg 3: write the URL as"
-            f" 'postgresql+psycopg://...', not {url.drivername!r}"
-        )
+        raise UnsupportedDriver(url.drivername)
     try:
         import psycopg  # noqa: F401
     except ImportError as error:

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, text
+from sqlalchemy import Boolean, Connection, RowMapping, text
 
 from scaler.store.engine import Store
 from scaler.store.runs import effective_status
@@ -42,7 +42,11 @@ __all__ = [
 EXPORT_COLUMNS: tuple[str, ...] = tuple(
     column.name for column in steps.c if column.name != "run_id"
 )
-_STEP_SELECT = ", ".join(EXPORT_COLUMNS)
+# Flags as 0 and 1 on both backends (PostgreSQL's are booleans), as exports show them.
+_STEP_SELECT = ", ".join(
+    f"CAST({c} AS INTEGER) AS {c}" if isinstance(steps.c[c].type, Boolean) else c
+    for c in EXPORT_COLUMNS
+)
 _TOP_LEVEL = max(ROLLUP_LEVELS)
 # (level, width), coarsest first.
 _LEVELS: tuple[tuple[int, int], ...] = tuple(
