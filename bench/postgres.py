@@ -82,10 +82,13 @@ def _raw_rate(url: str, records: list[Any], batch: int) -> float:
     with psycopg.connect(conninfo) as conn:
         began = time.perf_counter()
         for first in range(0, len(rows), batch):
-            with conn.transaction(), conn.cursor() as cursor:
-                with cursor.copy(f"COPY steps ({_COLUMNS}) FROM STDIN") as copy:
-                    for row in rows[first : first + batch]:
-                        copy.write_row(row)
+            with (
+                conn.transaction(),
+                conn.cursor() as cursor,
+                cursor.copy(f"COPY steps ({_COLUMNS}) FROM STDIN") as copy,
+            ):
+                for row in rows[first : first + batch]:
+                    copy.write_row(row)
         return len(rows) / (time.perf_counter() - began)
 
 
