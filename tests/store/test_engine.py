@@ -168,3 +168,20 @@ def test_many_opening_a_new_postgresql_store_at_once_all_succeed(
             assert versions == [(head_revision(),)]
         finally:
             engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_postgresql_store_through_a_libpq_service_file(
+    postgres_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's way to keep connection settings (and a password) out of the URL."""
+    name = postgres_cluster.new_database()
+    services = tmp_path / "pg_service.conf"
+    services.write_text(
+        f"[scalewatch]\nhost=127.0.0.1\nport={postgres_cluster.port}\nuser=postgres\n"
+        f"dbname={name}\n"
+    )
+    monkeypatch.setenv("PGSERVICEFILE", str(services))
+    with open_store("postgresql+psycopg://?service=scalewatch") as store, store.read() as conn:
+        assert conn.exec_driver_sql("SELECT current_database()").scalar_one() == name
+        assert conn.exec_driver_sql("SELECT count(*) FROM runs").scalar_one() == 0
