@@ -22,12 +22,15 @@ from app.deps import SettingsDep, StoreDep
 from app.errors import unprocessable
 from app.routes.control import request_out
 from app.routes.runs import NOT_FOUND, After, RunId, require_run_exists
-from scaler.store import queries
+from scaler.store import notify, queries
 from scaler.store.control import control_history
 from scaler.store.engine import Store
 
 router = APIRouter(prefix="/api/runs", tags=["stream"])
 
+# Seconds between polls of a stream that PostgreSQL tells of new steps: for the run's
+# end and control changes, which are not announced.
+LISTEN_FALLBACK_S = 1.0
 # Control requests change rarely; look at them every few polls of the steps.
 CONTROL_EVERY = 5
 STEP_PAGE = 1000
@@ -180,6 +183,8 @@ class _Hub:
         self.task = asyncio.create_task(self._poll())
 
     async def _poll(self) -> None:
+        # PostgreSQL announces new steps (LISTEN/NOTIFY); then a poll is only the fallback.
+        waiter = notify.subscribe(self.store, self.run_id)
         try:
             marks = await run_in_threadpool(_control_marks, self.store, self.run_id)
             polls = 0
@@ -202,11 +207,15 @@ class _Hub:
                     self.ended = status
                     return
                 self._wake()
-                await asyncio.sleep(self.poll_s)
+                if waiter is None:
+                    await asyncio.sleep(self.poll_s)
+                else:
+                    await waiter.wait(max(self.poll_s, LISTEN_FALLBACK_S))
         except Exception:
             self.failed = True
             raise
         finally:
+            notify.unsubscribe(self.store, waiter)
             self._wake()
 
     def _keep(self, chunk: _Chunk) -> None:

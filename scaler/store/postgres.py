@@ -21,6 +21,9 @@ DRIVER = "psycopg"
 # do as long as every scalewatch process uses the same one.
 MIGRATION_LOCK_KEY = 0x7363616C65776174
 POOL_SIZE, POOL_OVERFLOW = 10, 30
+# Where a step transaction announces its run's new steps (scaler.store.notify listens).
+STEPS_CHANNEL = "scalewatch_steps"
+NOTIFY_STEPS = f"SELECT pg_notify('{STEPS_CHANNEL}', %s)"
 # Seconds a new connection waits for the server before it gives up with an error.
 CONNECT_TIMEOUT_S = 10
 

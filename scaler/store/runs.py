@@ -234,6 +234,8 @@ def write_step_values(store: Store, run_id: int, values: Sequence[tuple[Any, ...
             _insert_steps(cursor, rows, replace=not fresh, dialect=dialect)
             refresh_rollups(cursor, run_id, rows, fresh=fresh)
             cursor.execute(driver_sql(_ADVANCE, dialect), (max(step_numbers), time.time(), run_id))
+            if dialect == "postgresql":  # delivered at commit, to live streams anywhere
+                cursor.execute(postgres.NOTIFY_STEPS, (str(run_id),))
         finally:
             cursor.close()
 
