@@ -54,12 +54,16 @@ def _as_server_user(argv: list[str]) -> list[str]:
 
 @dataclass
 class Cluster:
-    """A running cluster; superuser ``postgres``, trusted on 127.0.0.1 only."""
+    """A cluster in ``root``; superuser ``postgres``, trusted on 127.0.0.1 only."""
 
     bindir: Path
-    datadir: Path
+    root: Path
     port: int
     _names: Iterator[int] = field(default_factory=itertools.count)
+
+    @property
+    def datadir(self) -> Path:
+        return self.root / "data"
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
@@ -82,69 +86,41 @@ class Cluster:
     def drop_database(self, name: str) -> None:
         self.sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
-    def stop(self) -> None:
-        subprocess.run(
-            _as_server_user(
-                [str(self.bindir / "pg_ctl"), "stop", "-D", str(self.datadir), "-m", "immediate"]
-            ),
-            check=False,
-            capture_output=True,
+    def _pg_ctl(self, *args: str, check: bool) -> None:
+        argv = [str(self.bindir / "pg_ctl"), *args, "-D", str(self.datadir)]
+        subprocess.run(_as_server_user(argv), check=check, capture_output=True)
+
+    def start(self) -> None:
+        options = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories=''"
+            " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+            " -c max_connections=200 -c shared_buffers=64MB"
         )
+        log = str(self.root / "server.log")
+        self._pg_ctl(
+            "start", "-w", "-t", str(START_TIMEOUT_S), "-o", options, "-l", log, check=True
+        )
+
+    def stop(self, mode: str = "immediate") -> None:
+        """Stop the server: ``immediate`` at the end (the cluster runs without fsync and
+        synchronous commit, so it may lose recent commits), ``fast`` to restart it (every
+        client's connection is closed, as by a server restart, and nothing is lost)."""
+        self._pg_ctl("stop", "-m", mode, check=False)
 
 
 @contextlib.contextmanager
 def cluster(bindir: Path) -> Iterator[Cluster]:
     """Start a cluster in a temporary directory; stop it and remove the directory after."""
     root = Path(tempfile.mkdtemp(prefix="scalewatch-pg-"))
-    datadir = root / "data"
     try:
         if os.geteuid() == 0:
             os.chmod(root, 0o755)
             shutil.chown(root, "nobody")
-        run = _as_server_user
-        subprocess.run(
-            run(
-                [
-                    str(bindir / "initdb"),
-                    "-D",
-                    str(datadir),
-                    "-U",
-                    "postgres",
-                    "--auth=trust",
-                    "-E",
-                    "UTF8",
-                    "--no-sync",
-                ]
-            ),
-            check=True,
-            capture_output=True,
-        )
-        port = _free_port()
-        options = (
-            f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories=''"
-            " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-            " -c max_connections=200 -c shared_buffers=64MB"
-        )
-        subprocess.run(
-            run(
-                [
-                    str(bindir / "pg_ctl"),
-                    "start",
-                    "-w",
-                    "-t",
-                    str(START_TIMEOUT_S),
-                    "-D",
-                    str(datadir),
-                    "-o",
-                    options,
-                    "-l",
-                    str(root / "server.log"),
-                ]
-            ),
-            check=True,
-            capture_output=True,
-        )
-        server = Cluster(bindir, datadir, port)
+        initdb = [str(bindir / "initdb"), "-D", str(root / "data"), "-U", "postgres"]
+        initdb += ["--auth=trust", "-E", "UTF8", "--no-sync"]
+        subprocess.run(_as_server_user(initdb), check=True, capture_output=True)
+        server = Cluster(bindir, root, _free_port())
+        server.start()
         try:
             yield server
         finally:

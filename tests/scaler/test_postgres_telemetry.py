@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 import pytest
 import torch
-from _twin import INJECT, mlp, sgd, train
+from _dist import wait_for
+from _twin import INJECT, mlp, sgd, train, train_step
 from sqlalchemy import select
 
 import scaler
 from scaler.store import open_store
 from scaler.store.schema import runs, steps
+from scaler.telemetry import TelemetrySettings
+from tests._postgres import Cluster
 
 pytestmark = pytest.mark.postgres
 
@@ -45,3 +50,39 @@ def test_a_trainer_writes_every_step_and_ends_its_run_on_postgresql(postgres_url
     assert [r["growth_tracker"] for r in rows] == traces[0].trackers
     assert run["name"] == "on postgres" and run["status"] == "finished"
     assert run["last_step"] == 12
+
+
+def test_training_goes_on_while_the_server_is_down_and_nothing_is_lost(
+    postgres_cluster: Cluster, postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server stops mid-run (a restart, a lost network): steps wait in the queue and
+    are written once it is back, by a writer that reconnects by itself."""
+    settings = TelemetrySettings(postgres_url, retry_s=0.1)
+    model = mlp()
+    opt = sgd(model)[0]
+    with caplog.at_level(logging.WARNING):
+        gs = scaler.GradScaler("cpu", growth_interval=2, telemetry=settings, run_name="restart")
+        for step in range(1, 11):
+            train_step(gs, model, opt, step)
+        assert gs.flush(30)
+        postgres_cluster.stop(mode="fast")
+        try:
+            began = time.monotonic()
+            for step in range(11, 61):
+                train_step(gs, model, opt, step)
+            assert time.monotonic() - began < 10  # never waits for the store
+            wait_for(lambda: "not taking writes" in caplog.text, 30, "the writer to fail")
+        finally:
+            postgres_cluster.start()
+        assert gs.flush(60)
+        run_id = gs.run_id
+        gs.close()
+    with open_store(postgres_url) as store, store.read() as conn:
+        stored = conn.execute(
+            select(steps.c.step).where(steps.c.run_id == run_id).order_by(steps.c.step)
+        ).scalars()
+        assert list(stored) == list(range(1, 61))
+        run = conn.execute(select(runs).where(runs.c.id == run_id)).one()._mapping
+    assert run["dropped"] == 0 and run["status"] == "finished"
+    assert caplog.text.count("not taking writes") == 1
+    assert "takes writes again" in caplog.text
