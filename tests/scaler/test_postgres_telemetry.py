@@ -86,3 +86,22 @@ def test_training_goes_on_while_the_server_is_down_and_nothing_is_lost(
     assert run["dropped"] == 0 and run["status"] == "finished"
     assert caplog.text.count("not taking writes") == 1
     assert "takes writes again" in caplog.text
+
+
+def test_a_missing_database_is_one_warning_and_training_goes_on(
+    postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    missing = postgres_url.rsplit("/", 1)[0].replace("postgres@", "postgres:pw-s3cret@")
+    settings = TelemetrySettings(f"{missing}/no_such_db", retry_s=0.05, close_failing_s=0.5)
+    model = mlp()
+    opt = sgd(model)[0]
+    with caplog.at_level(logging.WARNING):
+        gs = scaler.GradScaler("cpu", growth_interval=2, telemetry=settings)
+        for step in range(1, 21):
+            train_step(gs, model, opt, step)
+        wait_for(lambda: "not taking writes" in caplog.text, 30, "the writer to fail")
+        for step in range(21, 41):
+            train_step(gs, model, opt, step)
+        gs.close()
+    assert caplog.text.count("not taking writes") == 1
+    assert "no_such_db" in caplog.text and "pw-s3cret" not in caplog.text
