@@ -28,15 +28,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" not in metafunc.fixturenames:
         return
     only = metafunc.definition.get_closest_marker("sqlite_only") is not None
-    backends = [b for b in BACKENDS if not only or b == "sqlite"]
+    backends = [
+        pytest.param(b, marks=[pytest.mark.postgres] if b == "postgresql" else [])
+        for b in BACKENDS
+        if not only or b == "sqlite"
+    ]
     metafunc.parametrize("backend", backends, indirect=True)
 
 
 @pytest.fixture
 def backend(request: pytest.FixtureRequest) -> str:
     name: str = request.param
-    if name == "postgresql":
-        request.applymarker(pytest.mark.postgres)
     return name
 
 
