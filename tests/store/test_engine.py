@@ -82,6 +82,7 @@ def test_close_checkpoints_and_releases_the_file(tmp_path: Path) -> None:
     assert not Path(f"{path}-wal").exists()  # the last connection closed cleanly
 
 
+@pytest.mark.sqlite_only
 def test_opening_an_up_to_date_store_needs_no_write_lock(db_url: str, store: Store) -> None:
     # A service starting while the trainer holds the write lock must not wait for it.
     holder = sqlite3.connect(store.engine.url.database or "", timeout=0, isolation_level=None)
