@@ -42,11 +42,15 @@ __all__ = [
 EXPORT_COLUMNS: tuple[str, ...] = tuple(
     column.name for column in steps.c if column.name != "run_id"
 )
-# Flags as 0 and 1 on both backends (PostgreSQL's are booleans), as exports show them.
-_STEP_SELECT = ", ".join(
-    f"CAST({c} AS INTEGER) AS {c}" if isinstance(steps.c[c].type, Boolean) else c
-    for c in EXPORT_COLUMNS
-)
+# The columns read for exports and live tails, by dialect: flags as 0 and 1 on both
+# (PostgreSQL's are booleans; SQLite stores 0 and 1 already, and a cast per row costs).
+_STEP_SELECT = {
+    "sqlite": ", ".join(EXPORT_COLUMNS),
+    "postgresql": ", ".join(
+        f"CAST({c} AS INTEGER) AS {c}" if isinstance(steps.c[c].type, Boolean) else c
+        for c in EXPORT_COLUMNS
+    ),
+}
 _TOP_LEVEL = max(ROLLUP_LEVELS)
 # (level, width), coarsest first.
 _LEVELS: tuple[tuple[int, int], ...] = tuple(
@@ -357,9 +361,10 @@ def iter_step_pages(
     where = "run_id = :run AND step > :after AND step <= :last"
     if overflows_only:
         where += " AND overflow"
+    dialect = store.engine.dialect.name
     sql = driver_sql(
-        f"SELECT {_STEP_SELECT} FROM steps WHERE {where} ORDER BY step LIMIT :limit",
-        store.engine.dialect.name,
+        f"SELECT {_STEP_SELECT[dialect]} FROM steps WHERE {where} ORDER BY step LIMIT :limit",
+        dialect,
     )
     while True:
         raw = store.engine.raw_connection()
@@ -385,10 +390,11 @@ def steps_after(
     return [step_dict(row) for row in step_rows_after(store, run_id, after, limit=limit)]
 
 
-_ROWS_AFTER = (
-    f"SELECT {_STEP_SELECT} FROM steps WHERE run_id = :run AND step > :after"
+_ROWS_AFTER = {
+    dialect: f"SELECT {columns} FROM steps WHERE run_id = :run AND step > :after"
     " AND step <= :until ORDER BY step LIMIT :limit"
-)
+    for dialect, columns in _STEP_SELECT.items()
+}
 
 
 def step_rows_after(
@@ -400,7 +406,7 @@ def step_rows_after(
     try:
         cursor = raw.cursor()
         cursor.execute(
-            driver_sql(_ROWS_AFTER, store.engine.dialect.name),
+            driver_sql(_ROWS_AFTER[store.engine.dialect.name], store.engine.dialect.name),
             {
                 "run": run_id,
                 "after": after,
