@@ -329,11 +329,11 @@ def _db_arguments(parser: argparse.ArgumentParser) -> None:
 @command("db", "manage the store's schema", _db_arguments)
 def db(args: argparse.Namespace) -> int:
     from app.store_files import refuse_foreign
-    from scaler.store.engine import upgrade
+    from scaler.store.engine import shown_url, upgrade
 
     url = _settings(args).db
     refuse_foreign(url)  # upgrading would add a store's tables to another program's data
-    print(f"{url}: at revision {upgrade(url)}")
+    print(f"{shown_url(url)}: at revision {upgrade(url)}")
     return 0
 
 
@@ -384,7 +384,9 @@ def _user_error(error: Exception) -> str | None:
     if isinstance(error, BadSetting | NotAStoreURL | StoreDamaged):
         return str(error)
     if isinstance(error, DBAPIError):
-        return f"the store cannot be read: {error.orig}"
+        # The driver's first line says what failed; libpq adds hints on lines of their own.
+        reason = str(error.orig).strip().splitlines()
+        return f"the store cannot be read: {reason[0] if reason else type(error.orig).__name__}"
     if isinstance(error, CommandError):
         return f"the store's schema: {error} (was it written by a newer scalewatch?)"
     if isinstance(error, ArgumentError | OSError):

@@ -12,8 +12,12 @@ __all__ = ["existing_store", "refuse_foreign"]
 
 
 def local_file(url: str) -> Path | None:
-    """The file behind a SQLite store URL; None for an in-memory or ``file:`` URI one."""
-    database = parse_store_url(url).database or ""
+    """The file behind a SQLite store URL; None for a server's database (PostgreSQL), an
+    in-memory or a ``file:`` URI one."""
+    parsed = parse_store_url(url)
+    database = parsed.database or ""
+    if parsed.get_backend_name() != "sqlite":
+        return None
     if database in ("", ":memory:") or database.startswith("file:"):
         return None
     return Path(database)

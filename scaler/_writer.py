@@ -238,6 +238,8 @@ def write_outcome(store: Store, run_id: int, queued: QueuedOutcome) -> None:
 def file_id(store: Store) -> tuple[int, int] | None:
     """(device, inode) of the store's database file; None for an in-memory store."""
     path = store.engine.url.database
+    if store.engine.dialect.name != "sqlite":
+        return None  # a server's database: no file to be removed under the writer
     if not path or path == ":memory:" or path.startswith("file:"):
         return None
     try:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from scaler.store import Store, open_store
+from tests import _postgres
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -38,3 +39,24 @@ def db_url(tmp_path: Path) -> str:
 def store(db_url: str) -> Iterator[Store]:
     with open_store(db_url) as opened:
         yield opened
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[_postgres.Cluster]:
+    """A throwaway PostgreSQL server for the session; skips the test without one."""
+    bindir = _postgres.server_bindir()
+    if bindir is None:
+        pytest.skip(_postgres.HOW_TO_GET_ONE)
+    pytest.importorskip("psycopg", reason="pip install 'scalewatch[postgres]' (psycopg 3)")
+    with _postgres.cluster(bindir) as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_url(postgres_cluster: _postgres.Cluster) -> Iterator[str]:
+    """An empty database of its own on the session's server, dropped after the test."""
+    name = postgres_cluster.new_database()
+    try:
+        yield postgres_cluster.url(name)
+    finally:
+        postgres_cluster.drop_database(name)

@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from app.deps import SettingsDep, StoreDep
 from app.routes.control import request_out
 from app.routes.runs import NOT_FOUND, After, RunId, require_run_exists
-from scaler.store import queries
+from scaler.store import notify, queries
 from scaler.store.control import control_history
 from scaler.store.engine import Store, storage_failure
 
@@ -30,6 +30,9 @@ log = logging.getLogger("app.stream")
 
 router = APIRouter(prefix="/api/runs", tags=["stream"])
 
+# Seconds between polls of a stream that PostgreSQL tells of new steps: for the run's
+# end and control changes, which are not announced.
+LISTEN_FALLBACK_S = 1.0
 # Control requests change rarely; look at them every few polls of the steps.
 CONTROL_EVERY = 5
 STEP_PAGE = 1000
@@ -182,6 +185,8 @@ class _Hub:
         self.task = asyncio.create_task(self._poll())
 
     async def _poll(self) -> None:
+        # PostgreSQL announces new steps (LISTEN/NOTIFY); then a poll is only the fallback.
+        waiter = notify.subscribe(self.store, self.run_id)
         try:
             marks = await run_in_threadpool(_control_marks, self.store, self.run_id)
             polls = 0
@@ -204,7 +209,10 @@ class _Hub:
                     self.ended = status
                     return
                 self._wake()
-                await asyncio.sleep(self.poll_s)
+                if waiter is None:
+                    await asyncio.sleep(self.poll_s)
+                else:
+                    await waiter.wait(max(self.poll_s, LISTEN_FALLBACK_S))
         except Exception as error:
             self.failed = True
             reason = storage_failure(error)
@@ -214,6 +222,7 @@ class _Hub:
             log.warning("scalewatch: run %d's streams end: the store cannot be used: %s",
                         self.run_id, reason)  # fmt: skip
         finally:
+            notify.unsubscribe(self.store, waiter)
             self._wake()
 
     def _keep(self, chunk: _Chunk) -> None:

@@ -45,10 +45,11 @@ _FROM_STEPS = (
     " a.agg_tracker_min, a.agg_tracker_max, s.growth_tracker, a.agg_overflows, a.agg_skipped"
     " FROM (SELECT run_id AS agg_run, step / {width} AS agg_bucket, min(step) AS agg_first,"
     " max(step) AS agg_last, count(*) AS agg_n,"
-    " min(min(scale), min(scale_after)) AS agg_scale_min,"
-    " max(max(scale), max(scale_after)) AS agg_scale_max,"
+    " {least}(min(scale), min(scale_after)) AS agg_scale_min,"
+    " {greatest}(max(scale), max(scale_after)) AS agg_scale_max,"
     " min(growth_tracker) AS agg_tracker_min, max(growth_tracker) AS agg_tracker_max,"
-    " sum(overflow) AS agg_overflows, sum(skipped) AS agg_skipped"
+    " sum(CAST(overflow AS INTEGER)) AS agg_overflows,"
+    " sum(CAST(skipped AS INTEGER)) AS agg_skipped"
     " FROM steps GROUP BY run_id, step / {width}) AS a"
     " JOIN steps AS s ON s.run_id = a.agg_run AND s.step = a.agg_last"
     " ORDER BY a.agg_run, a.agg_bucket"
@@ -77,10 +78,16 @@ def _rebuild(levels: dict[int, int]) -> None:
     level's rows, otherwise it is aggregated from ``steps``.
     """
     op.execute("DELETE FROM step_rollups")
+    # SQLite's min() and max() of two values are PostgreSQL's LEAST() and GREATEST().
+    pair = ("min", "max") if op.get_bind().dialect.name == "sqlite" else ("LEAST", "GREATEST")
     child: tuple[int, int] | None = None
     for level, width in sorted(levels.items(), key=lambda item: item[1]):
         if child is None or width % child[1] != 0:
-            op.execute(_FROM_STEPS.format(level=int(level), width=int(width)))
+            op.execute(
+                _FROM_STEPS.format(
+                    level=int(level), width=int(width), least=pair[0], greatest=pair[1]
+                )
+            )
         else:
             op.execute(
                 _FROM_CHILD.format(

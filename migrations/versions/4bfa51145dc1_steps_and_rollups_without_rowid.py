@@ -7,6 +7,7 @@ Create Date: 2025-01-02 00:00:00.000000
 A chart range or an export page then reads one b-tree in key order instead of the
 primary-key index plus a table lookup per row. Each table is rebuilt (create, copy in key
 order, drop, rename); ``ix_steps_overflow`` is created again on the new ``steps``.
+PostgreSQL has no WITHOUT ROWID tables: there the revision changes nothing.
 """
 
 from __future__ import annotations
@@ -102,9 +103,15 @@ def _rebuild(*, with_rowid: bool) -> None:
     op.rename_table("_step_rollups_new", "step_rollups")
 
 
+def _on_sqlite() -> bool:
+    return op.get_bind().dialect.name == "sqlite"
+
+
 def upgrade() -> None:
-    _rebuild(with_rowid=False)
+    if _on_sqlite():
+        _rebuild(with_rowid=False)
 
 
 def downgrade() -> None:
-    _rebuild(with_rowid=True)
+    if _on_sqlite():
+        _rebuild(with_rowid=True)

@@ -67,6 +67,7 @@ def upgrade() -> None:
         ["run_id", "step"],
         unique=False,
         sqlite_where=sa.text("overflow"),
+        postgresql_where=sa.text("overflow"),
     )
     op.create_table(
         "step_rollups",

@@ -27,6 +27,7 @@ from scaler.store.records import ControlRequestRow
 from scaler.store.rules import EMPTY, FIELDS, RULES, UNKNOWN, bounds_problems, normalise
 from scaler.store.runs import effective_status, ended_first
 from scaler.store.schema import control_requests, runs
+from scaler.store.sql import driver_sql
 
 __all__ = [
     "CONTROL_FIELDS",
@@ -124,11 +125,12 @@ class PendingProbe:
 
     def __init__(self, store: Store) -> None:
         self._conn = store.engine.raw_connection()
+        self._sql = driver_sql(_ANY_PENDING, store.engine.dialect.name)
 
     def __call__(self, run_id: int) -> bool:
         cursor = self._conn.cursor()
         try:
-            cursor.execute(_ANY_PENDING, (run_id,))
+            cursor.execute(self._sql, (run_id,))
             return cursor.fetchone() is not None
         finally:
             cursor.close()

@@ -27,6 +27,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import URL, Connection, Engine, create_engine, event, exc, make_url
 
 import migrations
+from scaler.store import postgres
 from scaler.store.errors import NotAStoreURL, StoreDamaged
 
 log = logging.getLogger("scaler.store")
@@ -115,12 +116,28 @@ def store_url(value: str) -> str:
 
 
 def parse_store_url(value: str) -> URL:
-    """:func:`store_url` of ``value``, parsed; :class:`NotAStoreURL` for another database."""
+    """:func:`store_url` of ``value``, parsed; :class:`NotAStoreURL` for another database
+    than SQLite or PostgreSQL."""
     url = store_url(value)
     parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite":
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
         raise NotAStoreURL(parsed.render_as_string(hide_password=True))
     return parsed
+
+
+def shown_url(url: str | URL) -> str:
+    """``url`` as logs, errors and output show it: its password masked.
+
+    >>> shown_url("postgresql+psycopg://me:secret@db/sw")
+    'postgresql+psycopg://me:***@db/sw'
+    """
+    try:
+        parsed = make_url(url) if isinstance(url, str) else url
+    except exc.ArgumentError:
+        return str(url)
+    if parsed.password is None:
+        return url if isinstance(url, str) else parsed.render_as_string(hide_password=False)
+    return parsed.render_as_string(hide_password=True)
 
 
 def default_url() -> str:
@@ -140,7 +157,7 @@ class Store:
         self.engine = engine
 
     def __repr__(self) -> str:
-        return f"Store({self.url!r})"
+        return f"Store({shown_url(self.url)!r})"
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
@@ -189,6 +206,8 @@ def make_engine(url: str) -> Engine:
     """
     url = store_url(url)
     parsed = parse_store_url(url)
+    if postgres.is_postgres(parsed):
+        return postgres.make_engine(parsed)
     database = parsed.database or ""
     if database and database != ":memory:" and not database.startswith("file:"):
         parent = Path(database).expanduser().absolute().parent
@@ -254,6 +273,10 @@ def storage_failure(error: BaseException) -> str | None:
     orig = error.orig if isinstance(error, exc.DBAPIError) else error
     if isinstance(orig, StoreDamaged):
         return str(orig)
+    if type(orig).__module__.split(".")[0] == "psycopg":  # the server is down or unreachable
+        from psycopg import OperationalError
+
+        return str(orig).splitlines()[0] if isinstance(orig, OperationalError) else None
     if not isinstance(orig, sqlite3.DatabaseError):
         return None
     code = getattr(orig, "sqlite_errorcode", None)
@@ -269,6 +292,8 @@ def check_integrity(engine: Engine) -> None:
     ``engine`` whole (a new, empty file is). It reads the whole file, so the service and
     the CLI check at open; the trainer, which must start at once, does not.
     """
+    if engine.dialect.name != "sqlite":  # a server keeps its own files whole
+        return
     url = engine.url.render_as_string(hide_password=True)
     try:
         with engine.connect() as conn:
@@ -306,8 +331,12 @@ def _current_revision(conn: Connection) -> str | None:
 
 @contextmanager
 def _migration_lock(engine: Engine) -> Iterator[Connection]:
-    # SQLite's write lock serialises migrations across processes; whoever waits for it
-    # re-reads the version inside the lock and finds the work already done.
+    # SQLite's write lock (PostgreSQL's advisory lock) serialises migrations across
+    # processes; whoever waits for it re-reads the version inside and finds the work done.
+    if engine.dialect.name == "postgresql":
+        with postgres.migration_lock(engine) as conn:
+            yield conn
+        return
     with engine.connect() as conn:
         conn.execution_options(sqlite_begin="IMMEDIATE")
         with conn.begin():

@@ -4,11 +4,23 @@ from __future__ import annotations
 
 
 class NotAStoreURL(ValueError):
-    """A URL of another database than SQLite: a store is a SQLite file."""
+    """A URL of another database than SQLite or PostgreSQL (the ``url`` shown masked)."""
 
     def __init__(self, url: str) -> None:
-        super().__init__(f"a scalewatch store is a SQLite database; got {url!r}")
+        super().__init__(f"a scalewatch store is a SQLite or PostgreSQL database; got {url!r}")
         self.url = url
+
+
+class UnsupportedDriver(NotAStoreURL):
+    """A PostgreSQL URL naming another driver than psycopg 3, the one the store is tested with."""
+
+    def __init__(self, drivername: str) -> None:
+        ValueError.__init__(
+            self,
+            "a PostgreSQL store is opened through psycopg 3: write the URL as"
+            f" 'postgresql+psycopg://...', not {drivername!r}",
+        )
+        self.url = drivername
 
 
 class RunNotFound(LookupError):

@@ -12,11 +12,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, text
+from sqlalchemy import Boolean, Connection, RowMapping, text
 
 from scaler.store.engine import Store
 from scaler.store.runs import effective_status
 from scaler.store.schema import ROLLUP_LEVELS, runs, steps
+from scaler.store.sql import driver_sql
 
 # SQLite's largest integer: a larger id or step fails in the driver, it does not match nothing.
 INT64_MAX = 2**63 - 1
@@ -41,7 +42,15 @@ __all__ = [
 EXPORT_COLUMNS: tuple[str, ...] = tuple(
     column.name for column in steps.c if column.name != "run_id"
 )
-_STEP_SELECT = ", ".join(EXPORT_COLUMNS)
+# The columns read for exports and live tails, by dialect: flags as 0 and 1 on both
+# (PostgreSQL's are booleans; SQLite stores 0 and 1 already, and a cast per row costs).
+_STEP_SELECT = {
+    "sqlite": ", ".join(EXPORT_COLUMNS),
+    "postgresql": ", ".join(
+        f"CAST({c} AS INTEGER) AS {c}" if isinstance(steps.c[c].type, Boolean) else c
+        for c in EXPORT_COLUMNS
+    ),
+}
 _TOP_LEVEL = max(ROLLUP_LEVELS)
 # (level, width), coarsest first.
 _LEVELS: tuple[tuple[int, int], ...] = tuple(
@@ -225,9 +234,9 @@ def _bucket_width(span: int, max_points: int) -> tuple[int, list[tuple[int, int]
 
 _RAW_PIECE = (
     "SELECT step AS first_step, step AS last_step, 1 AS n,"
-    " min(scale, scale_after) AS scale_min, max(scale, scale_after) AS scale_max,"
+    " LEAST(scale, scale_after) AS scale_min, GREATEST(scale, scale_after) AS scale_max,"
     " growth_tracker AS tracker_min, growth_tracker AS tracker_max,"
-    " overflow AS overflows, skipped AS skipped"
+    " CAST(overflow AS INTEGER) AS overflows, CAST(skipped AS INTEGER) AS skipped"
     " FROM steps WHERE run_id = :run AND step BETWEEN :lo{i} AND :hi{i}"
 )
 _ROLLUP_PIECE = (
@@ -294,10 +303,16 @@ def chart_series(
             else:
                 selects.append(_RAW_PIECE.format(i=i))
         sql = _GROUPED.format(pieces=" UNION ALL ".join(selects))
-        rows = conn.exec_driver_sql(sql, params).fetchall()
+        rows = conn.exec_driver_sql(driver_sql(sql, conn.dialect.name), params).fetchall()
     for key, values in zip(SERIES_KEYS, zip(*rows, strict=True), strict=False):
         series.columns[key] = list(values)
     return series
+
+
+_OVERFLOWS = (
+    "SELECT step, wall_time, scale, scale_after, inf_ranks FROM steps"
+    " WHERE run_id = :run AND overflow AND step > :after ORDER BY step LIMIT :limit"
+)
 
 
 def overflow_page(
@@ -306,8 +321,7 @@ def overflow_page(
     """Overflow steps after ``after``, oldest first; ``next`` is the ``after`` of the next page."""
     with store.engine.connect() as conn:
         rows = conn.exec_driver_sql(
-            "SELECT step, wall_time, scale, scale_after, inf_ranks FROM steps"
-            " WHERE run_id = :run AND overflow AND step > :after ORDER BY step LIMIT :limit",
+            driver_sql(_OVERFLOWS, conn.dialect.name),
             {"run": run_id, "after": -1 if after is None else after, "limit": limit + 1},
         ).fetchall()
     items = [
@@ -347,7 +361,11 @@ def iter_step_pages(
     where = "run_id = :run AND step > :after AND step <= :last"
     if overflows_only:
         where += " AND overflow"
-    sql = f"SELECT {_STEP_SELECT} FROM steps WHERE {where} ORDER BY step LIMIT :limit"
+    dialect = store.engine.dialect.name
+    sql = driver_sql(
+        f"SELECT {_STEP_SELECT[dialect]} FROM steps WHERE {where} ORDER BY step LIMIT :limit",
+        dialect,
+    )
     while True:
         raw = store.engine.raw_connection()
         try:
@@ -372,6 +390,13 @@ def steps_after(
     return [step_dict(row) for row in step_rows_after(store, run_id, after, limit=limit)]
 
 
+_ROWS_AFTER = {
+    dialect: f"SELECT {columns} FROM steps WHERE run_id = :run AND step > :after"
+    " AND step <= :until ORDER BY step LIMIT :limit"
+    for dialect, columns in _STEP_SELECT.items()
+}
+
+
 def step_rows_after(
     store: Store, run_id: int, after: int, *, until: int | None = None, limit: int = 1000
 ) -> list[tuple[Any, ...]]:
@@ -381,8 +406,7 @@ def step_rows_after(
     try:
         cursor = raw.cursor()
         cursor.execute(
-            f"SELECT {_STEP_SELECT} FROM steps WHERE run_id = :run AND step > :after"
-            " AND step <= :until ORDER BY step LIMIT :limit",
+            driver_sql(_ROWS_AFTER[store.engine.dialect.name], store.engine.dialect.name),
             {
                 "run": run_id,
                 "after": after,

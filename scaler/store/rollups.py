@@ -19,8 +19,10 @@ from itertools import chain
 from operator import itemgetter
 from typing import Any
 
+from scaler.store import postgres
 from scaler.store.engine import insert_rows
 from scaler.store.schema import ROLLUP_LEVELS
+from scaler.store.sql import cursor_dialect, driver_sql
 
 __all__ = ["refresh_rollups", "rollup_plan"]
 
@@ -28,25 +30,37 @@ _COLUMNS = (
     "run_id, level, bucket, first_step, last_step, n, scale_min, scale_max, scale_last,"
     " tracker_min, tracker_max, tracker_last, overflows, skipped"
 )
+_COLUMN_NAMES = tuple(_COLUMNS.replace(" ", "").split(","))
+_KEY = ("run_id", "level", "bucket")
+# SQLite's INSERT OR REPLACE, as PostgreSQL writes it (after the rows).
+_REPLACE = {
+    "sqlite": ("INSERT OR REPLACE", ""),
+    "postgresql": (
+        "INSERT",
+        f" ON CONFLICT ({', '.join(_KEY)}) DO UPDATE SET "
+        + ", ".join(f"{c} = EXCLUDED.{c}" for c in _COLUMN_NAMES if c not in _KEY),
+    ),
+}
 # Aliases are prefixed: SQLite resolves a bare name in WHERE/GROUP BY to a result alias.
-# Run on the driver's cursor, which takes the named parameters as they are.
+# Run on the driver's cursor through driver_sql.
 _FROM_STEPS = (
-    f"INSERT OR REPLACE INTO step_rollups ({_COLUMNS})"
+    f"{{insert}} INTO step_rollups ({_COLUMNS})"
     " SELECT :run, :level, a.agg_bucket, a.agg_first, a.agg_last, a.agg_n,"
     " a.agg_scale_min, a.agg_scale_max, s.scale_after,"
     " a.agg_tracker_min, a.agg_tracker_max, s.growth_tracker, a.agg_overflows, a.agg_skipped"
     " FROM (SELECT step / :width AS agg_bucket, min(step) AS agg_first,"
     " max(step) AS agg_last, count(*) AS agg_n,"
-    " min(min(scale), min(scale_after)) AS agg_scale_min,"
-    " max(max(scale), max(scale_after)) AS agg_scale_max,"
+    " LEAST(min(scale), min(scale_after)) AS agg_scale_min,"
+    " GREATEST(max(scale), max(scale_after)) AS agg_scale_max,"
     " min(growth_tracker) AS agg_tracker_min, max(growth_tracker) AS agg_tracker_max,"
-    " sum(overflow) AS agg_overflows, sum(skipped) AS agg_skipped"
+    " sum(CAST(overflow AS INTEGER)) AS agg_overflows,"
+    " sum(CAST(skipped AS INTEGER)) AS agg_skipped"
     " FROM steps WHERE run_id = :run AND step >= :lo AND step < :hi"
     " GROUP BY step / :width) AS a"
-    " JOIN steps AS s ON s.run_id = :run AND s.step = a.agg_last"
+    " JOIN steps AS s ON s.run_id = :run AND s.step = a.agg_last{conflict}"
 )
 _FROM_CHILD = (
-    f"INSERT OR REPLACE INTO step_rollups ({_COLUMNS})"
+    f"{{insert}} INTO step_rollups ({_COLUMNS})"
     " SELECT :run, :level, a.agg_bucket, a.agg_first, a.agg_last, a.agg_n,"
     " a.agg_scale_min, a.agg_scale_max, c.scale_last,"
     " a.agg_tracker_min, a.agg_tracker_max, c.tracker_last, a.agg_overflows, a.agg_skipped"
@@ -58,7 +72,7 @@ _FROM_CHILD = (
     " FROM step_rollups WHERE run_id = :run AND level = :child AND bucket >= :lo AND bucket < :hi"
     " GROUP BY bucket / :ratio) AS a"
     " JOIN step_rollups AS c ON c.run_id = :run AND c.level = :child"
-    " AND c.bucket = a.agg_last / :child_width"
+    " AND c.bucket = a.agg_last / :child_width{conflict}"
 )
 
 _INSERT = f"INSERT OR REPLACE INTO step_rollups ({_COLUMNS})"
@@ -100,7 +114,14 @@ def refresh_rollups(
         _recompute(cursor, run_id, [row[1] for row in rows], PLAN)
 
 
+@functools.cache
+def _statement(template: str, dialect: str) -> str:
+    insert, conflict = _REPLACE[dialect]
+    return driver_sql(template.format(insert=insert, conflict=conflict), dialect)
+
+
 def _recompute(cursor: Any, run_id: int, step_numbers: Sequence[int], plan: Plan) -> None:
+    dialect = cursor_dialect(cursor)
     touched: set[int] = set()
     for level, width, child, child_width in plan:
         if child is None:
@@ -111,7 +132,7 @@ def _recompute(cursor: Any, run_id: int, step_numbers: Sequence[int], plan: Plan
             statement, unit = _FROM_CHILD, width // child_width
         for first, last in _contiguous(touched):
             cursor.execute(
-                statement,
+                _statement(statement, dialect),
                 {
                     "run": run_id,
                     "level": level,
@@ -141,15 +162,18 @@ def _fold(cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], plan: Plan)
             levels[level] = _from_child(levels[child], width // child_width)
     # Only the first bucket of a level can hold stored steps; its stored row covers them.
     firsts = [(run_id, level, rollups[0][_BUCKET]) for level, rollups in levels.items()]
-    cursor.execute(_stored_sql(len(firsts)), tuple(chain.from_iterable(firsts)))
+    dialect = cursor_dialect(cursor)
+    cursor.execute(
+        driver_sql(_stored_sql(len(firsts)), dialect), tuple(chain.from_iterable(firsts))
+    )
     for level, *stored in cursor.fetchall():
         rollups = levels[level]
         rollups[0] = _merge(stored, rollups[0])
-    insert_rows(
-        cursor,
-        _INSERT,
-        [(run_id, level, *rollup) for level, rollups in levels.items() for rollup in rollups],
-    )
+    rows = [(run_id, level, *rollup) for level, rollups in levels.items() for rollup in rollups]
+    if dialect == "sqlite":
+        insert_rows(cursor, _INSERT, rows)
+    else:
+        postgres.upsert_rows(cursor, "step_rollups", _COLUMN_NAMES, _KEY, rows)
 
 
 def _from_steps(columns: tuple[tuple[Any, ...], ...], width: int) -> list[list[Any]]:

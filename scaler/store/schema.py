@@ -70,12 +70,19 @@ steps = Table(
     Column("growth_factor", Float, nullable=False),
     Column("backoff_factor", Float, nullable=False),
     Column("control_version", Integer, nullable=False),
-    # Rows clustered on (run_id, step): a range of steps is one b-tree range, no lookups.
+    # Rows clustered on (run_id, step) on SQLite: a range of steps is one b-tree range, no
+    # lookups. PostgreSQL has no such tables; its heap is in insert order, which is step order.
     sqlite_with_rowid=False,
 )
 
 # Overflow steps, for keyset paging and chart markers without scanning steps.
-Index("ix_steps_overflow", steps.c.run_id, steps.c.step, sqlite_where=steps.c.overflow)
+Index(
+    "ix_steps_overflow",
+    steps.c.run_id,
+    steps.c.step,
+    sqlite_where=steps.c.overflow,
+    postgresql_where=steps.c.overflow,
+)
 
 step_rollups = Table(
     "step_rollups",

@@ -184,19 +184,33 @@ def test_errors_a_user_can_fix_are_one_line(
         (["serve", "--db", str(corrupt)], "scalewatch serve: the store cannot be read"),
         (["serve", "--port", "70000", "--db", db_url], "serve: --port: Input should be less"),
     ]
-    other_database = "postgresql://user:secret@127.0.0.1:1/x"
+    other_database = "mysql://user:secret@127.0.0.1:1/x"
+    no_server = "postgresql+psycopg://user:secret@127.0.0.1:1/x"
     for command in (["runs"], ["export", str(run)], ["db", "upgrade"], ["serve"]):
         cases.append(
             (
                 [*command, "--db", other_database],
-                f"scalewatch {command[0]}: a scalewatch store is a SQLite database;"
-                " got 'postgresql://user:***@127.0.0.1:1/x'",
+                f"scalewatch {command[0]}: a scalewatch store is a SQLite or PostgreSQL"
+                " database; got 'mysql://user:***@127.0.0.1:1/x'",
             )
         )
+        cases.append(
+            (
+                [*command, "--db", no_server],
+                f"scalewatch {command[0]}: the store cannot be read: connection failed:",
+            )
+        )
+    cases.append(
+        (
+            ["runs", "--db", "postgresql+psycopg2://user:secret@127.0.0.1:1/x"],
+            "scalewatch runs: a PostgreSQL store is opened through psycopg 3",
+        )
+    )
     for argv, message in cases:
         assert main(argv) == 1, argv
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err and err.count("\n") == 1, err
+        assert "secret" not in err
     assert not missing.exists()  # a mistyped path is not made into a new, empty store
     other = tmp_path / "other.db"
     with sqlite3.connect(other) as conn:

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -19,7 +20,7 @@ from app.main import create_app
 from app.routes import stream as stream_module
 from app.routes.stream import sse_event
 from app.settings import Settings
-from scaler.store.engine import Store
+from scaler.store.engine import Store, open_store
 from scaler.store.runs import end_run
 from tests.app.conftest import TestClient, add_run, simulate
 
@@ -40,6 +41,15 @@ for line in sys.stdin:
         end_run(store, run)
     print("done", flush=True)
 """
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Live streams on both backends: each polls the store for new steps."""
+    if request.param == "postgresql":
+        url: str = request.getfixturevalue("postgres_url")
+        return url
+    return f"sqlite:///{tmp_path / 'scalewatch.db'}"
 
 
 @dataclass
@@ -93,7 +103,13 @@ class Writer:
 @pytest.fixture
 def server(db_url: str, store: Store) -> Iterator[str]:
     """A real uvicorn on a free port of 127.0.0.1, in a thread, stopped after the test."""
-    settings = Settings(db=db_url, token=SecretStr("t"), stream_poll_s=0.05)
+    with _serve(db_url, poll_s=0.05) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _serve(db_url: str, poll_s: float) -> Iterator[str]:
+    settings = Settings(db=db_url, token=SecretStr("t"), stream_poll_s=poll_s)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -138,6 +154,33 @@ def test_live_steps_resume_and_end(server: str, db_url: str, store: Store) -> No
                 end = next(stream)
                 assert (end.event, json.loads(end.data)) == ("end", {"status": "finished"})
                 assert list(stream) == []
+    finally:
+        writer.close()
+
+
+@pytest.mark.postgres
+def test_postgresql_tells_a_stream_of_new_steps_without_a_poll(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LISTEN/NOTIFY: a step another process writes reaches the stream within a second,
+    though the stream would poll the store only every 30 s."""
+    monkeypatch.setattr(stream_module, "LISTEN_FALLBACK_S", 30.0)
+    with open_store(postgres_url) as store:
+        run = add_run(store, simulate(5, set()))
+    writer = Writer(postgres_url, run)
+    try:
+        with (
+            _serve(postgres_url, poll_s=30.0) as server,
+            httpx.Client(base_url=server, timeout=5) as http,
+            http.stream("GET", f"/api/runs/{run}/stream") as response,
+        ):
+            stream = events(response)
+            for step in (6, 7, 8):
+                sent = time.monotonic()
+                writer.send(f"write {step}")
+                event = next(stream)
+                assert (event.event, event.id) == ("step", str(step))
+                assert time.monotonic() - sent < 1.0
     finally:
         writer.close()
 

@@ -2,16 +2,20 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
 
 from scaler.store import Store, default_url, open_store
-from scaler.store.engine import DEFAULT_URL, head_revision
+from scaler.store.engine import DEFAULT_URL, head_revision, make_engine, shown_url, storage_failure
+from scaler.store.errors import NotAStoreURL
+from tests._postgres import Cluster
 
 from ._workers import open_together
 
 
+@pytest.mark.sqlite_only
 def test_every_connection_has_the_pragmas(store: Store) -> None:
     with store.engine.connect() as first, store.engine.connect() as second:
         for conn in (first, second):
@@ -22,6 +26,7 @@ def test_every_connection_has_the_pragmas(store: Store) -> None:
             assert pragma("PRAGMA foreign_keys").scalar_one() == 1
 
 
+@pytest.mark.sqlite_only
 def test_write_takes_the_write_lock_at_begin(store: Store) -> None:
     with store.write() as conn:
         other = sqlite3.connect(store.engine.url.database or "", timeout=0)
@@ -52,9 +57,22 @@ def test_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
     assert not missing.exists()
 
 
-def test_only_sqlite_urls_are_stores() -> None:
-    with pytest.raises(ValueError, match="SQLite"):
-        open_store("postgresql://localhost/scalewatch")
+def test_only_sqlite_and_postgresql_urls_are_stores() -> None:
+    with pytest.raises(NotAStoreURL, match="SQLite or PostgreSQL"):
+        open_store("mysql://me:secret@localhost/scalewatch")
+    with pytest.raises(ValueError, match="psycopg 3") as refused:
+        open_store("postgresql+psycopg2://me:secret@localhost/scalewatch")
+    assert "secret" not in str(refused.value)
+
+
+def test_passwords_are_masked_wherever_a_url_is_shown() -> None:
+    url = "postgresql+psycopg://me:s3cret@db-host:5432/scalewatch?sslmode=require"
+    assert shown_url(url) == "postgresql+psycopg://me:***@db-host:5432/scalewatch?sslmode=require"
+    assert "s3cret" not in repr(Store(url, make_engine(url)))
+    with pytest.raises(NotAStoreURL) as refused:
+        open_store("mysql://me:s3cret@localhost/scalewatch")
+    assert "s3cret" not in str(refused.value)
+    assert shown_url("sqlite:///runs/sw.db") == "sqlite:///runs/sw.db"
 
 
 def test_close_checkpoints_and_releases_the_file(tmp_path: Path) -> None:
@@ -64,6 +82,7 @@ def test_close_checkpoints_and_releases_the_file(tmp_path: Path) -> None:
     assert not Path(f"{path}-wal").exists()  # the last connection closed cleanly
 
 
+@pytest.mark.sqlite_only
 def test_opening_an_up_to_date_store_needs_no_write_lock(db_url: str, store: Store) -> None:
     # A service starting while the trainer holds the write lock must not wait for it.
     holder = sqlite3.connect(store.engine.url.database or "", timeout=0, isolation_level=None)
@@ -110,3 +129,68 @@ def test_processes_opening_fresh_files_together_all_succeed(tmp_path: Path) -> N
             assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
         finally:
             db.close()
+
+
+def _open_at_once(url: str, openers: int) -> list[str]:
+    barrier = threading.Barrier(openers)
+    outcomes: list[str] = []
+
+    def open_it() -> None:
+        barrier.wait(timeout=60)
+        try:
+            with open_store(url) as store, store.read() as conn:
+                conn.exec_driver_sql("SELECT count(*) FROM runs").scalar_one()
+        except Exception as error:
+            outcomes.append(f"{type(error).__name__}: {error}")
+        else:
+            outcomes.append("ok")
+
+    threads = [threading.Thread(target=open_it) for _ in range(openers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    return outcomes
+
+
+@pytest.mark.postgres
+def test_many_opening_a_new_postgresql_store_at_once_all_succeed(
+    postgres_cluster: Cluster,
+) -> None:
+    """Trainers and the service starting together: the advisory lock lets one upgrade,
+    the others wait for it and find the schema at the head."""
+    for _ in range(3):
+        url = postgres_cluster.url(postgres_cluster.new_database())
+        assert _open_at_once(url, 6) == ["ok"] * 6
+        engine = make_engine(url)
+        try:
+            with engine.connect() as conn:
+                versions = conn.exec_driver_sql("SELECT version_num FROM alembic_version").all()
+            assert versions == [(head_revision(),)]
+        finally:
+            engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_postgresql_store_through_a_libpq_service_file(
+    postgres_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's way to keep connection settings (and a password) out of the URL."""
+    name = postgres_cluster.new_database()
+    services = tmp_path / "pg_service.conf"
+    services.write_text(
+        f"[scalewatch]\nhost=127.0.0.1\nport={postgres_cluster.port}\nuser=postgres\n"
+        f"dbname={name}\n"
+    )
+    monkeypatch.setenv("PGSERVICEFILE", str(services))
+    with open_store("postgresql+psycopg://?service=scalewatch") as store, store.read() as conn:
+        assert conn.exec_driver_sql("SELECT current_database()").scalar_one() == name
+        assert conn.exec_driver_sql("SELECT count(*) FROM runs").scalar_one() == 0
+
+
+def test_a_postgresql_server_that_is_down_is_a_storage_failure() -> None:
+    """The service answers 503 with the first line of the driver's message (not a 500)."""
+    psycopg = pytest.importorskip("psycopg")
+    down = psycopg.OperationalError('connection to server at "127.0.0.1" failed\nIs it running?')
+    assert storage_failure(down) == 'connection to server at "127.0.0.1" failed'
+    assert storage_failure(psycopg.errors.UniqueViolation("duplicate key")) is None

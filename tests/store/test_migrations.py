@@ -8,9 +8,11 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, inspect, text
 
 from scaler.store import Store, downgrade, open_store, upgrade
 from scaler.store import engine as engine_module
@@ -28,6 +30,15 @@ def _tables(url: str) -> set[str]:
         engine.dispose()
 
 
+def _index_sql(conn: Connection, name: str) -> str:
+    if conn.dialect.name == "sqlite":
+        query = "SELECT sql FROM sqlite_master WHERE name = :name"
+    else:
+        query = "SELECT indexdef FROM pg_indexes WHERE indexname = :name"
+    sql: str = conn.execute(text(query), {"name": name}).scalar_one()
+    return sql
+
+
 def test_upgrade_creates_the_schema_of_the_models(db_url: str) -> None:
     assert upgrade(db_url) == head_revision()
     assert _tables(db_url) == TABLES | {"alembic_version"}
@@ -40,10 +51,7 @@ def test_upgrade_creates_the_schema_of_the_models(db_url: str) -> None:
             assert compare_metadata(context, metadata) == []
             indexes = {ix["name"] for ix in inspect(conn).get_indexes("steps")}
             assert indexes == {"ix_steps_overflow"}
-            sql = conn.exec_driver_sql(
-                "SELECT sql FROM sqlite_master WHERE name = 'ix_steps_overflow'"
-            ).scalar_one()
-            assert sql.endswith("WHERE overflow")
+            assert _index_sql(conn, "ix_steps_overflow").endswith("WHERE overflow")
     finally:
         engine.dispose()
 
@@ -115,3 +123,26 @@ def test_opening_waits_out_another_process_upgrading_past_the_busy_timeout(
     with store.read() as conn:
         assert conn.exec_driver_sql("SELECT version_num FROM alembic_version").scalar_one()
     store.close()
+
+
+def _revisions() -> list[str]:
+    script = ScriptDirectory.from_config(engine_module._alembic_config())
+    return ["base", *reversed([rev.revision for rev in script.walk_revisions()])]
+
+
+def _alembic_check(url: str) -> None:
+    """``alembic check``: autogenerate against the models finds nothing to do."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            command.check(engine_module._alembic_config(conn))
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("revision", _revisions()[:-1])
+def test_a_store_at_each_older_revision_upgrades_to_the_models(db_url: str, revision: str) -> None:
+    upgrade(db_url)
+    downgrade(db_url, revision)
+    assert upgrade(db_url) == head_revision()
+    _alembic_check(db_url)

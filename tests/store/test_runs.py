@@ -125,6 +125,7 @@ def test_write_steps_is_one_transaction(store: Store, run: RunRef) -> None:
         )
 
 
+@pytest.mark.sqlite_only
 def test_write_steps_runs_few_statements(store: Store, run: RunRef) -> None:
     """Not one statement per row, nor per rollup level: the driver releases and retakes the
     GIL around each statement, and each time the training thread may wait for it."""
@@ -148,6 +149,7 @@ def test_write_steps_runs_few_statements(store: Store, run: RunRef) -> None:
     assert len(others) <= 8, "\n".join(sql[:60] for sql in others)
 
 
+@pytest.mark.sqlite_only
 def test_the_rollups_new_steps_extend_are_read_by_primary_key(store: Store) -> None:
     """Not a scan of the run's rollups, which grows with the run."""
     sql = store_rollups._stored_sql(len(ROLLUP_LEVELS))

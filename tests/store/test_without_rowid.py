@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from sqlalchemy import Connection
 
 from scaler.store import downgrade, open_store, upgrade
@@ -11,6 +12,8 @@ from scaler.store.runs import create_run, write_steps
 from tests.store.conftest import CONTROL
 
 INITIAL = "e3f1a9c07b42"
+# PostgreSQL has no WITHOUT ROWID tables; the revision is a no-op there.
+pytestmark = pytest.mark.sqlite_only
 
 
 def _records(count: int) -> list[StepRecord]:

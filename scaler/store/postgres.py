@@ -1,0 +1,106 @@
+"""The PostgreSQL side of the store: engines on ``postgresql+psycopg://`` URLs, the advisory
+lock that serialises schema upgrades, and bulk writes through COPY.
+
+SQLite stays the embedded default; PostgreSQL is for many jobs on many nodes writing to
+one store with one service over it. Both run the same schema and Alembic revisions.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import URL, Connection, Engine, create_engine, text
+
+from scaler.store.errors import UnsupportedDriver
+
+DRIVER = "psycopg"
+# pg_advisory_xact_lock's key: "scalewatch" in ASCII, truncated to 63 bits. Any key would
+# do as long as every scalewatch process uses the same one.
+MIGRATION_LOCK_KEY = 0x7363616C65776174
+POOL_SIZE, POOL_OVERFLOW = 10, 30
+# Where a step transaction announces its run's new steps (scaler.store.notify listens).
+STEPS_CHANNEL = "scalewatch_steps"
+NOTIFY_STEPS = f"SELECT pg_notify('{STEPS_CHANNEL}', %s)"
+# Seconds a new connection waits for the server before it gives up with an error.
+CONNECT_TIMEOUT_S = 10
+
+
+def is_postgres(url: URL) -> bool:
+    return url.get_backend_name() == "postgresql"
+
+
+def check_driver(url: URL) -> None:
+    """psycopg 3 is the one driver the store is tested with; say so for another."""
+    if url.get_driver_name() != DRIVER:
+        raise UnsupportedDriver(url.drivername)
+    try:
+        import psycopg  # noqa: F401
+    except ImportError as error:
+        raise ImportError(
+            "a PostgreSQL store needs psycopg 3: pip install 'scalewatch[postgres]'"
+        ) from error
+
+
+def make_engine(url: URL) -> Engine:
+    """An engine on a PostgreSQL ``url``; its pool as large as a SQLite file store's, so
+    every worker thread of the service can hold a connection at once."""
+    check_driver(url)
+    args: dict[str, Any] = {}
+    if "connect_timeout" not in url.query:
+        args["connect_timeout"] = CONNECT_TIMEOUT_S
+    return create_engine(
+        url,
+        pool_size=POOL_SIZE,
+        max_overflow=POOL_OVERFLOW,
+        pool_pre_ping=True,  # a server restart leaves dead pooled connections behind
+        connect_args=args,
+    )
+
+
+@contextmanager
+def migration_lock(engine: Engine) -> Iterator[Connection]:
+    """A transaction holding the store's advisory lock: trainers and the service starting at
+    once upgrade one after another, and each re-reads the version inside the lock."""
+    with engine.connect() as conn, conn.begin():
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        yield conn
+
+
+def copy_rows(
+    cursor: Any, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
+) -> None:
+    """Append ``rows`` to ``table`` by COPY: one round trip, no statement per row."""
+    with cursor.copy(_copy_sql(table, tuple(columns))) as copy:
+        for row in rows:
+            copy.write_row(row)
+
+
+@functools.cache
+def _copy_sql(table: str, columns: tuple[str, ...]) -> str:
+    return f"COPY {table} ({', '.join(columns)}) FROM STDIN"
+
+
+def upsert_rows(
+    cursor: Any,
+    table: str,
+    columns: Sequence[str],
+    key: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+) -> None:
+    """Insert ``rows`` into ``table``, replacing the row of the same ``key`` (SQLite's
+    ``INSERT OR REPLACE``); psycopg pipelines the statements of one ``executemany``."""
+    if rows:
+        cursor.executemany(_upsert_sql(table, tuple(columns), tuple(key)), rows)
+
+
+@functools.cache
+def _upsert_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -> str:
+    values = ", ".join(["%s"] * len(columns))
+    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns if c not in key)
+    return (
+        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({values})"
+        f" ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}"
+    )

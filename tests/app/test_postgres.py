@@ -1,0 +1,101 @@
+"""The service and the CLI over a PostgreSQL store (a throwaway server of the tests' own)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from app.cli import main
+from app.main import create_app
+from app.settings import Settings
+from scaler.store.engine import Store, open_store
+from tests.app.conftest import LOCAL, TOKEN, TestClient, add_run, auth, simulate
+from tests.app.test_export import GOLDEN_CSV, ROWS
+
+pytestmark = pytest.mark.postgres
+# The tests' server trusts 127.0.0.1, so the password is never checked; it must still
+# never be shown.
+PASSWORD = "pg-s3cret-pw"
+
+
+@pytest.fixture
+def pg_url(postgres_url: str) -> str:
+    return postgres_url.replace("postgres@", f"postgres:{PASSWORD}@", 1)
+
+
+@pytest.fixture
+def pg_store(pg_url: str) -> Iterator[Store]:
+    with open_store(pg_url) as opened:
+        yield opened
+
+
+@pytest.fixture
+def pg_client(pg_url: str, pg_store: Store, tmp_path: Path) -> Iterator[TestClient]:
+    settings = Settings(db=pg_url, token=SecretStr(TOKEN), token_file=tmp_path / "token")
+    with TestClient(create_app(settings), base_url=LOCAL) as client:
+        yield client
+
+
+def test_the_service_reads_a_runs_steps_from_postgresql(
+    pg_client: TestClient, pg_store: Store
+) -> None:
+    records = simulate(20_000, {500, 17_777})
+    run = add_run(pg_store, records, batch=4096)
+
+    (listed,) = pg_client.get("/api/runs").json()["runs"]
+    assert (listed["id"], listed["steps"], listed["overflows"]) == (run, 20_000, 2)
+    whole = pg_client.get(f"/api/runs/{run}/steps?max_points=500").json()
+    assert (whole["start"], whole["end"]) == (1, 20_000)
+    assert sum(whole["series"]["overflows"]) == 2
+    zoom = pg_client.get(f"/api/runs/{run}/steps?start=17770&end=17790&max_points=500").json()
+    assert zoom["series"]["first_step"] == list(range(17_770, 17_791))
+    at = zoom["series"]["first_step"].index(17_777)
+    assert zoom["series"]["overflows"][at] == 1
+    assert zoom["series"]["scale_last"][at] == records[17_776].scale_after
+    overflows = pg_client.get(f"/api/runs/{run}/overflows").json()
+    assert [item["step"] for item in overflows["items"]] == [500, 17_777]
+
+
+def test_exports_and_control_on_postgresql_as_on_sqlite(
+    pg_client: TestClient, pg_store: Store
+) -> None:
+    run = add_run(pg_store, ROWS, name="bert large/fp16")
+    assert pg_client.get(f"/api/runs/{run}/export?what=steps&format=csv").text == GOLDEN_CSV
+    response = pg_client.post(
+        f"/api/runs/{run}/control", json={"growth_interval": 500}, headers=auth()
+    )
+    assert response.status_code in (200, 201, 202), response.text
+    assert response.json()["status"] == "pending"
+    assert PASSWORD not in pg_client.get("/api/runs").text
+
+
+def test_the_cli_on_postgresql_never_shows_the_password(
+    pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["db", "upgrade", "--db", pg_url]) == 0
+    with open_store(pg_url) as store:
+        run = add_run(store, ROWS, name="bert")
+    assert main(["runs", "--db", pg_url]) == 0
+    out = tmp_path / "steps.csv"
+    assert main(["export", str(run), "--format", "csv", "-o", str(out), "--db", pg_url]) == 0
+    assert out.read_text() == GOLDEN_CSV
+    assert main(["control", str(run), "--growth-interval", "500", "--db", pg_url]) == 0
+    assert main(["export", "99", "--db", pg_url]) == 1
+    printed = capsys.readouterr()
+    assert "at revision" in printed.out and "bert" in printed.out
+    assert json.loads(printed.out[printed.out.index("{") :])["status"] == "pending"
+    assert PASSWORD not in printed.out + printed.err
+
+
+def test_a_wrong_server_is_one_line_without_the_password(
+    postgres_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = postgres_url.rsplit("/", 1)[0].replace("postgres@", f"postgres:{PASSWORD}@")
+    assert main(["runs", "--db", f"{missing}/no_such_database"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "no_such_database" in err and PASSWORD not in err
