@@ -34,7 +34,6 @@ __all__ = [
     "overflow_page",
     "run_status",
     "step_rows_after",
-    "steps_after",
 ]
 
 # The columns of ``steps`` but ``run_id``: the fields of ``StepRecord``, in order.
@@ -363,13 +362,6 @@ def iter_step_pages(
         if len(page) < page_size:
             return
         after = page[-1][0]
-
-
-def steps_after(
-    store: Store, run_id: int, after: int, *, limit: int = 1000
-) -> list[dict[str, Any]]:
-    """Step rows after ``after`` as JSON-ready dicts (``inf_ranks`` a list), oldest first."""
-    return [step_dict(row) for row in step_rows_after(store, run_id, after, limit=limit)]
 
 
 def step_rows_after(

@@ -55,8 +55,3 @@ class ControlRequestRow:
 def format_inf_ranks(ranks: tuple[int, ...]) -> str:
     """``(1, 3)`` -> ``"1,3"``; ``()`` -> ``""``."""
     return ",".join(map(str, ranks))
-
-
-def parse_inf_ranks(text: str) -> tuple[int, ...]:
-    """``"1,3"`` -> ``(1, 3)``; ``""`` -> ``()``."""
-    return tuple(int(rank) for rank in text.split(",")) if text else ()

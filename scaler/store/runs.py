@@ -25,7 +25,6 @@ from scaler.store.schema import control_requests, runs, steps, telemetry_gaps
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
     "HEARTBEAT_TIMEOUT_S",
-    "RUN_STATUSES",
     "create_run",
     "effective_status",
     "end_run",
@@ -40,7 +39,6 @@ __all__ = [
 
 HEARTBEAT_TIMEOUT_S = 15.0
 HEARTBEAT_INTERVAL_S = 2.0
-RUN_STATUSES = ("running", "finished", "crashed")
 
 # The columns of ``steps`` in table order: ``run_id`` then the fields of ``StepRecord``.
 _STEP_COLUMNS: tuple[str, ...] = tuple(column.name for column in steps.c)

@@ -38,3 +38,8 @@ test("fieldErrors of a text detail is one general message", () => {
   assert.deepEqual(fieldErrors("run is finished", ["scale"]), [{}, ["run is finished"]]);
   assert.deepEqual(fieldErrors(null, ["scale"]), [{}, []]);
 });
+
+test("fieldErrors of any other body shows it whole, on no field", () => {
+  // The service sends no such body; one from elsewhere is not read as per-field messages.
+  assert.deepEqual(fieldErrors({ scale: "bad" }, ["scale"]), [{}, ['{"scale":"bad"}']]);
+});
