@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from scaler.store.queries import INT64_MAX
+from scaler.store.states import RequestSource, RequestStatus, RunStatus
 
 __all__ = [
     "ControlRequest",
@@ -35,7 +36,7 @@ Step = Annotated[int, Field(ge=0, le=INT64_MAX)]
 class RunSummary(BaseModel):
     id: int
     name: str
-    status: str = Field(description="running, finished or crashed")
+    status: RunStatus = Field(description="running, finished or crashed")
     world_size: int
     steps: int
     scale: float | None
@@ -116,10 +117,10 @@ class ControlRequestOut(BaseModel):
     id: int
     run_id: int
     values: dict[str, Any]
-    source: str
+    source: RequestSource
     requested_by: str
     requested_at: float
-    status: str = Field(description="pending, applied or rejected")
+    status: RequestStatus = Field(description="pending, applied or rejected")
     applied_step: int | None
     applied_at: float | None
     reason: str | None

@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 from app.models import Health
 from scaler.store import queries
 from scaler.store.engine import Store
+from scaler.store.states import RunStatus
 
 router = APIRouter(tags=["metrics"])
 
@@ -47,7 +48,7 @@ class StoreCollector(Collector):
                 scale.add_metric(labels, run.scale)
             if run.growth_tracker is not None:
                 tracker.add_metric(labels, run.growth_tracker)
-            running.add_metric(labels, 1.0 if run.status == "running" else 0.0)
+            running.add_metric(labels, 1.0 if run.status is RunStatus.RUNNING else 0.0)
             steps.add_metric(labels, run.steps)
             overflows.add_metric(labels, run.overflows)
             skipped.add_metric(labels, run.skipped)

@@ -17,6 +17,7 @@ from sqlalchemy import Connection, RowMapping, text
 from scaler.store.engine import Store
 from scaler.store.runs import effective_status
 from scaler.store.schema import ROLLUP_LEVELS, runs, steps
+from scaler.store.states import RunStatus
 
 # SQLite's largest integer: a larger id or step fails in the driver, it does not match nothing.
 INT64_MAX = 2**63 - 1
@@ -69,7 +70,7 @@ class RunInfo:
     id: int
     uid: str
     name: str
-    status: str  # effective: a silent "running" run reads as "crashed"
+    status: RunStatus  # effective: a silent "running" run reads as "crashed"
     world_size: int
     steps: int  # last step reached
     recorded: int  # step rows stored
@@ -172,7 +173,7 @@ def get_run(store: Store, run_id: int, *, now: float | None = None) -> RunInfo |
         return _run_info(conn, rows[0], now) if rows else None
 
 
-def run_status(store: Store, run_id: int, *, now: float | None = None) -> str | None:
+def run_status(store: Store, run_id: int, *, now: float | None = None) -> RunStatus | None:
     """The effective status of a run, or None when there is no such run."""
     now = time.time() if now is None else now
     with store.engine.connect() as conn:
