@@ -7,10 +7,16 @@ from typing import Annotated
 from fastapi import Depends, Header, HTTPException, Request, status
 
 from app.security import check_token
-from app.settings import Settings, get_settings
+from app.settings import Settings
 from scaler.store.engine import Store
 
-__all__ = ["SettingsDep", "StoreDep", "TokenDep", "get_store", "require_token"]
+__all__ = ["SettingsDep", "StoreDep", "TokenDep", "app_settings", "get_store", "require_token"]
+
+
+def app_settings(request: Request) -> Settings:
+    """The settings the app was built with (``create_app``)."""
+    settings: Settings = request.app.state.settings
+    return settings
 
 
 def get_store(request: Request) -> Store:
@@ -19,7 +25,7 @@ def get_store(request: Request) -> Store:
 
 
 def require_token(
-    settings: Annotated[Settings, Depends(get_settings)],
+    settings: Annotated[Settings, Depends(app_settings)],
     authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> None:
     expected = settings.token.get_secret_value() if settings.token is not None else None
@@ -31,6 +37,6 @@ def require_token(
         )
 
 
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+SettingsDep = Annotated[Settings, Depends(app_settings)]
 StoreDep = Annotated[Store, Depends(get_store)]
 TokenDep = Annotated[None, Depends(require_token)]

@@ -12,8 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.deps import require_token
-from app.settings import get_settings
+from app.deps import app_settings, require_token
 from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning
 
 __all__ = ["install_error_handlers", "unprocessable"]
@@ -73,9 +72,8 @@ def _unauthorised(request: Request) -> JSONResponse | None:
     dependant = getattr(request.scope.get("route"), "dependant", None)
     if dependant is None or all(dep.call is not require_token for dep in dependant.dependencies):
         return None
-    settings = request.app.dependency_overrides.get(get_settings, get_settings)()
     try:
-        require_token(settings, request.headers.get("authorization"))
+        require_token(app_settings(request), request.headers.get("authorization"))
     except HTTPException as refused:
         return JSONResponse(
             {"detail": refused.detail}, refused.status_code, headers=refused.headers
