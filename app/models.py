@@ -52,6 +52,9 @@ class RunList(BaseModel):
 
 
 class RunDetail(RunSummary):
+    # The counts skipped_rate is of: the run page moves its figures on with each live step.
+    recorded: int = Field(description="step rows stored")
+    skipped: int = Field(description="skipped steps among them")
     config: dict[str, Any]
     control: dict[str, Any]
     control_version: int
