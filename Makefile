@@ -12,7 +12,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
+# The dashboard's pure functions first (Node's own runner, no packages): seconds, no browser.
 test: $(STAMP)
+	node --test web/tests/
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

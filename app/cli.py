@@ -302,13 +302,14 @@ def control(args: argparse.Namespace) -> int:
     from scaler.store.control import request_control
     from scaler.store.engine import open_store
     from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning
+    from scaler.store.states import RequestSource
 
     values = {name: getattr(args, name) for name in CONTROL_OPTIONS}
     values = {name: value for name, value in values.items() if value is not None}
     with open_store(_existing_store(args), check=True) as store:
         try:
             row = request_control(
-                store, args.run, values, requested_by=getpass.getuser(), source="cli"
+                store, args.run, values, requested_by=getpass.getuser(), source=RequestSource.CLI
             )
         except ControlValidationError as refused:
             for name, message in refused.errors.items():

@@ -10,10 +10,16 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.penalty import FailurePenalty
 from app.security import check_token
-from app.settings import Settings, get_settings
+from app.settings import Settings
 from scaler.store.engine import Store
 
-__all__ = ["SettingsDep", "StoreDep", "TokenDep", "get_store", "require_token"]
+__all__ = ["SettingsDep", "StoreDep", "TokenDep", "app_settings", "get_store", "require_token"]
+
+
+def app_settings(request: Request) -> Settings:
+    """The settings the app was built with (``create_app``)."""
+    settings: Settings = request.app.state.settings
+    return settings
 
 
 def get_store(request: Request) -> Store:
@@ -28,7 +34,7 @@ _BEARER = HTTPBearer(auto_error=False, description="the token `scalewatch serve`
 
 def require_token(
     request: Request,
-    settings: Annotated[Settings, Depends(get_settings)],
+    settings: Annotated[Settings, Depends(app_settings)],
     _scheme: Annotated[HTTPAuthorizationCredentials | None, Security(_BEARER)] = None,
     authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
 ) -> None:
@@ -54,6 +60,6 @@ def require_token(
     penalty.succeeded(client)
 
 
-SettingsDep = Annotated[Settings, Depends(get_settings)]
+SettingsDep = Annotated[Settings, Depends(app_settings)]
 StoreDep = Annotated[Store, Depends(get_store)]
 TokenDep = Annotated[None, Depends(require_token)]

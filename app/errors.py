@@ -13,10 +13,9 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.deps import require_token
+from app.deps import app_settings, require_token
 from app.head import allowed_methods
 from app.health import store_unavailable
-from app.settings import get_settings
 from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning, StoreDamaged
 
 __all__ = ["install_error_handlers", "unprocessable"]
@@ -94,9 +93,10 @@ def _unauthorised(request: Request) -> JSONResponse | None:
     dependant = getattr(request.scope.get("route"), "dependant", None)
     if dependant is None or all(dep.call is not require_token for dep in dependant.dependencies):
         return None
-    settings = request.app.dependency_overrides.get(get_settings, get_settings)()
     try:
-        require_token(request, settings, authorization=request.headers.get("authorization"))
+        require_token(
+            request, app_settings(request), authorization=request.headers.get("authorization")
+        )
     except HTTPException as refused:
         return JSONResponse(
             {"detail": refused.detail}, refused.status_code, headers=refused.headers

@@ -56,7 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url=None,  # install_docs: served from an installed package, not a CDN
         redoc_url=None,
     )
-    app.dependency_overrides[get_settings] = lambda: settings
+    app.state.settings = settings  # what the routes' SettingsDep gives
     app.state.stopping = threading.Event()  # set by serving.Server: live streams end
     app.state.health = StoreHealth()
     app.state.penalty = FailurePenalty()  # wrong tokens per client
@@ -64,7 +64,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(BodyLimit)
     app.add_middleware(HeadAsGet)
     if is_loopback(settings.host):
-        app.add_middleware(LoopbackHost, allowed=settings.allowed_hosts.split(","))
+        app.add_middleware(LoopbackHost, allowed=settings.allowed_hosts)
     app.add_middleware(StorageGuard)
     app.add_middleware(SecurityHeaders)  # outermost: on every refusal too
     app.include_router(router)

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from scaler.store.queries import INT64_MAX
 from scaler.store.rules import FLOAT32_MAX, FLOAT32_TINY, INT32_MAX
+from scaler.store.states import RequestSource, RequestStatus, RunStatus
 
 __all__ = [
     "ControlRequest",
@@ -38,7 +39,7 @@ Step = Annotated[int, Field(ge=0, le=INT64_MAX)]
 class RunSummary(BaseModel):
     id: int
     name: str
-    status: str = Field(description="running, finished or crashed")
+    status: RunStatus = Field(description="running, finished or crashed")
     world_size: int
     steps: int
     scale: float | None
@@ -54,6 +55,9 @@ class RunList(BaseModel):
 
 
 class RunDetail(RunSummary):
+    # The counts skipped_rate is of: the run page moves its figures on with each live step.
+    recorded: int = Field(description="step rows stored")
+    skipped: int = Field(description="skipped steps among them")
     config: dict[str, Any]
     control: dict[str, Any]
     control_version: int
@@ -148,10 +152,10 @@ class ControlRequestOut(BaseModel):
     id: int
     run_id: int
     values: dict[str, Any]
-    source: str
+    source: RequestSource
     requested_by: str
     requested_at: float
-    status: str = Field(description="pending, applied or rejected")
+    status: RequestStatus = Field(description="pending, applied or rejected")
     applied_step: int | None
     applied_at: float | None
     reason: str | None

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from scaler.store.engine import default_url, store_url
 
@@ -27,8 +28,9 @@ class Settings(BaseSettings):
     port: int = Field(default=8765, ge=0, le=65535)
     token_file: Path | None = None  # None: TOKEN_DIR / "token-<port>"
     # Host names beside loopback that a service bound to loopback answers to (a reverse
-    # proxy's name), comma-separated; "*" for any.
-    allowed_hosts: str = ""
+    # proxy's name); "*" for any. NoDecode: the environment gives them comma-separated,
+    # not as the JSON list pydantic-settings reads for a list by default.
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
     # Seconds between two polls of the store by a live stream, and between keep-alives.
     stream_poll_s: float = Field(default=0.05, gt=0)
     stream_keepalive_s: float = Field(default=15.0, gt=0)
@@ -37,6 +39,14 @@ class Settings(BaseSettings):
     @classmethod
     def _path_is_a_sqlite_file(cls, db: str) -> str:
         return store_url(db)
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _comma_separated(cls, names: object) -> object:
+        """``"proxy.example, *"`` -> ``("proxy.example", "*")``; ``""`` -> ``()``."""
+        if isinstance(names, str):
+            return tuple(name.strip() for name in names.split(",") if name.strip())
+        return names
 
     @field_validator("token")
     @classmethod

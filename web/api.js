@@ -63,8 +63,8 @@ export const paths = {
     `api/runs/${enc(id)}/export?what=${enc(what)}&format=${enc(format)}`,
 };
 
-// 422 bodies: FastAPI's list of {loc, msg} or a {field: message} mapping,
-// possibly under "errors". Returns [fieldMessages, generalMessages].
+// 422 bodies: the service's are all FastAPI's list of {loc, msg} (app/errors.py);
+// anything else (a proxy's page) is one general message. Returns [fieldMessages, generalMessages].
 export function fieldErrors(detail, fields) {
   const byField = {};
   const general = [];
@@ -82,13 +82,8 @@ export function fieldErrors(detail, fields) {
         general.push(String(item));
       }
     }
-  } else if (detail && typeof detail === "object") {
-    const errors = detail.errors && typeof detail.errors === "object" ? detail.errors : detail;
-    for (const [field, message] of Object.entries(errors)) {
-      add(field, Array.isArray(message) ? message.join("; ") : String(message));
-    }
   } else if (detail) {
-    general.push(String(detail));
+    general.push(typeof detail === "string" ? detail : JSON.stringify(detail));
   }
   return [byField, general];
 }

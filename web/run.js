@@ -3,6 +3,7 @@
 import { ApiError, getJSON, paths } from "./api.js";
 import { RunChart } from "./chart.js";
 import { ControlPanel } from "./control.js";
+import { LiveFacts } from "./facts.js";
 import {
   badge,
   displayName,
@@ -25,6 +26,7 @@ const live = document.getElementById("live");
 let currentStatus = null;
 let stream = null;
 let runMissing = false;
+const facts = new LiveFacts(); // the cards' figures, at the latest step the chart has too
 
 function reportError(error) {
   if (runMissing || (error instanceof ApiError && error.status === 404)) {
@@ -67,7 +69,8 @@ function renderDetail(run, panel) {
 
 async function pollDetail(panel) {
   try {
-    renderDetail(await getJSON(paths.run(runId)), panel);
+    facts.setDetail(await getJSON(paths.run(runId)));
+    renderDetail(facts.current(), panel);
     if (errorBox.dataset.source === "detail") showAlert(errorBox, "");
   } catch (error) {
     errorBox.dataset.source = "detail";
@@ -109,6 +112,8 @@ function openStream(chart, panel, after) {
     const step = JSON.parse(event.data);
     chart.addLiveStep(step);
     panel.onStep(step);
+    facts.addStep(step);
+    if (facts.current()) renderDetail(facts.current(), panel);
   });
   stream.addEventListener("control", (event) => panel.onEvent(JSON.parse(event.data)));
   stream.addEventListener("end", (event) => {

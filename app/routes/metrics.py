@@ -15,6 +15,7 @@ from app.health import StoreHealth
 from app.models import Health, Unhealthy
 from scaler.store import queries
 from scaler.store.engine import Store, storage_failure
+from scaler.store.states import RunStatus
 
 router = APIRouter(tags=["metrics"])
 
@@ -50,7 +51,7 @@ class StoreCollector(Collector):
                 scale.add_metric(labels, run.scale)
             if run.growth_tracker is not None:
                 tracker.add_metric(labels, run.growth_tracker)
-            running.add_metric(labels, 1.0 if run.status == "running" else 0.0)
+            running.add_metric(labels, 1.0 if run.status is RunStatus.RUNNING else 0.0)
             steps.add_metric(labels, run.steps)
             overflows.add_metric(labels, run.overflows)
             skipped.add_metric(labels, run.skipped)

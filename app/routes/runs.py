@@ -33,19 +33,7 @@ NOT_FOUND: dict[int | str, dict[str, object]] = {
 
 
 def summary(run: RunInfo) -> RunSummary:
-    return RunSummary(
-        id=run.id,
-        name=run.name,
-        status=run.status,
-        world_size=run.world_size,
-        steps=run.steps,
-        scale=run.scale,
-        overflows=run.overflows,
-        skipped_rate=run.skipped_rate,
-        last_heartbeat=run.last_heartbeat,
-        started_at=run.started_at,
-        ended_at=run.ended_at,
-    )
+    return RunSummary.model_validate(run, from_attributes=True)
 
 
 def require_run(store: StoreDep, run_id: int) -> RunInfo:
@@ -67,17 +55,7 @@ def list_runs(store: StoreDep) -> RunList:
 
 @router.get("/{run}", responses=NOT_FOUND)
 def get_run(store: StoreDep, run: RunId) -> RunDetail:
-    info = require_run(store, run)
-    return RunDetail(
-        **summary(info).model_dump(),
-        config=info.config,
-        control=info.control,
-        control_version=info.control_version,
-        dropped=info.dropped,
-        torch_version=info.torch_version,
-        host=info.host,
-        pid=info.pid,
-    )
+    return RunDetail.model_validate(require_run(store, run), from_attributes=True)
 
 
 def chart_json(

@@ -25,6 +25,7 @@ from app.routes.runs import NOT_FOUND, After, RunId, require_run_exists
 from scaler.store import notify, queries
 from scaler.store.control import control_history
 from scaler.store.engine import Store, storage_failure
+from scaler.store.states import RunStatus
 
 log = logging.getLogger("app.stream")
 
@@ -197,7 +198,7 @@ class _Hub:
                 for chunk in chunks:
                     self._keep(chunk)
                 polls += 1
-                if polls % CONTROL_EVERY == 0 or status != "running":
+                if polls % CONTROL_EVERY == 0 or status is not RunStatus.RUNNING:
                     history = await run_in_threadpool(control_history, self.store, self.run_id)
                     for row in history:
                         mark = (row.status, row.applied_step)
@@ -205,7 +206,7 @@ class _Hub:
                             marks[row.id] = mark
                             out = request_out(row).model_dump()
                             self.control_log.append(sse_event("control", out).encode())
-                if status != "running":
+                if status is not RunStatus.RUNNING:
                     self.ended = status
                     return
                 self._wake()

@@ -28,6 +28,7 @@ from scaler.store.rules import EMPTY, FIELDS, RULES, UNKNOWN, bounds_problems, n
 from scaler.store.runs import effective_status, ended_first
 from scaler.store.schema import control_requests, runs
 from scaler.store.sql import driver_sql
+from scaler.store.states import RequestSource, RequestStatus, RunStatus
 
 __all__ = [
     "CONTROL_FIELDS",
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 CONTROL_FIELDS = FIELDS
-CONTROL_SOURCES = ("api", "cli", "code")
+CONTROL_SOURCES = tuple(RequestSource)
 
 
 def validate_control(values: Mapping[str, object], current: Mapping[str, object]) -> dict[str, Any]:
@@ -81,7 +82,7 @@ def request_control(
     values: Mapping[str, object],
     *,
     requested_by: str,
-    source: str = "api",
+    source: RequestSource = RequestSource.API,
 ) -> ControlRequestRow:
     """Validate ``values`` and store them as a pending request of the running run ``run_id``.
 
@@ -89,12 +90,13 @@ def request_control(
     nothing is written then.
     """
     if source not in CONTROL_SOURCES:
-        raise ValueError(f"source must be one of {CONTROL_SOURCES}, not {source!r}")
+        known = ", ".join(CONTROL_SOURCES)
+        raise ValueError(f"source must be one of {known}, not {source!r}")
     now = time.time()
     with store.write() as conn:
         run = _run_row(conn, run_id)
         status = effective_status(run, now)
-        if status != "running":
+        if status is not RunStatus.RUNNING:
             raise RunNotRunning(run_id, status)
         clean = validate_control(values, run["control"])
         result = conn.execute(
@@ -104,7 +106,7 @@ def request_control(
                 source=source,
                 requested_by=requested_by,
                 requested_at=now,
-                status="pending",
+                status=RequestStatus.PENDING,
             )
         )
         key = result.inserted_primary_key
@@ -145,7 +147,10 @@ def pending_requests(store: Store, run_id: int) -> list[ControlRequestRow]:
     with store.read() as conn:
         rows = conn.execute(
             select(control_requests)
-            .where(control_requests.c.run_id == run_id, control_requests.c.status == "pending")
+            .where(
+                control_requests.c.run_id == run_id,
+                control_requests.c.status == RequestStatus.PENDING,
+            )
             .order_by(control_requests.c.id)
         ).all()
     return [_to_row(row) for row in rows]
@@ -162,7 +167,9 @@ def mark_applied(
 ) -> None:
     """Record that the request took effect at ``step``; ``state`` is now the run's control."""
     with store.write() as conn:
-        run_id = _settle(conn, request_id, status="applied", applied_step=step, applied_at=at)
+        run_id = _settle(
+            conn, request_id, status=RequestStatus.APPLIED, applied_step=step, applied_at=at
+        )
         conn.execute(
             update(runs)
             .where(runs.c.id == run_id)
@@ -183,7 +190,7 @@ def mark_rejected(
         _settle(
             conn,
             request_id,
-            status="rejected",
+            status=RequestStatus.REJECTED,
             reason=reason,
             applied_step=step,
             applied_at=time.time() if at is None else at,
@@ -208,10 +215,10 @@ def record_code_change(
             control_requests.insert().values(
                 run_id=run_id,
                 values=dict(values),
-                source="code",
+                source=RequestSource.CODE,
                 requested_by=requested_by,
                 requested_at=at,
-                status="applied",
+                status=RequestStatus.APPLIED,
                 applied_step=step,
                 applied_at=at,
             )
@@ -240,11 +247,13 @@ def control_history(store: Store, run_id: int) -> list[ControlRequestRow]:
             .order_by(control_requests.c.id)
         ).all()
     history = [_to_row(row) for row in rows]
-    if effective_status(run) != "crashed":
+    if effective_status(run) is not RunStatus.CRASHED:
         return history
-    reason = ended_first("crashed")
+    reason = ended_first(RunStatus.CRASHED)
     return [
-        replace(row, status="rejected", reason=reason) if row.status == "pending" else row
+        replace(row, status=RequestStatus.REJECTED, reason=reason)
+        if row.status is RequestStatus.PENDING
+        else row
         for row in history
     ]
 
@@ -276,7 +285,7 @@ def _settle(conn: Connection, request_id: int, **values: Any) -> int:
     ).first()
     if row is None:
         raise RequestNotFound(request_id)
-    if row.status != "pending":
+    if row.status != RequestStatus.PENDING:
         raise ValueError(f"control request {request_id} is {row.status} already")
     conn.execute(
         update(control_requests).where(control_requests.c.id == request_id).values(**values)
@@ -294,10 +303,10 @@ def _to_row(row: Row[Any]) -> ControlRequestRow:
         id=row.id,
         run_id=row.run_id,
         values=dict(row.values),
-        source=row.source,
+        source=RequestSource(row.source),
         requested_by=row.requested_by,
         requested_at=row.requested_at,
-        status=row.status,
+        status=RequestStatus(row.status),
         applied_step=row.applied_step,
         applied_at=row.applied_at,
         reason=row.reason,

@@ -18,6 +18,7 @@ from scaler.store.engine import Store
 from scaler.store.runs import effective_status
 from scaler.store.schema import ROLLUP_LEVELS, runs, steps
 from scaler.store.sql import driver_sql
+from scaler.store.states import RunStatus
 
 # SQLite's largest integer: a larger id or step fails in the driver, it does not match nothing.
 INT64_MAX = 2**63 - 1
@@ -35,7 +36,6 @@ __all__ = [
     "overflow_page",
     "run_status",
     "step_rows_after",
-    "steps_after",
 ]
 
 # The columns of ``steps`` but ``run_id``: the fields of ``StepRecord``, in order.
@@ -79,7 +79,7 @@ class RunInfo:
     id: int
     uid: str
     name: str
-    status: str  # effective: a silent "running" run reads as "crashed"
+    status: RunStatus  # effective: a silent "running" run reads as "crashed"
     world_size: int
     steps: int  # last step reached
     recorded: int  # step rows stored
@@ -182,7 +182,7 @@ def get_run(store: Store, run_id: int, *, now: float | None = None) -> RunInfo |
         return _run_info(conn, rows[0], now) if rows else None
 
 
-def run_status(store: Store, run_id: int, *, now: float | None = None) -> str | None:
+def run_status(store: Store, run_id: int, *, now: float | None = None) -> RunStatus | None:
     """The effective status of a run, or None when there is no such run."""
     now = time.time() if now is None else now
     with store.engine.connect() as conn:
@@ -381,13 +381,6 @@ def iter_step_pages(
         if len(page) < page_size:
             return
         after = page[-1][0]
-
-
-def steps_after(
-    store: Store, run_id: int, after: int, *, limit: int = 1000
-) -> list[dict[str, Any]]:
-    """Step rows after ``after`` as JSON-ready dicts (``inf_ranks`` a list), oldest first."""
-    return [step_dict(row) for row in step_rows_after(store, run_id, after, limit=limit)]
 
 
 _ROWS_AFTER = {

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from scaler.store.states import RequestSource, RequestStatus
+
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
@@ -39,10 +41,10 @@ class ControlRequestRow:
     id: int
     run_id: int
     values: dict[str, Any]
-    source: str  # api | cli | code
+    source: RequestSource
     requested_by: str
     requested_at: float
-    status: str  # pending | applied | rejected
+    status: RequestStatus
     applied_step: int | None
     applied_at: float | None
     reason: str | None
@@ -55,8 +57,3 @@ class ControlRequestRow:
 def format_inf_ranks(ranks: tuple[int, ...]) -> str:
     """``(1, 3)`` -> ``"1,3"``; ``()`` -> ``""``."""
     return ",".join(map(str, ranks))
-
-
-def parse_inf_ranks(text: str) -> tuple[int, ...]:
-    """``"1,3"`` -> ``(1, 3)``; ``""`` -> ``()``."""
-    return tuple(int(rank) for rank in text.split(",")) if text else ()

@@ -23,11 +23,11 @@ from scaler.store.records import RunRef, StepRecord, format_inf_ranks
 from scaler.store.rollups import refresh_rollups
 from scaler.store.schema import control_requests, runs, steps, telemetry_gaps
 from scaler.store.sql import driver_sql
+from scaler.store.states import RequestStatus, RunStatus
 
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
     "HEARTBEAT_TIMEOUT_S",
-    "RUN_STATUSES",
     "create_run",
     "effective_status",
     "end_run",
@@ -42,7 +42,6 @@ __all__ = [
 
 HEARTBEAT_TIMEOUT_S = 15.0
 HEARTBEAT_INTERVAL_S = 2.0
-RUN_STATUSES = ("running", "finished", "crashed")
 
 # The columns of ``steps`` in table order: ``run_id`` then the fields of ``StepRecord``.
 _STEP_COLUMNS: tuple[str, ...] = tuple(column.name for column in steps.c)
@@ -82,7 +81,7 @@ def create_run(
     values = {
         "uid": uid,
         "name": name,
-        "status": "running",
+        "status": RunStatus.RUNNING,
         "world_size": world_size,
         "config": dict(config),
         "control": dict(control),
@@ -119,13 +118,13 @@ def resume_run(store: Store, uid: str) -> RunRef | None:
         if row is None:
             return None
         run_id = row.id
-        if effective_status(row._mapping, now) == "crashed":
-            _reject_pending(conn, run_id, now, "crashed")
+        if effective_status(row._mapping, now) is RunStatus.CRASHED:
+            _reject_pending(conn, run_id, now, RunStatus.CRASHED)
         conn.execute(
             update(runs)
             .where(runs.c.id == run_id)
             .values(
-                status="running",
+                status=RunStatus.RUNNING,
                 ended_at=None,
                 heartbeat_at=now,
                 host=socket.gethostname(),
@@ -141,10 +140,11 @@ def heartbeat(store: Store, run_id: int, at: float | None = None) -> None:
         _update_run(conn, run_id, heartbeat_at=time.time() if at is None else at)
 
 
-def end_run(store: Store, run_id: int, status: str = "finished") -> None:
+def end_run(store: Store, run_id: int, status: str = RunStatus.FINISHED) -> None:
     """Mark the run ``finished`` or ``crashed``; its pending control requests are rejected."""
-    if status not in ("finished", "crashed"):
+    if status not in (RunStatus.FINISHED, RunStatus.CRASHED):
         raise ValueError(f"a run ends as 'finished' or 'crashed', not {status!r}")
+    status = RunStatus(status)
     now = time.time()
     with store.write() as conn:
         _update_run(conn, run_id, status=status, ended_at=now, heartbeat_at=now)
@@ -154,8 +154,11 @@ def end_run(store: Store, run_id: int, status: str = "finished") -> None:
 def _reject_pending(conn: Connection, run_id: int, now: float, status: str) -> None:
     conn.execute(
         update(control_requests)
-        .where(control_requests.c.run_id == run_id, control_requests.c.status == "pending")
-        .values(status="rejected", applied_at=now, reason=ended_first(status))
+        .where(
+            control_requests.c.run_id == run_id,
+            control_requests.c.status == RequestStatus.PENDING,
+        )
+        .values(status=RequestStatus.REJECTED, applied_at=now, reason=ended_first(status))
     )
 
 
@@ -164,16 +167,16 @@ def ended_first(status: str) -> str:
     return f"the run {status} first"
 
 
-def effective_status(row: Mapping[str, Any] | RowMapping, now: float | None = None) -> str:
+def effective_status(row: Mapping[str, Any] | RowMapping, now: float | None = None) -> RunStatus:
     """A run's status as readers should show it: ``running`` with a stale heartbeat is crashed.
 
     >>> effective_status({"status": "running", "heartbeat_at": 100.0}, now=120.0)
-    'crashed'
+    <RunStatus.CRASHED: 'crashed'>
     """
-    status: str = row["status"]
+    status = RunStatus(row["status"])
     now = time.time() if now is None else now
-    if status == "running" and now - float(row["heartbeat_at"]) > HEARTBEAT_TIMEOUT_S:
-        return "crashed"
+    if status is RunStatus.RUNNING and now - float(row["heartbeat_at"]) > HEARTBEAT_TIMEOUT_S:
+        return RunStatus.CRASHED
     return status
 
 

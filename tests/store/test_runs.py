@@ -10,7 +10,8 @@ from sqlalchemy import event, select
 
 from scaler.store import RunNotFound, RunRef, StepRecord, Store
 from scaler.store import rollups as store_rollups
-from scaler.store.records import format_inf_ranks, parse_inf_ranks
+from scaler.store.queries import parse_ranks
+from scaler.store.records import format_inf_ranks
 from scaler.store.runs import (
     HEARTBEAT_TIMEOUT_S,
     create_run,
@@ -101,7 +102,7 @@ def test_rollups_equal_a_brute_force_aggregation(
     assert [row.step for row in rows] == sorted(stored)
     for row in rows:
         record = stored[row.step]
-        assert parse_inf_ranks(row.inf_ranks) == record.inf_ranks
+        assert tuple(parse_ranks(row.inf_ranks)) == record.inf_ranks
         assert (row.scale, row.scale_after, row.overflow, row.growth_tracker) == (
             record.scale,
             record.scale_after,
@@ -175,8 +176,8 @@ def test_write_steps_advances_last_step_and_heartbeat(store: Store, run: RunRef)
 def test_inf_ranks_text_form() -> None:
     assert format_inf_ranks((1, 3)) == "1,3"
     assert format_inf_ranks(()) == ""
-    assert parse_inf_ranks("1,3") == (1, 3)
-    assert parse_inf_ranks("") == ()
+    assert parse_ranks("1,3") == [1, 3]
+    assert parse_ranks("") == []
 
 
 def test_create_run_records_identity(store: Store) -> None:

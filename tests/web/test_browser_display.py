@@ -208,3 +208,52 @@ def test_the_runs_page_shows_when_each_run_started_and_ended_and_for_how_long(
     scrolled, shown = page.evaluate(wrap)
     assert scrolled <= shown, "every column in view at 1280 pixels"
     assert tab.unexpected_errors() == []
+
+
+# At the first frame the chart has drawn step ``n``: its last step, and what the cards and
+# the control panel say at that moment.
+PAGE_AT_STEP = """n => {
+    const x = (document.getElementById('chart').data || [])[6]?.x || [];
+    if (!x.length || x[x.length - 1] < n) return null;
+    const text = (selector) => document.querySelector(selector).textContent;
+    return {
+        chart: x[x.length - 1],
+        steps: text('[data-fact=steps]'),
+        scale: text('[data-fact=scale]'),
+        overflows: text('[data-fact=overflows]'),
+        skipped: text('[data-fact=skipped_rate]'),
+        in_effect: text('#control-state [data-state=scale]'),
+    };
+}"""
+
+
+def test_the_cards_show_the_step_the_chart_has_drawn(tab: Tab, served: Served) -> None:
+    """Seen live: the "Steps" card said 391 while the chart had drawn ~490 steps, and
+    "Current scale" said 2^16 while "Values in effect" said 2^15: the cards waited for the
+    next 2 s poll of the run while the chart and the panel took each streamed step."""
+    run = runs.create_run(served.store, name="cards", world_size=1, config={}, control={})
+    overflows = frozenset({30, 70, 110, 150})
+
+    def power(step: int) -> int:
+        return 10 + step // 20 - sum(o < step for o in overflows)
+
+    def write(steps: range) -> None:
+        runs.write_steps(served.store, run.id, _rising(steps, power, overflows))
+
+    write(range(1, 51))
+    open_run(tab, run.id)
+    tab.page.locator("[data-fact=steps]", has_text="50").wait_for()
+    for start, end in ((51, 80), (81, 120), (121, 160)):
+        write(range(start, end + 1))
+        seen = tab.page.wait_for_function(PAGE_AT_STEP, arg=end).json_value()
+        skipped = sum(o <= end for o in overflows)
+        assert seen == {
+            "chart": end,
+            "steps": str(end),
+            "scale": seen["in_effect"],
+            "overflows": str(skipped),
+            "skipped": f"{100 * skipped / end:.2f}%",
+            "in_effect": seen["in_effect"],
+        }
+        assert seen["scale"].endswith(f"(2^{power(end + 1)})"), seen
+    assert tab.unexpected_errors() == []

@@ -1,0 +1,48 @@
+// The run's figures as of the latest step the page has. The detail is polled every 2 s
+// while steps stream in as they are written, so the detail is moved on by the live steps
+// after it: the cards then say what the chart and the control panel say, at one step.
+
+export class LiveFacts {
+  constructor() {
+    this.detail = null; // the last /api/runs/{id} body
+    this.after = []; // live step rows after the detail's last step, oldest first
+    this.overflows = 0; // of the rows in ``after``
+    this.skipped = 0;
+  }
+
+  // A polled detail: the steps it already counts leave the live tail.
+  setDetail(run) {
+    if (this.detail && run.steps < this.detail.steps) return; // an older answer, overtaken
+    this.detail = run;
+    this.after = this.after.filter((row) => row.step > run.steps);
+    this.overflows = this.after.filter((row) => row.overflow).length;
+    this.skipped = this.after.filter((row) => row.skipped).length;
+  }
+
+  // A live step row; one already counted (the detail's, or a repeat after a reconnect) is dropped.
+  addStep(row) {
+    const last = this.after.length ? this.after[this.after.length - 1].step : this.detail ? this.detail.steps : -Infinity;
+    if (!(row.step > last)) return;
+    this.after.push(row);
+    if (row.overflow) this.overflows += 1;
+    if (row.skipped) this.skipped += 1;
+  }
+
+  // The detail's fields, with steps, scale, overflows and skipped_rate at the latest step.
+  current() {
+    const run = this.detail;
+    if (!run || !this.after.length) return run;
+    const latest = this.after[this.after.length - 1];
+    const recorded = run.recorded + this.after.length;
+    const skipped = run.skipped + this.skipped;
+    return {
+      ...run,
+      steps: latest.step,
+      scale: Number(latest.scale_after),
+      overflows: run.overflows + this.overflows,
+      recorded,
+      skipped,
+      skipped_rate: recorded ? skipped / recorded : 0,
+    };
+  }
+}

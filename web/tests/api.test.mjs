@@ -1,0 +1,45 @@
+// The API's paths and how a 422 body maps onto the control form's fields.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { ApiError, fieldErrors, paths } from "../api.js";
+
+test("paths are relative and escape the run id", () => {
+  assert.equal(paths.run("a/b c"), "api/runs/a%2Fb%20c");
+  assert.equal(paths.steps("r"), "api/runs/r/steps");
+  assert.equal(paths.steps("r", { start: 0, end: 10, maxPoints: 500 }), "api/runs/r/steps?start=0&end=10&max_points=500");
+  assert.equal(paths.overflows("r", null, 1000), "api/runs/r/overflows?limit=1000");
+  assert.equal(paths.overflows("r", 5, 10), "api/runs/r/overflows?limit=10&after=5");
+  assert.equal(paths.stream("r", 0), "api/runs/r/stream?after=0");
+  assert.equal(paths.stream("r"), "api/runs/r/stream");
+  assert.equal(paths.exportFile("r", "steps", "csv"), "api/runs/r/export?what=steps&format=csv");
+});
+
+test("ApiError's message is the detail when it is text", () => {
+  assert.equal(new ApiError(409, "run is finished").message, "run is finished");
+  assert.equal(new ApiError(422, [{ msg: "x" }]).message, "HTTP 422");
+});
+
+test("fieldErrors puts FastAPI's 422 items on their fields", () => {
+  const detail = [
+    { loc: ["body", "growth_factor"], msg: "must be > 1" },
+    { loc: ["body", "growth_factor"], msg: "must be finite" },
+    { loc: ["body", "scale"], msg: "must be > 0" },
+    { loc: ["body", "other"], msg: "extra field" },
+    { loc: ["body"], msg: "set at least one field" },
+    "plain text",
+  ];
+  const [byField, general] = fieldErrors(detail, ["growth_factor", "scale"]);
+  assert.deepEqual(byField, { growth_factor: "must be > 1; must be finite", scale: "must be > 0" });
+  assert.deepEqual(general, ["other: extra field", "set at least one field", "plain text"]);
+});
+
+test("fieldErrors of a text detail is one general message", () => {
+  assert.deepEqual(fieldErrors("run is finished", ["scale"]), [{}, ["run is finished"]]);
+  assert.deepEqual(fieldErrors(null, ["scale"]), [{}, []]);
+});
+
+test("fieldErrors of any other body shows it whole, on no field", () => {
+  // The service sends no such body; one from elsewhere is not read as per-field messages.
+  assert.deepEqual(fieldErrors({ scale: "bad" }, ["scale"]), [{}, ['{"scale":"bad"}']]);
+});

@@ -1,0 +1,93 @@
+// The chart's pure parts: axis ticks, the rolling skipped-step rate, buckets from live rows.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { RollingRate, extent, firstScale, powerTicks, stepAsBucket, thinLabels } from "../chart_figure.js";
+
+test("powerTicks ticks the log axis at powers of two", () => {
+  assert.deepEqual(powerTicks([2 ** 10, 2 ** 16]), {
+    "yaxis.tickmode": "array",
+    "yaxis.tickvals": [2 ** 10, 2 ** 11, 2 ** 12, 2 ** 13, 2 ** 14, 2 ** 15, 2 ** 16],
+    "yaxis.ticktext": [10, 11, 12, 13, 14, 15, 16].map((k) => `2<sup>${k}</sup>`),
+  });
+});
+
+test("powerTicks widens a single power to the ones either side", () => {
+  assert.deepEqual(powerTicks([65536, 65536])["yaxis.tickvals"], [2 ** 15, 2 ** 16, 2 ** 17]);
+  // Not a power itself: the two powers around it.
+  assert.deepEqual(powerTicks([3, 3])["yaxis.tickvals"], [2, 4]);
+});
+
+test("powerTicks keeps at most about 8 ticks on a wide range", () => {
+  const ticks = powerTicks([2 ** -20, 2 ** 40])["yaxis.tickvals"];
+  assert.ok(ticks.length <= 9, `${ticks.length} ticks`);
+  assert.deepEqual(ticks.slice(0, 2), [2 ** -16, 2 ** -8]);
+  assert.equal(ticks.at(-1), 2 ** 40);
+});
+
+test("powerTicks gives nothing for an empty or non-positive extent", () => {
+  assert.deepEqual(powerTicks([Infinity, -Infinity]), {});
+  assert.deepEqual(powerTicks([0, 8]), {});
+  assert.deepEqual(powerTicks([NaN, 8]), {});
+});
+
+test("RollingRate is the skipped share of the last window of steps", () => {
+  const rate = new RollingRate(10);
+  assert.equal(rate.push(4, 5, 1), 1 / 5);
+  assert.equal(rate.push(9, 5, 0), 1 / 10);
+  // Step 14 ends a window of steps 5..14: the bucket that ended at step 4 leaves it.
+  assert.equal(rate.push(14, 5, 5), 5 / 10);
+  assert.equal(rate.push(30, 1, 0), 0);
+});
+
+test("RollingRate keeps the last bucket even when it is wider than the window", () => {
+  const rate = new RollingRate(10);
+  rate.push(99, 100, 50);
+  assert.equal(rate.push(199, 100, 25), 0.25);
+});
+
+test("RollingRate of no steps is 0", () => {
+  assert.equal(new RollingRate(10).push(0, 0, 0), 0);
+});
+
+test("RollingRate gives the same rates after it compacts its entries", () => {
+  const rate = new RollingRate(3);
+  let last = 0;
+  for (let step = 0; step < 10_000; step += 1) last = rate.push(step, 1, step % 2);
+  assert.ok(rate.entries.length - rate.head <= 4100);
+  assert.equal(last, 2 / 3); // steps 9997..9999: two skipped
+});
+
+test("extent ignores non-positive values for the low end", () => {
+  assert.deepEqual(extent([0, 4, 2, -1, 8]), [2, 8]);
+  assert.deepEqual(extent([], [1, 2]), [1, 2]);
+  assert.deepEqual(extent([16], [2, 8]), [2, 16]);
+});
+
+test("stepAsBucket and firstScale: a live row is a one-step bucket", () => {
+  const bucket = stepAsBucket({ step: 7, scale: "65536", scale_after: 32768, growth_tracker: 0, skipped: true });
+  assert.deepEqual(bucket, {
+    first_step: 7,
+    last_step: 7,
+    n: 1,
+    scale_first: 65536,
+    scale_min: 32768,
+    scale_max: 65536,
+    scale_last: 32768,
+    tracker_min: 0,
+    tracker_max: 0,
+    tracker_last: 0,
+    skipped: 1,
+  });
+  assert.equal(firstScale(bucket), 65536);
+  // A one-step bucket from /steps has no scale_first: the scale it did not end with.
+  assert.equal(firstScale({ n: 1, scale_min: 2, scale_max: 4, scale_last: 2 }), 4);
+  assert.equal(firstScale({ n: 1, scale_min: 2, scale_max: 4, scale_last: 4 }), 2);
+  assert.equal(firstScale({ n: 5, scale_min: 2, scale_max: 4, scale_last: 4 }), 4);
+});
+
+test("thinLabels keeps labels at least `gap` pixels apart, inside the range", () => {
+  const markers = [0, 1, 2, 50, 100, 200].map((step) => ({ step }));
+  const kept = thinLabels(markers, [0, 100], 100, 36).map((m) => m.step);
+  assert.deepEqual(kept, [0, 50, 100]);
+});

@@ -1,0 +1,72 @@
+// The run's cards at the latest step: the polled detail moved on by the live steps.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { LiveFacts } from "../facts.js";
+
+const detail = (steps, extra = {}) => ({
+  name: "r",
+  steps,
+  scale: 1024,
+  overflows: 1,
+  recorded: steps,
+  skipped: 1,
+  skipped_rate: 1 / steps,
+  ...extra,
+});
+const row = (step, { overflow = false, scaleAfter = 2048 } = {}) => ({
+  step,
+  scale: 1024,
+  scale_after: scaleAfter,
+  overflow,
+  skipped: overflow,
+});
+
+test("live steps after the detail move its figures on to the latest step", () => {
+  const facts = new LiveFacts();
+  facts.setDetail(detail(10));
+  facts.addStep(row(11));
+  facts.addStep(row(12, { overflow: true, scaleAfter: 512 }));
+  assert.deepEqual(facts.current(), {
+    ...detail(10),
+    steps: 12,
+    scale: 512,
+    overflows: 2,
+    recorded: 12,
+    skipped: 2,
+    skipped_rate: 2 / 12,
+  });
+});
+
+test("a detail that caught up takes over; steps it counts are not counted twice", () => {
+  const facts = new LiveFacts();
+  facts.addStep(row(9)); // before any detail
+  facts.addStep(row(11, { overflow: true }));
+  facts.addStep(row(12));
+  facts.setDetail(detail(11, { overflows: 2, skipped: 2, skipped_rate: 2 / 11 }));
+  const now = facts.current();
+  assert.equal(now.steps, 12);
+  assert.equal(now.overflows, 2);
+  assert.equal(now.skipped_rate, 2 / 12);
+  facts.setDetail(detail(12, { overflows: 2, skipped: 2, skipped_rate: 2 / 12 }));
+  assert.deepEqual(facts.current(), detail(12, { overflows: 2, skipped: 2, skipped_rate: 2 / 12 }));
+});
+
+test("repeated and older steps, and an older detail, change nothing", () => {
+  const facts = new LiveFacts();
+  facts.setDetail(detail(10));
+  facts.addStep(row(11));
+  facts.addStep(row(11, { overflow: true }));
+  facts.addStep(row(5, { overflow: true }));
+  facts.setDetail(detail(8));
+  const now = facts.current();
+  assert.equal(now.steps, 11);
+  assert.equal(now.overflows, 1);
+  assert.equal(now.recorded, 11);
+});
+
+test("no detail yet: nothing to show", () => {
+  const facts = new LiveFacts();
+  facts.addStep(row(1));
+  assert.equal(facts.current(), null);
+});
