@@ -177,11 +177,7 @@ class Instrumented(Controlled):
             scale_set,
             outcomes,
         )
-        recorder = link.recorder
-        if recorder is None or recorder.closed:
-            link.submit(self, snapshot, self._init_scale, self._make_sink)
-        else:
-            recorder.submit(snapshot)
+        link.submit(self, snapshot, self._init_scale, self._make_sink)
         link.scale_host = None
 
     def _make_sink(self) -> Any:

@@ -133,6 +133,8 @@ def read_cpu(
     cpu tensors are plain memory: reading one is no sync, and a few ``item()`` calls cost
     the training thread less than copying into a row for the recorder to read.
     """
+    if found is not None and found.numel() != 1:  # several flags: the first, as on cuda
+        found = found.reshape(-1)[:1]
     values = [scale.item(), tracker.item(), 0.0 if found is None else found.item()]
     for flag in flags:
         values.extend(flag.tolist())

@@ -20,7 +20,7 @@ import torch
 
 from . import _payload
 from ._payload import overflowed_ranks
-from ._pinned import PinnedRing, PinnedRings, read_cpu
+from ._pinned import PinnedRing, PinnedRings
 from .stats import ScalerStats
 from .store.records import StepRecord
 
@@ -68,13 +68,11 @@ class StepSample:
 
 
 class Captured:
-    """Values of one step: [scale, growth tracker, found_inf, *payload words].
+    """Values of one cuda step: [scale, growth tracker, found_inf, *payload words], copied
+    asynchronously to a pinned row of ``rings``. (A cpu step's values are read at once:
+    ``_pinned.read_cpu``.)"""
 
-    On cuda they are copied asynchronously to a pinned row of ``rings``; cpu tensors are
-    plain memory, read at once (no device, so no sync).
-    """
-
-    __slots__ = ("_host", "_payloads", "_ring", "_row")
+    __slots__ = ("_payloads", "_ring", "_row")
 
     def __init__(
         self,
@@ -85,23 +83,17 @@ class Captured:
         rings: PinnedRings,
     ) -> None:
         self._payloads = len(flags)
-        self._ring: PinnedRing | None = None
-        self._row = 0
-        self._host: list[float] | None = None
-        if found is not None and found.numel() != 1:
-            found = found.reshape(-1)[:1]
-        if not scale.is_cuda:
-            self._host = read_cpu(scale, tracker, found, flags)
-            return
         if found is None:
             found = scale.new_zeros(1)
+        elif found.numel() != 1:
+            found = found.reshape(-1)[:1]
         parts = [scale.reshape(1), tracker.reshape(1), found.reshape(1), *flags]
         sizes = (1, 1, 1, *[flag.numel() for flag in flags])  # scale, tracker, found_inf first
+        self._ring: PinnedRing | None
         self._ring, self._row = rings.capture(parts, sizes)
 
     def discard(self) -> None:
         """Give the row back without reading it (the step was dropped)."""
-        self._host = None
         if self._ring is not None:
             self._ring.release(self._row)
             self._ring = None
@@ -112,11 +104,9 @@ class Captured:
 
     def read(self) -> tuple[float, int, float, list[list[float]]]:
         """(scale, growth tracker, found_inf, each optimizer's payload words)."""
-        values, self._host = self._host, None
-        if values is None:
-            assert self._ring is not None, "a step's values are read once"
-            values = self._ring.read(self._row)
-            self._ring = None
+        assert self._ring is not None, "a step's values are read once"
+        values = self._ring.read(self._row)
+        self._ring = None
         return _split(values, self._payloads)
 
 
