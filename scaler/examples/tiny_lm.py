@@ -172,6 +172,10 @@ def train(rank: int, args: argparse.Namespace, stop: Any, launcher: int) -> None
             scaler.update()
             if progress is not None and progress.due(step):
                 progress.show(step, loss.item(), scaler.get_scale())
+        scaler.close()
+        # Every rank's run written before any group goes: a rank that aborts in torch's
+        # gloo teardown (2.13, FSDP) makes the launcher end the others (README).
+        dist.barrier()
     finally:
         scaler.close()
         if progress is not None:
