@@ -129,7 +129,7 @@ from lightning.fabric.strategies import FSDPStrategy
 from scaler import ShardedGradScaler
 
 precision = FSDPPrecision("16-mixed")
-precision.scaler = ShardedGradScaler("cuda", init_scale=2.0**18, run_name="fabric-fsdp")
+precision.scaler = ShardedGradScaler("cuda", init_scale=2.0**24, run_name="fabric-fsdp")
 fabric = Fabric(accelerator="cuda", devices=1, strategy=FSDPStrategy(), plugins=[precision])
 fabric.launch()
 model = fabric.setup_module(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 1)))
