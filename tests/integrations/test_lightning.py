@@ -6,10 +6,12 @@ too, so the first steps overflow here as on a GPU. Its FSDP strategy needs CUDA.
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -118,9 +120,22 @@ def test_the_scaler_lightning_builds_is_ours_under_instrument(
     assert (run.name, run.status, run.steps, run.world_size) == ("unedited", "finished", 10, 1)
 
 
-# Lightning's FSDP runs on CUDA only. Its FSDPPrecision("16-mixed", scaler=...) raises in
-# 2.6 (it checks the precision before setting it, and would drop the scaler): set
-# ``precision.scaler`` instead, or let ``instrument`` stand ours in for the one it builds.
+@pytest.mark.parametrize("plugins", ["lightning.fabric.plugins", "lightning.pytorch.plugins"])
+def test_fsdp_precision_takes_our_scaler_only_afterwards_or_instrumented(plugins: str) -> None:
+    """Lightning 2.6's FSDPPrecision("16-mixed", scaler=...) raises for any scaler (it checks
+    the precision before it sets it), as the README says; ``precision.scaler = ...`` after
+    it, or ``instrument``, is the way in. Its FSDP needs CUDA: the training is below."""
+    fsdp_precision = importlib.import_module(plugins).FSDPPrecision
+    with pytest.raises(ValueError, match="does not use a scaler"):
+        fsdp_precision("16-mixed", scaler=scaler.ShardedGradScaler("cpu", telemetry=False))
+    with instrumented(), warnings.catch_warnings():
+        # It builds ShardedGradScaler() for "cuda", which torch's __init__ disables without one.
+        warnings.filterwarnings("ignore", "torch.cuda.amp.GradScaler is enabled, but CUDA")
+        built = fsdp_precision("16-mixed").scaler
+    assert isinstance(built, scaler.ShardedGradScaler)
+    built.close()
+
+
 FSDP_FABRIC = """
 import torch
 from lightning.fabric import Fabric
