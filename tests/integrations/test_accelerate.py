@@ -23,7 +23,7 @@ import scaler
 from tests.integrations._runs import INIT_SCALE, batches, the_run, tiny_model
 
 accelerate = pytest.importorskip(
-    "accelerate", reason="pip install -c constraints.txt '.[integrations]'"
+    "accelerate", reason="needs accelerate: pip install -c constraints.txt '.[integrations]'"
 )
 from accelerate.state import AcceleratorState  # noqa: E402
 

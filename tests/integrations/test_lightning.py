@@ -21,7 +21,9 @@ import torch
 import scaler
 from tests.integrations._runs import INIT_SCALE, batches, instrumented, the_run, tiny_model
 
-L = pytest.importorskip("lightning", reason="pip install -c constraints.txt '.[integrations]'")
+L = pytest.importorskip(
+    "lightning", reason="needs lightning: pip install -c constraints.txt '.[integrations]'"
+)
 from lightning.fabric.plugins import MixedPrecision as FabricMixedPrecision  # noqa: E402
 from lightning.pytorch.plugins import MixedPrecision  # noqa: E402
 

@@ -21,9 +21,9 @@ import torch
 import scaler
 from tests.integrations._runs import the_run
 
-transformers = pytest.importorskip(
-    "transformers", reason="pip install -c constraints.txt '.[integrations]'"
-)
+HOW = "pip install -c constraints.txt '.[integrations]'"
+transformers = pytest.importorskip("transformers", reason=f"needs transformers: {HOW}")
+pytest.importorskip("accelerate", reason=f"needs accelerate (the Trainer's): {HOW}")
 from accelerate.state import AcceleratorState  # noqa: E402
 
 STEPS = 20
