@@ -9,7 +9,7 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,integrations]'
 	touch $(STAMP)
 
 # The dashboard's pure functions first (Node's own runner, no packages): seconds, no browser.
