@@ -80,7 +80,7 @@ class AutopilotLoop:
             steps_since_change=steps.last_step - requests.changed_at_step,
             pending=requests.pending,
             changes_last_hour=requests.changes_since,
-            rate_before=row.rate_before,
+            helped_below=row.helped_below,
             misses=row.misses,
         )
         decision = decide(window, _control(run.control), _settings(row), memory)
@@ -93,7 +93,7 @@ class AutopilotLoop:
             row.run_id,
             decision=record,
             misses=decision.misses,
-            rate_before=decision.rate_before,
+            helped_below=decision.helped_below,
             gave_up=gave_up,
             now=now,
         )
@@ -104,7 +104,7 @@ class AutopilotLoop:
                 row.run_id,
                 decision=record,
                 misses=decision.misses,
-                rate_before=decision.rate_before,
+                helped_below=decision.helped_below,
                 now=now,
             )
         return decision

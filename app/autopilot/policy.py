@@ -46,8 +46,10 @@ __all__ = [
 AIM = 0.7
 # At most this factor on growth_interval in one raise.
 MAX_RAISE = 16
-# A raise helped when the skip rate after it is at most this share of the rate before it.
-HELPED = 0.8
+# A raise helped when the skip rate after it is at most this far from the rate before it
+# toward the rate it predicted (noise in a window of a few hundred steps moves a rate by a
+# quarter of itself).
+HELPED = 0.5
 # Raises in a row that did not help before the autopilot stops itself.
 GIVE_UP_AFTER = 2
 # The scale collapsed when it is this many halvings under the window's highest.
@@ -110,7 +112,8 @@ class Memory:
     steps_since_change: int  # since the last applied change of the run's control, any source
     pending: bool = False  # a request of its own not applied yet
     changes_last_hour: int = 0  # its requests of the last hour
-    rate_before: float | None = None  # the skip rate its last raise answered, until judged
+    # Under this skip rate its last raise counts as helping (None: no raise to judge).
+    helped_below: float | None = None
     misses: int = 0  # raises in a row that did not help
 
 
@@ -121,7 +124,7 @@ class Decision:
     reason: str
     values: dict[str, Any] = field(default_factory=dict)  # the control request; {} for none
     misses: int = 0
-    rate_before: float | None = None
+    helped_below: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -201,15 +204,15 @@ def _too_many_skips(
 ) -> Decision:
     target, rate, interval = settings.target_skip_rate, window.skip_rate, control.growth_interval
     misses = memory.misses
-    if memory.rate_before is not None:
-        misses = misses + 1 if rate > memory.rate_before * HELPED else 0
+    if memory.helped_below is not None:
+        misses = misses + 1 if rate > memory.helped_below else 0
         if misses >= GIVE_UP_AFTER:
             reason = (
                 f"{misses} raises of growth_interval in a row did not lower the skipped-step"
-                f" rate (before: {_pct(memory.rate_before)}, now: {_pct(rate)}; target"
-                f" {_pct(target)})"
+                f" rate enough (under {_pct(memory.helped_below)} expected, {_pct(rate)} now;"
+                f" target {_pct(target)})"
             )
-            return Decision(Action.GIVE_UP, "no_effect", reason, misses=misses, rate_before=rate)
+            return Decision(Action.GIVE_UP, "no_effect", reason, misses=misses)
     aim = AIM * target
     if window.streak_rate <= aim:
         reason = (
@@ -224,15 +227,15 @@ def _too_many_skips(
             f"skipped-step rate {_pct(rate)} above the target {_pct(target)} with"
             f" growth_interval at its upper bound {settings.max_growth_interval}"
         )
-        return Decision(Action.GIVE_UP, "at_bound", reason, misses=misses, rate_before=rate)
+        return Decision(Action.GIVE_UP, "at_bound", reason, misses=misses)
     # The smallest interval at which streaks begin at the aim; the overflows continuing a
     # streak pass (a ceiling that fell), so they are not aimed at.
     needed = math.ceil(window.streak_rate * (interval + 1) / aim) - 1
     new = min(max(needed, interval + 1), interval * MAX_RAISE, settings.max_growth_interval)
+    predicted = _predicted(window, interval, new)
     reason = (
         f"skipped-step rate {_pct(rate)} over {window.steps} steps, above the target"
-        f" {_pct(target)}: growth_interval {interval} -> {new}"
-        f" (predicted {_pct(_predicted(window, interval, new))})"
+        f" {_pct(target)}: growth_interval {interval} -> {new} (predicted {_pct(predicted)})"
     )
     return Decision(
         Action.RAISE,
@@ -240,7 +243,7 @@ def _too_many_skips(
         reason,
         {"growth_interval": new},
         misses=misses,
-        rate_before=rate,
+        helped_below=rate - HELPED * max(rate - predicted, 0.0),
     )
 
 
@@ -270,10 +273,10 @@ def _within_target(
 
 def _keep(action: Action, code: str, reason: str, memory: Memory) -> Decision:
     """A decision that leaves what the autopilot remembers as it is."""
-    return Decision(action, code, reason, misses=memory.misses, rate_before=memory.rate_before)
+    return Decision(action, code, reason, misses=memory.misses, helped_below=memory.helped_below)
 
 
 def _change(
     action: Action, code: str, reason: str, values: dict[str, Any], memory: Memory
 ) -> Decision:
-    return Decision(action, code, reason, values, misses=0, rate_before=None)
+    return Decision(action, code, reason, values, misses=0, helped_below=None)

@@ -34,7 +34,7 @@ def upgrade() -> None:
         sa.Column("cooldown_steps", sa.Integer(), nullable=False),
         sa.Column("max_changes_per_hour", sa.Integer(), nullable=False),
         sa.Column("misses", sa.Integer(), nullable=False),
-        sa.Column("rate_before", sa.Float(), nullable=True),
+        sa.Column("helped_below", sa.Float(), nullable=True),
         sa.Column("decision", sa.JSON(), nullable=True),
         sa.Column("reason", sa.Text(), nullable=True),
         sa.Column("updated_at", sa.Float(), nullable=False),

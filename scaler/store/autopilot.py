@@ -82,7 +82,7 @@ class AutopilotRow:
     cooldown_steps: int
     max_changes_per_hour: int
     misses: int
-    rate_before: float | None
+    helped_below: float | None
     decision: dict[str, Any] | None
     reason: str | None
     updated_at: float
@@ -161,7 +161,7 @@ def set_autopilot(
         if clean["enabled"] and status is not RunStatus.RUNNING:
             raise RunNotRunning(run_id, status)
         state = AutopilotState.WATCHING if clean["enabled"] else AutopilotState.OFF
-        row = {**clean, "state": state, "misses": 0, "rate_before": None, "reason": None}
+        row = {**clean, "state": state, "misses": 0, "helped_below": None, "reason": None}
         row["updated_at"] = now
         done = conn.execute(update(autopilots).where(autopilots.c.run_id == run_id).values(row))
         if done.rowcount == 0:
@@ -229,14 +229,14 @@ def save_decision(
     *,
     decision: Mapping[str, Any],
     misses: int,
-    rate_before: float | None,
+    helped_below: float | None,
     gave_up: str | None = None,
     now: float | None = None,
 ) -> bool:
     """Record the autopilot's decision; ``gave_up`` (a reason) stops it. Whether it was
     still on: a switch turned off meanwhile wins, and nothing is written."""
     values: dict[str, Any] = {"decision": dict(decision), "misses": misses}
-    values.update(rate_before=rate_before, updated_at=time.time() if now is None else now)
+    values.update(helped_below=helped_below, updated_at=time.time() if now is None else now)
     if gave_up is not None:
         values.update(state=AutopilotState.GAVE_UP, reason=gave_up)
     with store.write() as conn:
