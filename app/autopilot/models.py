@@ -6,7 +6,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.autopilot.policy import DEFAULT_FLOOR
 from app.models import StrictFloat, StrictInt
+from scaler.store.autopilot import (
+    DEFAULT_COOLDOWN_STEPS,
+    DEFAULT_MAX_CHANGES_PER_HOUR,
+    DEFAULT_MAX_GROWTH_INTERVAL,
+)
 from scaler.store.states import AutopilotState
 
 __all__ = ["AutopilotIn", "AutopilotOut"]
@@ -15,11 +21,9 @@ __all__ = ["AutopilotIn", "AutopilotOut"]
 class AutopilotIn(BaseModel):
     """The autopilot of a run: on or off, the skipped-step rate to keep, and its bounds.
 
-    Left out: ``min_growth_interval`` is the run's growth_interval now, ``max_growth_interval``
-    100000, no ``min_scale`` (a collapse sets a floor of 1), ``cooldown_steps`` 500,
-    ``max_changes_per_hour`` 6. The store checks every value (a 422 names the field): each
-    interval as growth_interval's rule, min <= max, ``min_scale`` as the control's and not
-    above the run's max_scale."""
+    The store checks every value (a 422 names the field): each interval as
+    growth_interval's rule, min <= max, ``min_scale`` as the control's and not above the
+    run's max_scale."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -27,12 +31,22 @@ class AutopilotIn(BaseModel):
     )
 
     enabled: bool = Field(strict=True)
-    target_skip_rate: StrictFloat = Field(gt=0, lt=1)
-    min_growth_interval: StrictInt | StrictFloat | None = None
-    max_growth_interval: StrictInt | StrictFloat | None = None
-    min_scale: StrictFloat | None = None
-    cooldown_steps: StrictInt | StrictFloat | None = None
-    max_changes_per_hour: StrictInt | StrictFloat | None = None
+    target_skip_rate: StrictFloat = Field(gt=0, lt=1, description="e.g. 0.01: 1% of steps")
+    min_growth_interval: StrictInt | StrictFloat | None = Field(
+        default=None, description="default: the run's growth_interval when turned on"
+    )
+    max_growth_interval: StrictInt | StrictFloat | None = Field(
+        default=None, description=f"default {DEFAULT_MAX_GROWTH_INTERVAL}"
+    )
+    min_scale: StrictFloat | None = Field(
+        default=None, description=f"the floor a collapse sets; default {DEFAULT_FLOOR}"
+    )
+    cooldown_steps: StrictInt | StrictFloat | None = Field(
+        default=None, description=f"steps between changes; default {DEFAULT_COOLDOWN_STEPS}"
+    )
+    max_changes_per_hour: StrictInt | StrictFloat | None = Field(
+        default=None, description=f"default {DEFAULT_MAX_CHANGES_PER_HOUR}"
+    )
 
 
 class AutopilotOut(BaseModel):

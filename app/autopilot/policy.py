@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from scaler.store.autopilot import DEFAULT_COOLDOWN_STEPS, DEFAULT_MAX_CHANGES_PER_HOUR
+
 __all__ = [
     "AIM",
     "COLLAPSE_HALVINGS",
@@ -101,8 +103,8 @@ class Settings:
     min_growth_interval: int
     max_growth_interval: int
     min_scale: float | None = None
-    cooldown_steps: int = 500
-    max_changes_per_hour: int = 6
+    cooldown_steps: int = DEFAULT_COOLDOWN_STEPS
+    max_changes_per_hour: int = DEFAULT_MAX_CHANGES_PER_HOUR
 
 
 @dataclass(frozen=True, slots=True)

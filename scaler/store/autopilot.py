@@ -178,7 +178,11 @@ def disable_autopilot(
         conn.execute(
             update(autopilots)
             .where(autopilots.c.run_id == run_id)
-            .values(enabled=False, state=AutopilotState.OFF, updated_at=now or time.time())
+            .values(
+                enabled=False,
+                state=AutopilotState.OFF,
+                updated_at=time.time() if now is None else now,
+            )
         )
         return _find(conn, run_id)
 
