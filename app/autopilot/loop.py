@@ -21,14 +21,13 @@ from scaler.store.autopilot import (
     AutopilotRow,
     RunFacts,
     enabled_autopilots,
-    request_summary,
     save_decision,
-    step_summary,
 )
 from scaler.store.control import request_control
 from scaler.store.engine import Store
-from scaler.store.errors import ControlValidationError, RunNotRunning
+from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning
 from scaler.store.states import RequestSource, RunStatus
+from scaler.store.summaries import request_summary, step_summary
 
 __all__ = ["REFRESH_S", "REQUESTED_BY", "WINDOW_COOLDOWNS", "AutopilotLoop", "run_loop"]
 
@@ -119,7 +118,7 @@ class AutopilotLoop:
                 source=RequestSource.AUTOPILOT,
                 reason=decision.reason,
             )
-        except (ControlValidationError, RunNotRunning) as error:
+        except (ControlValidationError, RunNotFound, RunNotRunning) as error:
             record["refused"] = str(error)
             return None
         return request.id

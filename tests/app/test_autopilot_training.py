@@ -13,10 +13,10 @@ from pydantic import SecretStr
 
 from app.main import create_app
 from app.settings import Settings
-from scaler.store.autopilot import request_summary, step_summary
 from scaler.store.control import control_history, control_state
 from scaler.store.engine import Store
 from scaler.store.states import RequestSource, RequestStatus
+from scaler.store.summaries import request_summary, step_summary
 from tests.app._ceiling import CeilingTrainer
 from tests.app.conftest import LOCAL, TOKEN, auth
 

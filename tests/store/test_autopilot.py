@@ -9,15 +9,14 @@ from scaler.store.autopilot import (
     disable_autopilot,
     enabled_autopilots,
     get_autopilot,
-    request_summary,
     save_decision,
     set_autopilot,
-    step_summary,
 )
 from scaler.store.control import mark_applied, request_control
 from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning
 from scaler.store.runs import end_run, write_steps
 from scaler.store.states import AutopilotState, RequestSource, RunStatus
+from scaler.store.summaries import request_summary, step_summary
 from tests.app._histories import Simulated, above, window
 
 from .conftest import CONTROL
