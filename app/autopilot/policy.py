@@ -146,15 +146,25 @@ def decide(window: Window, control: Control, settings: Settings, memory: Memory)
     held = _hold(window, settings, memory)
     if held is not None:
         return held
-    target = settings.target_skip_rate
+    decision = _judge(window, control, settings, memory)
+    if decision.values and memory.changes_last_hour >= settings.max_changes_per_hour:
+        reason = (
+            f"{memory.changes_last_hour} changes in the last hour, the most it makes: not"
+            f" now: {decision.reason}"
+        )
+        return _keep(Action.HOLD, "hourly_limit", reason, memory)
+    return decision
+
+
+def _judge(window: Window, control: Control, settings: Settings, memory: Memory) -> Decision:
     if _collapsed(window) and _floor_missing(control, settings):
         floor = _floor(settings)
         reason = (
             f"the scale collapsed to {window.scale_now:g} from {window.scale_max:g} within"
             f" {window.steps} steps: min_scale floor set to {floor:g}"
         )
-        return _change(Action.FLOOR, "collapse", reason, {"min_scale": floor}, memory)
-    if window.skip_rate > target:
+        return _change(Action.FLOOR, "collapse", reason, {"min_scale": floor})
+    if window.skip_rate > settings.target_skip_rate:
         return _too_many_skips(window, control, settings, memory)
     return _within_target(window, control, settings, memory)
 
@@ -173,9 +183,6 @@ def _hold(window: Window, settings: Settings, memory: Memory) -> Decision | None
             f" {settings.cooldown_steps} between changes"
         )
         return keep("cooldown", reason)
-    if memory.changes_last_hour >= settings.max_changes_per_hour:
-        reason = f"{memory.changes_last_hour} changes in the last hour: the most it makes"
-        return keep("hourly_limit", reason)
     return None
 
 
@@ -265,7 +272,7 @@ def _within_target(
                 else f"skipped-step rate {_pct(rate)}, predicted {_pct(predicted)} at {new}"
             )
             reason = f"the scale has been stable ({why}): growth_interval {interval} -> {new}"
-            return _change(Action.LOWER, "stable", reason, {"growth_interval": new}, memory)
+            return _change(Action.LOWER, "stable", reason, {"growth_interval": new})
     reason = (
         f"skipped-step rate {_pct(rate)} over {window.steps} steps, within the target"
         f" {_pct(target)}"
@@ -278,7 +285,6 @@ def _keep(action: Action, code: str, reason: str, memory: Memory) -> Decision:
     return Decision(action, code, reason, misses=memory.misses, helped_below=memory.helped_below)
 
 
-def _change(
-    action: Action, code: str, reason: str, values: dict[str, Any], memory: Memory
-) -> Decision:
+def _change(action: Action, code: str, reason: str, values: dict[str, Any]) -> Decision:
+    """A change other than a raise: there is no raise to judge after it."""
     return Decision(action, code, reason, values, misses=0, helped_below=None)
