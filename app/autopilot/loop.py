@@ -152,10 +152,17 @@ def _settings(row: AutopilotRow) -> Settings:
 
 async def run_loop(loop: AutopilotLoop, interval_s: float) -> None:
     """Tick every ``interval_s`` until cancelled; a failing tick (the store unavailable for
-    a while) is logged, and the next one tries again."""
+    a while) is logged, once until one succeeds again, and the next one tries again."""
+    failing = False
     while True:
         try:
             await anyio.to_thread.run_sync(loop.tick)
         except Exception:
-            log.exception("scalewatch: the autopilot's evaluation failed; it tries again")
+            if not failing:
+                log.exception("scalewatch: the autopilot's evaluation failed; it tries again")
+            failing = True
+        else:
+            if failing:
+                log.warning("scalewatch: the autopilot evaluates runs again")
+            failing = False
         await anyio.sleep(interval_s)

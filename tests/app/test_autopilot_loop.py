@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
+import pytest
 from fastapi.testclient import TestClient
 
-from app.autopilot import AutopilotLoop
+from app.autopilot import AutopilotLoop, run_loop
 from scaler.store.autopilot import get_autopilot, set_autopilot
 from scaler.store.control import control_history
 from scaler.store.engine import Store
@@ -67,3 +71,30 @@ def test_a_run_that_ended_is_left_alone(store: Store) -> None:
     AutopilotLoop(store).tick()
     row = get_autopilot(store, run)
     assert row is not None and row.decision is None and control_history(store, run) == []
+
+
+def test_a_failing_store_is_logged_once_until_it_works_again(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Flaky(AutopilotLoop):
+        failures = 3
+
+        def tick(self) -> None:
+            if self.failures:
+                self.failures -= 1
+                raise OSError("disk I/O error")
+            super().tick()
+            if self.ticks == 2:
+                raise asyncio.CancelledError  # ends the loop, as the lifespan's end does
+
+    async def main() -> None:
+        with pytest.raises(asyncio.CancelledError):
+            await run_loop(Flaky(store), 0.001)
+
+    with caplog.at_level(logging.WARNING, logger="scaler.autopilot"):
+        asyncio.run(main())
+    messages = [record.getMessage() for record in caplog.records]
+    assert messages == [
+        "scalewatch: the autopilot's evaluation failed; it tries again",
+        "scalewatch: the autopilot evaluates runs again",
+    ]
