@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 import anyio
 from fastapi import FastAPI
 
+from app.autopilot import AutopilotLoop, run_loop
 from app.dashboard import mount_dashboard
 from app.docs import install_docs
 from app.errors import install_error_handlers
@@ -43,8 +44,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.store = store
         app.state.metrics = metrics_registry(store)
         app.state.chart_limiter = anyio.CapacityLimiter(CHART_THREADS)
+        app.state.autopilot = AutopilotLoop(store)
         try:
-            yield
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(run_loop, app.state.autopilot, settings.autopilot_interval_s)
+                yield
+                tasks.cancel_scope.cancel()
         finally:
             store.close()
 

@@ -34,6 +34,8 @@ class Settings(BaseSettings):
     # Seconds between two polls of the store by a live stream, and between keep-alives.
     stream_poll_s: float = Field(default=0.05, gt=0)
     stream_keepalive_s: float = Field(default=15.0, gt=0)
+    # Seconds between two evaluations of the runs whose autopilot is on.
+    autopilot_interval_s: float = Field(default=2.0, gt=0)
 
     @field_validator("db")
     @classmethod

@@ -24,18 +24,21 @@ export async function getJSON(url, { signal } = {}) {
   return response.json();
 }
 
-export async function postJSON(url, body, token) {
+// A write with the bearer token: POST and PUT send ``body`` as JSON; DELETE sends none.
+export async function sendJSON(method, url, body, token) {
+  const headers = { Accept: "application/json", Authorization: `Bearer ${token}` };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
   const response = await fetch(url, {
-    method: "POST",
-    headers: {
-      Accept: "application/json",
-      "Content-Type": "application/json",
-      Authorization: `Bearer ${token}`,
-    },
-    body: JSON.stringify(body),
+    method,
+    headers,
+    body: body === undefined ? undefined : JSON.stringify(body),
   });
   if (!response.ok) throw new ApiError(response.status, await readDetail(response));
   return response.json();
+}
+
+export function postJSON(url, body, token) {
+  return sendJSON("POST", url, body, token);
 }
 
 const enc = encodeURIComponent;
@@ -59,6 +62,7 @@ export const paths = {
   stream: (id, after) =>
     `api/runs/${enc(id)}/stream${after === undefined || after === null ? "" : `?after=${enc(after)}`}`,
   control: (id) => `api/runs/${enc(id)}/control`,
+  autopilot: (id) => `api/runs/${enc(id)}/autopilot`,
   exportFile: (id, what, format) =>
     `api/runs/${enc(id)}/export?what=${enc(what)}&format=${enc(format)}`,
 };

@@ -39,11 +39,19 @@ function storeToken(token) {
   }
 }
 
+// A change on the chart says who made it when the autopilot did, and why.
+export function markerLabel(row) {
+  const values = formatValues(row.values);
+  return row.source === "autopilot" ? `${values} (autopilot: ${row.reason || "no reason"})` : values;
+}
+
 export class ControlPanel {
-  constructor(runId, { onMarkers, onError } = {}) {
+  constructor(runId, { onMarkers, onError, onChange, onStatus } = {}) {
     this.runId = runId;
     this.onMarkers = onMarkers || (() => {});
     this.onError = onError || (() => {});
+    this.onChange = onChange || (() => {});
+    this.onStatus = onStatus || (() => {});
     this.history = new Map();
     this.state = {};
     this.pollTimer = null;
@@ -108,6 +116,26 @@ export class ControlPanel {
     this.submitButton.disabled = !this.open;
     this.closedNote.hidden = this.open;
     setText(this.closedNote, this.open ? "" : `This run is ${status}: it takes no changes.`);
+    this.onStatus(status);
+  }
+
+  // The token to send a write with (the one kept, else the one typed); "" after asking
+  // for it. The autopilot's switch sends its writes with it too.
+  tokenToSend() {
+    const token = storedToken() || this.tokenInput.value.trim();
+    if (!token) {
+      this.updateTokenUi("Enter the access token to send changes.");
+      this.tokenInput.focus();
+    }
+    return token;
+  }
+
+  // A token the server refused: forgotten, and asked for again.
+  refuseToken() {
+    storeToken("");
+    this.tokenInput.value = "";
+    this.updateTokenUi("The token was refused. Enter it again.");
+    this.tokenInput.focus();
   }
 
   // A token the server accepted: kept for the browser session, the token box hidden.
@@ -144,6 +172,7 @@ export class ControlPanel {
     this.history.set(row.id, { ...(this.history.get(row.id) || {}), ...row });
     this.renderHistory();
     if (row.status === "applied") this.refresh().catch((error) => this.onError(error));
+    this.onChange(row);
   }
 
   // A step from the run's stream: the scale in effect moves every step.
@@ -204,7 +233,7 @@ export class ControlPanel {
       rows
         .filter((row) => row.status === "applied" && row.applied_step !== null && row.applied_step !== undefined)
         .sort((a, b) => a.id - b.id)
-        .map((row) => ({ id: row.id, step: row.applied_step, label: formatValues(row.values) })),
+        .map((row) => ({ id: row.id, step: row.applied_step, label: markerLabel(row) })),
     );
     clearTimeout(this.pollTimer);
     if (rows.some((row) => row.status === "pending")) {
@@ -256,13 +285,8 @@ export class ControlPanel {
       showAlert(this.formError, "Fill in at least one field to change.");
       return;
     }
-    const typed = this.tokenInput.value.trim();
-    const token = storedToken() || typed;
-    if (!token) {
-      this.updateTokenUi("Enter the access token to send changes.");
-      this.tokenInput.focus();
-      return;
-    }
+    const token = this.tokenToSend();
+    if (!token) return;
     this.submitButton.disabled = true;
     try {
       const row = await postJSON(paths.control(this.runId), values, token);
@@ -287,10 +311,7 @@ export class ControlPanel {
       return;
     }
     if (error.status === 401 || error.status === 403) {
-      storeToken("");
-      this.tokenInput.value = "";
-      this.updateTokenUi("The token was refused. Enter it again.");
-      this.tokenInput.focus();
+      this.refuseToken();
     } else if (error.status === 409) {
       showAlert(this.formError, "This run is not running, so it cannot take changes.");
     } else if (error.status === 404) {

@@ -2,6 +2,7 @@
 
 import { ApiError, getJSON, paths } from "./api.js";
 import { RunChart } from "./chart.js";
+import { AutopilotPanel } from "./autopilot.js";
 import { ControlPanel } from "./control.js";
 import { LiveFacts } from "./facts.js";
 import {
@@ -162,13 +163,18 @@ async function main() {
       setText(info, `${range} · ${bucketWidth === 1 ? "every step" : `buckets of ${bucketWidth} steps`}`);
     },
   });
+  let autopilot = null;
   const panel = new ControlPanel(runId, {
     onMarkers: (markers) => chart.setMarkers(markers),
     onError: reportError,
+    onStatus: (status) => autopilot && autopilot.setRunStatus(status),
+    // A change (the autopilot's, say) can come with a new decision.
+    onChange: () => autopilot && autopilot.refresh().catch(reportError),
   });
+  autopilot = new AutopilotPanel(runId, panel, { onError: reportError });
   pollDetail(panel);
   try {
-    await Promise.all([chart.start(), panel.refresh()]);
+    await Promise.all([chart.start(), panel.refresh(), autopilot.refresh()]);
   } finally {
     // From the last step the chart drew: a stream opened before would start after the
     // last step when the server took it, and miss the steps written in between.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from app.autopilot import routes as autopilot
 from app.models import ErrorMessage
 from app.routes import control, export, metrics, runs, stream
 
@@ -14,5 +15,5 @@ STORE_UNAVAILABLE: dict[int | str, dict[str, object]] = {
 }
 
 router = APIRouter()
-for module in (runs, control, export, stream, metrics):
+for module in (runs, control, autopilot, export, stream, metrics):
     router.include_router(module.router, responses=STORE_UNAVAILABLE)

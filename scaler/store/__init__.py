@@ -1,7 +1,8 @@
 """The scalewatch store: SQLite through SQLAlchemy, schema through Alembic.
 
 The trainer writes runs and steps (:mod:`scaler.store.runs`); the service reads them
-(:mod:`scaler.store.queries`) and writes control requests (:mod:`scaler.store.control`).
+(:mod:`scaler.store.queries`) and writes control requests (:mod:`scaler.store.control`)
+and the autopilot's state (:mod:`scaler.store.autopilot`).
 """
 
 from __future__ import annotations

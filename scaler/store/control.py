@@ -83,8 +83,10 @@ def request_control(
     *,
     requested_by: str,
     source: RequestSource = RequestSource.API,
+    reason: str | None = None,
 ) -> ControlRequestRow:
-    """Validate ``values`` and store them as a pending request of the running run ``run_id``.
+    """Validate ``values`` and store them as a pending request of the running run ``run_id``;
+    ``reason`` (the autopilot's why) goes in the audit trail, until a rejection's replaces it.
 
     Raises :class:`RunNotFound`, :class:`RunNotRunning` or :class:`ControlValidationError`;
     nothing is written then.
@@ -107,6 +109,7 @@ def request_control(
                 requested_by=requested_by,
                 requested_at=now,
                 status=RequestStatus.PENDING,
+                reason=reason,
             )
         )
         key = result.inserted_primary_key

@@ -110,7 +110,7 @@ control_requests = Table(
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
     Column("values", JSON, nullable=False),  # the fields requested, e.g. {"growth_interval": 500}
-    Column("source", String(16), nullable=False),  # api | cli | code
+    Column("source", String(16), nullable=False),  # api | cli | code | autopilot
     Column("requested_by", String(200), nullable=False),
     Column("requested_at", Float, nullable=False),
     Column("status", String(16), nullable=False),  # pending | applied | rejected
@@ -130,4 +130,25 @@ telemetry_gaps = Table(
     Column("dropped", Integer, nullable=False),
     Column("recorded_at", Float, nullable=False),
     Column("reason", Text, nullable=False),
+)
+
+# One row per run whose autopilot was ever set (app/autopilot): its settings, its state,
+# and what it remembers between evaluations.
+autopilots = Table(
+    "autopilots",
+    metadata,
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+    Column("enabled", Boolean, nullable=False),
+    Column("state", String(16), nullable=False),  # off | watching | gave_up
+    Column("target_skip_rate", Float, nullable=False),
+    Column("min_growth_interval", Integer, nullable=False),
+    Column("max_growth_interval", Integer, nullable=False),
+    Column("min_scale", Float, nullable=True),
+    Column("cooldown_steps", Integer, nullable=False),
+    Column("max_changes_per_hour", Integer, nullable=False),
+    Column("misses", Integer, nullable=False),  # raises in a row that did not help
+    Column("helped_below", Float, nullable=True),  # skip rate its last raise must get under
+    Column("decision", JSON, nullable=True),  # the last one: action, reason, values, step
+    Column("reason", Text, nullable=True),  # why it gave up
+    Column("updated_at", Float, nullable=False),
 )

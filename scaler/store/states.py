@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["RequestSource", "RequestStatus", "RunStatus"]
+__all__ = ["AutopilotState", "RequestSource", "RequestStatus", "RunStatus"]
 
 
 class RunStatus(StrEnum):
@@ -30,3 +30,10 @@ class RequestSource(StrEnum):
     API = "api"
     CLI = "cli"
     CODE = "code"  # a setter called by the training script, recorded as applied
+    AUTOPILOT = "autopilot"  # the service's autopilot (app/autopilot)
+
+
+class AutopilotState(StrEnum):
+    OFF = "off"
+    WATCHING = "watching"  # enabled: evaluates the run, changes it when its policy says
+    GAVE_UP = "gave_up"  # enabled, but stopped itself: its changes did not help

@@ -12,8 +12,11 @@ from pydantic import SecretStr
 from app.cli import main
 from app.main import create_app
 from app.settings import Settings
+from scaler.store.control import control_history
 from scaler.store.engine import Store, open_store
+from tests.app._ceiling import CeilingTrainer
 from tests.app.conftest import LOCAL, TOKEN, TestClient, add_run, auth, simulate
+from tests.app.test_autopilot_training import enable, settled
 from tests.app.test_export import GOLDEN_CSV, ROWS
 
 pytestmark = pytest.mark.postgres
@@ -99,3 +102,24 @@ def test_a_wrong_server_is_one_line_without_the_password(
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1
     assert "no_such_database" in err and PASSWORD not in err
+
+
+def test_the_autopilot_settles_a_real_run_on_postgresql(
+    pg_url: str, pg_store: Store, tmp_path: Path
+) -> None:
+    settings = Settings(
+        db=pg_url, token=SecretStr(TOKEN), token_file=tmp_path / "t", autopilot_interval_s=0.02
+    )
+    trainer = CeilingTrainer(pg_url, ceiling=2.0**10, growth_interval=20)
+    try:
+        with TestClient(create_app(settings), base_url=LOCAL) as client:
+            trainer.run_until(lambda: trainer.scaler.run_id is not None, timeout_s=30, what="run")
+            enable(client, trainer.run_id)
+            trainer.run_until(
+                lambda: settled(pg_store, trainer.run_id), timeout_s=60, what="settled"
+            )
+            history = control_history(pg_store, trainer.run_id)
+            assert history and all(row.requested_by == "autopilot" for row in history)
+            assert client.get(f"/api/runs/{trainer.run_id}/autopilot").json()["decision"]
+    finally:
+        trainer.close()

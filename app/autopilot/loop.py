@@ -1,0 +1,168 @@
+"""The service's autopilot loop: every few seconds, each run whose autopilot is on is
+evaluated by the policy, and a change it decides on is filed as an ordinary control
+request (``source`` and ``requested_by`` "autopilot", the reason in the audit trail).
+
+A tick costs one query for the runs, and for each run with new steps two small ones (its
+requests, an aggregate over at most ``WINDOW_COOLDOWNS`` cooldowns of steps); a run with
+no new step since the last tick costs nothing more.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from app.autopilot.policy import Action, Control, Decision, Memory, Settings, Window, decide
+from scaler.store.autopilot import (
+    AutopilotRow,
+    RunFacts,
+    enabled_autopilots,
+    save_decision,
+)
+from scaler.store.control import request_control
+from scaler.store.engine import Store
+from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning
+from scaler.store.states import RequestSource, RunStatus
+from scaler.store.summaries import request_summary, step_summary
+
+__all__ = ["REFRESH_S", "REQUESTED_BY", "WINDOW_COOLDOWNS", "AutopilotLoop", "run_loop"]
+
+REQUESTED_BY = "autopilot"
+# The skip rate is judged over at most this many cooldowns of steps since the last change.
+WINDOW_COOLDOWNS = 4
+# A hold of the same reason is written again after this many seconds, so that GET shows
+# figures this recent; a new reason is written at once.
+REFRESH_S = 5.0
+
+log = logging.getLogger("scaler.autopilot")
+
+
+class AutopilotLoop:
+    """Evaluates the store's enabled autopilots, one :meth:`tick` at a time."""
+
+    def __init__(self, store: Store, *, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.clock = clock
+        self.ticks = 0  # ticks done: tests wait on it
+        self._seen: dict[int, int] = {}  # run id -> the last step evaluated
+
+    def tick(self) -> None:
+        now = self.clock()
+        for row, run in enabled_autopilots(self.store, now=now):
+            if run.status is not RunStatus.RUNNING or self._seen.get(row.run_id) == run.last_step:
+                continue
+            self._seen[row.run_id] = run.last_step
+            self.evaluate(row, run, now)
+        self.ticks += 1
+
+    def evaluate(self, row: AutopilotRow, run: RunFacts, now: float) -> Decision | None:
+        """Decide for one run, file the change if any, record the decision."""
+        requests = request_summary(self.store, row.run_id, since=now - 3600.0)
+        start = max(requests.changed_at_step, run.last_step - WINDOW_COOLDOWNS * row.cooldown_steps)
+        steps = step_summary(self.store, row.run_id, after=start)
+        if steps is None:
+            return None
+        last_overflow = steps.last_overflow
+        window = Window(
+            steps=steps.steps,
+            skipped=steps.skipped,
+            streaks=steps.streaks,
+            overflow_free=steps.steps if last_overflow is None else steps.last_step - last_overflow,
+            scale_max=steps.scale_max,
+            scale_now=steps.scale_now,
+        )
+        memory = Memory(
+            steps_since_change=steps.last_step - requests.changed_at_step,
+            pending=requests.pending,
+            changes_last_hour=requests.changes_since,
+            helped_below=row.helped_below,
+            misses=row.misses,
+        )
+        decision = decide(window, _control(run.control), _settings(row), memory)
+        record = {**decision.to_dict(), "step": steps.last_step, "at": now, "request_id": None}
+        if not decision.values and not self._worth_writing(row, decision, now):
+            return decision
+        gave_up = decision.reason if decision.action is Action.GIVE_UP else None
+        saved = save_decision(
+            self.store,
+            row.run_id,
+            decision=record,
+            misses=decision.misses,
+            helped_below=decision.helped_below,
+            gave_up=gave_up,
+            now=now,
+        )
+        if saved and decision.values:
+            record["request_id"] = self._file(row.run_id, decision, record)
+            save_decision(
+                self.store,
+                row.run_id,
+                decision=record,
+                misses=decision.misses,
+                helped_below=decision.helped_below,
+                now=now,
+            )
+        return decision
+
+    def _file(self, run_id: int, decision: Decision, record: dict[str, Any]) -> int | None:
+        try:
+            request = request_control(
+                self.store,
+                run_id,
+                decision.values,
+                requested_by=REQUESTED_BY,
+                source=RequestSource.AUTOPILOT,
+                reason=decision.reason,
+            )
+        except (ControlValidationError, RunNotFound, RunNotRunning) as error:
+            record["refused"] = str(error)
+            return None
+        return request.id
+
+    @staticmethod
+    def _worth_writing(row: AutopilotRow, decision: Decision, now: float) -> bool:
+        last = row.decision or {}
+        if last.get("code") != decision.code or row.misses != decision.misses:
+            return True
+        return bool(now - float(last.get("at", 0.0)) >= REFRESH_S)
+
+
+def _control(control: dict[str, Any]) -> Control:
+    return Control(
+        growth_interval=int(control.get("growth_interval") or 1),
+        min_scale=control.get("min_scale"),
+        max_scale=control.get("max_scale"),
+    )
+
+
+def _settings(row: AutopilotRow) -> Settings:
+    return Settings(
+        target_skip_rate=row.target_skip_rate,
+        min_growth_interval=row.min_growth_interval,
+        max_growth_interval=row.max_growth_interval,
+        min_scale=row.min_scale,
+        cooldown_steps=row.cooldown_steps,
+        max_changes_per_hour=row.max_changes_per_hour,
+    )
+
+
+async def run_loop(loop: AutopilotLoop, interval_s: float) -> None:
+    """Tick every ``interval_s`` until cancelled; a failing tick (the store unavailable for
+    a while) is logged, once until one succeeds again, and the next one tries again."""
+    failing = False
+    while True:
+        try:
+            await anyio.to_thread.run_sync(loop.tick)
+        except Exception:
+            if not failing:
+                log.exception("scalewatch: the autopilot's evaluation failed; it tries again")
+            failing = True
+        else:
+            if failing:
+                log.warning("scalewatch: the autopilot evaluates runs again")
+            failing = False
+        await anyio.sleep(interval_s)

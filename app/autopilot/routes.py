@@ -1,0 +1,49 @@
+"""A run's autopilot: its state and last decision; turning it on (PUT) and off (DELETE)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from app.autopilot.models import AutopilotIn, AutopilotOut
+from app.deps import StoreDep, TokenDep
+from app.models import ErrorMessage
+from app.routes.runs import NOT_FOUND, RunId
+from scaler.store.autopilot import AutopilotRow, disable_autopilot, get_autopilot, set_autopilot
+from scaler.store.states import AutopilotState
+
+router = APIRouter(prefix="/api/runs", tags=["autopilot"])
+
+_WRITE: dict[int | str, dict[str, object]] = {
+    401: {"model": ErrorMessage, "description": "missing or wrong bearer token"},
+    404: {"model": ErrorMessage, "description": "no such run"},
+}
+
+
+def _out(run_id: int, row: AutopilotRow | None) -> AutopilotOut:
+    if row is None:
+        return AutopilotOut(run_id=run_id, enabled=False, state=AutopilotState.OFF)
+    return AutopilotOut.model_validate(row, from_attributes=True)
+
+
+@router.get("/{run}/autopilot", responses=NOT_FOUND)
+def get_run_autopilot(store: StoreDep, run: RunId) -> AutopilotOut:
+    """Whether the run's autopilot is on, its settings, its state and its last decision."""
+    return _out(run, get_autopilot(store, run))
+
+
+@router.put(
+    "/{run}/autopilot",
+    responses={**_WRITE, 409: {"model": ErrorMessage, "description": "the run is not running"}},
+)
+def put_run_autopilot(
+    store: StoreDep, _token: TokenDep, run: RunId, body: AutopilotIn
+) -> AutopilotOut:
+    """Turn the autopilot on (again, after it gave up) or off, with these settings."""
+    return _out(run, set_autopilot(store, run, body.model_dump(exclude_none=True)))
+
+
+@router.delete("/{run}/autopilot", responses=_WRITE)
+def delete_run_autopilot(store: StoreDep, _token: TokenDep, run: RunId) -> AutopilotOut:
+    """Turn the autopilot off at once: it files nothing more (a request it filed already
+    applies as any other)."""
+    return _out(run, disable_autopilot(store, run))

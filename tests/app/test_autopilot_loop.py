@@ -1,0 +1,100 @@
+"""The autopilot's loop over a store: what it files, records and leaves alone."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.autopilot import AutopilotLoop, run_loop
+from scaler.store.autopilot import get_autopilot, set_autopilot
+from scaler.store.control import control_history
+from scaler.store.engine import Store
+from scaler.store.runs import end_run, write_steps
+from scaler.store.states import AutopilotState, RequestSource, RequestStatus
+from tests.app.conftest import add_run, simulate
+
+EVERY_TENTH = set(range(10, 601, 10))  # 10% of the steps skipped
+ON = {"enabled": True, "target_skip_rate": 0.01, "cooldown_steps": 100}
+
+
+def test_a_change_is_filed_as_a_control_request_of_the_autopilot(store: Store) -> None:
+    run = add_run(store, simulate(600, EVERY_TENTH))
+    set_autopilot(store, run, ON)
+    loop = AutopilotLoop(store, clock=lambda: 1000.0)
+    loop.tick()
+    (request,) = control_history(store, run)
+    assert (request.source, request.requested_by) == (RequestSource.AUTOPILOT, "autopilot")
+    assert request.status is RequestStatus.PENDING and request.values["growth_interval"] > 4
+    assert request.reason is not None and request.reason.startswith("skipped-step rate 10.00%")
+    row = get_autopilot(store, run)
+    assert row is not None and row.decision is not None
+    assert row.decision["action"] == "raise" and row.decision["request_id"] == request.id
+    assert (row.decision["step"], row.decision["at"], row.decision["reason"]) == (
+        600, 1000.0, request.reason,
+    )  # fmt: skip
+    loop.tick()  # no new step: nothing is read or written
+    assert get_autopilot(store, run) == row and len(control_history(store, run)) == 1
+    write_steps(store, run, simulate(10, set(), first=601))
+    loop.tick()  # its request is not applied yet
+    after = get_autopilot(store, run)
+    assert after is not None and after.decision is not None and after.decision["code"] == "pending"
+    assert len(control_history(store, run)) == 1 and loop.ticks == 3
+
+
+def test_at_its_upper_bound_it_gives_up_and_says_why(store: Store, client: TestClient) -> None:
+    run = add_run(store, simulate(600, EVERY_TENTH))
+    set_autopilot(store, run, {**ON, "max_growth_interval": 4})
+    loop = AutopilotLoop(store)
+    loop.tick()
+    row = get_autopilot(store, run)
+    assert (
+        row is not None
+        and row.state is AutopilotState.GAVE_UP
+        and control_history(store, run) == []
+    )
+    body = client.get(f"/api/runs/{run}/autopilot").json()
+    assert (body["enabled"], body["state"]) == (True, "gave_up")
+    assert body["reason"] == body["decision"]["reason"]
+    assert "growth_interval at its upper bound 4" in body["reason"]
+    write_steps(store, run, simulate(100, set(range(601, 701, 10)), first=601))
+    loop.tick()  # stopped: it evaluates the run no more
+    assert get_autopilot(store, run) == row
+
+
+def test_a_run_that_ended_is_left_alone(store: Store) -> None:
+    run = add_run(store, simulate(600, EVERY_TENTH))
+    set_autopilot(store, run, ON)
+    end_run(store, run)
+    AutopilotLoop(store).tick()
+    row = get_autopilot(store, run)
+    assert row is not None and row.decision is None and control_history(store, run) == []
+
+
+def test_a_failing_store_is_logged_once_until_it_works_again(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Flaky(AutopilotLoop):
+        failures = 3
+
+        def tick(self) -> None:
+            if self.failures:
+                self.failures -= 1
+                raise OSError("disk I/O error")
+            super().tick()
+            if self.ticks == 2:
+                raise asyncio.CancelledError  # ends the loop, as the lifespan's end does
+
+    async def main() -> None:
+        with pytest.raises(asyncio.CancelledError):
+            await run_loop(Flaky(store), 0.001)
+
+    with caplog.at_level(logging.WARNING, logger="scaler.autopilot"):
+        asyncio.run(main())
+    messages = [record.getMessage() for record in caplog.records]
+    assert messages == [
+        "scalewatch: the autopilot's evaluation failed; it tries again",
+        "scalewatch: the autopilot evaluates runs again",
+    ]
