@@ -144,7 +144,11 @@ def test_with_the_autopilot_off_nothing_changes(
     client: TestClient, trainer: CeilingTrainer, store: Store
 ) -> None:
     run = trainer.run_id
-    enable(client, run)
+    # On, then off: a tick between the two must not file a raise, so while it is on its
+    # target (50%) is far above the run's ~5%, and its lower bound is the interval in effect.
+    body = {"enabled": True, "target_skip_rate": 0.5}
+    response = client.put(f"/api/runs/{run}/autopilot", json=body, headers=auth())
+    assert response.status_code == 200 and response.json()["state"] == "watching"
     response = client.delete(f"/api/runs/{run}/autopilot", headers=auth())
     assert response.status_code == 200 and response.json()["state"] == "off"
     loop = client.app.state.autopilot  # type: ignore[attr-defined]
