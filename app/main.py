@@ -9,6 +9,8 @@ from contextlib import asynccontextmanager
 import anyio
 from fastapi import FastAPI
 
+from app.alerts.rules import AlertConfig, default_rules, load_rules
+from app.alerts.service import watching
 from app.dashboard import mount_dashboard
 from app.docs import install_docs
 from app.errors import install_error_handlers
@@ -30,12 +32,22 @@ __all__ = ["CHART_THREADS", "create_app"]
 CHART_THREADS = 4
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """The service over the store at ``settings.db`` (default: ``get_settings()``).
+def create_app(settings: Settings | None = None, alerts: AlertConfig | None = None) -> FastAPI:
+    """The service over the store at ``settings.db`` (default: ``get_settings()``), with
+    the alert rules ``alerts`` (default: the file ``settings.alerts``, else the default
+    rules).
 
-    Without a token in the settings every mutating request is refused with 401.
+    Without a token in the settings every mutating request is refused with 401. A rules
+    file that cannot be used raises :class:`app.alerts.RulesFileError` here.
     """
     settings = settings if settings is not None else get_settings()
+    if alerts is None:
+        alerts = (
+            load_rules(settings.alerts)
+            if settings.alerts is not None
+            else AlertConfig(default_rules())
+        )
+    config = alerts
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -44,7 +56,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.metrics = metrics_registry(store)
         app.state.chart_limiter = anyio.CapacityLimiter(CHART_THREADS)
         try:
-            yield
+            async with watching(store, config, settings.alerts_interval_s) as watched:
+                app.state.alerts = watched
+                yield
         finally:
             store.close()
 

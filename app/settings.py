@@ -34,6 +34,10 @@ class Settings(BaseSettings):
     # Seconds between two polls of the store by a live stream, and between keep-alives.
     stream_poll_s: float = Field(default=0.05, gt=0)
     stream_keepalive_s: float = Field(default=15.0, gt=0)
+    # The alert rules file (``serve --alerts``); None: the default rules, no webhooks.
+    alerts: Path | None = None
+    # Seconds between two rounds of the alert rules over the store.
+    alerts_interval_s: float = Field(default=1.0, gt=0, le=3600)
 
     @field_validator("db")
     @classmethod

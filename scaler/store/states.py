@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["RequestSource", "RequestStatus", "RunStatus"]
+__all__ = ["AlertState", "RequestSource", "RequestStatus", "RunStatus"]
 
 
 class RunStatus(StrEnum):
@@ -30,3 +30,8 @@ class RequestSource(StrEnum):
     API = "api"
     CLI = "cli"
     CODE = "code"  # a setter called by the training script, recorded as applied
+
+
+class AlertState(StrEnum):
+    FIRING = "firing"
+    RESOLVED = "resolved"
