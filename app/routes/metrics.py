@@ -14,6 +14,7 @@ from app.deps import StoreDep
 from app.health import StoreHealth
 from app.models import Health, Unhealthy
 from scaler.store import queries
+from scaler.store.alerts import firing_alerts
 from scaler.store.engine import Store, storage_failure
 from scaler.store.states import RunStatus
 
@@ -55,7 +56,14 @@ class StoreCollector(Collector):
             steps.add_metric(labels, run.steps)
             overflows.add_metric(labels, run.overflows)
             skipped.add_metric(labels, run.skipped)
-        yield from (scale, tracker, running, steps, overflows, skipped)
+        firing = GaugeMetricFamily(
+            "scalewatch_alert_firing",
+            "1 while the rule's alert on the run is firing (no sample otherwise)",
+            labels=[*LABELS, "rule"],
+        )
+        for alert in firing_alerts(self.store):
+            firing.add_metric([str(alert.run_id), alert.run_name, alert.rule], 1.0)
+        yield from (scale, tracker, running, steps, overflows, skipped, firing)
 
 
 def metrics_registry(store: Store) -> CollectorRegistry:
