@@ -53,11 +53,11 @@ def create_app(settings: Settings | None = None, alerts: AlertConfig | None = No
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = open_store(settings.db)
         app.state.store = store
-        app.state.metrics = metrics_registry(store)
         app.state.chart_limiter = anyio.CapacityLimiter(CHART_THREADS)
         try:
             async with watching(store, config, settings.alerts_interval_s) as watched:
                 app.state.alerts = watched
+                app.state.metrics = metrics_registry(store, watched.sender)
                 yield
         finally:
             store.close()

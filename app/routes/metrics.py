@@ -10,6 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from app.alerts.webhooks import WebhookSender
 from app.deps import StoreDep
 from app.health import StoreHealth
 from app.models import Health, Unhealthy
@@ -66,9 +67,29 @@ class StoreCollector(Collector):
         yield from (scale, tracker, running, steps, overflows, skipped, firing)
 
 
-def metrics_registry(store: Store) -> CollectorRegistry:
+class WebhookCollector(Collector):
+    """The webhook deliveries of this service process, by outcome."""
+
+    def __init__(self, sender: WebhookSender) -> None:
+        self.sender = sender
+
+    def collect(self) -> Iterator[Metric]:
+        deliveries = CounterMetricFamily(
+            "scalewatch_webhook_deliveries",
+            "Alert webhook POSTs: delivered, failed (retries spent or refused), dropped"
+            " (queue full)",
+            labels=["outcome"],
+        )
+        for outcome, count in sorted(self.sender.counts.items()):
+            deliveries.add_metric([outcome], count)
+        yield deliveries
+
+
+def metrics_registry(store: Store, sender: WebhookSender | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(store))
+    if sender is not None:
+        registry.register(WebhookCollector(sender))
     return registry
 
 
