@@ -1,5 +1,6 @@
 // Run page: facts, charts (live over server-sent events), control, export.
 
+import { AlertsView } from "./alerts.js";
 import { ApiError, getJSON, paths } from "./api.js";
 import { RunChart } from "./chart.js";
 import { ControlPanel } from "./control.js";
@@ -167,6 +168,7 @@ async function main() {
     onError: reportError,
   });
   pollDetail(panel);
+  new AlertsView(runId, { onMarks: (marks) => chart.setAlertMarkers(marks), onError: reportError }).poll();
   try {
     await Promise.all([chart.start(), panel.refresh()]);
   } finally {

@@ -33,12 +33,22 @@ const COLUMNS = [
   { key: "ended_at", label: "Ended", cls: "time", show: formatTime },
   { key: "duration", label: "Duration", cls: "num", show: formatDuration },
   { key: "last_heartbeat", label: "Last seen", cls: "time", show: (t) => formatAgo(t) },
+  { key: "alerts", label: "Alerts", cls: "alerts", show: (rules) => (rules.length ? `⚠ ${rules.join(", ")}` : "–") },
 ];
 
 // A running run's duration so far; an ended one's from its start to its end.
 function duration(run, now = Date.now() / 1000) {
   if (run.started_at === null || run.started_at === undefined) return null;
   return (run.ended_at ?? (run.status === "running" ? now : run.last_heartbeat)) - run.started_at;
+}
+
+// Run id -> the names of the rules firing on it, sorted.
+function firingRules(alerts) {
+  const byRun = new Map();
+  for (const alert of alerts) {
+    byRun.set(alert.run.id, [...(byRun.get(alert.run.id) || []), alert.rule].sort());
+  }
+  return byRun;
 }
 
 function makeRow(run) {
@@ -68,6 +78,8 @@ function updateRow(row, run) {
     if (column.show) setText(row.cells[column.key], column.show(run[column.key]));
   }
   row.cells.last_heartbeat.title = run.last_heartbeat ? formatTime(run.last_heartbeat) : "";
+  row.cells.alerts.classList.toggle("alert-firing", run.alerts.length > 0);
+  row.cells.alerts.dataset.firing = String(run.alerts.length);
 }
 
 function render(runs) {
@@ -94,8 +106,12 @@ function render(runs) {
 
 async function refresh() {
   try {
-    const body = await getJSON(paths.runs());
-    const runs = [...(body.runs || [])].sort(
+    const [body, firing] = await Promise.all([
+      getJSON(paths.runs()),
+      getJSON(paths.alerts({ state: "firing", limit: 10000 })),
+    ]);
+    const rules = firingRules(firing.alerts || []);
+    const runs = [...(body.runs || [])].map((run) => ({ ...run, alerts: rules.get(run.id) || [] })).sort(
       (a, b) => (b.started_at ?? 0) - (a.started_at ?? 0) || b.id - a.id,
     );
     render(runs);
