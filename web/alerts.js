@@ -14,11 +14,19 @@ export function firingLine(alert) {
   );
 }
 
+// The chart's hover text: no run name (Plotly reads its text as markup).
+function markText(a) {
+  const end = a.resolved_step === null || a.resolved_step === undefined
+    ? "firing"
+    : `resolved at step ${formatNumber(a.resolved_step)}`;
+  return `${a.rule} (${a.kind}): fired at step ${formatNumber(a.fired_step)}, ${end}`;
+}
+
 // What the chart draws of each alert: from the step it fired to the one it resolved.
 export function alertMarks(alerts) {
   return [...alerts]
     .sort((a, b) => a.id - b.id)
-    .map((a) => ({ id: a.id, rule: a.rule, from: a.fired_step, to: a.resolved_step, text: a.text }));
+    .map((a) => ({ id: a.id, rule: a.rule, from: a.fired_step, to: a.resolved_step, text: markText(a) }));
 }
 
 export class AlertsView {

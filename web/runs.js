@@ -29,11 +29,11 @@ const COLUMNS = [
   { key: "scale", label: "Current scale", cls: "num", show: formatScale },
   { key: "overflows", label: "Overflows", cls: "num", show: formatCount },
   { key: "skipped_rate", label: "Skipped steps", cls: "num", show: formatRate },
+  { key: "alerts", label: "Alerts", cls: "alerts", show: (rules) => (rules.length ? `⚠ ${rules.join(", ")}` : "–") },
   { key: "started_at", label: "Started", cls: "time", show: formatTime },
   { key: "ended_at", label: "Ended", cls: "time", show: formatTime },
   { key: "duration", label: "Duration", cls: "num", show: formatDuration },
   { key: "last_heartbeat", label: "Last seen", cls: "time", show: (t) => formatAgo(t) },
-  { key: "alerts", label: "Alerts", cls: "alerts", show: (rules) => (rules.length ? `⚠ ${rules.join(", ")}` : "–") },
 ];
 
 // A running run's duration so far; an ended one's from its start to its end.

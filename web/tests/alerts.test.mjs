@@ -19,8 +19,8 @@ test("a firing alert reads as its rule, since when, its value and threshold", ()
 
 test("every alert is a band from where it fired to where it resolved, oldest first", () => {
   assert.deepEqual(alertMarks([FIRING, RESOLVED]), [
-    { id: 1, rule: "streak", from: 13, to: 15, text: RESOLVED.text },
-    { id: 2, rule: "hot", from: 12000, to: null, text: FIRING.text },
+    { id: 1, rule: "streak", from: 13, to: 15, text: "streak (skip_streak): fired at step 13, resolved at step 15" },
+    { id: 2, rule: "hot", from: 12000, to: null, text: "hot (rank_hotspot): fired at step 12,000, firing" },
   ]);
 });
 
