@@ -164,6 +164,9 @@ class Evaluator:
             )
             for row in rows:
                 self._step(watched, _step_view(row))
+            if rows:
+                last = rows[-1]
+                watched.run = _with(watched.run, last_step=last[0], last_wall_time=last[1])
             fed += len(rows)
             if len(rows) < BATCH_STEPS:
                 return
@@ -171,9 +174,11 @@ class Evaluator:
     def _step(self, watched: _Watched, step: StepView) -> None:
         for entry in watched.rules:
             reading = entry.watch.step(step)
-            if reading is not None:
+            if reading is None:
+                continue
+            entry.value = reading.value
+            if bool(reading.on) != (entry.episode is not None):  # most steps change nothing
                 self._read(watched, entry, reading, step.step, step.wall_time)
-        watched.run = _with(watched.run, last_step=step.step, last_wall_time=step.wall_time)
 
     def _read(
         self, watched: _Watched, entry: _Rule, reading: Reading, step: int, at: float

@@ -281,16 +281,25 @@ class RankHotspot(_Windowed[Hotspot]):
     def __init__(self, params: Hotspot, run: RunView) -> None:
         super().__init__(params, run)
         self.reports: Counter[int] = Counter()
+        self.total = 0
+        self.reading = Reading(False, 0.0)
 
     def step(self, row: StepView) -> Reading:
         ranks = row.inf_ranks if row.overflow and row.inf_ranks else None
         if ranks is not None:
             self.reports.update(ranks)
-        for gone in self.slide(row, ranks):
-            self.reports.subtract(gone)
-        total = sum(self.reports.values())
-        if len(self.items) < self.params.min_overflows or not total:
+            self.total += len(ranks)
+        gone = self.slide(row, ranks)
+        for left in gone:
+            self.reports.subtract(left)
+            self.total -= len(left)
+        if ranks is not None or gone:  # the window's overflows changed: so may the reading
+            self.reading = self._reading()
+        return self.reading
+
+    def _reading(self) -> Reading:
+        if len(self.items) < self.params.min_overflows or not self.total:
             return Reading(False, 0.0)
         rank, count = max(self.reports.items(), key=lambda item: (item[1], -item[0]))
-        share = count / total
+        share = count / self.total
         return Reading(share > self.params.threshold, share, detail=f"rank {rank}")
