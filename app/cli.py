@@ -390,8 +390,11 @@ def _user_error(error: Exception) -> str | None:
     from alembic.util.exc import CommandError
     from sqlalchemy.exc import ArgumentError, DBAPIError
 
+    from app.alerts.rules import RulesFileError
     from scaler.store.errors import NotAStoreURL, StoreDamaged
 
+    if isinstance(error, RulesFileError):  # $SCALEWATCH_ALERTS, read where the app is built
+        return f"alert rules: {error}"
     if isinstance(error, ValidationError):
         return _refused(error, given=set())
     if isinstance(error, BadSetting | NotAStoreURL | StoreDamaged):

@@ -158,3 +158,17 @@ def test_serve_refuses_a_bad_rules_file_with_its_line_and_why(
     err = capsys.readouterr().err
     assert err.startswith(f"scalewatch serve: alert rules: {rules}, ") and said in err, err
     assert not token.exists() and not (tmp_path / "sw.db").exists()
+
+
+def test_a_bad_rules_file_in_the_environment_is_one_line_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rules = tmp_path / "rules.toml"
+    rules.write_text("[[rule]]\nname = 'a'\nkind = 'stalled'\nthreshold = 0\n", encoding="utf-8")
+    monkeypatch.setenv("SCALEWATCH_ALERTS", str(rules))
+    monkeypatch.setenv("SCALEWATCH_TOKEN_FILE", str(tmp_path / "token"))
+    assert main(["serve", "--db", str(tmp_path / "sw.db"), "--port", "0"]) == 2
+    assert capsys.readouterr().err == (
+        f"scalewatch serve: alert rules: {rules}, line 4: rule 1 ('a'): threshold:"
+        " Input should be greater than 0\n"
+    )
