@@ -148,3 +148,44 @@ def test_two_services_over_one_store_fire_it_once(any_store: Store) -> None:
     assert len(second.tick()) == 1 and first.tick() == []
     ((fired, resolved),) = [(one[0], two[0])]
     assert fired.id == resolved.id and len(_alerts(store)) == 1
+
+
+def test_a_write_that_fails_is_made_at_the_next_tick_with_its_steps(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import app.alerts.evaluate as evaluate
+
+    store, clock, changes = open_store(db_url), Clock(), []
+    run = create_run(store, name="bert", world_size=1, config={}, control={})
+    evaluator = _evaluator(store, clock, changes)
+    evaluator.tick()
+    failures = {"fire_alert": 1, "resolve_alert": 1}
+
+    def failing(name: str) -> object:
+        real = getattr(evaluate, name)
+
+        def once(*args: object, **kwargs: object) -> object:
+            if failures[name]:
+                failures[name] -= 1
+                raise OSError("disk full")
+            return real(*args, **kwargs)
+
+        return once
+
+    for name in failures:
+        monkeypatch.setattr(evaluate, name, failing(name))
+    write_steps(store, run.id, _records(1, 8, skipped={4, 5, 6, 7, 8}))
+    with pytest.raises(OSError):
+        evaluator.tick()
+    assert _alerts(store) == [] and changes == []
+    (fired,) = evaluator.tick()  # no step since: stored now, where the streak reached 3
+    assert (fired.fired_step, fired.value) == (6, 3)
+    write_steps(store, run.id, _records(9, 12, skipped=set()))
+    with pytest.raises(OSError):
+        evaluator.tick()
+    (resolved,) = evaluator.tick()
+    assert (resolved.id, resolved.resolved_step, resolved.resolved_at) == (fired.id, 9, 2009.0)
+    write_steps(store, run.id, _records(13, 15, skipped={13, 14, 15}))
+    (again,) = evaluator.tick()  # each step fed once: the streak is 3 at 15, not more
+    assert (again.fired_step, again.value) == (15, 3)
+    store.close()
