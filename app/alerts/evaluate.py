@@ -163,7 +163,8 @@ class Evaluator:
         with self.store.read() as conn:
             last = conn.execute(select(runs.c.last_step).where(runs.c.id == view.id)).scalar()
         start = max(-1, int(last or 0) - history)
-        watched = _Watched(_with(view, last_step=start), entries, fed=start)
+        # A run without steps is at step 0 for the clock side (the cursor reads from -1).
+        watched = _Watched(_with(view, last_step=max(0, start)), entries, fed=start)
         self._watched[view.id] = watched
         return watched
 

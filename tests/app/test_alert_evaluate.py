@@ -189,3 +189,14 @@ def test_a_write_that_fails_is_made_at_the_next_tick_with_its_steps(
     (again,) = evaluator.tick()  # each step fed once: the streak is 3 at 15, not more
     assert (again.fired_step, again.value) == (15, 3)
     store.close()
+
+
+def test_a_run_that_never_steps_stalls_at_step_0(any_store: Store) -> None:
+    store, clock = any_store, Clock()
+    run = create_run(store, name="bert", world_size=1, config={}, control={})
+    evaluator = _evaluator(store, clock, [])
+    assert evaluator.tick() == []  # started now: 0 s silent on the service's clock
+    clock.now += 61
+    (fired,) = evaluator.tick()
+    assert (fired.run_id, fired.rule, fired.fired_step) == (run.id, "silent", 0)
+    assert fired.fired_at == 2050.0 + 60
