@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from app.alerts.evaluate import Evaluator
-from app.alerts.rules import parse_rules
+from app.alerts.rules import default_rules, parse_rules
 from scaler.store.alerts import AlertRow, alert_page
 from scaler.store.engine import Store, open_store
 from scaler.store.records import StepRecord
@@ -200,3 +200,31 @@ def test_a_run_that_never_steps_stalls_at_step_0(any_store: Store) -> None:
     (fired,) = evaluator.tick()
     assert (fired.run_id, fired.rule, fired.fired_step) == (run.id, "silent", 0)
     assert fired.fired_at == 2050.0 + 60
+
+
+def test_a_new_kind_is_a_params_model_and_a_watch_registered(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.alerts.kinds import KINDS, Params, Reading, StepView, Watch, kind
+
+    monkeypatch.setitem(KINDS, "scale_above", None)  # gone again after the test
+
+    class Ceiling(Params):
+        threshold: float = 2.0**20
+
+    @kind("scale_above", Ceiling, "the scale after a step is over `threshold`", default=False)
+    class ScaleAbove(Watch[Ceiling]):
+        def step(self, row: StepView) -> Reading:
+            return Reading(row.scale_after > self.params.threshold, row.scale_after)
+
+    rules = parse_rules('[[rule]]\nname = "high"\nkind = "scale_above"\nthreshold = 1000\n').rules
+    with open_store(db_url) as store:
+        run = create_run(store, name="bert", world_size=1, config={}, control={})
+        evaluator = Evaluator(store, rules, clock=Clock())
+        evaluator.tick()
+        write_steps(store, run.id, _records(1, 3, skipped={3}))  # 1024 until step 3's backoff
+        fired, resolved = evaluator.tick()
+    assert (fired.rule, fired.kind, fired.fired_step, resolved.resolved_step) == (
+        "high", "scale_above", 1, 3,
+    )  # fmt: skip
+    assert "scale_above" not in {rule.kind for rule in default_rules()}
