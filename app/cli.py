@@ -1,4 +1,5 @@
-"""The ``scalewatch`` command line: ``serve``, ``runs``, ``export``, ``control``, ``db upgrade``.
+"""The ``scalewatch`` command line: ``serve``, ``runs``, ``export``, ``control``, ``alerts``,
+``db upgrade``.
 
 Each subcommand is one function registered with :func:`command`; a new one is added by
 decorating a function in this module (or in a module imported from :func:`main`).
@@ -99,6 +100,11 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     _db_argument(parser)
     parser.add_argument("--host", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default 8765)")
+    parser.add_argument(
+        "--alerts",
+        help="alert rules and webhooks, a TOML file (default: $SCALEWATCH_ALERTS, else the"
+        " default rules and no webhooks)",
+    )
 
 
 @command(
@@ -110,18 +116,23 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     _serve_arguments,
 )
 def serve(args: argparse.Namespace) -> int:
+    from app.alerts.rules import RulesFileError, load_rules
     from app.main import create_app
     from app.serving import CannotServe, make_server, ready_to_serve
 
+    settings = _settings(args, host=args.host, port=args.port, alerts=args.alerts)
     try:
-        settings, sock = ready_to_serve(
-            _settings(args, host=args.host, port=args.port), out=sys.stdout
-        )
+        rules = load_rules(settings.alerts) if settings.alerts is not None else None
+    except RulesFileError as refused:  # before anything else: nothing bound, no token
+        print(f"scalewatch serve: alert rules: {refused}", file=sys.stderr)
+        return 2
+    try:
+        settings, sock = ready_to_serve(settings, out=sys.stdout)
     except CannotServe as refused:
         print(f"scalewatch serve: {refused}", file=sys.stderr)
         return refused.code
     with sock:
-        server = make_server(create_app(settings), settings, sock)
+        server = make_server(create_app(settings, rules), settings, sock)
         host, port = sock.getsockname()[:2]
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
         print(f"scalewatch: serving {url} (Ctrl-C to stop)", flush=True)
@@ -351,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import app.alerts.cli
     import app.demo
     import app.instrument  # noqa: F401  (registers ``instrument``)
 
@@ -378,8 +390,11 @@ def _user_error(error: Exception) -> str | None:
     from alembic.util.exc import CommandError
     from sqlalchemy.exc import ArgumentError, DBAPIError
 
+    from app.alerts.rules import RulesFileError
     from scaler.store.errors import NotAStoreURL, StoreDamaged
 
+    if isinstance(error, RulesFileError):  # $SCALEWATCH_ALERTS, read where the app is built
+        return f"alert rules: {error}"
     if isinstance(error, ValidationError):
         return _refused(error, given=set())
     if isinstance(error, BadSetting | NotAStoreURL | StoreDamaged):

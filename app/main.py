@@ -9,6 +9,8 @@ from contextlib import asynccontextmanager
 import anyio
 from fastapi import FastAPI
 
+from app.alerts.rules import AlertConfig, default_rules, load_rules
+from app.alerts.service import watching
 from app.autopilot import AutopilotLoop, run_loop
 from app.dashboard import mount_dashboard
 from app.docs import install_docs
@@ -31,22 +33,36 @@ __all__ = ["CHART_THREADS", "create_app"]
 CHART_THREADS = 4
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """The service over the store at ``settings.db`` (default: ``get_settings()``).
+def create_app(settings: Settings | None = None, alerts: AlertConfig | None = None) -> FastAPI:
+    """The service over the store at ``settings.db`` (default: ``get_settings()``), with
+    the alert rules ``alerts`` (default: the file ``settings.alerts``, else the default
+    rules).
 
-    Without a token in the settings every mutating request is refused with 401.
+    Without a token in the settings every mutating request is refused with 401. A rules
+    file that cannot be used raises :class:`app.alerts.RulesFileError` here.
     """
     settings = settings if settings is not None else get_settings()
+    if alerts is None:
+        alerts = (
+            load_rules(settings.alerts)
+            if settings.alerts is not None
+            else AlertConfig(default_rules())
+        )
+    config = alerts
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = open_store(settings.db)
         app.state.store = store
-        app.state.metrics = metrics_registry(store)
         app.state.chart_limiter = anyio.CapacityLimiter(CHART_THREADS)
         app.state.autopilot = AutopilotLoop(store)
         try:
-            async with anyio.create_task_group() as tasks:
+            async with (
+                watching(store, config, settings.alerts_interval_s) as watched,
+                anyio.create_task_group() as tasks,
+            ):
+                app.state.alerts = watched
+                app.state.metrics = metrics_registry(store, watched.sender)
                 tasks.start_soon(run_loop, app.state.autopilot, settings.autopilot_interval_s)
                 yield
                 tasks.cancel_scope.cancel()

@@ -9,9 +9,11 @@ from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from scaler.store.queries import INT64_MAX
 from scaler.store.rules import FLOAT32_MAX, FLOAT32_TINY, INT32_MAX
-from scaler.store.states import RequestSource, RequestStatus, RunStatus
+from scaler.store.states import AlertState, RequestSource, RequestStatus, RunStatus
 
 __all__ = [
+    "AlertList",
+    "AlertOut",
     "ControlRequest",
     "ControlRequestOut",
     "ControlView",
@@ -180,3 +182,32 @@ class Health(BaseModel):
 class Unhealthy(BaseModel):
     status: Literal["unavailable"] = "unavailable"
     detail: str = Field(description="why, in one line")
+
+
+class AlertRun(BaseModel):
+    id: int
+    name: str
+
+
+class AlertOut(BaseModel):
+    """An alert of a rule on a run: fired once, resolved once."""
+
+    id: int
+    rule: str = Field(description="the rule's name")
+    kind: str = Field(description="scale_below, scale_drop, skip_rate, skip_streak, ...")
+    state: AlertState = Field(description="firing or resolved")
+    run: AlertRun
+    threshold: float
+    value: float = Field(description="the value compared with the threshold when it fired")
+    detail: str = Field(description='more about it ("rank 3"); "" for most kinds')
+    text: str = Field(description="one line, as webhooks send it")
+    fired_step: int
+    fired_at: float
+    resolved_step: int | None
+    resolved_at: float | None
+    resolved_value: float | None
+
+
+class AlertList(BaseModel):
+    alerts: list[AlertOut] = Field(description="newest first")
+    next: int | None = Field(description="pass as ?before= for the older page; null at the end")

@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     stream_keepalive_s: float = Field(default=15.0, gt=0)
     # Seconds between two evaluations of the runs whose autopilot is on.
     autopilot_interval_s: float = Field(default=2.0, gt=0)
+    # The alert rules file (``serve --alerts``); None: the default rules, no webhooks.
+    alerts: Path | None = None
+    # Seconds between two rounds of the alert rules over the store.
+    alerts_interval_s: float = Field(default=1.0, gt=0, le=3600)
 
     @field_validator("db")
     @classmethod

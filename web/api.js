@@ -63,6 +63,14 @@ export const paths = {
     `api/runs/${enc(id)}/stream${after === undefined || after === null ? "" : `?after=${enc(after)}`}`,
   control: (id) => `api/runs/${enc(id)}/control`,
   autopilot: (id) => `api/runs/${enc(id)}/autopilot`,
+  runAlerts: (id) => `api/runs/${enc(id)}/alerts`,
+  alerts: ({ state, limit } = {}) => {
+    const query = new URLSearchParams();
+    if (state) query.set("state", state);
+    if (limit) query.set("limit", String(limit));
+    const text = query.toString();
+    return `api/alerts${text ? `?${text}` : ""}`;
+  },
   exportFile: (id, what, format) =>
     `api/runs/${enc(id)}/export?what=${enc(what)}&format=${enc(format)}`,
 };

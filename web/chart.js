@@ -44,6 +44,7 @@ export class RunChart {
     this.bucketWidth = 1;
     this.overflowSteps = new Set();
     this.markers = [];
+    this.alertMarks = []; // alerts of the run: { id, rule, from, to, text }, see alerts.js
     this.drawnMarkers = null; // what applyMarkers last drew, so that it redraws only a change
     this.scaleExtent = [Infinity, -Infinity]; // of the whole run drawn
     this.shown = null; // a zoomed view drawn, and its y ranges: { view, scales, tracker, rate }
@@ -63,7 +64,7 @@ export class RunChart {
     });
     this.node.on("plotly_relayout", (event) => this.onRelayout(event));
     this.plotted = true;
-    if (this.markers.length) this.applyMarkers();
+    if (this.hasMarkers()) this.applyMarkers();
     await Promise.all([this.loadBuckets(), this.loadOverflows()]);
   }
   onRelayout(event) {
@@ -171,7 +172,7 @@ export class RunChart {
     this.node.dataset.bucketWidth = String(this.bucketWidth);
     this.updateCounts();
     this.onInfo({ bucketWidth: this.bucketWidth, view: this.view, points: cols.x.length });
-    if (this.markers.length) this.applyMarkers(); // labels thinned for the range now shown
+    if (this.hasMarkers()) this.applyMarkers(); // labels thinned for the range now shown
   }
 
   // Plotly autoranges y over every point of a trace, not the visible ones, so a
@@ -295,7 +296,7 @@ export class RunChart {
     if (this.shown) this.widenShown(cols);
     else if (widened) Plotly.relayout(this.node, powerTicks(wider));
     this.appended += rows.length;
-    if (!this.view && this.markers.length) this.applyMarkers(); // more steps in as many pixels
+    if (!this.view && this.hasMarkers()) this.applyMarkers(); // more steps in as many pixels
     this.updateCounts();
     if (!this.view && this.appended > COMPACT_AFTER) this.setView(null);
   }
@@ -309,8 +310,50 @@ export class RunChart {
     if (this.plotted) this.applyMarkers();
   }
 
+  // Alerts, as a red band from the step each fired to the step it resolved (or the last).
+  setAlertMarkers(marks) {
+    const key = JSON.stringify(marks);
+    if (key === this.alertMarksKey) return;
+    this.alertMarksKey = key;
+    this.alertMarks = marks;
+    if (this.plotted) this.applyMarkers();
+  }
+
+  hasMarkers() {
+    return this.markers.length > 0 || this.alertMarks.length > 0;
+  }
+
   applyMarkers() {
     const markers = this.markers;
+    const bands = this.alertMarks.map((a) => ({
+      type: "rect",
+      name: `alert-${a.id}`,
+      xref: "x",
+      yref: "paper",
+      x0: a.from,
+      x1: Math.max(a.from, a.to ?? this.lastStep),
+      y0: 0,
+      y1: 1,
+      layer: "below",
+      fillcolor: "rgba(207, 34, 46, 0.10)",
+      line: { color: "rgba(207, 34, 46, 0.7)", width: 1 },
+    }));
+    const alertLabels = thinLabels(
+      this.alertMarks.map((a) => ({ ...a, step: a.from })),
+      this.xRange(),
+      this.plotWidth(),
+    ).map((a) => ({
+      xref: "x",
+      yref: "paper",
+      x: a.from,
+      y: 0,
+      xanchor: "left",
+      yanchor: "bottom",
+      text: `⚠ ${a.rule}`,
+      hovertext: a.text,
+      showarrow: false,
+      font: { color: "#cf222e", size: 11 },
+    }));
     const shapes = markers.map((m) => ({
       type: "line",
       name: `control-${m.id}`,
@@ -333,12 +376,16 @@ export class RunChart {
       showarrow: false,
       font: { color: "#6e40c9", size: 11 },
     }));
-    const key = `${shapes.length}:${annotations.map((a) => a.text).join()}`;
+    const key = JSON.stringify([shapes.length, annotations.map((a) => a.text), bands, alertLabels]);
     if (key === this.drawnMarkers) return;
     this.drawnMarkers = key;
-    Plotly.relayout(this.node, { shapes, annotations });
+    Plotly.relayout(this.node, {
+      shapes: [...bands, ...shapes],
+      annotations: [...alertLabels, ...annotations],
+    });
     this.node.dataset.markers = String(shapes.length);
     this.node.dataset.labels = String(annotations.length);
+    this.node.dataset.alertMarkers = String(bands.length);
   }
 
   // The steps shown: Plotly writes the range it drew back into the layout.
@@ -347,7 +394,7 @@ export class RunChart {
     if (range && Number.isFinite(Number(range[0])) && Number.isFinite(Number(range[1]))) {
       return [Number(range[0]), Number(range[1])];
     }
-    const steps = this.markers.map((m) => m.step);
+    const steps = [...this.markers.map((m) => m.step), ...this.alertMarks.map((a) => a.from)];
     return [Math.min(0, ...steps), Math.max(this.lastStep, ...steps)];
   }
 

@@ -1,5 +1,6 @@
 // Run page: facts, charts (live over server-sent events), control, export.
 
+import { AlertsView } from "./alerts.js";
 import { ApiError, getJSON, paths } from "./api.js";
 import { RunChart } from "./chart.js";
 import { AutopilotPanel } from "./autopilot.js";
@@ -173,6 +174,7 @@ async function main() {
   });
   autopilot = new AutopilotPanel(runId, panel, { onError: reportError });
   pollDetail(panel);
+  new AlertsView(runId, { onMarks: (marks) => chart.setAlertMarkers(marks), onError: reportError }).poll();
   try {
     await Promise.all([chart.start(), panel.refresh(), autopilot.refresh()]);
   } finally {

@@ -29,6 +29,9 @@ const COLUMNS = [
   { key: "scale", label: "Current scale", cls: "num", show: formatScale },
   { key: "overflows", label: "Overflows", cls: "num", show: formatCount },
   { key: "skipped_rate", label: "Skipped steps", cls: "num", show: formatRate },
+  // A count under a ⚠ heading, the rules named on hover and to screen readers: the table
+  // still fits 1280 pixels.
+  { key: "alerts", label: "Alerts", cls: "num alerts", show: (rules) => (rules.length ? String(rules.length) : "–") },
   { key: "started_at", label: "Started", cls: "time", show: formatTime },
   { key: "ended_at", label: "Ended", cls: "time", show: formatTime },
   { key: "duration", label: "Duration", cls: "num", show: formatDuration },
@@ -39,6 +42,15 @@ const COLUMNS = [
 function duration(run, now = Date.now() / 1000) {
   if (run.started_at === null || run.started_at === undefined) return null;
   return (run.ended_at ?? (run.status === "running" ? now : run.last_heartbeat)) - run.started_at;
+}
+
+// Run id -> the names of the rules firing on it, sorted.
+function firingRules(alerts) {
+  const byRun = new Map();
+  for (const alert of alerts) {
+    byRun.set(alert.run.id, [...(byRun.get(alert.run.id) || []), alert.rule].sort());
+  }
+  return byRun;
 }
 
 function makeRow(run) {
@@ -68,6 +80,12 @@ function updateRow(row, run) {
     if (column.show) setText(row.cells[column.key], column.show(run[column.key]));
   }
   row.cells.last_heartbeat.title = run.last_heartbeat ? formatTime(run.last_heartbeat) : "";
+  const alerts = row.cells.alerts;
+  alerts.classList.toggle("alert-firing", run.alerts.length > 0);
+  alerts.dataset.firing = String(run.alerts.length);
+  alerts.title = run.alerts.length ? `Firing: ${run.alerts.join(", ")}` : "";
+  if (run.alerts.length) alerts.setAttribute("aria-label", `${run.alerts.length} firing: ${run.alerts.join(", ")}`);
+  else alerts.removeAttribute("aria-label");
 }
 
 function render(runs) {
@@ -94,8 +112,12 @@ function render(runs) {
 
 async function refresh() {
   try {
-    const body = await getJSON(paths.runs());
-    const runs = [...(body.runs || [])].sort(
+    const [body, firing] = await Promise.all([
+      getJSON(paths.runs()),
+      getJSON(paths.alerts({ state: "firing", limit: 10000 })),
+    ]);
+    const rules = firingRules(firing.alerts || []);
+    const runs = [...(body.runs || [])].map((run) => ({ ...run, alerts: rules.get(run.id) || [] })).sort(
       (a, b) => (b.started_at ?? 0) - (a.started_at ?? 0) || b.id - a.id,
     );
     render(runs);

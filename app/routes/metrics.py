@@ -10,10 +10,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from app.alerts.webhooks import WebhookSender
 from app.deps import StoreDep
 from app.health import StoreHealth
 from app.models import Health, Unhealthy
 from scaler.store import queries
+from scaler.store.alerts import firing_alerts
 from scaler.store.engine import Store, storage_failure
 from scaler.store.states import RunStatus
 
@@ -55,12 +57,39 @@ class StoreCollector(Collector):
             steps.add_metric(labels, run.steps)
             overflows.add_metric(labels, run.overflows)
             skipped.add_metric(labels, run.skipped)
-        yield from (scale, tracker, running, steps, overflows, skipped)
+        firing = GaugeMetricFamily(
+            "scalewatch_alert_firing",
+            "1 while the rule's alert on the run is firing (no sample otherwise)",
+            labels=[*LABELS, "rule"],
+        )
+        for alert in firing_alerts(self.store):
+            firing.add_metric([str(alert.run_id), alert.run_name, alert.rule], 1.0)
+        yield from (scale, tracker, running, steps, overflows, skipped, firing)
 
 
-def metrics_registry(store: Store) -> CollectorRegistry:
+class WebhookCollector(Collector):
+    """The webhook deliveries of this service process, by outcome."""
+
+    def __init__(self, sender: WebhookSender) -> None:
+        self.sender = sender
+
+    def collect(self) -> Iterator[Metric]:
+        deliveries = CounterMetricFamily(
+            "scalewatch_webhook_deliveries",
+            "Alert webhook POSTs: delivered, failed (retries spent or refused), dropped"
+            " (queue full)",
+            labels=["outcome"],
+        )
+        for outcome, count in sorted(self.sender.counts.items()):
+            deliveries.add_metric([outcome], count)
+        yield deliveries
+
+
+def metrics_registry(store: Store, sender: WebhookSender | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(store))
+    if sender is not None:
+        registry.register(WebhookCollector(sender))
     return registry
 
 

@@ -55,6 +55,7 @@ _PROBED = (
     ("step_rollups", ("run_id", "level", "bucket")),
     ("control_requests", ("id",)),
     ("telemetry_gaps", ("id",)),
+    ("alerts", ("id",)),
 )
 # SQLite's primary result codes of a store that cannot be used as it is (the file, the
 # disk, a lock), as opposed to a mistake in a statement: sqlite3.h.

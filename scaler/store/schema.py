@@ -152,3 +152,34 @@ autopilots = Table(
     Column("reason", Text, nullable=True),  # why it gave up
     Column("updated_at", Float, nullable=False),
 )
+
+# Alerts the service's evaluator raised: fired once when a rule's condition starts on a
+# run, resolved once when it ends. One firing alert per run and rule at most, also when
+# two services evaluate the same store.
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("rule", String(100), nullable=False),  # the rule's name
+    Column("kind", String(32), nullable=False),  # scale_below, skip_rate, ...
+    Column("state", String(16), nullable=False),  # firing | resolved
+    Column("threshold", Float, nullable=False),
+    Column("value", Float, nullable=False),  # when it fired
+    Column("detail", String(200), nullable=False),  # "rank 3"; "" for most kinds
+    Column("fired_step", Integer, nullable=False),
+    Column("fired_at", Float, nullable=False),
+    Column("resolved_step", Integer, nullable=True),
+    Column("resolved_at", Float, nullable=True),
+    Column("resolved_value", Float, nullable=True),
+    Index("ix_alerts_run_id_state", "run_id", "state"),
+)
+
+Index(
+    "uq_alerts_firing",
+    alerts.c.run_id,
+    alerts.c.rule,
+    unique=True,
+    sqlite_where=alerts.c.state == "firing",
+    postgresql_where=alerts.c.state == "firing",
+)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["AutopilotState", "RequestSource", "RequestStatus", "RunStatus"]
+__all__ = ["AlertState", "AutopilotState", "RequestSource", "RequestStatus", "RunStatus"]
 
 
 class RunStatus(StrEnum):
@@ -37,3 +37,8 @@ class AutopilotState(StrEnum):
     OFF = "off"
     WATCHING = "watching"  # enabled: evaluates the run, changes it when its policy says
     GAVE_UP = "gave_up"  # enabled, but stopped itself: its changes did not help
+
+
+class AlertState(StrEnum):
+    FIRING = "firing"
+    RESOLVED = "resolved"

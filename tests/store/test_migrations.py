@@ -19,7 +19,15 @@ from scaler.store import engine as engine_module
 from scaler.store.engine import head_revision, make_engine
 from scaler.store.schema import metadata
 
-TABLES = {"runs", "steps", "step_rollups", "control_requests", "telemetry_gaps", "autopilots"}
+TABLES = {
+    "runs",
+    "steps",
+    "step_rollups",
+    "control_requests",
+    "telemetry_gaps",
+    "autopilots",
+    "alerts",
+}
 
 
 def _tables(url: str) -> set[str]:

@@ -1,0 +1,24 @@
+"""Alerts: rules evaluated by the service over the store, delivered to the dashboard,
+the API, ``/metrics``, the CLI and webhooks."""
+
+from __future__ import annotations
+
+from app.alerts.kinds import KINDS, Kind, Params, Reading, RunView, StepView, Watch, kind
+from app.alerts.rules import AlertConfig, Rule, RulesFileError, Webhook, default_rules, load_rules
+
+__all__ = [
+    "KINDS",
+    "AlertConfig",
+    "Kind",
+    "Params",
+    "Reading",
+    "Rule",
+    "RulesFileError",
+    "RunView",
+    "StepView",
+    "Watch",
+    "Webhook",
+    "default_rules",
+    "kind",
+    "load_rules",
+]

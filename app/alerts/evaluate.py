@@ -1,0 +1,302 @@
+"""The evaluator: every rule on every running run, fed the steps the store gained since
+the last tick, and the clock.
+
+A run is watched from the moment the service first sees it running: its watches are fed
+the steps their windows need first (``Watch.history``), then the service's stored firing
+alerts of the run are reconciled with what they say, so a restarted service neither
+fires again what is firing nor forgets to resolve what ended meanwhile. From then on an
+alert fires once at the step where its condition starts, and resolves once where it
+ends; a run that finishes or crashes resolves what is firing on it at its last step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+
+from app.alerts.kinds import KINDS, Reading, RunView, StepView, Watch
+from app.alerts.rules import Rule
+from scaler.store.alerts import AlertRow, Firing, fire_alert, firing_alerts, resolve_alert
+from scaler.store.engine import Store
+from scaler.store.queries import parse_ranks, step_rows_after
+from scaler.store.schema import runs
+from scaler.store.states import RunStatus
+
+__all__ = ["BATCH_STEPS", "TICK_STEPS", "Evaluator"]
+
+BATCH_STEPS = 5000  # steps read at once
+TICK_STEPS = 50_000  # steps fed per run and tick at most: a long backlog spreads over ticks
+
+
+@dataclass
+class _Episode:
+    """A rule's condition holding since ``step``."""
+
+    step: int
+    at: float
+    value: float
+    detail: str
+
+
+@dataclass
+class _Rule:
+    """One rule on one run: what its watch says (``episode``) and what the store holds
+    (``alert``); :meth:`Evaluator._sync` brings the store to the watch's word."""
+
+    rule: Rule
+    watch: Watch[Any]
+    episode: _Episode | None = None  # the condition holds, since then
+    value: float = 0.0  # the last reading's
+    alert: AlertRow | None = None  # firing in the store
+    ended: tuple[int, float] | None = None  # the step and time the stored alert's episode ended
+
+
+@dataclass
+class _Watched:
+    run: RunView
+    rules: list[_Rule]
+    fed: int  # the last step its watches were fed: the cursor, moved step by step
+    warm: bool = False  # history fed and reconciled: transitions are stored from now on
+    done: list[AlertRow] = field(default_factory=list)
+
+
+class Evaluator:
+    """Evaluates ``rules`` over ``store``; each stored change is handed to ``on_change``.
+
+    :meth:`tick` does one round (the service calls it every second or so, off the event
+    loop); ticks from several threads take turns.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        rules: Sequence[Rule],
+        *,
+        on_change: Callable[[AlertRow], None] = lambda alert: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.rules = tuple(rules)
+        self.on_change = on_change
+        self.clock = clock
+        self._watched: dict[int, _Watched] = {}
+        self._idle: set[int] = set()  # seen not running: looked at again once running
+        self._changes: list[AlertRow] = []  # stored in this tick, delivered at its end
+        self._lock = threading.Lock()
+
+    def tick(self) -> list[AlertRow]:
+        """One round over every run; returns the alerts that fired or resolved."""
+        with self._lock:
+            try:
+                for view in self._runs():
+                    self._tick_run(view)
+            finally:  # what was stored is delivered, also when a write failed after it
+                changes, self._changes = self._changes, []
+                for alert in changes:
+                    self.on_change(alert)
+            return changes
+
+    def _runs(self) -> list[RunView]:
+        query = select(
+            runs.c.id, runs.c.name, runs.c.status, runs.c.world_size, runs.c.started_at
+        ).order_by(runs.c.id)
+        with self.store.read() as conn:
+            rows = conn.execute(query).all()
+        present = {row.id for row in rows}
+        for gone in set(self._watched) - present:
+            del self._watched[gone]
+        return [
+            RunView(
+                id=row.id,
+                name=row.name,
+                world_size=row.world_size,
+                running=RunStatus(row.status) is RunStatus.RUNNING,
+                started_at=row.started_at,
+                last_step=0,
+                last_wall_time=None,
+            )
+            for row in rows
+        ]
+
+    def _tick_run(self, view: RunView) -> None:
+        watched = self._watched.get(view.id)
+        if watched is None:
+            if not view.running:
+                if view.id not in self._idle:
+                    self._resolve_left(view)  # ended before this service saw it run
+                    self._idle.add(view.id)
+                return
+            self._idle.discard(view.id)
+            watched = self._watch(view)
+        watched.run = _with(watched.run, running=view.running, name=view.name)
+        try:
+            self._feed(watched)
+            if not watched.warm:
+                self._reconcile(watched)
+            now = self.clock()
+            for entry in watched.rules:
+                reading = entry.watch.clock(watched.run, now)
+                if reading is not None:
+                    self._read(entry, reading, watched.run.last_step, now)
+                if not view.running and entry.episode is not None:  # ended with the run
+                    self._read(entry, Reading(False, entry.value), watched.run.last_step, now)
+                self._sync(watched, entry)  # also what a failed write left to do
+            if not view.running:
+                del self._watched[view.id]
+                self._idle.add(view.id)
+        finally:
+            done, watched.done = watched.done, []
+            self._changes += done
+
+    def _watch(self, view: RunView) -> _Watched:
+        entries = [
+            _Rule(rule, KINDS[rule.kind].watch(rule.params, view))
+            for rule in self.rules
+            if rule.applies_to(view)
+        ]
+        history = max((entry.watch.history for entry in entries), default=1)
+        with self.store.read() as conn:
+            last = conn.execute(select(runs.c.last_step).where(runs.c.id == view.id)).scalar()
+        start = max(-1, int(last or 0) - history)
+        # A run without steps is at step 0 for the clock side (the cursor reads from -1).
+        watched = _Watched(_with(view, last_step=max(0, start)), entries, fed=start)
+        self._watched[view.id] = watched
+        return watched
+
+    def _feed(self, watched: _Watched) -> None:
+        fed = 0
+        while fed < TICK_STEPS:
+            rows = step_rows_after(self.store, watched.run.id, watched.fed, limit=BATCH_STEPS)
+            try:
+                for row in rows:
+                    self._step(watched, _step_view(row))
+            finally:  # also when a store write failed: the clock side sees what was fed
+                if rows and watched.fed != watched.run.last_step:
+                    wall_time = next(row[1] for row in reversed(rows) if row[0] <= watched.fed)
+                    watched.run = _with(
+                        watched.run, last_step=watched.fed, last_wall_time=wall_time
+                    )
+            fed += len(rows)
+            if len(rows) < BATCH_STEPS:
+                return
+
+    def _step(self, watched: _Watched, step: StepView) -> None:
+        """Feed every watch ``step``, then store what changed: a failed write leaves no
+        watch fed twice, and the change is made again at the next step it still holds."""
+        changed: list[tuple[_Rule, Reading]] = []
+        for entry in watched.rules:
+            reading = entry.watch.step(step)
+            if reading is None:
+                continue
+            entry.value = reading.value
+            if bool(reading.on) != (entry.episode is not None):  # most steps change nothing
+                changed.append((entry, reading))
+        watched.fed = step.step
+        for entry, reading in changed:
+            self._read(entry, reading, step.step, step.wall_time)
+            self._sync(watched, entry)
+
+    def _read(self, entry: _Rule, reading: Reading, step: int, at: float) -> None:
+        """Follow the watch's word in memory: an episode starts, or ends."""
+        entry.value = reading.value
+        at = reading.at if reading.at is not None else at
+        if reading.on and entry.episode is None:
+            entry.episode = _Episode(step, at, reading.value, reading.detail)
+        elif not reading.on and entry.episode is not None:
+            entry.episode = None
+            if entry.alert is not None:
+                entry.ended = (step, at)
+
+    def _sync(self, watched: _Watched, entry: _Rule) -> None:
+        """Store what the watch says and the store does not yet: resolve an alert whose
+        episode ended, fire one whose episode is on. A write that fails is made again at
+        the next tick, with the steps and times it had."""
+        if not watched.warm:
+            return
+        if entry.alert is not None and entry.ended is not None:
+            step, at = entry.ended
+            resolved = resolve_alert(
+                self.store, entry.alert.id, step=step, at=at, value=entry.value
+            )
+            if resolved is not None:  # else another service resolved it
+                watched.done.append(resolved)
+            entry.alert, entry.ended = None, None
+        if entry.episode is not None and entry.alert is None:
+            self._fire(watched, entry)
+
+    def _fire(self, watched: _Watched, entry: _Rule) -> None:
+        episode = entry.episode
+        assert episode is not None
+        rule, run = entry.rule, watched.run
+        firing = Firing(
+            run_id=run.id,
+            rule=rule.name,
+            kind=rule.kind,
+            threshold=float(rule.params.threshold),
+            value=episode.value,
+            detail=episode.detail,
+            step=episode.step,
+            at=episode.at,
+        )
+        alert = fire_alert(self.store, firing)
+        if alert is None:  # fired by another service over this store: follow its row
+            stored = firing_alerts(self.store, run.id)
+            alert = next((a for a in stored if a.rule == rule.name), None)
+        else:
+            watched.done.append(alert)
+        entry.alert = alert
+
+    def _reconcile(self, watched: _Watched) -> None:
+        """After the history: fire what holds and is not stored as firing; resolve what is
+        stored as firing and no longer holds (or whose rule is gone)."""
+        stored = {alert.rule: alert for alert in firing_alerts(self.store, watched.run.id)}
+        step, now = watched.run.last_step, self.clock()
+        for entry in watched.rules:
+            entry.alert = stored.pop(entry.rule.name, None)
+            if entry.alert is not None and entry.episode is None:
+                entry.ended = (step, now)
+        watched.warm = True  # the tick's _sync stores what differs
+        for alert in stored.values():
+            resolved = resolve_alert(self.store, alert.id, step=step, at=now, value=alert.value)
+            if resolved is not None:
+                watched.done.append(resolved)
+
+    def _resolve_left(self, view: RunView) -> None:
+        """Resolve what another service process left firing on a run that has ended."""
+        left = firing_alerts(self.store, view.id)
+        if not left:
+            return
+        with self.store.read() as conn:
+            last = conn.execute(select(runs.c.last_step).where(runs.c.id == view.id)).scalar()
+        for alert in left:
+            step = max(alert.fired_step, int(last or 0))
+            resolved = resolve_alert(
+                self.store, alert.id, step=step, at=self.clock(), value=alert.value
+            )
+            if resolved is not None:
+                self._changes.append(resolved)
+
+
+def _with(view: RunView, **changes: Any) -> RunView:
+    values = {name: getattr(view, name) for name in RunView.__slots__}
+    values.update(changes)
+    return RunView(**values)
+
+
+def _step_view(row: Sequence[Any]) -> StepView:
+    """A row of ``step_rows_after`` (``EXPORT_COLUMNS`` order) as the rules read it."""
+    step, wall_time, scale, overflow, skipped, inf_ranks, scale_after = row[:7]
+    return StepView(
+        step=step,
+        wall_time=wall_time,
+        scale=scale,
+        scale_after=scale_after,
+        overflow=bool(overflow),
+        skipped=bool(skipped),
+        inf_ranks=tuple(parse_ranks(inf_ranks)),
+    )

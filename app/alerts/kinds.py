@@ -1,0 +1,305 @@
+"""Rule kinds: a registry of kind name -> parameters and the watch that evaluates them.
+
+A watch is one rule on one run. The evaluator feeds it the run's steps in order and, once
+per tick, the clock; after each it says whether the rule's condition holds and the value
+it compared. A new kind is a parameters model and a watch class, registered with
+:func:`kind`::
+
+    class Floor(Params):
+        threshold: float = 1.0
+
+    @kind("scale_below", Floor, "the scale after a step under the threshold")
+    class ScaleBelow(Watch):
+        def step(self, row: StepView) -> Reading:
+            return Reading(row.scale_after < self.params.threshold, row.scale_after)
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "KINDS",
+    "Kind",
+    "Params",
+    "RankHotspot",
+    "Reading",
+    "RunView",
+    "ScaleBelow",
+    "ScaleDrop",
+    "SkipRate",
+    "SkipStreak",
+    "Stalled",
+    "StepView",
+    "Watch",
+    "kind",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class StepView:
+    """One stored step, as the rules read it."""
+
+    step: int
+    wall_time: float
+    scale: float
+    scale_after: float
+    overflow: bool
+    skipped: bool
+    inf_ranks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    """A run as the clock side of the rules reads it, once per tick."""
+
+    id: int
+    name: str
+    world_size: int
+    running: bool  # its stored status: a silent job still reads as running
+    started_at: float
+    last_step: int  # the newest step fed to the watches (0 before any)
+    last_wall_time: float | None  # that step's wall time
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """Whether a rule's condition holds, the value compared with its threshold, and, when
+    known better than the step's own wall time, when the condition turned (``at``)."""
+
+    on: bool
+    value: float
+    detail: str = ""
+    at: float | None = None
+
+
+class Params(BaseModel):
+    """A rule's parameters in the rules file, beside ``name``, ``kind`` and ``run``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    threshold: float
+
+
+P = TypeVar("P", bound=Params)
+
+
+class Watch(Generic[P]):
+    """One rule on one run. ``history`` is how many steps before the newest it must be fed
+    to know its condition (a window's width), when the service starts watching a run."""
+
+    def __init__(self, params: P, run: RunView) -> None:
+        self.params = params
+        self.run = run
+
+    @property
+    def history(self) -> int:
+        return 1
+
+    def step(self, row: StepView) -> Reading | None:
+        """After each new step; None: this kind does not look at steps."""
+        return None
+
+    def clock(self, run: RunView, now: float) -> Reading | None:
+        """Once per tick, after the tick's steps; None: this kind does not look at time."""
+        return None
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    params: type[Params]
+    watch: Callable[[Any, RunView], Watch[Any]]
+    condition: str  # when it fires, for the README's table and ``--help``
+    applies: Callable[[RunView], bool]
+    default: bool  # in the default rule set
+
+
+KINDS: dict[str, Kind] = {}
+
+W = TypeVar("W", bound=type[Watch[Any]])
+
+
+def kind(
+    name: str,
+    params: type[Params],
+    condition: str,
+    *,
+    applies: Callable[[RunView], bool] = lambda run: True,
+    default: bool = True,
+) -> Callable[[W], W]:
+    """Register a watch class as the rule kind ``name`` with its parameters model (whose
+    defaults are those of the default rule of that kind when ``default``)."""
+
+    def register(watch: W) -> W:
+        KINDS[name] = Kind(name, params, watch, condition, applies, default)
+        return watch
+
+    return register
+
+
+class Floor(Params):
+    threshold: float = Field(default=1.0, gt=0, description="the lowest healthy scale")
+
+
+@kind("scale_below", Floor, "the scale after a step is under `threshold`")
+class ScaleBelow(Watch[Floor]):
+    def step(self, row: StepView) -> Reading:
+        return Reading(row.scale_after < self.params.threshold, row.scale_after)
+
+
+class Drops(Params):
+    window: int = Field(default=100, gt=0, le=1_000_000)
+    threshold: float = Field(default=8, ge=1, description="backoffs")
+
+
+class _Windowed(Watch[P]):
+    """Keeps ``(step, item)`` of the last ``window`` steps for which ``item`` is not None."""
+
+    def __init__(self, params: P, run: RunView) -> None:
+        super().__init__(params, run)
+        self.window: int = getattr(params, "window")  # noqa: B009  (every windowed model has one)
+        self.items: deque[tuple[int, Any]] = deque()
+        self.first: int | None = None
+
+    @property
+    def history(self) -> int:
+        return self.window
+
+    def slide(self, row: StepView, item: Any) -> list[Any]:
+        """Add ``item`` of ``row`` and return the items that left the window."""
+        if self.first is None:
+            self.first = row.step
+        if item is not None:
+            self.items.append((row.step, item))
+        gone = []
+        while self.items and self.items[0][0] <= row.step - self.window:
+            gone.append(self.items.popleft()[1])
+        return gone
+
+    def full(self, row: StepView) -> bool:
+        return self.first is not None and row.step - self.first + 1 >= self.window
+
+
+@kind("scale_drop", Drops, "`threshold` backoffs or more within `window` steps")
+class ScaleDrop(_Windowed[Drops]):
+    def step(self, row: StepView) -> Reading:
+        self.slide(row, True if row.scale_after < row.scale else None)
+        return Reading(len(self.items) >= self.params.threshold, float(len(self.items)))
+
+
+class Skips(Params):
+    window: int = Field(default=200, gt=0, le=1_000_000)
+    threshold: float = Field(default=0.05, ge=0, lt=1, description="share of skipped steps")
+
+
+@kind(
+    "skip_rate",
+    Skips,
+    "the share of skipped steps over the last `window` steps is above `threshold`"
+    " (once the run has `window` steps)",
+)
+class SkipRate(_Windowed[Skips]):
+    def __init__(self, params: Skips, run: RunView) -> None:
+        super().__init__(params, run)
+        self.seen: deque[int] = deque()  # every step in the window, for the rate's divisor
+
+    def step(self, row: StepView) -> Reading:
+        self.slide(row, True if row.skipped else None)
+        self.seen.append(row.step)
+        while self.seen[0] <= row.step - self.window:
+            self.seen.popleft()
+        rate = len(self.items) / len(self.seen)
+        return Reading(self.full(row) and rate > self.params.threshold, rate)
+
+
+class Streak(Params):
+    threshold: float = Field(default=10, ge=1, description="skipped steps in a row")
+
+
+@kind("skip_streak", Streak, "`threshold` skipped steps in a row or more")
+class SkipStreak(Watch[Streak]):
+    def __init__(self, params: Streak, run: RunView) -> None:
+        super().__init__(params, run)
+        self.streak = 0
+
+    @property
+    def history(self) -> int:
+        return int(self.params.threshold)
+
+    def step(self, row: StepView) -> Reading:
+        self.streak = self.streak + 1 if row.skipped else 0
+        return Reading(self.streak >= self.params.threshold, float(self.streak))
+
+
+class Silence(Params):
+    threshold: float = Field(default=120.0, gt=0, description="seconds without a new step")
+
+
+@kind(
+    "stalled",
+    Silence,
+    "a running run has had no new step (or, before its first, no start) for `threshold`"
+    " seconds: a hung or dead job",
+)
+class Stalled(Watch[Silence]):
+    def __init__(self, params: Silence, run: RunView) -> None:
+        super().__init__(params, run)
+        self.seen: int | None = None
+        self.progress_at = 0.0
+
+    def clock(self, run: RunView, now: float) -> Reading:
+        if self.seen is None:  # first look: the store's last word on it
+            self.progress_at = min(now, run.last_wall_time or run.started_at)
+        elif run.last_step != self.seen:  # new steps since the last tick, seen now
+            self.progress_at = now
+        self.seen = run.last_step
+        silent = now - self.progress_at
+        on = run.running and silent > self.params.threshold
+        return Reading(on, silent, at=self.progress_at + self.params.threshold if on else now)
+
+
+class Hotspot(Params):
+    window: int = Field(default=1000, gt=0, le=1_000_000)
+    threshold: float = Field(default=0.6, gt=0, le=1, description="a rank's share")
+    min_overflows: int = Field(default=5, ge=1, description="overflows in the window, at least")
+
+
+@kind(
+    "rank_hotspot",
+    Hotspot,
+    "one rank is in more than `threshold` of the inf/NaN reports of the overflows within"
+    " `window` steps (`min_overflows` of them at least; runs of 2 ranks or more)",
+    applies=lambda run: run.world_size > 1,
+)
+class RankHotspot(_Windowed[Hotspot]):
+    def __init__(self, params: Hotspot, run: RunView) -> None:
+        super().__init__(params, run)
+        self.reports: Counter[int] = Counter()
+        self.total = 0
+        self.reading = Reading(False, 0.0)
+
+    def step(self, row: StepView) -> Reading:
+        ranks = row.inf_ranks if row.overflow and row.inf_ranks else None
+        if ranks is not None:
+            self.reports.update(ranks)
+            self.total += len(ranks)
+        gone = self.slide(row, ranks)
+        for left in gone:
+            self.reports.subtract(left)
+            self.total -= len(left)
+        if ranks is not None or gone:  # the window's overflows changed: so may the reading
+            self.reading = self._reading()
+        return self.reading
+
+    def _reading(self) -> Reading:
+        if len(self.items) < self.params.min_overflows or not self.total:
+            return Reading(False, 0.0)
+        rank, count = max(self.reports.items(), key=lambda item: (item[1], -item[0]))
+        share = count / self.total
+        return Reading(share > self.params.threshold, share, detail=f"rank {rank}")

@@ -1,0 +1,230 @@
+"""The evaluator over a real store: fired once, resolved once, across restarts and ends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from app.alerts.evaluate import Evaluator
+from app.alerts.rules import default_rules, parse_rules
+from scaler.store.alerts import AlertRow, alert_page
+from scaler.store.engine import Store, open_store
+from scaler.store.records import StepRecord
+from scaler.store.runs import create_run, end_run, write_steps
+from scaler.store.states import AlertState
+
+RULES = parse_rules(
+    """
+[[rule]]
+name = "streak"
+kind = "skip_streak"
+threshold = 3
+
+[[rule]]
+name = "silent"
+kind = "stalled"
+threshold = 60
+"""
+).rules
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def any_store(request: pytest.FixtureRequest, db_url: str) -> Iterator[Store]:
+    url = db_url if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+    with open_store(url) as store:
+        yield store
+
+
+class Clock:
+    def __init__(self, now: float = 2050.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _records(first: int, last: int, skipped: set[int]) -> list[StepRecord]:
+    return [
+        StepRecord(step, 2000.0 + step, 1024.0, step in skipped, step in skipped,
+                   (0,) if step in skipped else (), 512.0 if step in skipped else 1024.0,
+                   0, 4, 2.0, 0.5, 0)
+        for step in range(first, last + 1)
+    ]  # fmt: skip
+
+
+def _evaluator(store: Store, clock: Clock, changes: list[AlertRow]) -> Evaluator:
+    return Evaluator(store, RULES, on_change=changes.append, clock=clock)
+
+
+def _alerts(store: Store) -> list[AlertRow]:
+    return alert_page(store, limit=100)[0][::-1]
+
+
+def test_an_alert_fires_once_and_resolves_once(any_store: Store) -> None:
+    store, clock, changes = any_store, Clock(), []
+    run = create_run(store, name="bert", world_size=1, config={}, control={})
+    evaluator = _evaluator(store, clock, changes)
+    assert evaluator.tick() == []  # watched from its first step on
+    write_steps(store, run.id, _records(1, 8, skipped={5, 6, 7, 8}))
+    (fired,) = evaluator.tick()
+    assert (fired.rule, fired.state, fired.fired_step, fired.value) == ("streak", "firing", 7, 3)
+    assert fired.fired_at == 2007.0  # the step's wall time
+    assert evaluator.tick() == []
+    write_steps(store, run.id, _records(9, 10, skipped=set()))
+    (resolved,) = evaluator.tick()
+    assert (resolved.id, resolved.state) == (fired.id, AlertState.RESOLVED)
+    assert (resolved.resolved_step, resolved.resolved_at, resolved.resolved_value) == (9, 2009.0, 0)
+    assert "streak (skip_streak) resolved on run 'bert'" in resolved.text
+    write_steps(store, run.id, _records(11, 20, skipped={12, 13, 14, 16, 17, 18, 19, 20}))
+    assert [(a.fired_step, a.resolved_step) for a in evaluator.tick()] == [
+        (14, None), (14, 15), (18, None),
+    ]  # fmt: skip
+    assert [(a.fired_step, a.resolved_step, a.state) for a in _alerts(store)] == [
+        (7, 9, "resolved"), (14, 15, "resolved"), (18, None, "firing"),
+    ]  # fmt: skip
+    assert len(changes) == 5
+
+
+def test_a_restarted_service_keeps_what_fires_and_resolves_what_ended(any_store: Store) -> None:
+    store, clock = any_store, Clock()
+    run = create_run(store, name="bert", world_size=1, config={}, control={})
+    before = _evaluator(store, clock, [])
+    before.tick()
+    write_steps(store, run.id, _records(1, 8, skipped={5, 6, 7, 8}))
+    (fired,) = before.tick()
+    assert fired.fired_step == 7
+    again: list[AlertRow] = []
+    restarted = _evaluator(store, clock, again)
+    assert restarted.tick() == []  # still firing: not again
+    write_steps(store, run.id, _records(9, 9, skipped=set()))
+    (resolved,) = restarted.tick()
+    assert resolved.id == fired.id and resolved.resolved_step == 9
+    assert len(_alerts(store)) == 1
+
+
+def test_a_run_that_ends_resolves_its_alerts_at_its_last_step(any_store: Store) -> None:
+    store, clock, changes = any_store, Clock(), []
+    run = create_run(store, name="bert", world_size=1, config={}, control={})
+    evaluator = _evaluator(store, clock, changes)
+    write_steps(store, run.id, _records(1, 6, skipped={4, 5, 6}))
+    assert [a.state for a in evaluator.tick()] == ["firing"]
+    end_run(store, run.id)
+    clock.now += 1
+    (resolved,) = evaluator.tick()
+    assert (resolved.state, resolved.resolved_step, resolved.resolved_at) == ("resolved", 6, 2051)
+    assert evaluator.tick() == []
+    assert _evaluator(store, clock, changes).tick() == []  # nothing left for a new service
+
+
+def test_stalled_fires_after_its_seconds_without_a_step_and_resolves_on_the_next(
+    any_store: Store,
+) -> None:
+    store, clock, changes = any_store, Clock(), []
+    run = create_run(store, name="bert", world_size=1, config={}, control={})
+    write_steps(store, run.id, _records(1, 3, skipped=set()))
+    evaluator = _evaluator(store, clock, changes)
+    assert evaluator.tick() == []  # its last step (at 2003) is 47 s old
+    clock.now = 2070.0
+    (fired,) = evaluator.tick()
+    assert (fired.rule, fired.fired_step, fired.fired_at, fired.value) == ("silent", 3, 2063.0, 67)
+    assert evaluator.tick() == []
+    write_steps(store, run.id, _records(4, 4, skipped=set()))
+    clock.now = 2080.0
+    (resolved,) = evaluator.tick()
+    assert (resolved.id, resolved.resolved_step, resolved.resolved_at) == (fired.id, 4, 2080.0)
+
+
+def test_two_services_over_one_store_fire_it_once(any_store: Store) -> None:
+    store, clock = any_store, Clock()
+    run = create_run(store, name="bert", world_size=1, config={}, control={})
+    one: list[AlertRow] = []
+    two: list[AlertRow] = []
+    first, second = _evaluator(store, clock, one), _evaluator(store, clock, two)
+    first.tick(), second.tick()
+    write_steps(store, run.id, _records(1, 6, skipped={4, 5, 6}))
+    assert len(first.tick()) == 1 and second.tick() == []
+    write_steps(store, run.id, _records(7, 7, skipped=set()))
+    assert len(second.tick()) == 1 and first.tick() == []
+    ((fired, resolved),) = [(one[0], two[0])]
+    assert fired.id == resolved.id and len(_alerts(store)) == 1
+
+
+def test_a_write_that_fails_is_made_at_the_next_tick_with_its_steps(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import app.alerts.evaluate as evaluate
+
+    store, clock, changes = open_store(db_url), Clock(), []
+    run = create_run(store, name="bert", world_size=1, config={}, control={})
+    evaluator = _evaluator(store, clock, changes)
+    evaluator.tick()
+    failures = {"fire_alert": 1, "resolve_alert": 1}
+
+    def failing(name: str) -> object:
+        real = getattr(evaluate, name)
+
+        def once(*args: object, **kwargs: object) -> object:
+            if failures[name]:
+                failures[name] -= 1
+                raise OSError("disk full")
+            return real(*args, **kwargs)
+
+        return once
+
+    for name in failures:
+        monkeypatch.setattr(evaluate, name, failing(name))
+    write_steps(store, run.id, _records(1, 8, skipped={4, 5, 6, 7, 8}))
+    with pytest.raises(OSError):
+        evaluator.tick()
+    assert _alerts(store) == [] and changes == []
+    (fired,) = evaluator.tick()  # no step since: stored now, where the streak reached 3
+    assert (fired.fired_step, fired.value) == (6, 3)
+    write_steps(store, run.id, _records(9, 12, skipped=set()))
+    with pytest.raises(OSError):
+        evaluator.tick()
+    (resolved,) = evaluator.tick()
+    assert (resolved.id, resolved.resolved_step, resolved.resolved_at) == (fired.id, 9, 2009.0)
+    write_steps(store, run.id, _records(13, 15, skipped={13, 14, 15}))
+    (again,) = evaluator.tick()  # each step fed once: the streak is 3 at 15, not more
+    assert (again.fired_step, again.value) == (15, 3)
+    store.close()
+
+
+def test_a_run_that_never_steps_stalls_at_step_0(any_store: Store) -> None:
+    store, clock = any_store, Clock()
+    run = create_run(store, name="bert", world_size=1, config={}, control={})
+    evaluator = _evaluator(store, clock, [])
+    assert evaluator.tick() == []  # started now: 0 s silent on the service's clock
+    clock.now += 61
+    (fired,) = evaluator.tick()
+    assert (fired.run_id, fired.rule, fired.fired_step) == (run.id, "silent", 0)
+    assert fired.fired_at == 2050.0 + 60
+
+
+def test_a_new_kind_is_a_params_model_and_a_watch_registered(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.alerts.kinds import KINDS, Params, Reading, StepView, Watch, kind
+
+    monkeypatch.setitem(KINDS, "scale_above", None)  # gone again after the test
+
+    class Ceiling(Params):
+        threshold: float = 2.0**20
+
+    @kind("scale_above", Ceiling, "the scale after a step is over `threshold`", default=False)
+    class ScaleAbove(Watch[Ceiling]):
+        def step(self, row: StepView) -> Reading:
+            return Reading(row.scale_after > self.params.threshold, row.scale_after)
+
+    rules = parse_rules('[[rule]]\nname = "high"\nkind = "scale_above"\nthreshold = 1000\n').rules
+    with open_store(db_url) as store:
+        run = create_run(store, name="bert", world_size=1, config={}, control={})
+        evaluator = Evaluator(store, rules, clock=Clock())
+        evaluator.tick()
+        write_steps(store, run.id, _records(1, 3, skipped={3}))  # 1024 until step 3's backoff
+        fired, resolved = evaluator.tick()
+    assert (fired.rule, fired.kind, fired.fired_step, resolved.resolved_step) == (
+        "high", "scale_above", 1, 3,
+    )  # fmt: skip
+    assert "scale_above" not in {rule.kind for rule in default_rules()}

@@ -1,0 +1,104 @@
+"""Each rule kind on crafted step histories: where its condition starts and ends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from app.alerts.kinds import KINDS, Reading, RunView, StepView
+
+RUN = RunView(1, "bert", 4, True, 1000.0, 0, None)
+
+
+def _steps(
+    skipped: Iterable[int] = (),
+    backoffs: Iterable[int] = (),
+    ranks: dict[int, tuple[int, ...]] | None = None,
+    *,
+    last: int = 100,
+    scale: dict[int, float] | None = None,
+) -> list[StepView]:
+    skipped, backoffs, ranks = set(skipped), set(backoffs), ranks or {}
+    rows = []
+    for step in range(1, last + 1):
+        before = (scale or {}).get(step, 1024.0)
+        after = before / 2 if step in backoffs else before
+        overflow = step in skipped or step in ranks
+        rows.append(
+            StepView(step, 1000.0 + step, before, after, overflow, step in skipped,
+                     ranks.get(step, ()))
+        )  # fmt: skip
+    return rows
+
+
+def _turns(kind: str, rows: list[StepView], run: RunView = RUN, **params: object) -> list[tuple]:
+    """``(step, on, value)`` at each step where the condition changes."""
+    spec = KINDS[kind]
+    watch = spec.watch(spec.params.model_validate(params), run)
+    turns, on = [], False
+    for row in rows:
+        reading = watch.step(row)
+        assert isinstance(reading, Reading)
+        if reading.on != on:
+            on = reading.on
+            turns.append((row.step, on, reading.value))
+    return turns
+
+
+def test_the_registry_holds_every_kind_with_a_default_rule() -> None:
+    assert set(KINDS) == {
+        "scale_below", "scale_drop", "skip_rate", "skip_streak", "stalled", "rank_hotspot",
+    }  # fmt: skip
+    assert all(spec.default for spec in KINDS.values())
+
+
+def test_scale_below_holds_while_the_scale_after_a_step_is_under_the_floor() -> None:
+    scale = {step: 0.5 for step in range(40, 60)}
+    rows = _steps(scale=scale)
+    assert _turns("scale_below", rows, threshold=1.0) == [(40, True, 0.5), (60, False, 1024.0)]
+    assert _turns("scale_below", rows, threshold=0.25) == []
+
+
+def test_scale_drop_counts_backoffs_within_the_window() -> None:
+    rows = _steps(backoffs=[10, 20, 30, 31])
+    # The 4th backoff (31) has 4 within 30 steps; it ends when step 10 leaves the window.
+    assert _turns("scale_drop", rows, window=30, threshold=4) == [(31, True, 4.0), (40, False, 3.0)]
+    assert _turns("scale_drop", rows, window=20, threshold=4) == []
+
+
+def test_skip_rate_over_a_full_window_above_the_threshold() -> None:
+    rows = _steps(skipped=[2, 3, 4, 5, 30, 31, 32])
+    # Steps 2-5 are 40% of the first 10, but the window is not full before step 10.
+    turns = _turns("skip_rate", rows, window=10, threshold=0.2)
+    assert turns == [(10, True, 0.4), (13, False, 0.2), (32, True, 0.3), (40, False, 0.2)]
+
+
+def test_skip_streak_fires_at_the_nth_skipped_step_in_a_row() -> None:
+    rows = _steps(skipped=[5, 6, 7, 20, 21, 22, 23, 24])
+    assert _turns("skip_streak", rows, threshold=4) == [(23, True, 4.0), (25, False, 0.0)]
+
+
+def test_rank_hotspot_names_the_rank_in_most_overflow_reports() -> None:
+    ranks = {10: (3,), 20: (3,), 30: (1, 3), 40: (3,), 50: (3,), 60: (0,)}
+    spec = KINDS["rank_hotspot"]
+    watch = spec.watch(spec.params.model_validate({"window": 100, "threshold": 0.6}), RUN)
+    readings = {row.step: watch.step(row) for row in _steps(ranks=ranks, last=120)}
+    assert not readings[49].on  # 4 overflows: under min_overflows (5)
+    assert readings[50] == Reading(True, 5 / 6, detail="rank 3")
+    assert readings[60].on and readings[60].value == 5 / 7
+    assert readings[110] == Reading(True, 4 / 6, detail="rank 3")  # step 10 left the window
+    assert not readings[120].on  # step 20 too: 4 overflows in the window
+    assert not spec.applies(RunView(2, "one rank", 1, True, 0.0, 0, None))
+    assert spec.applies(RUN)
+
+
+def test_stalled_counts_seconds_without_a_new_step_on_the_services_clock() -> None:
+    spec = KINDS["stalled"]
+    watch = spec.watch(spec.params.model_validate({"threshold": 60}), RUN)
+    at_start = RunView(1, "bert", 4, True, 1000.0, 7, 1010.0)
+    # First look: the store's last step, 1010, is 30 s old.
+    assert watch.clock(at_start, now=1040.0) == Reading(False, 30.0, at=1040.0)
+    assert watch.clock(at_start, now=1080.0) == Reading(True, 70.0, at=1070.0)
+    later = RunView(1, "bert", 4, True, 1000.0, 8, 1081.0)  # a new step, seen at 1100
+    assert watch.clock(later, now=1100.0) == Reading(False, 0.0, at=1100.0)
+    ended = RunView(1, "bert", 4, False, 1000.0, 8, 1081.0)
+    assert not watch.clock(ended, now=9999.0).on  # type: ignore[union-attr]
