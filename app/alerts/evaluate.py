@@ -17,15 +17,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import and_, case, func, select
 
 from app.alerts.kinds import KINDS, Reading, RunView, StepView, Watch
 from app.alerts.rules import Rule
 from scaler.store.alerts import AlertRow, Firing, fire_alert, firing_alerts, resolve_alert
 from scaler.store.engine import Store
 from scaler.store.queries import parse_ranks, step_rows_after
-from scaler.store.schema import runs
-from scaler.store.states import RunStatus
+from scaler.store.schema import autopilots, runs
+from scaler.store.states import AutopilotState, RunStatus
 
 __all__ = ["BATCH_STEPS", "TICK_STEPS", "Evaluator"]
 
@@ -102,9 +102,21 @@ class Evaluator:
             return changes
 
     def _runs(self) -> list[RunView]:
-        query = select(
-            runs.c.id, runs.c.name, runs.c.status, runs.c.world_size, runs.c.started_at
-        ).order_by(runs.c.id)
+        stopped = and_(autopilots.c.enabled, autopilots.c.state == AutopilotState.GAVE_UP)
+        query = (
+            select(
+                runs.c.id,
+                runs.c.name,
+                runs.c.status,
+                runs.c.world_size,
+                runs.c.started_at,
+                case((stopped, func.coalesce(autopilots.c.reason, "")), else_=None).label(
+                    "gave_up"
+                ),
+            )
+            .outerjoin(autopilots, autopilots.c.run_id == runs.c.id)
+            .order_by(runs.c.id)
+        )
         with self.store.read() as conn:
             rows = conn.execute(query).all()
         present = {row.id for row in rows}
@@ -119,6 +131,7 @@ class Evaluator:
                 started_at=row.started_at,
                 last_step=0,
                 last_wall_time=None,
+                autopilot_gave_up=row.gave_up,
             )
             for row in rows
         ]
@@ -133,7 +146,12 @@ class Evaluator:
                 return
             self._idle.discard(view.id)
             watched = self._watch(view)
-        watched.run = _with(watched.run, running=view.running, name=view.name)
+        watched.run = _with(
+            watched.run,
+            running=view.running,
+            name=view.name,
+            autopilot_gave_up=view.autopilot_gave_up,
+        )
         try:
             self._feed(watched)
             if not watched.warm:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "KINDS",
+    "AutopilotGaveUp",
     "Kind",
     "Params",
     "RankHotspot",
@@ -65,6 +66,7 @@ class RunView:
     started_at: float
     last_step: int  # the newest step fed to the watches (0 before any)
     last_wall_time: float | None  # that step's wall time
+    autopilot_gave_up: str | None = None  # its reason, while the run's autopilot has stopped itself
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,3 +305,23 @@ class RankHotspot(_Windowed[Hotspot]):
         rank, count = max(self.reports.items(), key=lambda item: (item[1], -item[0]))
         share = count / self.total
         return Reading(share > self.params.threshold, share, detail=f"rank {rank}")
+
+
+class Stopped(Params):
+    threshold: float = Field(
+        default=1.0, ge=1, le=1, description="1: fires while the value (1 if stopped) reaches it"
+    )
+
+
+@kind(
+    "autopilot",
+    Stopped,
+    "the run's autopilot stopped itself, its changes not helping (value 1 while it stays"
+    " stopped; the reason in the alert's detail)",
+)
+class AutopilotGaveUp(Watch[Stopped]):
+    def clock(self, run: RunView, now: float) -> Reading:
+        reason = run.autopilot_gave_up
+        if reason is None:
+            return Reading(False, 0.0)
+        return Reading(True, 1.0, detail=reason[:200])

@@ -9,6 +9,7 @@ import pytest
 from app.alerts.evaluate import Evaluator
 from app.alerts.rules import default_rules, parse_rules
 from scaler.store.alerts import AlertRow, alert_page
+from scaler.store.autopilot import disable_autopilot, save_decision, set_autopilot
 from scaler.store.engine import Store, open_store
 from scaler.store.records import StepRecord
 from scaler.store.runs import create_run, end_run, write_steps
@@ -34,6 +35,9 @@ def any_store(request: pytest.FixtureRequest, db_url: str) -> Iterator[Store]:
     url = db_url if request.param == "sqlite" else request.getfixturevalue("postgres_url")
     with open_store(url) as store:
         yield store
+
+
+CONTROL = {"growth_interval": 20, "growth_factor": 2.0, "backoff_factor": 0.5}
 
 
 class Clock:
@@ -228,3 +232,27 @@ def test_a_new_kind_is_a_params_model_and_a_watch_registered(
         "high", "scale_above", 1, 3,
     )  # fmt: skip
     assert "scale_above" not in {rule.kind for rule in default_rules()}
+
+
+def test_an_autopilot_that_stops_itself_fires_until_it_is_turned_off(any_store: Store) -> None:
+    store, clock, changes = any_store, Clock(), []
+    run = create_run(store, name="bert", world_size=1, config={}, control=CONTROL)
+    evaluator = Evaluator(store, default_rules(), on_change=changes.append, clock=clock)
+    set_autopilot(store, run.id, {"enabled": True, "target_skip_rate": 0.01}, now=clock.now)
+    write_steps(store, run.id, _records(1, 4, skipped=set()))
+    assert [a.rule for a in evaluator.tick()] == []  # on and watching: nothing
+    reason = "skipped-step rate 9.00% over 400 steps with growth_interval at its upper bound"
+    assert save_decision(
+        store, run.id, decision={"action": "stop"}, misses=0, helped_below=None, gave_up=reason
+    )
+    write_steps(store, run.id, _records(5, 6, skipped=set()))
+    (fired,) = evaluator.tick()
+    assert (fired.rule, fired.kind, fired.state, fired.detail) == (
+        "autopilot", "autopilot", "firing", reason,
+    )  # fmt: skip
+    assert fired.fired_step == 6 and fired.value == 1
+    assert evaluator.tick() == []  # once
+    disable_autopilot(store, run.id, now=clock.now)
+    write_steps(store, run.id, _records(7, 7, skipped=set()))
+    (resolved,) = evaluator.tick()
+    assert (resolved.id, resolved.state, resolved.resolved_step) == (fired.id, "resolved", 7)

@@ -47,6 +47,7 @@ def _turns(kind: str, rows: list[StepView], run: RunView = RUN, **params: object
 def test_the_registry_holds_every_kind_with_a_default_rule() -> None:
     assert set(KINDS) == {
         "scale_below", "scale_drop", "skip_rate", "skip_streak", "stalled", "rank_hotspot",
+        "autopilot",
     }  # fmt: skip
     assert all(spec.default for spec in KINDS.values())
 
