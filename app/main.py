@@ -55,7 +55,7 @@ def create_app(settings: Settings | None = None, alerts: AlertConfig | None = No
         store = open_store(settings.db)
         app.state.store = store
         app.state.chart_limiter = anyio.CapacityLimiter(CHART_THREADS)
-        app.state.autopilot = AutopilotLoop(store)
+        app.state.autopilot = AutopilotLoop(store, rules=config.autopilots)
         try:
             async with (
                 watching(store, config, settings.alerts_interval_s) as watched,

@@ -22,9 +22,12 @@ from typing import Any
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, ValidationError
 
 from app.alerts.kinds import KINDS, Params, RunView
+from scaler.store.autopilot import validate_autopilot
+from scaler.store.errors import ControlValidationError
 
 __all__ = [
     "AlertConfig",
+    "AutopilotRule",
     "Rule",
     "RulesFileError",
     "Webhook",
@@ -53,9 +56,23 @@ class Webhook(BaseModel):
 
 
 @dataclass(frozen=True)
+class AutopilotRule:
+    """An ``[[autopilot]]`` table: the autopilot turned on, with ``settings`` (the body of
+    a ``PUT /api/runs/{run}/autopilot``), for each running run whose name the glob ``run``
+    matches and whose autopilot was never set."""
+
+    run: str
+    settings: dict[str, Any]
+
+    def applies_to(self, name: str) -> bool:
+        return fnmatch.fnmatchcase(name, self.run)
+
+
+@dataclass(frozen=True)
 class AlertConfig:
     rules: tuple[Rule, ...]
     webhooks: tuple[Webhook, ...] = field(default=())
+    autopilots: tuple[AutopilotRule, ...] = field(default=())
 
 
 def default_rules() -> tuple[Rule, ...]:
@@ -89,6 +106,7 @@ class _File(BaseModel):
 
     webhook: list[Webhook] = []
     rule: list[dict[str, Any]] = []
+    autopilot: list[dict[str, Any]] = []
 
 
 def load_rules(path: Path) -> AlertConfig:
@@ -127,7 +145,30 @@ def parse_rules(text: str, source: str = "rules file") -> AlertConfig:
                 f"rule {index + 1} ({name!r}): name: another rule is called so",
                 _line_of(text, "rule", index, "name"),
             )
-    return AlertConfig(tuple(rules) if rules else default_rules(), tuple(parsed.webhook))
+    return AlertConfig(
+        tuple(rules) if rules else default_rules(),
+        tuple(parsed.webhook),
+        tuple(
+            _autopilot(table, index, text, source) for index, table in enumerate(parsed.autopilot)
+        ),
+    )
+
+
+def _autopilot(table: dict[str, Any], index: int, text: str, source: str) -> AutopilotRule:
+    """An ``[[autopilot]]`` table checked by the autopilot's own rules (the store's)."""
+    label = f"autopilot {index + 1}"
+    run = table.get("run")
+    if not isinstance(run, str) or not 0 < len(run) <= 200:
+        reason = f"{label}: run: a glob of run names is required (1 to 200 characters)"
+        raise RulesFileError(source, reason, _line_of(text, "autopilot", index, "run"))
+    settings = {"enabled": True, **{k: v for k, v in table.items() if k != "run"}}
+    try:
+        validate_autopilot(settings, {})  # a run's max_scale is checked when it is applied
+    except ControlValidationError as error:
+        name, reason = next(iter(error.errors.items()))
+        line = _line_of(text, "autopilot", index, name)
+        raise RulesFileError(source, f"{label}: {reason}", line) from None
+    return AutopilotRule(run, settings)
 
 
 def _rule(table: dict[str, Any], index: int, text: str, source: str) -> Rule:

@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
 
+from app.alerts.rules import AutopilotRule
 from app.autopilot.policy import Action, Control, Decision, Memory, Settings, Window, decide
 from scaler.store.autopilot import (
     AutopilotRow,
     RunFacts,
     enabled_autopilots,
+    runs_without_autopilot,
     save_decision,
+    set_autopilot,
 )
 from scaler.store.control import request_control
 from scaler.store.engine import Store
@@ -44,20 +47,49 @@ log = logging.getLogger("scaler.autopilot")
 class AutopilotLoop:
     """Evaluates the store's enabled autopilots, one :meth:`tick` at a time."""
 
-    def __init__(self, store: Store, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        rules: Sequence[AutopilotRule] = (),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
+        self.rules = tuple(rules)  # the rules file's [[autopilot]] tables
         self.clock = clock
         self.ticks = 0  # ticks done: tests wait on it
         self._seen: dict[int, int] = {}  # run id -> the last step evaluated
+        self._ruled: set[int] = set()  # runs the rules were applied to, or matched none
 
     def tick(self) -> None:
         now = self.clock()
+        if self.rules:
+            self._apply_rules(now)
         for row, run in enabled_autopilots(self.store, now=now):
             if run.status is not RunStatus.RUNNING or self._seen.get(row.run_id) == run.last_step:
                 continue
             self._seen[row.run_id] = run.last_step
             self.evaluate(row, run, now)
         self.ticks += 1
+
+    def _apply_rules(self, now: float) -> None:
+        """Turn the autopilot on, as the first rule whose glob matches its name says, for
+        each running run whose autopilot was never set (one a person turned off stays off)."""
+        for run_id, name in runs_without_autopilot(self.store, now=now):
+            if run_id in self._ruled:
+                continue
+            self._ruled.add(run_id)
+            rule = next((rule for rule in self.rules if rule.applies_to(name)), None)
+            if rule is None:
+                continue
+            try:
+                set_autopilot(self.store, run_id, rule.settings, now=now)
+            except (ControlValidationError, RunNotFound, RunNotRunning) as error:
+                log.warning("scalewatch: autopilot rule %r not applied to run %d: %s",
+                            rule.run, run_id, error)  # fmt: skip
+            else:
+                log.info("scalewatch: autopilot on for run %d (%s) by rule %r", run_id, name,
+                         rule.run)  # fmt: skip
 
     def evaluate(self, row: AutopilotRow, run: RunFacts, now: float) -> Decision | None:
         """Decide for one run, file the change if any, record the decision."""

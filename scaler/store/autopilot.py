@@ -32,6 +32,7 @@ __all__ = [
     "disable_autopilot",
     "enabled_autopilots",
     "get_autopilot",
+    "runs_without_autopilot",
     "save_decision",
     "set_autopilot",
     "validate_autopilot",
@@ -220,6 +221,24 @@ def enabled_autopilots(
             RunFacts(effective_status(row, now), int(row["last_step"]), dict(row["control"])),
         )
         for row in rows
+    ]
+
+
+def runs_without_autopilot(store: Store, *, now: float | None = None) -> list[tuple[int, str]]:
+    """(id, name) of every running run whose autopilot was never set, by id: one query."""
+    now = time.time() if now is None else now
+    query = (
+        select(runs.c.id, runs.c.name, runs.c.status, runs.c.heartbeat_at)
+        .outerjoin(autopilots, autopilots.c.run_id == runs.c.id)
+        .where(autopilots.c.run_id.is_(None), runs.c.status == RunStatus.RUNNING)
+        .order_by(runs.c.id)
+    )
+    with store.read() as conn:
+        rows = [row._mapping for row in conn.execute(query)]
+    return [
+        (int(row["id"]), str(row["name"]))
+        for row in rows
+        if effective_status(row, now) is RunStatus.RUNNING
     ]
 
 

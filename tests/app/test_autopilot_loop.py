@@ -8,13 +8,14 @@ import logging
 import pytest
 from fastapi.testclient import TestClient
 
+from app.alerts.rules import RulesFileError, parse_rules
 from app.autopilot import AutopilotLoop, run_loop
-from scaler.store.autopilot import get_autopilot, set_autopilot
+from scaler.store.autopilot import disable_autopilot, get_autopilot, set_autopilot
 from scaler.store.control import control_history
 from scaler.store.engine import Store
-from scaler.store.runs import end_run, write_steps
+from scaler.store.runs import create_run, end_run, write_steps
 from scaler.store.states import AutopilotState, RequestSource, RequestStatus
-from tests.app.conftest import add_run, simulate
+from tests.app.conftest import CONTROL, add_run, simulate
 
 EVERY_TENTH = set(range(10, 601, 10))  # 10% of the steps skipped
 ON = {"enabled": True, "target_skip_rate": 0.01, "cooldown_steps": 100}
@@ -98,3 +99,71 @@ def test_a_failing_store_is_logged_once_until_it_works_again(
         "scalewatch: the autopilot's evaluation failed; it tries again",
         "scalewatch: the autopilot evaluates runs again",
     ]
+
+
+RULES_FILE = """
+[[autopilot]]
+run = "bert-*"
+target_skip_rate = 0.01
+cooldown_steps = 100
+
+[[autopilot]]
+run = "*"
+target_skip_rate = 0.02
+min_scale = 2048.0
+"""
+
+
+def test_the_rules_files_autopilot_tables_turn_it_on_for_the_runs_they_name(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    rules = parse_rules(RULES_FILE).autopilots
+    bert = add_run(store, simulate(600, EVERY_TENTH), name="bert-large")
+    capped = {**CONTROL, "max_scale": 1024.0}  # under its rule's floor: refused
+    gpt = create_run(store, name="gpt", world_size=2, config={}, control=capped).id
+    write_steps(store, gpt, simulate(600, EVERY_TENTH))
+    off = add_run(store, simulate(600, EVERY_TENTH), name="bert-base")
+    set_autopilot(store, off, {"enabled": False, "target_skip_rate": 0.01})  # a person's: kept
+    loop = AutopilotLoop(store, rules=rules)
+    with caplog.at_level(logging.WARNING, logger="scaler.autopilot"):
+        loop.tick()
+    row = get_autopilot(store, bert)
+    assert row is not None and row.enabled and row.target_skip_rate == 0.01
+    assert row.cooldown_steps == 100 and row.min_growth_interval == 4  # the run's interval
+    (request,) = control_history(store, bert)  # and evaluated in the same tick
+    assert request.source is RequestSource.AUTOPILOT
+    assert get_autopilot(store, gpt) is None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"scalewatch: autopilot rule '*' not applied to run {gpt}: "
+        + str(_refusal(store, gpt))
+    ]
+    off_row = get_autopilot(store, off)
+    assert off_row is not None and not off_row.enabled
+    disable_autopilot(store, bert)
+    loop.tick()  # turned off by a person: the rule does not turn it on again
+    after = get_autopilot(store, bert)
+    assert after is not None and not after.enabled and len(caplog.records) == 1
+
+
+def _refusal(store: Store, run: int) -> Exception:
+    try:
+        set_autopilot(store, run, {"enabled": True, "target_skip_rate": 0.02, "min_scale": 2048.0})
+    except Exception as error:  # noqa: BLE001 - the store's own refusal, to compare with
+        return error
+    raise AssertionError("accepted")
+
+
+@pytest.mark.parametrize(
+    ("table", "line", "reason"),
+    [
+        ('target_skip_rate = 0.01', 2, "autopilot 1: run: a glob of run names is required"),
+        ('run = "*"\ntarget_skip_rate = 2.0', 4, "autopilot 1: target_skip_rate must be"),
+        ('run = "*"\ntarget_skip_rate = 0.1\ncooldown = 5', 5, "autopilot 1: unknown field"),
+        ('run = "*"\ntarget_skip_rate = 0.1\nmax_growth_interval = 0', 5, "autopilot 1: max_"),
+    ],
+)
+def test_a_bad_autopilot_table_is_refused_with_its_line(table: str, line: int, reason: str) -> None:
+    with pytest.raises(RulesFileError) as refused:
+        parse_rules(f"\n[[autopilot]]\n{table}\n", source="rules.toml")
+    assert refused.value.line == line
+    assert str(refused.value).startswith(f"rules.toml, line {line}: {reason}")
