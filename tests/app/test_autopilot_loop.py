@@ -13,6 +13,7 @@ from app.autopilot import AutopilotLoop, run_loop
 from scaler.store.autopilot import disable_autopilot, get_autopilot, set_autopilot
 from scaler.store.control import control_history
 from scaler.store.engine import Store
+from scaler.store.errors import ControlValidationError
 from scaler.store.runs import create_run, end_run, write_steps
 from scaler.store.states import AutopilotState, RequestSource, RequestStatus
 from tests.app.conftest import CONTROL, add_run, simulate
@@ -134,8 +135,7 @@ def test_the_rules_files_autopilot_tables_turn_it_on_for_the_runs_they_name(
     assert request.source is RequestSource.AUTOPILOT
     assert get_autopilot(store, gpt) is None
     assert [r.getMessage() for r in caplog.records] == [
-        f"scalewatch: autopilot rule '*' not applied to run {gpt}: "
-        + str(_refusal(store, gpt))
+        f"scalewatch: autopilot rule '*' not applied to run {gpt}: " + str(_refusal(store, gpt))
     ]
     off_row = get_autopilot(store, off)
     assert off_row is not None and not off_row.enabled
@@ -148,7 +148,7 @@ def test_the_rules_files_autopilot_tables_turn_it_on_for_the_runs_they_name(
 def _refusal(store: Store, run: int) -> Exception:
     try:
         set_autopilot(store, run, {"enabled": True, "target_skip_rate": 0.02, "min_scale": 2048.0})
-    except Exception as error:  # noqa: BLE001 - the store's own refusal, to compare with
+    except ControlValidationError as error:  # the store's own refusal, to compare with
         return error
     raise AssertionError("accepted")
 
@@ -156,7 +156,7 @@ def _refusal(store: Store, run: int) -> Exception:
 @pytest.mark.parametrize(
     ("table", "line", "reason"),
     [
-        ('target_skip_rate = 0.01', 2, "autopilot 1: run: a glob of run names is required"),
+        ("target_skip_rate = 0.01", 2, "autopilot 1: run: a glob of run names is required"),
         ('run = "*"\ntarget_skip_rate = 2.0', 4, "autopilot 1: target_skip_rate must be"),
         ('run = "*"\ntarget_skip_rate = 0.1\ncooldown = 5', 5, "autopilot 1: unknown field"),
         ('run = "*"\ntarget_skip_rate = 0.1\nmax_growth_interval = 0', 5, "autopilot 1: max_"),
