@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from scaler.store.queries import INT64_MAX
-from scaler.store.rules import FLOAT32_MAX, FLOAT32_TINY, INT32_MAX
+from scaler.store.rules import SCHEMAS
 from scaler.store.states import RequestSource, RequestStatus, RunStatus
 
 __all__ = [
@@ -102,29 +101,15 @@ class OverflowPage(BaseModel):
     next: int | None = Field(description="pass as ?after= for the next page; null at the end")
 
 
-# Each control field's rule (scaler/_control.py's RULES) in JSON Schema, so that the
-# OpenAPI document refuses what the store refuses. A null is refused too: a bound once set
-# is never removed.
-_INTEGER = {"type": "integer", "minimum": 1, "maximum": INT32_MAX}
-_SCALE = {"type": "number", "minimum": FLOAT32_TINY, "maximum": FLOAT32_MAX}
-CONTROL_FIELD_SCHEMAS: dict[str, dict[str, Any]] = {
-    "growth_interval": _INTEGER,
-    "hysteresis": _INTEGER,
-    "growth_factor": {"type": "number", "exclusiveMinimum": 1, "maximum": sys.float_info.max},
-    "backoff_factor": {"type": "number", "minimum": FLOAT32_TINY, "exclusiveMaximum": 1},
-    "scale": _SCALE,
-    "min_scale": _SCALE,
-    "max_scale": _SCALE,
-}
-
-
 def _control_schema(schema: dict[str, Any]) -> None:
+    # Each field's rule as scaler/store/rules.py states it, so that the OpenAPI document
+    # refuses what the store refuses. A null is refused too: a bound once set stays.
     schema["minProperties"] = 1  # an empty request changes nothing: refused
     schema["examples"] = [{"growth_interval": 500, "growth_factor": 2.0}]
     for name, field in schema["properties"].items():
         title = field.get("title")
         field.clear()
-        field.update(CONTROL_FIELD_SCHEMAS[name], title=title)
+        field.update(SCHEMAS[name], title=title)
 
 
 class ControlRequest(BaseModel):
