@@ -83,7 +83,7 @@ def run(
                 return 130  # as an interrupted command: the run was not closed
         return 0
     finally:
-        server.should_exit = True
+        _stop_server(server)
         thread.join(timeout=10)
         sock.close()
 
@@ -109,6 +109,15 @@ def _start_server(
     if not server.started:
         raise CannotServe(f"could not serve on {settings.host}:{settings.port}")
     return server, thread
+
+
+def _stop_server(server: uvicorn.Server) -> None:
+    """Stop the server thread, its live streams first: sse-starlette ends them on a signal
+    to uvicorn, which a server in a thread does not get."""
+    from sse_starlette.sse import AppStatus
+
+    AppStatus.should_exit = True
+    server.should_exit = True
 
 
 def _announce(settings: Settings, out: TextIO) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -15,6 +14,7 @@ from app.errors import install_error_handlers
 from app.head import HeadAsGet
 from app.headers import SecurityHeaders
 from app.health import StorageGuard, StoreHealth
+from app.hubs import Hubs
 from app.limits import BodyLimit
 from app.openapi import install_openapi
 from app.penalty import FailurePenalty
@@ -43,9 +43,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.store = store
         app.state.metrics = metrics_registry(store)
         app.state.chart_limiter = anyio.CapacityLimiter(CHART_THREADS)
+        app.state.hubs = hubs = Hubs(store, settings.stream_poll_s)  # the live streams' pollers
         try:
             yield
         finally:
+            hubs.close()
             store.close()
 
     app = FastAPI(
@@ -57,7 +59,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.settings = settings  # what the routes' SettingsDep gives
-    app.state.stopping = threading.Event()  # set by serving.Server: live streams end
     app.state.health = StoreHealth()
     app.state.penalty = FailurePenalty()  # wrong tokens per client
     install_error_handlers(app)
