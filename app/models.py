@@ -11,8 +11,10 @@ from scaler.store.rules import SCHEMAS
 from scaler.store.states import RequestSource, RequestStatus, RunStatus
 
 __all__ = [
+    "ControlFieldRule",
     "ControlRequest",
     "ControlRequestOut",
+    "ControlRules",
     "ControlView",
     "ErrorMessage",
     "Health",
@@ -131,6 +133,28 @@ class ControlRequest(BaseModel):
     min_scale: StrictFloat | None = None
     max_scale: StrictFloat | None = None
     hysteresis: StrictInt | StrictFloat | None = None
+
+
+class ControlFieldRule(BaseModel):
+    """One control field and the rule its values keep, as ``scaler/store/rules.py`` states
+    it: what the dashboard builds its form, hints and checks from."""
+
+    name: str
+    integer: bool = Field(description="whole numbers only")
+    purpose: str = Field(description="what the field does")
+    requirement: str = Field(description="what a value must be, in words")
+    rule: str = Field(description="what a 422 says of a value that breaks it")
+    bounds: dict[str, Any] = Field(
+        description="the rule in JSON Schema (type, minimum, maximum, exclusiveMinimum,"
+        " exclusiveMaximum), as ControlRequest's schema states it"
+    )
+
+
+class ControlRules(BaseModel):
+    """The control fields in the order a request takes them. Beyond each field's rule,
+    ``min_scale <= scale <= max_scale`` must hold (the values in effect standing in)."""
+
+    fields: list[ControlFieldRule]
 
 
 class ControlRequestOut(BaseModel):

@@ -4,6 +4,7 @@ import { ApiError, getJSON, paths } from "./api.js";
 import { RunChart } from "./chart.js";
 import { ControlPanel } from "./control.js";
 import { LiveFacts } from "./facts.js";
+import { controlFields } from "./rules.js";
 import {
   badge,
   displayName,
@@ -162,7 +163,7 @@ async function main() {
       setText(info, `${range} · ${bucketWidth === 1 ? "every step" : `buckets of ${bucketWidth} steps`}`);
     },
   });
-  const panel = new ControlPanel(runId, {
+  const panel = new ControlPanel(runId, controlFields(await getJSON(paths.controlRules())), {
     onMarkers: (markers) => chart.setMarkers(markers),
     onError: reportError,
   });

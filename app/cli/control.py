@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from app.cli._common import Failed, Refused, command, db_option, existing_store
-from scaler.store.rules import FIELDS, PURPOSES, RULES, SCHEMAS
+from scaler.store.rules import FIELDS, PURPOSES, SCHEMAS, requirement
 
 __all__ = ["control", "option_help", "option_metavar"]
 
@@ -28,7 +28,7 @@ def option_metavar(name: str) -> str:
 
 def option_help(name: str) -> str:
     """What the field does and the rule its value keeps, both from the rules."""
-    return f"{PURPOSES[name]}: {RULES[name].removeprefix(f'{name} must be ')}"
+    return f"{PURPOSES[name]}: {requirement(name)}"
 
 
 def _field_options(function: Callable[..., Any]) -> Callable[..., Any]:

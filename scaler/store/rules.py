@@ -31,6 +31,7 @@ __all__ = [
     "bounds_problems",
     "check",
     "normalise",
+    "requirement",
 ]
 
 FIELDS: tuple[str, ...] = (
@@ -85,6 +86,15 @@ RULES: dict[str, str] = {
 }
 EMPTY = f"a request sets at least one of: {', '.join(FIELDS)}"
 UNKNOWN = f"unknown field; allowed: {', '.join(FIELDS)}"
+
+
+def requirement(name: str) -> str:
+    """What a value of ``name`` must be: its rule without the field's name.
+
+    >>> requirement("growth_factor")
+    'a finite number > 1'
+    """
+    return RULES[name].removeprefix(f"{name} must be ")
 
 
 def normalise(name: str, value: object) -> int | float | None:

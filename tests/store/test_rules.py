@@ -73,6 +73,7 @@ def test_the_rules_module_pins_its_public_names() -> None:
         "bounds_problems",
         "check",
         "normalise",
+        "requirement",
     ]
 
 
