@@ -1,4 +1,4 @@
-"""``scalewatch demo``: the dashboard plus a real multi-rank fp16 training writing to it.
+"""What ``scalewatch demo`` runs: the dashboard plus a real multi-rank fp16 training writing to it.
 
 The training runs in its own processes (``python -m scaler.examples.tiny_lm``); this
 process serves the dashboard on 127.0.0.1 until Ctrl-C, which also stops training
@@ -7,7 +7,6 @@ cleanly (the run is marked finished).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import signal
@@ -18,7 +17,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, TextIO
 
-from app.cli import _db_argument, _settings, command
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -30,39 +28,11 @@ WAIT_POLL_S = 0.1  # how often the demo looks whether its trainer has ended
 STOP_S = 30.0  # for the trainer to stop after a Ctrl-C (its ranks get 20 s of it)
 
 
-def _demo_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--steps",
-        type=int,
-        default=DEFAULT_STEPS,
-        help=f"training steps (default {DEFAULT_STEPS}: minutes, time to try a control request)",
-    )
-    parser.add_argument("--world-size", type=int, default=2, help="ranks (default 2)")
-    parser.add_argument("--port", type=int, help="dashboard port (default 8765)")
-    parser.add_argument(
-        "--run-name", default="tiny-lm-fp16", help="the run's name (default tiny-lm-fp16)"
-    )
-    _db_argument(parser)
-
-
-@command("demo", "train a small fp16 model on several ranks and watch it live", _demo_arguments)
-def demo(args: argparse.Namespace) -> int:
-    if args.steps < 1 or args.world_size < 1:
-        print("scalewatch demo: --steps and --world-size must be >= 1", file=sys.stderr)
-        return 2
-    from scaler.examples.tiny_lm import world_size_refused
-
-    too_many = world_size_refused(args.world_size)
-    if too_many is not None:  # before anything starts: the trainer would refuse it too
-        print(f"scalewatch demo: {too_many}", file=sys.stderr)
-        return 2
-    from app.serving import CannotServe, ready_to_serve
-
-    try:  # the store is migrated once here, before the ranks and the server start
-        settings, sock = ready_to_serve(_settings(args, port=args.port), out=sys.stdout)
-    except CannotServe as refused:
-        print(f"scalewatch demo: {refused}", file=sys.stderr)
-        return refused.code
+def run(
+    settings: Settings, sock: socket.socket, *, steps: int, world_size: int, run_name: str
+) -> int:
+    """Serve the dashboard on ``sock`` and train ``steps`` steps on ``world_size`` ranks
+    until Ctrl-C; the exit status of ``scalewatch demo``."""
     try:
         server, thread = _start_server(settings, sock)
     except BaseException:
@@ -76,13 +46,13 @@ def demo(args: argparse.Namespace) -> int:
                 "-m",
                 TRAINER,
                 "--steps",
-                str(args.steps),
+                str(steps),
                 "--world-size",
-                str(args.world_size),
+                str(world_size),
                 "--db",
                 settings.db,
                 "--run-name",
-                args.run_name,
+                run_name,
             ],
             # Its own session: a Ctrl-C reaches it through this process alone (see
             # _stop_trainer), and a forced stop kills the ranks with it. A terminal closed
@@ -113,7 +83,7 @@ def demo(args: argparse.Namespace) -> int:
                 return 130  # as an interrupted command: the run was not closed
         return 0
     finally:
-        server.should_exit = True
+        _stop_server(server)
         thread.join(timeout=10)
         sock.close()
 
@@ -122,7 +92,7 @@ def _start_server(
     settings: Settings, sock: socket.socket
 ) -> tuple[uvicorn.Server, threading.Thread]:
     from app.main import create_app
-    from app.serving import make_server
+    from app.serving import CannotServe, make_server
 
     server = make_server(create_app(settings), settings, sock, log_level="warning")
     thread = threading.Thread(
@@ -137,8 +107,17 @@ def _start_server(
     while not _check():
         started.wait(0.05)
     if not server.started:
-        raise SystemExit(f"scalewatch demo: could not serve on {settings.host}:{settings.port}")
+        raise CannotServe(f"could not serve on {settings.host}:{settings.port}")
     return server, thread
+
+
+def _stop_server(server: uvicorn.Server) -> None:
+    """Stop the server thread, its live streams first: sse-starlette ends them on a signal
+    to uvicorn, which a server in a thread does not get."""
+    from sse_starlette.sse import AppStatus
+
+    AppStatus.should_exit = True
+    server.should_exit = True
 
 
 def _announce(settings: Settings, out: TextIO) -> None:

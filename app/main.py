@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -18,6 +17,7 @@ from app.errors import install_error_handlers
 from app.head import HeadAsGet
 from app.headers import SecurityHeaders
 from app.health import StorageGuard, StoreHealth
+from app.hubs import Hubs
 from app.limits import BodyLimit
 from app.openapi import install_openapi
 from app.penalty import FailurePenalty
@@ -56,6 +56,7 @@ def create_app(settings: Settings | None = None, alerts: AlertConfig | None = No
         app.state.store = store
         app.state.chart_limiter = anyio.CapacityLimiter(CHART_THREADS)
         app.state.autopilot = AutopilotLoop(store, rules=config.autopilots)
+        app.state.hubs = hubs = Hubs(store, settings.stream_poll_s)  # the live streams' pollers
         try:
             async with (
                 watching(store, config, settings.alerts_interval_s) as watched,
@@ -67,6 +68,7 @@ def create_app(settings: Settings | None = None, alerts: AlertConfig | None = No
                 yield
                 tasks.cancel_scope.cancel()
         finally:
+            hubs.close()
             store.close()
 
     app = FastAPI(
@@ -78,7 +80,6 @@ def create_app(settings: Settings | None = None, alerts: AlertConfig | None = No
         redoc_url=None,
     )
     app.state.settings = settings  # what the routes' SettingsDep gives
-    app.state.stopping = threading.Event()  # set by serving.Server: live streams end
     app.state.health = StoreHealth()
     app.state.penalty = FailurePenalty()  # wrong tokens per client
     install_error_handlers(app)

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from scaler.store.queries import INT64_MAX
-from scaler.store.rules import FLOAT32_MAX, FLOAT32_TINY, INT32_MAX
+from scaler.store.rules import SCHEMAS
 from scaler.store.states import AlertState, RequestSource, RequestStatus, RunStatus
 
 __all__ = [
     "AlertList",
     "AlertOut",
+    "ControlFieldRule",
     "ControlRequest",
     "ControlRequestOut",
+    "ControlRules",
     "ControlView",
     "ErrorMessage",
     "Health",
@@ -104,29 +105,15 @@ class OverflowPage(BaseModel):
     next: int | None = Field(description="pass as ?after= for the next page; null at the end")
 
 
-# Each control field's rule (scaler/_control.py's RULES) in JSON Schema, so that the
-# OpenAPI document refuses what the store refuses. A null is refused too: a bound once set
-# is never removed.
-_INTEGER = {"type": "integer", "minimum": 1, "maximum": INT32_MAX}
-_SCALE = {"type": "number", "minimum": FLOAT32_TINY, "maximum": FLOAT32_MAX}
-CONTROL_FIELD_SCHEMAS: dict[str, dict[str, Any]] = {
-    "growth_interval": _INTEGER,
-    "hysteresis": _INTEGER,
-    "growth_factor": {"type": "number", "exclusiveMinimum": 1, "maximum": sys.float_info.max},
-    "backoff_factor": {"type": "number", "minimum": FLOAT32_TINY, "exclusiveMaximum": 1},
-    "scale": _SCALE,
-    "min_scale": _SCALE,
-    "max_scale": _SCALE,
-}
-
-
 def _control_schema(schema: dict[str, Any]) -> None:
+    # Each field's rule as scaler/store/rules.py states it, so that the OpenAPI document
+    # refuses what the store refuses. A null is refused too: a bound once set stays.
     schema["minProperties"] = 1  # an empty request changes nothing: refused
     schema["examples"] = [{"growth_interval": 500, "growth_factor": 2.0}]
     for name, field in schema["properties"].items():
         title = field.get("title")
         field.clear()
-        field.update(CONTROL_FIELD_SCHEMAS[name], title=title)
+        field.update(SCHEMAS[name], title=title)
 
 
 class ControlRequest(BaseModel):
@@ -148,6 +135,28 @@ class ControlRequest(BaseModel):
     min_scale: StrictFloat | None = None
     max_scale: StrictFloat | None = None
     hysteresis: StrictInt | StrictFloat | None = None
+
+
+class ControlFieldRule(BaseModel):
+    """One control field and the rule its values keep, as ``scaler/store/rules.py`` states
+    it: what the dashboard builds its form, hints and checks from."""
+
+    name: str
+    integer: bool = Field(description="whole numbers only")
+    purpose: str = Field(description="what the field does")
+    requirement: str = Field(description="what a value must be, in words")
+    rule: str = Field(description="what a 422 says of a value that breaks it")
+    bounds: dict[str, Any] = Field(
+        description="the rule in JSON Schema (type, minimum, maximum, exclusiveMinimum,"
+        " exclusiveMaximum), as ControlRequest's schema states it"
+    )
+
+
+class ControlRules(BaseModel):
+    """The control fields in the order a request takes them. Beyond each field's rule,
+    ``min_scale <= scale <= max_scale`` must hold (the values in effect standing in)."""
+
+    fields: list[ControlFieldRule]
 
 
 class ControlRequestOut(BaseModel):

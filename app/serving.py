@@ -19,7 +19,6 @@ __all__ = [
     "SWITCH_INTERVAL_S",
     "BindRefused",
     "CannotServe",
-    "Server",
     "listen",
     "make_server",
     "prepare",
@@ -34,21 +33,6 @@ SWITCH_INTERVAL_S = 0.0005
 SHUTDOWN_GRACE_S = 2
 # The shortest token a service bound beyond loopback accepts (a generated one has 43).
 MIN_TOKEN_CHARS = 16
-
-
-class Server(uvicorn.Server):
-    """uvicorn's server, which tells the app's live streams to end when it stops.
-
-    A live stream never ends by itself, and uvicorn waits for open responses: without
-    this, Ctrl-C left the server running for as long as a dashboard was open.
-    """
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        state: Any = getattr(self.config.app, "state", None)
-        stopping = getattr(state, "stopping", None)
-        if stopping is not None:
-            stopping.set()
-        await super().shutdown(sockets)
 
 
 def tune_for_serving() -> None:
@@ -137,9 +121,10 @@ def ready_to_serve(settings: Settings, out: TextIO) -> tuple[Settings, socket.so
     return settings, sock
 
 
-def make_server(app: Any, settings: Settings, sock: socket.socket, **config: Any) -> Server:
-    """A :class:`Server` for ``app`` on ``sock``, which waits ``SHUTDOWN_GRACE_S`` at most."""
-    return Server(
+def make_server(app: Any, settings: Settings, sock: socket.socket, **config: Any) -> uvicorn.Server:
+    """A server for ``app`` on ``sock``, which waits ``SHUTDOWN_GRACE_S`` at most for open
+    responses. Live streams end as it stops: sse-starlette ends them on uvicorn's exit."""
+    return uvicorn.Server(
         uvicorn.Config(
             app,
             host=settings.host.strip("[]"),

@@ -45,6 +45,7 @@ const enc = encodeURIComponent;
 
 export const paths = {
   runs: () => "api/runs",
+  controlRules: () => "api/control/rules",
   run: (id) => `api/runs/${enc(id)}`,
   steps: (id, { start, end, maxPoints } = {}) => {
     const query = new URLSearchParams();

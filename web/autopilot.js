@@ -86,7 +86,7 @@ export class AutopilotPanel {
     const on = Boolean(this.view && this.view.enabled);
     const rate = on ? null : this.readTarget();
     if (!on && rate === null) {
-      showAlert(this.error, "Enter a target between 0 and 100 (percent of steps skipped).");
+      showAlert(this.error, "Enter a target: the percent of steps it may skip, more than none and fewer than all (1 for 1%).");
       this.target.focus();
       return;
     }

@@ -2,6 +2,7 @@
 
 import { ApiError, fieldErrors, getJSON, paths, postJSON } from "./api.js";
 import { badge, displayName, el, formatTime, formatValue, formatValues, setText, showAlert } from "./dom.js";
+import { ruleProblem } from "./rules.js";
 
 const TOKEN_KEY = "scalewatch.token";
 const PENDING_POLL_MS = 1000;
@@ -10,17 +11,6 @@ const DECIMAL = /^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/;
 
 // A value in effect as the panel shows it: as the run's header and the chart do.
 const stateText = formatValue;
-
-const FIELDS = [
-  { name: "growth_interval", label: "Growth interval", hint: "Clean steps before the scale grows; integer ≥ 1", integer: true },
-  { name: "growth_factor", label: "Growth factor", hint: "Multiplier on growth; > 1" },
-  { name: "backoff_factor", label: "Backoff factor", hint: "Multiplier on overflow; between 0 and 1" },
-  { name: "scale", label: "Scale", hint: "Set the loss scale now; > 0" },
-  { name: "min_scale", label: "Min scale", hint: "Floor for the scale; > 0" },
-  { name: "max_scale", label: "Max scale", hint: "Ceiling for the scale; ≥ min scale" },
-  { name: "hysteresis", label: "Hysteresis", hint: "Overflows tolerated before backing off; integer ≥ 1; cannot be removed once set (1: back off at every overflow)", integer: true },
-];
-const FIELD_NAMES = FIELDS.map((f) => f.name);
 
 function storedToken() {
   try {
@@ -46,8 +36,10 @@ export function markerLabel(row) {
 }
 
 export class ControlPanel {
-  constructor(runId, { onMarkers, onError, onChange, onStatus } = {}) {
+  // `fields`: the service's control fields (rules.js's controlFields).
+  constructor(runId, fields, { onMarkers, onError, onChange, onStatus } = {}) {
     this.runId = runId;
+    this.fields = fields;
     this.onMarkers = onMarkers || (() => {});
     this.onError = onError || (() => {});
     this.onChange = onChange || (() => {});
@@ -82,7 +74,7 @@ export class ControlPanel {
 
   buildFields() {
     const box = document.getElementById("control-fields");
-    for (const field of FIELDS) {
+    for (const field of this.fields) {
       const id = `f-${field.name}`;
       const input = el("input", {
         id,
@@ -187,7 +179,7 @@ export class ControlPanel {
   renderState(state) {
     this.state = state;
     const list = document.getElementById("control-state");
-    const entries = FIELDS.map((field) => [field.label, state[field.name], field.name]);
+    const entries = this.fields.map((field) => [field.label, state[field.name], field.name]);
     list.replaceChildren(
       ...entries.flatMap(([label, value, name]) => [
         el("dt", { text: label }),
@@ -198,7 +190,7 @@ export class ControlPanel {
       document.getElementById("control-version"),
       state.version !== undefined ? `Control version ${state.version}` : "",
     );
-    for (const field of FIELDS) {
+    for (const field of this.fields) {
       const value = state[field.name];
       this.inputs[field.name].placeholder = value === null || value === undefined ? "off" : `now ${stateText(field.name, value)}`;
     }
@@ -242,7 +234,7 @@ export class ControlPanel {
   }
 
   clearMessages() {
-    for (const name of FIELD_NAMES) this.fieldError(name, "");
+    for (const field of this.fields) this.fieldError(field.name, "");
     showAlert(this.formError, "");
     showAlert(this.formNotice, "");
   }
@@ -261,13 +253,14 @@ export class ControlPanel {
   readValues() {
     const values = {};
     const bad = {};
-    for (const field of FIELDS) {
+    for (const field of this.fields) {
       const raw = this.inputs[field.name].value.trim();
       if (!raw) continue;
       // Plain decimal notation only: Number() would also take "0x10" or "0b11".
       const number = DECIMAL.test(raw) ? Number(raw) : NaN;
       if (!Number.isFinite(number)) bad[field.name] = "Enter a finite number.";
       else if (field.integer && !Number.isInteger(number)) bad[field.name] = "Enter a whole number.";
+      else if (ruleProblem(field, number)) bad[field.name] = ruleProblem(field, number);
       else values[field.name] = number;
     }
     return [values, bad];
@@ -317,7 +310,7 @@ export class ControlPanel {
     } else if (error.status === 404) {
       showAlert(this.formError, "This run does not exist (any more).");
     } else if (error.status === 422) {
-      const [byField, general] = fieldErrors(error.detail, FIELD_NAMES);
+      const [byField, general] = fieldErrors(error.detail, this.fields.map((field) => field.name));
       this.showFieldErrors(byField);
       if (general.length) showAlert(this.formError, `Refused: ${general.join("; ")}`);
       else if (!Object.keys(byField).length) showAlert(this.formError, "The server refused these values.");

@@ -6,6 +6,7 @@ import { RunChart } from "./chart.js";
 import { AutopilotPanel } from "./autopilot.js";
 import { ControlPanel } from "./control.js";
 import { LiveFacts } from "./facts.js";
+import { controlFields } from "./rules.js";
 import {
   badge,
   displayName,
@@ -165,7 +166,7 @@ async function main() {
     },
   });
   let autopilot = null;
-  const panel = new ControlPanel(runId, {
+  const panel = new ControlPanel(runId, controlFields(await getJSON(paths.controlRules())), {
     onMarkers: (markers) => chart.setMarkers(markers),
     onError: reportError,
     onStatus: (status) => autopilot && autopilot.setRunStatus(status),

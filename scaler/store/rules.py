@@ -13,7 +13,9 @@ neither torch nor the scaler to check one.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
+from typing import Any
 
 __all__ = [
     "EMPTY",
@@ -22,11 +24,14 @@ __all__ = [
     "FLOAT32_TINY",
     "INT32_MAX",
     "INT_FIELDS",
+    "PURPOSES",
     "RULES",
+    "SCHEMAS",
     "UNKNOWN",
     "bounds_problems",
     "check",
     "normalise",
+    "requirement",
 ]
 
 FIELDS: tuple[str, ...] = (
@@ -38,11 +43,35 @@ FIELDS: tuple[str, ...] = (
     "max_scale",
     "hysteresis",
 )
-INT_FIELDS = frozenset({"growth_interval", "hysteresis"})
 INT32_MAX = 2**31 - 1
 FLOAT32_MAX = 3.4028234663852886e38  # the scale is a float32 tensor
 FLOAT32_TINY = 1.1754943508222875e-38  # float32's smallest normal: less may round to 0
 
+# Each field's rule in JSON Schema: what normalise() takes, the API's schema (app/models.py),
+# the CLI's options and, through the service, the dashboard's checks.
+_INTEGER = {"type": "integer", "minimum": 1, "maximum": INT32_MAX}
+_SCALE = {"type": "number", "minimum": FLOAT32_TINY, "maximum": FLOAT32_MAX}
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "growth_interval": _INTEGER,
+    "growth_factor": {"type": "number", "exclusiveMinimum": 1, "maximum": sys.float_info.max},
+    "backoff_factor": {"type": "number", "minimum": FLOAT32_TINY, "exclusiveMaximum": 1},
+    "scale": _SCALE,
+    "min_scale": _SCALE,
+    "max_scale": _SCALE,
+    "hysteresis": _INTEGER,
+}
+# What each field does, for the CLI's help and the dashboard's hints.
+PURPOSES: dict[str, str] = {
+    "growth_interval": "clean steps between two growths",
+    "growth_factor": "what a growth multiplies the scale by",
+    "backoff_factor": "what an overflow multiplies the scale by",
+    "scale": "the scale, set now",
+    "min_scale": "the lowest the scale may go (once set, it can be moved, not removed)",
+    "max_scale": "the highest the scale may go (once set, it can be moved, not removed)",
+    "hysteresis": "overflows since the last growth before a backoff (once set it cannot be"
+    " removed; 1 backs off at every overflow, as without it)",
+}
+INT_FIELDS = frozenset(name for name, schema in SCHEMAS.items() if schema["type"] == "integer")
 RULES: dict[str, str] = {
     "growth_interval": f"growth_interval must be an integer >= 1 and <= {INT32_MAX}",
     "hysteresis": f"hysteresis must be an integer >= 1 and <= {INT32_MAX}",
@@ -59,6 +88,15 @@ EMPTY = f"a request sets at least one of: {', '.join(FIELDS)}"
 UNKNOWN = f"unknown field; allowed: {', '.join(FIELDS)}"
 
 
+def requirement(name: str) -> str:
+    """What a value of ``name`` must be: its rule without the field's name.
+
+    >>> requirement("growth_factor")
+    'a finite number > 1'
+    """
+    return RULES[name].removeprefix(f"{name} must be ")
+
+
 def normalise(name: str, value: object) -> int | float | None:
     """``value`` as ``name`` takes it (integral fields ``int``), or None when it breaks the rule.
 
@@ -67,21 +105,27 @@ def normalise(name: str, value: object) -> int | float | None:
     """
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    if name in INT_FIELDS:
+    schema = SCHEMAS[name]
+    if schema["type"] == "integer":
         if isinstance(value, float) and not value.is_integer():
             return None
-        return int(value) if 1 <= value <= INT32_MAX else None
+        return int(value) if _admits(schema, value) else None
     try:
         number = float(value)
     except OverflowError:
         return None
-    if not math.isfinite(number):
-        return None
-    if name == "growth_factor":
-        return number if number > 1 else None
-    if name == "backoff_factor":
-        return number if FLOAT32_TINY <= number < 1 else None
-    return number if FLOAT32_TINY <= number <= FLOAT32_MAX else None
+    return number if math.isfinite(number) and _admits(schema, number) else None
+
+
+def _admits(schema: Mapping[str, Any], number: float) -> bool:
+    """Whether ``number`` keeps the bounds of a JSON Schema ``schema``."""
+    low = number >= schema.get("minimum", -math.inf) and number > schema.get(
+        "exclusiveMinimum", -math.inf
+    )
+    high = number <= schema.get("maximum", math.inf) and number < schema.get(
+        "exclusiveMaximum", math.inf
+    )
+    return bool(low and high)
 
 
 def bounds_problems(values: Mapping[str, object], current: Mapping[str, object]) -> dict[str, str]:

@@ -9,55 +9,106 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
 
-import app.cli
+import app.cli.export
 import app.exports
-from app.cli import COMMANDS, main
+from app.cli import cli, main
 from scaler.store.engine import Store
 from scaler.store.runs import end_run
 from tests.app.conftest import TestClient, add_run, simulate
 from tests.app.test_export import GOLDEN_CSV, ROWS
 
 
+def scalewatch(*argv: str) -> Result:
+    """``scalewatch ARGV`` through click's runner: its exit status, standard output and error."""
+    return CliRunner().invoke(cli, list(argv), catch_exceptions=False)
+
+
 def test_commands_are_registered() -> None:
-    assert {"serve", "runs", "export", "control", "db"} <= set(COMMANDS)
+    assert set(cli.commands) == {
+        "serve", "runs", "export", "control", "alerts", "db", "demo", "instrument",
+    }  # fmt: skip
+    assert app.cli.__all__ == ["cli", "main"]
 
 
-def test_runs_prints_a_table(store: Store, db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_is_the_command_line_with_its_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    assert capsys.readouterr().out.startswith("Usage: scalewatch [OPTIONS] COMMAND")
+    assert main(["no-such-command"]) == 2
+    assert "No such command 'no-such-command'" in capsys.readouterr().err
+
+
+def test_usage_mistakes_exit_2_through_clicks_usage_error() -> None:
+    for argv, message in (
+        (["export"], "Missing argument 'RUN'"),
+        (["export", "1", "--what", "everything"], "Invalid value for '--what'"),
+        (["control", "x"], "Invalid value for 'RUN'"),
+        (["control", "1", "--growth-interval", "1.5"], "Invalid value for '--growth-interval'"),
+        (["serve", "--port", "eighty"], "Invalid value for '--port'"),
+        (["demo", "--steps", "0"], "Invalid value for '--steps'"),
+        (["demo", "--world-size", "0"], "Invalid value for '--world-size'"),
+        (["db"], "Usage: scalewatch db"),
+        (["db", "downgrade"], "No such command 'downgrade'"),
+        (["instrument"], "scalewatch instrument: give the command to run after --"),
+    ):
+        result = scalewatch(*argv)
+        assert result.exit_code == 2, (argv, result.output)
+        assert message in result.stderr, (argv, result.stderr)
+        assert result.stdout == "", argv
+
+
+def test_db_comes_from_the_option_or_scalewatch_db(
+    store: Store, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_run(store, simulate(3, set()), name="from-the-environment")
+    monkeypatch.setenv("SCALEWATCH_DB", db_url)
+    result = scalewatch("runs")
+    assert result.exit_code == 0 and "from-the-environment" in result.stdout
+    monkeypatch.setenv("SCALEWATCH_DB", "/no/such/dir/x.db")
+    assert scalewatch("runs", "--db", db_url).exit_code == 0  # the option wins
+    result = scalewatch("runs")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("scalewatch runs: no store at /no/such/dir/x.db")
+    assert result.stderr.count("\n") == 1
+    for command in [[name] for name in cli.commands if name != "db"] + [["db", "upgrade"]]:
+        shown = " ".join(scalewatch(*command, "--help").stdout.split())
+        assert "--db URL store URL, or the path of its SQLite file" in shown, command
+        assert "[env var: SCALEWATCH_DB]" in shown, command
+
+
+def test_runs_prints_a_table(store: Store, db_url: str) -> None:
     run = add_run(store, simulate(100, {10}), name="bert")
 
-    assert main(["runs", "--db", db_url]) == 0
+    result = scalewatch("runs", "--db", db_url)
 
-    header, row = capsys.readouterr().out.splitlines()
+    assert result.exit_code == 0
+    header, row = result.stdout.splitlines()
     assert header.split() == ["ID", "NAME", "STATUS", "WORLD", "STEPS", "SCALE", "OVERFLOWS",
                               "SKIPPED"]  # fmt: skip
     assert row.split()[:5] == [str(run), "bert", "running", "2", "100"]
     assert row.split()[-2:] == ["1", "1.00%"]
 
 
-def test_export_writes_the_same_csv_as_the_api(
-    store: Store, db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_export_writes_the_same_csv_as_the_api(store: Store, db_url: str, tmp_path: Path) -> None:
     run = add_run(store, ROWS)
     out = tmp_path / "steps.csv"
 
-    assert main(["export", str(run), "--what", "steps", "--format", "csv", "-o", str(out),
-                 "--db", db_url]) == 0  # fmt: skip
+    result = scalewatch("export", str(run), "--what", "steps", "--format", "csv", "-o", str(out),
+                        "--db", db_url)  # fmt: skip
+    assert result.exit_code == 0 and result.stdout == ""
     assert out.read_text() == GOLDEN_CSV
 
-    assert main(["export", str(run), "--what", "overflows", "--format", "jsonl", "--db",
-                 db_url]) == 0  # fmt: skip
-    lines = capsys.readouterr().out.splitlines()
-    assert [json.loads(line)["step"] for line in lines] == [2]
-    assert main(["export", "99", "--db", db_url]) == 1
+    result = scalewatch("export", str(run), "--what", "overflows", "--format", "jsonl", "--db",
+                        db_url)  # fmt: skip
+    assert result.exit_code == 0
+    assert [json.loads(line)["step"] for line in result.stdout.splitlines()] == [2]
+    result = scalewatch("export", "99", "--db", db_url)
+    assert (result.exit_code, result.stderr) == (1, "scalewatch export: no run 99\n")
 
 
 def test_an_interrupted_export_leaves_the_file_it_would_replace(
-    store: Store,
-    db_url: str,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    store: Store, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = add_run(store, ROWS)
     out = tmp_path / "steps.csv"
@@ -70,29 +121,32 @@ def test_an_interrupted_export_leaves_the_file_it_would_replace(
 
     monkeypatch.setattr(app.exports, "export_chunks", interrupted)
     try:
-        code = main(["export", str(run), "-o", str(out), "--db", db_url])
+        result = scalewatch("export", str(run), "-o", str(out), "--db", db_url)
     except KeyboardInterrupt:
-        pytest.fail("a Ctrl-C left main() as a traceback")
-    assert code == 130
-    assert capsys.readouterr().err.strip() == "scalewatch export: interrupted"
+        pytest.fail("a Ctrl-C left the command as a traceback")
+    assert result.exit_code == 130
+    assert result.stderr.strip() == "scalewatch export: interrupted"
     assert out.read_text() == "last week's export\n"
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
     monkeypatch.undo()
 
     # A finished export replaces it and keeps its mode; a new file gets the umask's.
-    assert main(["export", str(run), "-o", str(out), "--db", db_url]) == 0
+    assert scalewatch("export", str(run), "-o", str(out), "--db", db_url).exit_code == 0
     assert out.read_text() == GOLDEN_CSV and out.stat().st_mode & 0o777 == 0o640
     fresh = tmp_path / "fresh.csv"
-    assert main(["export", str(run), "-o", str(fresh), "--db", db_url]) == 0
+    assert scalewatch("export", str(run), "-o", str(fresh), "--db", db_url).exit_code == 0
     umask = os.umask(0)
     os.umask(umask)
     assert fresh.stat().st_mode & 0o777 == 0o666 & ~umask
-    assert main(["export", str(run), "-o", os.devnull, "--db", db_url]) == 0
+    assert scalewatch("export", str(run), "-o", os.devnull, "--db", db_url).exit_code == 0
 
 
 def test_an_export_to_a_file_shows_its_rows_on_a_terminal(
     store: Store, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Through main(): click's runner gives the command a standard error of its own, never
+    a terminal."""
+
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
             return True
@@ -100,7 +154,7 @@ def test_an_export_to_a_file_shows_its_rows_on_a_terminal(
     run = add_run(store, ROWS)
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
-    monkeypatch.setattr(app.cli, "PROGRESS_S", 0.0)
+    monkeypatch.setattr(app.cli.export, "PROGRESS_S", 0.0)
     assert main(["export", str(run), "-o", str(tmp_path / "s.csv"), "--db", db_url]) == 0
     rows = GOLDEN_CSV.count("\n") - 1
     shown = terminal.getvalue()
@@ -113,58 +167,59 @@ def test_an_export_to_a_file_shows_its_rows_on_a_terminal(
     assert quiet.getvalue() == ""
 
 
-def test_control_prints_the_pending_request(
-    store: Store, db_url: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_control_prints_the_pending_request(store: Store, db_url: str) -> None:
     run = add_run(store, simulate(10, set()))
 
-    code = main(["control", str(run), "--growth-interval", "500", "--growth-factor", "1.5",
-                 "--db", db_url])  # fmt: skip
+    result = scalewatch("control", str(run), "--growth-interval", "500", "--growth-factor", "1.5",
+                        "--db", db_url)  # fmt: skip
 
-    assert code == 0
-    printed = json.loads(capsys.readouterr().out)
+    assert result.exit_code == 0
+    printed = json.loads(result.stdout)
     assert printed["status"] == "pending"
     assert printed["source"] == "cli"
     assert printed["values"] == {"growth_interval": 500, "growth_factor": 1.5}
 
 
-def test_control_refusals_exit_2_with_the_messages(
-    store: Store, db_url: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_control_refusals_exit_2_with_the_messages(store: Store, db_url: str) -> None:
     run = add_run(store, simulate(10, set()))
 
-    code = main(["control", str(run), "--backoff-factor", "2", "--db", db_url])
+    result = scalewatch("control", str(run), "--backoff-factor", "2", "--db", db_url)
 
-    assert code == 2
-    assert "backoff_factor" in capsys.readouterr().err
+    assert result.exit_code == 2
+    assert "backoff_factor" in result.stderr
+    assert result.stderr.startswith("scalewatch control: backoff_factor: backoff_factor must be")
+    assert result.stdout == ""
+    result = scalewatch("control", str(run), "--min-scale", "8", "--max-scale", "4", "--db", db_url)
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        "scalewatch control: min_scale: min_scale must be <= max_scale (4.0)",
+        "scalewatch control: max_scale: max_scale must be >= min_scale (8.0)",
+    ]
     end_run(store, run)
-    assert main(["control", str(run), "--scale", "2", "--db", db_url]) == 1
-    assert "finished" in capsys.readouterr().err
+    result = scalewatch("control", str(run), "--scale", "2", "--db", db_url)
+    assert result.exit_code == 1
+    assert "finished" in result.stderr
 
 
-def test_db_upgrade_creates_a_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_db_upgrade_creates_a_store(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'new.db'}"
 
-    assert main(["db", "upgrade", "--db", url]) == 0
+    result = scalewatch("db", "upgrade", "--db", url)
 
-    assert "at revision" in capsys.readouterr().out
+    assert result.exit_code == 0
+    assert "at revision" in result.stdout
     assert (tmp_path / "new.db").exists()
 
 
-def test_a_plain_path_names_a_sqlite_store(
-    store: Store, db_url: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_plain_path_names_a_sqlite_store(store: Store, db_url: str) -> None:
     add_run(store, simulate(3, set()), name="by-path")
-    assert main(["runs", "--db", db_url.removeprefix("sqlite:///")]) == 0
-    assert "by-path" in capsys.readouterr().out
+    result = scalewatch("runs", "--db", db_url.removeprefix("sqlite:///"))
+    assert result.exit_code == 0
+    assert "by-path" in result.stdout
 
 
 def test_errors_a_user_can_fix_are_one_line(
-    store: Store,
-    db_url: str,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    store: Store, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = add_run(store, simulate(3, set()))
     missing = tmp_path / "mistyped.db"
@@ -207,8 +262,9 @@ def test_errors_a_user_can_fix_are_one_line(
         )
     )
     for argv, message in cases:
-        assert main(argv) == 1, argv
-        err = capsys.readouterr().err
+        result = scalewatch(*argv)
+        assert result.exit_code == 1, argv
+        err = result.stderr
         assert message in err and "Traceback" not in err and err.count("\n") == 1, err
         assert "secret" not in err
     assert not missing.exists()  # a mistyped path is not made into a new, empty store
@@ -216,21 +272,23 @@ def test_errors_a_user_can_fix_are_one_line(
     with sqlite3.connect(other) as conn:
         conn.execute("CREATE TABLE users (name TEXT)")
     conn.close()
-    assert main(["runs", "--db", str(other)]) == 1
-    assert "is a SQLite database, but not a scalewatch store" in capsys.readouterr().err
+    result = scalewatch("runs", "--db", str(other))
+    assert result.exit_code == 1
+    assert "is a SQLite database, but not a scalewatch store" in result.stderr
     with sqlite3.connect(other) as conn:  # left as it was
         tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master")]
     conn.close()
     assert tables == ["users"]
     monkeypatch.setenv("SCALEWATCH_PORT", "70000")
-    assert main(["serve", "--db", db_url]) == 1
+    result = scalewatch("serve", "--db", db_url)
+    assert result.exit_code == 1
     assert "scalewatch serve: $SCALEWATCH_PORT: Input should be less than or equal to 65535" in (
-        capsys.readouterr().err
+        result.stderr
     )
 
 
 def test_export_takes_a_step_range_as_the_api_does(
-    client: TestClient, store: Store, db_url: str, capsys: pytest.CaptureFixture[str]
+    client: TestClient, store: Store, db_url: str
 ) -> None:
     run = add_run(store, simulate(20, {4, 9, 15}))
     for query, argv in (
@@ -239,42 +297,43 @@ def test_export_takes_a_step_range_as_the_api_does(
         ("what=overflows&format=jsonl&end=9", ["--what", "overflows", "--format", "jsonl",
                                                 "--end", "9"]),
     ):  # fmt: skip
-        assert main(["export", str(run), *argv, "--db", db_url]) == 0
+        result = scalewatch("export", str(run), *argv, "--db", db_url)
+        assert result.exit_code == 0
         expected = client.get(f"/api/runs/{run}/export?{query}").text
-        assert capsys.readouterr().out == expected, query
-    assert main(["export", str(run), "--start", "9", "--end", "3", "--db", db_url]) == 2
-    assert "--start 9 is after --end 3" in capsys.readouterr().err
+        assert result.stdout == expected, query
+    result = scalewatch("export", str(run), "--start", "9", "--end", "3", "--db", db_url)
+    assert result.exit_code == 2
+    assert "--start 9 is after --end 3" in result.stderr
 
 
-def test_runs_shows_an_odd_run_name_on_one_line(
-    store: Store, db_url: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_runs_shows_an_odd_run_name_on_one_line(store: Store, db_url: str) -> None:
     add_run(store, simulate(2, set()), name="two\nlines\tand a tab")
-    assert main(["runs", "--db", db_url]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    result = scalewatch("runs", "--db", db_url)
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
     assert len(lines) == 2 and "two\\nlines\\tand a tab" in lines[1]
 
 
 def test_a_store_path_is_taken_as_it_is_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Characters a URL reads otherwise (``?``, ``%41``) stay in the file name; ``~`` is home."""
     odd = tmp_path / "a?b %41#.db"
-    assert main(["db", "upgrade", "--db", str(odd)]) == 0
+    assert scalewatch("db", "upgrade", "--db", str(odd)).exit_code == 0
     assert odd.exists() and [p.name for p in tmp_path.iterdir()] == [odd.name]
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert main(["db", "upgrade", "--db", "~/home.db"]) == 0
+    assert scalewatch("db", "upgrade", "--db", "~/home.db").exit_code == 0
     assert (tmp_path / "home.db").exists()
-    capsys.readouterr()
 
 
 def test_demo_refuses_an_unguarded_address_in_one_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("SCALEWATCH_TOKEN", raising=False)
     monkeypatch.setenv("SCALEWATCH_HOST", "0.0.0.0")
-    assert main(["demo", "--db", str(tmp_path / "x.db")]) == 2
-    err = capsys.readouterr().err
+    result = scalewatch("demo", "--db", str(tmp_path / "x.db"))
+    assert result.exit_code == 2
+    err = result.stderr
     assert err.startswith("scalewatch demo: refusing to bind '0.0.0.0'") and err.count("\n") == 1
 
 
@@ -294,7 +353,6 @@ def test_export_refuses_the_steps_the_api_refuses_before_any_output(
     client: TestClient,
     store: Store,
     db_url: str,
-    capsys: pytest.CaptureFixture[str],
     argv: list[str],
     query: str,
     refused: str,
@@ -303,14 +361,15 @@ def test_export_refuses_the_steps_the_api_refuses_before_any_output(
     OverflowError traceback (or, for overflows, the header alone and exit 0)."""
     run = add_run(store, simulate(20, {4, 9, 15}))
     assert client.get(f"/api/runs/{run}/export?{query}").status_code == 422
-    assert main(["export", str(run), *argv, "--db", db_url]) == 2
-    out, err = capsys.readouterr()
+    result = scalewatch("export", str(run), *argv, "--db", db_url)
+    assert result.exit_code == 2
+    out, err = result.stdout, result.stderr
     assert out == ""
     assert err.startswith(f"scalewatch export: {refused}") and err.count("\n") == 1, err
 
 
 def test_db_upgrade_refuses_another_programs_database_and_an_empty_file_is_no_store(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
 ) -> None:
     """``db upgrade`` added a store's tables to another program's SQLite file; ``runs`` took
     a 0-byte file for an empty store (and made it one)."""
@@ -318,9 +377,11 @@ def test_db_upgrade_refuses_another_programs_database_and_an_empty_file_is_no_st
     with sqlite3.connect(other) as conn:
         conn.execute("CREATE TABLE users (name TEXT)")
     conn.close()
-    assert main(["db", "upgrade", "--db", str(other)]) == 1
-    err = capsys.readouterr().err
-    assert err == f"scalewatch db: {other} is a SQLite database, but not a scalewatch store\n"
+    result = scalewatch("db", "upgrade", "--db", str(other))
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"scalewatch db: {other} is a SQLite database, but not a scalewatch store\n"
+    )
     with sqlite3.connect(other) as conn:
         tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master")]
     conn.close()
@@ -328,8 +389,42 @@ def test_db_upgrade_refuses_another_programs_database_and_an_empty_file_is_no_st
     empty = tmp_path / "empty.db"
     empty.touch()
     for argv in (["runs"], ["export", "1"], ["control", "1", "--scale", "2"]):
-        assert main([*argv, "--db", str(empty)]) == 1
-        err = capsys.readouterr().err
+        result = scalewatch(*argv, "--db", str(empty))
+        assert result.exit_code == 1
+        err = result.stderr
         assert f": {empty} is an empty file (training creates a store;" in err, err
         assert err.count("\n") == 1
     assert empty.stat().st_size == 0
+
+
+def test_the_commands_import_the_shared_module_alone_and_nothing_imports_the_cli() -> None:
+    """No import cycle: app/cli/__init__.py gathers the commands; a command module imports
+    only app.cli._common of the package, and no module outside the package imports it (the
+    demo's machinery in app/demo.py is the command's, not the other way round)."""
+    import ast
+
+    root = Path(app.cli.__file__).resolve().parents[2]
+
+    def imported(path: Path) -> set[str]:
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+            elif isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+        return names
+
+    for path in (root / "app" / "cli").glob("*.py"):
+        inside = {name for name in imported(path) if name.startswith("app.cli")}
+        if path.name == "__init__.py":
+            assert inside == {"app.cli", *(f"app.cli.{name}" for name in cli.commands)}
+        else:
+            assert inside <= {"app.cli._common", *(f"app.cli._common.{n}" for n in dir(
+                app.cli._common))}, path  # fmt: skip
+    users = [
+        path.relative_to(root).as_posix()
+        for path in [*(root / "app").rglob("*.py"), *(root / "scaler").rglob("*.py")]
+        if "cli" not in path.relative_to(root).parts
+        and any(name.startswith("app.cli") for name in imported(path))
+    ]
+    assert users == ["app/__main__.py"]

@@ -18,7 +18,14 @@ from pydantic import SecretStr
 from app.cli import main
 from app.main import create_app
 from app.security import check_token, host_name, is_loopback
-from app.serving import MIN_TOKEN_CHARS, BindRefused, listen, prepare, ready_to_serve
+from app.serving import (
+    MIN_TOKEN_CHARS,
+    SHUTDOWN_GRACE_S,
+    BindRefused,
+    listen,
+    prepare,
+    ready_to_serve,
+)
 from app.settings import Settings
 from scaler.store.engine import open_store
 from scaler.store.runs import write_steps
@@ -172,7 +179,9 @@ def test_host_names() -> None:
 
 
 def test_ctrl_c_stops_serve_while_a_live_stream_is_open(tmp_path: Path) -> None:
-    """A live stream never ends by itself: the server must not wait for it for ever."""
+    """A live stream never ends by itself: the server must not wait for it for ever. It
+    ends the stream (a whole response: the reader sees its end, no broken body) before the
+    server's wait for open responses runs out, and exits 0."""
     url = f"sqlite:///{tmp_path / 'sw.db'}"
     store = open_store(url)
     run = add_run(store, simulate(5, set()))
@@ -204,9 +213,17 @@ def test_ctrl_c_stops_serve_while_a_live_stream_is_open(tmp_path: Path) -> None:
                     assert response.status_code == 200
                     lines = response.iter_lines()
                     # Read on, as a browser does, until the server ends the stream.
-                    reader = threading.Thread(target=lambda: sum(1 for _ in lines), daemon=True)
+                    ended: list[float] = []
+
+                    def read() -> None:
+                        for _ in lines:
+                            pass
+                        ended.append(time.monotonic())
+
+                    reader = threading.Thread(target=read, daemon=True)
                     reader.start()
                     server.send_signal(signal.SIGINT)
+                    signalled = time.monotonic()
                     _, err = server.communicate(timeout=30)
                     reader.join(10)
         finally:
@@ -217,6 +234,8 @@ def test_ctrl_c_stops_serve_while_a_live_stream_is_open(tmp_path: Path) -> None:
             store.close()
     assert server.returncode == 0, err
     assert "Traceback" not in err and "ERROR" not in err, err
+    assert len(ended) == 1, "the stream broke off instead of ending"
+    assert ended[0] - signalled < SHUTDOWN_GRACE_S, ended[0] - signalled
 
 
 def _answers(http: httpx.Client) -> bool:

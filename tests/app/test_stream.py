@@ -16,10 +16,10 @@ import pytest
 import uvicorn
 from pydantic import SecretStr
 
+import app.hubs as hubs_module
 from app.main import create_app
-from app.routes import stream as stream_module
-from app.routes.stream import sse_event
 from app.settings import Settings
+from app.sse import sse_event
 from scaler.store.engine import Store, open_store
 from scaler.store.runs import end_run
 from tests.app.conftest import TestClient, add_run, simulate
@@ -164,7 +164,7 @@ def test_postgresql_tells_a_stream_of_new_steps_without_a_poll(
 ) -> None:
     """LISTEN/NOTIFY: a step another process writes reaches the stream within a second,
     though the stream would poll the store only every 30 s."""
-    monkeypatch.setattr(stream_module, "LISTEN_FALLBACK_S", 30.0)
+    monkeypatch.setattr(hubs_module, "LISTEN_FALLBACK_S", 30.0)
     with open_store(postgres_url) as store:
         run = add_run(store, simulate(5, set()))
     writer = Writer(postgres_url, run)
@@ -190,17 +190,17 @@ def test_streams_far_behind_share_each_page_and_miss_nothing(
 ) -> None:
     """Streams behind what the hub keeps read aligned pages that are read and encoded once,
     whatever the number of streams: falling behind must not multiply the service's work."""
-    monkeypatch.setattr(stream_module, "BUFFERED_STEPS", 100)
-    monkeypatch.setattr(stream_module, "BEHIND_PAGE", 64)
-    monkeypatch.setattr(stream_module, "BEHIND_PAGES", 100)  # nothing evicted: exact count
+    monkeypatch.setattr(hubs_module, "BUFFERED_STEPS", 100)
+    monkeypatch.setattr(hubs_module, "BEHIND_PAGE", 64)
+    monkeypatch.setattr(hubs_module, "BEHIND_PAGES", 100)  # nothing evicted: exact count
     reads: list[tuple[int, int]] = []
-    read_page = stream_module._read_page
+    read_page = hubs_module._read_page
 
     def counted(store: Store, run_id: int, after: int, until: int) -> object:
         reads.append((after, until))
         return read_page(store, run_id, after, until)
 
-    monkeypatch.setattr(stream_module, "_read_page", counted)
+    monkeypatch.setattr(hubs_module, "_read_page", counted)
     run = add_run(store, simulate(1000, {10, 500}))
     with contextlib.ExitStack() as stack:
         http = stack.enter_context(httpx.Client(base_url=server, timeout=10))

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from app.routes.stream import sse_event, step_events
+from app.sse import sse_event, step_events
 from scaler.store.queries import step_dict
 
 

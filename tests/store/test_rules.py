@@ -7,6 +7,7 @@ Arrows run one way: the scaler imports the store, never the reverse; the service
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +51,9 @@ def test_the_store_and_the_service_import_neither_torch_nor_the_scalers_private_
 
 
 def test_the_rules_have_one_home_that_the_scaler_re_exports() -> None:
-    for name in rules.__all__:
+    shared = [name for name in rules.__all__ if hasattr(scaler._control, name)]
+    assert {"FIELDS", "RULES", "check", "normalise"} <= set(shared)
+    for name in shared:
         assert getattr(scaler._control, name) is getattr(rules, name)
     assert scaler.store.control.CONTROL_FIELDS is rules.FIELDS
 
@@ -63,24 +66,61 @@ def test_the_rules_module_pins_its_public_names() -> None:
         "FLOAT32_TINY",
         "INT32_MAX",
         "INT_FIELDS",
+        "PURPOSES",
         "RULES",
+        "SCHEMAS",
         "UNKNOWN",
         "bounds_problems",
         "check",
         "normalise",
+        "requirement",
     ]
 
 
 def test_the_cli_and_the_api_model_take_the_fields_the_rules_name() -> None:
-    """The CLI's options are derived from the rules; the API model declares its fields
-    with pydantic's strict types (for its schema), which must agree with them."""
-    from app.cli import CONTROL_HELP, CONTROL_OPTIONS
+    """The CLI's options are derived from the rules, their help too; the API model declares
+    its fields with pydantic's strict types (for its schema), which must agree with them."""
+    import click
+
+    from app.cli.control import control
     from app.models import ControlRequest
 
-    assert list(CONTROL_OPTIONS) == list(CONTROL_HELP) == list(rules.FIELDS)
-    assert {name for name, kind in CONTROL_OPTIONS.items() if kind is int} == rules.INT_FIELDS
+    options = {p.name: p for p in control.params if isinstance(p, click.Option) and p.name}
+    fields = [name for name in options if name in rules.SCHEMAS]
+    assert fields == list(rules.FIELDS)
+    assert {name for name in fields if options[name].type is click.INT} == rules.INT_FIELDS
+    assert {name for name in fields if options[name].type is click.FLOAT} == (
+        set(rules.FIELDS) - rules.INT_FIELDS
+    )
+    for name in fields:
+        assert options[name].opts == [f"--{name.replace('_', '-')}"]
+        help = options[name].help or ""
+        assert help.startswith(rules.PURPOSES[name]), name
+        assert help.endswith(rules.RULES[name].removeprefix(f"{name} must be ")), name
     assert list(ControlRequest.model_fields) == list(rules.FIELDS)
     integral = {
         name for name, info in ControlRequest.model_fields.items() if "int" in str(info.annotation)
     }
     assert integral == rules.INT_FIELDS
+
+
+def test_normalise_keeps_each_bound_of_the_schemas_as_they_state_it() -> None:
+    """At each bound and just past it, normalise() takes or refuses a value as the JSON
+    Schema the API publishes says (inclusive or exclusive)."""
+    for name, schema in rules.SCHEMAS.items():
+        integer = schema["type"] == "integer"
+        for key, inward, taken in (
+            ("minimum", math.inf, True),
+            ("maximum", -math.inf, True),
+            ("exclusiveMinimum", math.inf, False),
+            ("exclusiveMaximum", -math.inf, False),
+        ):
+            if key not in schema:
+                continue
+            bound = schema[key]
+            outward = -inward
+            past = bound + (1 if outward > 0 else -1) if integer else math.nextafter(bound, outward)
+            inside = bound + (1 if inward > 0 else -1) if integer else math.nextafter(bound, inward)
+            assert (rules.normalise(name, bound) is not None) is taken, (name, key)
+            assert rules.normalise(name, past) is None, (name, key)
+            assert rules.normalise(name, inside) is not None, (name, key)

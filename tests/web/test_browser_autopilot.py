@@ -30,7 +30,7 @@ def test_the_switch_turns_the_autopilot_on_and_off(tab: Tab, served: Served) -> 
     assert page.get_attribute("#autopilot-switch", "aria-checked") == "false"
     page.fill("#autopilot-target", "150")
     page.click("#autopilot-switch")
-    page.locator("#autopilot-error", has_text="between 0 and 100").wait_for()
+    page.locator("#autopilot-error", has_text="the percent of steps it may skip").wait_for()
     page.fill("#autopilot-target", "2")
     page.click("#autopilot-switch")  # no token yet: it asks for one
     page.locator("#token-error", has_text="Enter the access token").wait_for()

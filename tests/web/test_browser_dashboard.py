@@ -11,7 +11,7 @@ import pytest
 from _harness import CHROMIUM, HOSTILE_NAME, Served, Tab
 from sqlalchemy import select
 
-from scaler.store import StepRecord, control, queries, runs
+from scaler.store import StepRecord, control, queries, rules, runs
 from scaler.store.schema import steps
 
 pytestmark = pytest.mark.browser
@@ -257,14 +257,21 @@ def test_an_accepted_token_clears_the_refusal_and_odd_numbers_stay_home(
     page.on("request", lambda r: requests.append(r.url) if r.method == "POST" else None)
     open_run(tab, served.run_id)
     assert not page.is_visible("#forget-token")  # no token stored: nothing to forget
-    for value, message in (("0x10", "finite number"), ("5.5", "whole number")):
+    for value, message in (
+        ("0x10", "finite number"),
+        ("5.5", "whole number"),
+        ("0", rules.RULES["growth_interval"]),  # the served rule, checked in the page
+    ):
         submit(tab, token=served.token, growth_interval=value)
         page.locator("#f-growth_interval-error", has_text=message).wait_for()
+        page.fill("#f-growth_interval", "")
     assert requests == []  # refused in the page, never sent
     submit(tab, token="not-the-token", growth_interval=40)
     page.locator("#token-error").wait_for()
-    submit(tab, token=served.token, growth_interval=0)  # 422: the token itself was accepted
-    page.locator("#f-growth_interval-error", has_text="integer").wait_for()
+    page.fill("#f-growth_interval", "")
+    # 422 (min_scale > max_scale, which the page does not check): the token was accepted.
+    submit(tab, token=served.token, min_scale=8, max_scale=4)
+    page.locator("#f-min_scale-error", has_text="max_scale").wait_for()
     assert not page.is_visible("#token-error")
     assert page.get_attribute("#token", "aria-invalid") == "false"
     assert page.is_visible("#forget-token")

@@ -1,0 +1,46 @@
+"""``scalewatch instrument -- COMMAND``: run COMMAND with scalewatch's scalers in place of
+torch's, in every Python process it starts (see :mod:`scaler.instrument`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from app.cli._common import Failed, Refused, command, db_option
+
+__all__ = ["instrument"]
+
+USAGE = "give the command to run after --, as: scalewatch instrument -- torchrun ... train.py"
+
+
+@command(
+    "instrument",
+    help="Run a command with scalewatch's scalers in place of torch's.",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@db_option
+@click.option("--run-name", metavar="NAME", help="the run's name (default: $SCALEWATCH_RUN_NAME)")
+@click.argument("command_line", nargs=-1, type=click.UNPROCESSED, metavar="-- COMMAND [ARGS...]")
+def instrument(db: str | None, run_name: str | None, command_line: tuple[str, ...]) -> None:
+    argv = list(command_line)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        raise Refused(USAGE)
+    from scaler.instrument import site_dir
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(site_dir()), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
+    )
+    if db:
+        env["SCALEWATCH_DB"] = db
+    if run_name:
+        env["SCALEWATCH_RUN_NAME"] = run_name
+    sys.stdout.flush()
+    try:  # COMMAND takes this process's place: its exit status and signals are its own
+        os.execvpe(argv[0], argv, env)
+    except OSError as error:
+        raise Failed(f"cannot run {argv[0]}: {error.strerror}", 127) from None

@@ -1,0 +1,55 @@
+"""``scalewatch serve``: the service and the dashboard."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import click
+
+from app.cli._common import Failed, Refused, command, db_option, settings
+
+__all__ = ["serve"]
+
+
+@command(
+    "serve",
+    help="Run the service and the dashboard. Control requests need the bearer token from"
+    " $SCALEWATCH_TOKEN; without it a new token is generated, printed once and written to"
+    " ~/.scalewatch/token-PORT (mode 0600; $SCALEWATCH_TOKEN_FILE to move it). Binding an"
+    " address other than loopback requires a $SCALEWATCH_TOKEN of 16 characters or more.",
+)
+@db_option
+@click.option("--host", help="address to bind (default 127.0.0.1)")
+@click.option("--port", type=int, help="port (default 8765)")
+@click.option(
+    "--alerts",
+    metavar="FILE",
+    help="alert rules, webhooks and autopilots, a TOML file (default: $SCALEWATCH_ALERTS,"
+    " else the default rules and no webhooks)",
+)
+def serve(db: str | None, host: str | None, port: int | None, alerts: str | None) -> None:
+    from app.alerts.rules import RulesFileError, load_rules
+    from app.main import create_app
+    from app.serving import BindRefused, CannotServe, make_server, ready_to_serve
+
+    chosen = settings(host=host, port=port, alerts=alerts)
+    try:
+        rules = load_rules(chosen.alerts) if chosen.alerts is not None else None
+    except RulesFileError as refused:  # before anything else: nothing bound, no token
+        raise Failed(f"alert rules: {refused}", 2) from None
+    try:
+        served, sock = ready_to_serve(chosen, out=sys.stdout)
+    except BindRefused as refused:
+        raise Refused(str(refused)) from None
+    except CannotServe as refused:
+        raise Failed(str(refused), refused.code) from None
+    with sock:
+        server = make_server(create_app(served, rules), served, sock)
+        bound, bound_port = sock.getsockname()[:2]
+        url = f"http://{f'[{bound}]' if ':' in bound else bound}:{bound_port}/"
+        click.echo(f"scalewatch: serving {url} (Ctrl-C to stop)")
+        with contextlib.suppress(KeyboardInterrupt):  # uvicorn hands Ctrl-C back once stopped
+            server.run(sockets=[sock])
+    if not server.started:
+        click.get_current_context().exit(3)

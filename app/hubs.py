@@ -1,0 +1,252 @@
+"""One poller per live run, whatever the number of its streams: the hubs of an app.
+
+A hub reads a run's new steps and control changes once and encodes each poll's steps
+once, into chunks of bytes that every stream of the run sends as they are. The app's
+:class:`Hubs` is made in its lifespan and held on ``app.state.hubs``; a hub starts with the
+first stream of its run and stops when the last one leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from app.models import ControlRequestOut
+from app.sse import sse_event, step_events
+from scaler.store import notify, queries
+from scaler.store.control import control_history
+from scaler.store.engine import Store, storage_failure
+from scaler.store.states import RunStatus
+
+__all__ = ["Chunk", "Hub", "Hubs"]
+
+log = logging.getLogger("app.stream")
+
+# Seconds between polls of a stream that PostgreSQL tells of new steps: for the run's
+# end and control changes, which are not announced.
+LISTEN_FALLBACK_S = 1.0
+# Control requests change rarely; look at them every few polls of the steps.
+CONTROL_EVERY = 5
+STEP_PAGE = 1000
+# Steps older than what a hub keeps are read in aligned pages of this many steps, each read
+# and encoded once for all the streams that are that far behind.
+BEHIND_PAGE = 5000
+# Such pages a hub keeps, most recently used.
+BEHIND_PAGES = 8
+# Step events a hub keeps for streams that are a little behind (a slow client, a resume).
+BUFFERED_STEPS = 50_000
+
+
+class Chunk:
+    """The ``event: step`` events of some consecutive steps, encoded once, as one ``bytes``
+    that every stream of the run writes as it is."""
+
+    __slots__ = ("data", "steps")
+
+    def __init__(self, rows: Sequence[Sequence[Any]]) -> None:
+        self.steps = [row[0] for row in rows]
+        # JSON is ASCII here (ensure_ascii): one character, one byte.
+        self.data = step_events(rows).encode("ascii")
+
+    def after(self, step: int) -> bytes:
+        """The events of the steps after ``step``."""
+        first = bisect.bisect_right(self.steps, step)
+        if first == 0:
+            return self.data
+        if first == len(self.steps):
+            return b""
+        # A stream resuming inside the chunk: rare; find where its first event starts.
+        start = self.data.index(b"id: %d\n" % self.steps[first])
+        return self.data[start:]
+
+
+def _control_marks(store: Store, run_id: int) -> dict[int, tuple[str, Any]]:
+    return {row.id: (row.status, row.applied_step) for row in control_history(store, run_id)}
+
+
+def _read_new(store: Store, run_id: int, after: int) -> tuple[str | None, list[Chunk]]:
+    """The run's status, then its steps after ``after``, encoded, a page a chunk (one trip
+    to a thread, so the event loop only hands the chunks on).
+
+    The status is read first: steps written before the run ended are still sent.
+    """
+    status = queries.run_status(store, run_id)
+    chunks = []
+    while True:
+        rows = queries.step_rows_after(store, run_id, after, limit=STEP_PAGE)
+        if rows:
+            chunks.append(Chunk(rows))
+            after = rows[-1][0]
+        if len(rows) < STEP_PAGE:
+            return status, chunks
+
+
+def _read_page(store: Store, run_id: int, after: int, until: int) -> Chunk | None:
+    """The steps in ``(after, until]``, encoded in the thread that reads them."""
+    rows = queries.step_rows_after(store, run_id, after, until=until, limit=until - after)
+    return Chunk(rows) if rows else None
+
+
+class Hub:
+    """The poller of one run and what it has read: the chunks of its latest steps, and the
+    control events so far."""
+
+    def __init__(self, store: Store, run_id: int, after: int, poll_s: float) -> None:
+        self.store, self.run_id, self.poll_s = store, run_id, poll_s
+        self.after = self.floor = after  # the chunks hold every step in (floor, after]
+        self.chunks: list[Chunk] = []
+        self.lasts: list[int] = []  # the last step of each chunk
+        self.buffered = 0  # steps in the chunks
+        self.pages: OrderedDict[tuple[int, int], asyncio.Future[Chunk | None]] = OrderedDict()
+        self.control_log: list[bytes] = []
+        self.ended: str | bool | None = False  # the run's status once not running
+        self.failed = False
+        self.tick = asyncio.Event()
+        self.streams = 0
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._poll())
+
+    async def _poll(self) -> None:
+        # PostgreSQL announces new steps (LISTEN/NOTIFY); then a poll is only the fallback.
+        waiter = notify.subscribe(self.store, self.run_id)
+        try:
+            marks = await run_in_threadpool(_control_marks, self.store, self.run_id)
+            polls = 0
+            while True:
+                status, chunks = await run_in_threadpool(
+                    _read_new, self.store, self.run_id, self.after
+                )
+                for chunk in chunks:
+                    self._keep(chunk)
+                polls += 1
+                if polls % CONTROL_EVERY == 0 or status is not RunStatus.RUNNING:
+                    await self._read_control(marks)
+                if status is not RunStatus.RUNNING:
+                    self.ended = status
+                    return
+                self.wake()
+                if waiter is None:
+                    await asyncio.sleep(self.poll_s)
+                else:
+                    await waiter.wait(max(self.poll_s, LISTEN_FALLBACK_S))
+        except Exception as error:
+            self.failed = True
+            reason = storage_failure(error)
+            if reason is None:
+                raise
+            # Its streams end; their clients reconnect and are told (503).
+            log.warning("scalewatch: run %d's streams end: the store cannot be used: %s",
+                        self.run_id, reason)  # fmt: skip
+        finally:
+            notify.unsubscribe(self.store, waiter)
+            self.wake()
+
+    async def _read_control(self, marks: dict[int, tuple[str, Any]]) -> None:
+        history = await run_in_threadpool(control_history, self.store, self.run_id)
+        for row in history:
+            mark = (row.status, row.applied_step)
+            if marks.get(row.id) != mark:
+                marks[row.id] = mark
+                out = ControlRequestOut.model_validate(row, from_attributes=True).model_dump()
+                self.control_log.append(sse_event("control", out).encode())
+
+    def _keep(self, chunk: Chunk) -> None:
+        self.chunks.append(chunk)
+        self.lasts.append(chunk.steps[-1])
+        self.buffered += len(chunk.steps)
+        self.after = chunk.steps[-1]
+        while self.buffered - len(self.chunks[0].steps) >= BUFFERED_STEPS:
+            dropped = self.chunks.pop(0)
+            del self.lasts[0]
+            self.buffered -= len(dropped.steps)
+            self.floor = dropped.steps[-1]
+
+    async def behind(self, after: int) -> tuple[bytes, int]:
+        """For a stream behind ``floor``: the step events after ``after`` to the end of its
+        aligned page (at most ``floor``), and the new cursor.
+
+        Streams that fell behind together (a slow network, a busy machine) ask for the same
+        pages: each is read and encoded once, so falling behind never multiplies the work
+        by the number of streams.
+        """
+        first = after // BEHIND_PAGE * BEHIND_PAGE
+        last = min(first + BEHIND_PAGE, self.floor)
+        key = (first, last)
+        page = self.pages.get(key)
+        if page is None:
+            page = asyncio.ensure_future(
+                run_in_threadpool(_read_page, self.store, self.run_id, first, last)
+            )
+            # Retrieved here, so a failed read nobody waits for any more is not logged.
+            page.add_done_callback(lambda done: done.cancelled() or done.exception())
+            self.pages[key] = page
+            while len(self.pages) > BEHIND_PAGES:
+                self.pages.popitem(last=False)
+        else:
+            self.pages.move_to_end(key)
+        try:
+            chunk = await asyncio.shield(page)  # a stream that leaves never cancels the read
+        except Exception:
+            if self.pages.get(key) is page:
+                del self.pages[key]
+            raise
+        return (chunk.after(after) if chunk is not None else b""), last
+
+    def wake(self) -> None:
+        """Wake every stream of the run (new steps, its end, the server stopping)."""
+        self.tick.set()
+        self.tick = asyncio.Event()
+
+    def since(self, after: int) -> tuple[int, list[bytes]]:
+        """The buffered step events after ``after`` (at least ``floor``), and the new cursor."""
+        first = bisect.bisect_right(self.lasts, after)
+        if first == len(self.chunks):
+            return after, []
+        return self.lasts[-1], [
+            self.chunks[first].after(after),
+            *(chunk.data for chunk in self.chunks[first + 1 :]),
+        ]
+
+
+class Hubs:
+    """The hubs of the live runs of one app's store, by run."""
+
+    def __init__(self, store: Store, poll_s: float) -> None:
+        self.store, self.poll_s = store, poll_s
+        self._hubs: dict[int, Hub] = {}
+
+    def __len__(self) -> int:
+        return len(self._hubs)
+
+    def join(self, run_id: int, after: int) -> Hub:
+        """The run's hub, started by its first stream (from ``after``)."""
+        hub = self._hubs.get(run_id)
+        if hub is None:
+            hub = self._hubs[run_id] = Hub(self.store, run_id, after, self.poll_s)
+            hub.start()
+        hub.streams += 1
+        return hub
+
+    def leave(self, hub: Hub) -> None:
+        """A stream of ``hub`` has ended; the last one stops it."""
+        hub.streams -= 1
+        if hub.streams == 0:
+            if self._hubs.get(hub.run_id) is hub:
+                del self._hubs[hub.run_id]
+            if hub.task is not None:
+                hub.task.cancel()
+
+    def close(self) -> None:
+        """Stop every hub (the app is shutting down)."""
+        for hub in self._hubs.values():
+            if hub.task is not None:
+                hub.task.cancel()
+        self._hubs.clear()

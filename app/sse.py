@@ -1,0 +1,92 @@
+"""The live stream's wire format: server-sent events, encoded once and sent as bytes.
+
+>>> sse_event("end", {"status": "finished"})
+'event: end\\ndata: {"status":"finished"}\\n\\n'
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from itertools import chain
+from math import isfinite
+from typing import Any
+
+from scaler.store import queries
+
+__all__ = ["KEEP_ALIVE", "opening", "sse_event", "step_events"]
+
+KEEP_ALIVE = b": keep-alive\n\n"
+
+_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
+def opening(run_id: int, after: int) -> bytes:
+    """A stream's first bytes: the client's reconnection delay, and where it starts.
+
+    >>> opening(3, 41)
+    b'retry: 1000\\n: streaming run 3 after step 41\\n\\n'
+    """
+    return f"retry: 1000\n: streaming run {run_id} after step {after}\n\n".encode()
+
+
+def sse_event(event: str, data: Any, event_id: int | None = None) -> str:
+    """One event, its data as compact JSON, with its ``id`` when it has one."""
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {event}\ndata: {_JSON.encode(data)}\n\n"
+
+
+_STEP_EVENT = (
+    "id: %d\nevent: step\ndata: "
+    '{"step":%d,"wall_time":%r,"scale":%r,"overflow":%s,"skipped":%s,"inf_ranks":[%s],'
+    '"scale_after":%r,"growth_tracker":%d,"growth_interval":%d,"growth_factor":%r,'
+    '"backoff_factor":%r,"control_version":%d}\n\n'
+)
+_COLUMN = {name: i for i, name in enumerate(queries.EXPORT_COLUMNS)}
+_INTS = tuple(
+    _COLUMN[name] for name in ("step", "growth_tracker", "growth_interval", "control_version")
+)
+_FLOATS = tuple(
+    _COLUMN[name]
+    for name in ("wall_time", "scale", "scale_after", "growth_factor", "backoff_factor")
+)
+_BOOLS = (_COLUMN["overflow"], _COLUMN["skipped"])
+_RANKS = _COLUMN["inf_ranks"]
+_JSON_BOOL = {False: "false", True: "true"}.__getitem__
+_RANK = r"(?:0|[1-9][0-9]*)"
+# Ranks strings of a page joined by ";": "1,3;;0" (what write_steps stores).
+_RANK_LISTS = re.compile(rf"(?:{_RANK}(?:,{_RANK})*)?(?:;(?:{_RANK}(?:,{_RANK})*)?)*")
+
+
+def step_events(rows: Sequence[Sequence[Any]]) -> str:
+    """The ``event: step`` events of raw step rows (``EXPORT_COLUMNS`` order): for each,
+    exactly ``sse_event("step", step_dict(row), step)``.
+
+    A step row is ints, finite floats, 0/1 flags and a ranks string like ``"1,3"``, so one
+    ``%`` over the whole page writes what the JSON encoder would (``repr`` of a float is
+    its JSON) several times faster; a page with anything else (a non-finite float, a
+    value of another type, ranks not in canonical form) goes through the JSON encoder.
+    """
+    if not rows:
+        return ""
+    width = len(queries.EXPORT_COLUMNS)
+    values = list(chain.from_iterable(rows))
+    columns = {i: values[i::width] for i in (*_INTS, *_FLOATS, _RANKS)}
+    if (
+        all(set(map(type, columns[i])) == {int} for i in _INTS)
+        and all(set(map(type, columns[i])) == {float} for i in _FLOATS)
+        and all(all(map(isfinite, columns[i])) for i in _FLOATS)
+        and set(map(type, columns[_RANKS])) == {str}
+        and _RANK_LISTS.fullmatch(";".join(columns[_RANKS])) is not None
+    ):
+        out: list[Any] = [None] * (len(rows) * (width + 1))
+        # Column 0 twice: the step is the event's id and the first field of its data.
+        out[0 :: width + 1] = columns[0]
+        for i in range(width):
+            column = columns[i] if i in columns else values[i::width]
+            if i in _BOOLS:
+                column = list(map(_JSON_BOOL, map(bool, column)))
+            out[i + 1 :: width + 1] = column
+        return (_STEP_EVENT * len(rows)) % tuple(out)
+    return "".join(sse_event("step", queries.step_dict(row), row[0]) for row in rows)
