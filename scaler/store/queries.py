@@ -420,6 +420,7 @@ def step_dict(row: Sequence[Any]) -> dict[str, Any]:
     out["overflow"] = bool(out["overflow"])
     out["skipped"] = bool(out["skipped"])
     out["inf_ranks"] = parse_ranks(out["inf_ranks"])
+    out["loss_nonfinite_ranks"] = parse_ranks(out["loss_nonfinite_ranks"])
     return out
 
 
