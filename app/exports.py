@@ -11,10 +11,11 @@ from itertools import chain
 from typing import Any
 
 from scaler.store import queries
+from scaler.store.diagnosis import Finding, finding_dicts, findings_between
 from scaler.store.engine import Store
 from scaler.store.queries import EXPORT_COLUMNS
 
-__all__ = ["MEDIA_TYPES", "export_chunks", "export_filename"]
+__all__ = ["MEDIA_TYPES", "OVERFLOW_COLUMNS", "export_chunks", "export_filename", "format_params"]
 
 MEDIA_TYPES = {"csv": "text/csv; charset=utf-8", "jsonl": "application/x-ndjson"}
 
@@ -109,6 +110,46 @@ def _jsonl(pages: Iterator[list[tuple[Any, ...]]]) -> Iterator[str]:
         yield "".join(json.dumps(queries.step_dict(row)) + "\n" for row in page)
 
 
+OVERFLOW_COLUMNS: tuple[str, ...] = (*EXPORT_COLUMNS, "params")
+
+
+def format_params(findings: Iterable[Finding]) -> str:
+    """The compact CSV form of an overflow's findings, ``rank:name:kind:count`` joined by
+    ``;``: ``format_params([(1, "fc.weight", "inf", 12), (0, "fc.bias", "nan", 3)])`` is
+    ``"1:fc.weight:inf:12;0:fc.bias:nan:3"``. A name is what lies between the first colon
+    and the last two."""
+    return ";".join(f"{rank}:{name}:{kind}:{count}" for rank, name, kind, count in findings)
+
+
+def _with_findings(
+    store: Store, run_id: int, pages: Iterator[list[tuple[Any, ...]]]
+) -> Iterator[tuple[list[tuple[Any, ...]], dict[int, list[Finding]]]]:
+    """Each page of overflow rows with the findings of its steps (one range read a page)."""
+    for page in pages:
+        with store.engine.connect() as conn:
+            found = findings_between(conn, run_id, page[0][0], page[-1][0])
+        yield page, found
+
+
+def _overflows_csv(
+    pages: Iterator[tuple[list[tuple[Any, ...]], dict[int, list[Finding]]]],
+) -> Iterator[str]:
+    yield _csv_writer_page([OVERFLOW_COLUMNS])
+    for page, found in pages:
+        yield _csv_writer_page([(*row, format_params(found.get(row[0], ()))) for row in page])
+
+
+def _overflows_jsonl(
+    pages: Iterator[tuple[list[tuple[Any, ...]], dict[int, list[Finding]]]],
+) -> Iterator[str]:
+    for page, found in pages:
+        yield "".join(
+            json.dumps({**queries.step_dict(row), "params": finding_dicts(found.get(row[0], ()))})
+            + "\n"
+            for row in page
+        )
+
+
 def export_chunks(
     store: Store,
     run_id: int,
@@ -118,8 +159,13 @@ def export_chunks(
     start: int | None = None,
     end: int | None = None,
 ) -> Iterator[str]:
-    """The export as text chunks of one store page each; ``what`` is steps or overflows."""
-    pages = queries.iter_step_pages(
-        store, run_id, start=start, end=end, overflows_only=what == "overflows"
-    )
+    """The export as text chunks of one store page each; ``what`` is steps or overflows.
+
+    An overflows export has the steps' columns and ``params``, the findings of each step.
+    """
+    overflows = what == "overflows"
+    pages = queries.iter_step_pages(store, run_id, start=start, end=end, overflows_only=overflows)
+    if overflows:
+        paged = _with_findings(store, run_id, pages)
+        return _overflows_csv(paged) if fmt == "csv" else _overflows_jsonl(paged)
     return _csv(pages) if fmt == "csv" else _jsonl(pages)
