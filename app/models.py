@@ -119,13 +119,16 @@ class OverflowItem(BaseModel):
         description="ranks whose loss was already inf or NaN (a forward overflow); empty when"
         " the loss was finite on every rank"
     )
-    params: list[OverflowParam] = Field(description="by rank, then name; at most 32 a rank")
+    params: list[OverflowParam] | None = Field(
+        description="by rank, then name; at most 32 a rank; null when asked for without them"
+    )
     params_omitted: int = Field(description="non-finite parameters beyond the 32 kept a rank")
 
 
 class OverflowDetail(OverflowItem):
     """One overflow step in full: its step record and every parameter found at it."""
 
+    params: list[OverflowParam] = Field(description="by rank, then name; at most 32 a rank")
     run: int
     skipped: bool
     growth_tracker: int

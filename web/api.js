@@ -51,9 +51,10 @@ export const paths = {
     const text = query.toString();
     return `api/runs/${enc(id)}/steps${text ? `?${text}` : ""}`;
   },
-  overflows: (id, after, limit) => {
+  overflows: (id, after, limit, { params = true } = {}) => {
     const query = new URLSearchParams({ limit: String(limit) });
     if (after !== null && after !== undefined) query.set("after", String(after));
+    if (!params) query.set("params", "false");
     return `api/runs/${enc(id)}/overflows?${query}`;
   },
   overflow: (id, step) => `api/runs/${enc(id)}/overflows/${enc(step)}`,

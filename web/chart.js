@@ -257,7 +257,8 @@ export class RunChart {
   async loadOverflows() {
     let after = null;
     for (;;) {
-      const page = await getJSON(paths.overflows(this.runId, after, OVERFLOW_PAGE));
+      // The markers' parameters come with a click (an overflow may have hundreds).
+      const page = await getJSON(paths.overflows(this.runId, after, OVERFLOW_PAGE, { params: false }));
       this.appendOverflows(page.items || []);
       if (page.next === null || page.next === undefined || !(page.items || []).length) break;
       after = page.next;

@@ -203,7 +203,7 @@ export function lossFlag(item) {
 
 export function overflowPoint(item) {
   const ranks = (item.inf_ranks || []).join(", ") || "none recorded";
-  // A live step's row has no parameters: the count comes with the overflow's page.
+  // The chart's pages and live rows come without the parameters: "–" until clicked.
   const params = item.params ? formatNumber(item.params.length + (item.params_omitted || 0)) : "–";
   return {
     x: item.step,

@@ -19,7 +19,7 @@ import {
 } from "./dom.js";
 
 const DETAIL_POLL_MS = 2000;
-const PARAMS_REFRESH_MS = 2000; // at most this often for live overflows
+const PARAMS_REFRESH_MS = 5000; // at most this often for live overflows (a ranking reads every finding of its window)
 const RECONNECT_MS = 5000;
 
 const runId = new URLSearchParams(window.location.search).get("run");

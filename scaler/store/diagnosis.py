@@ -6,9 +6,10 @@ of steps are one range of its primary key, read in step, rank, name order.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Connection
@@ -41,13 +42,17 @@ _FINDINGS = (
 
 def findings_between(conn: Connection, run_id: int, lo: int, hi: int) -> dict[int, list[Finding]]:
     """The findings of steps ``lo..hi`` by step; a step without any is absent."""
-    rows = conn.exec_driver_sql(
-        driver_sql(_FINDINGS, conn.dialect.name), {"run": run_id, "lo": lo, "hi": hi}
-    ).fetchall()
-    found: dict[int, list[Finding]] = defaultdict(list)
-    for step, rank, name, kind, count in rows:
-        found[step].append((rank, name, kind, count))
-    return found
+    cursor = conn.connection.cursor()  # the driver's own: a page may hold many findings
+    try:
+        cursor.execute(
+            driver_sql(_FINDINGS, conn.dialect.name), {"run": run_id, "lo": lo, "hi": hi}
+        )
+        rows = cursor.fetchall()
+    finally:
+        cursor.close()
+    return {
+        step: [finding[1:] for finding in group] for step, group in groupby(rows, key=itemgetter(0))
+    }
 
 
 def finding_dicts(findings: Sequence[Finding]) -> list[dict[str, Any]]:
@@ -184,17 +189,25 @@ _OVERFLOWS = (
 
 
 def overflow_page(
-    store: Store, run_id: int, *, after: int | None = None, limit: int = 100
+    store: Store,
+    run_id: int,
+    *,
+    after: int | None = None,
+    limit: int = 100,
+    with_params: bool = True,
 ) -> OverflowPage:
-    """Overflow steps after ``after``, oldest first, each with its findings; ``next`` is the
-    ``after`` of the next page."""
+    """Overflow steps after ``after``, oldest first, each with its findings (``params`` None
+    without ``with_params``: a chart's markers need no more); ``next`` is the ``after`` of
+    the next page."""
     with store.engine.connect() as conn:
         rows = conn.exec_driver_sql(
             driver_sql(_OVERFLOWS, conn.dialect.name),
             {"run": run_id, "after": -1 if after is None else after, "limit": limit + 1},
         ).fetchall()
         more, rows = len(rows) > limit, rows[:limit]
-        found = findings_between(conn, run_id, rows[0][0], rows[-1][0]) if rows else {}
+        found = (
+            findings_between(conn, run_id, rows[0][0], rows[-1][0]) if rows and with_params else {}
+        )
     items = [
         {
             "step": step,
@@ -204,7 +217,7 @@ def overflow_page(
             "inf_ranks": parse_ranks(ranks),
             "loss": loss,
             "loss_nonfinite_ranks": parse_ranks(loss_ranks),
-            "params": finding_dicts(found.get(step, ())),
+            "params": finding_dicts(found.get(step, ())) if with_params else None,
             "params_omitted": omitted,
         }
         for step, wall_time, scale, scale_after, ranks, loss, loss_ranks, omitted in rows

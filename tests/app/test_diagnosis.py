@@ -65,6 +65,10 @@ def test_overflow_rows_carry_their_parameters_and_loss_ranks(
     second = client.get(f"/api/runs/{run}/overflows?after=3&limit=1").json()
     assert second["items"][0]["params"] == [{"rank": 1, "name": FC1, "kind": "both", "count": 40}]
     assert second["next"] == 6
+    # Without the parameters, for a chart's markers: null, the rest as it was.
+    bare = client.get(f"/api/runs/{run}/overflows?params=false").json()["items"]
+    assert [item["params"] for item in bare] == [None, None, None]
+    assert [{**item, "params": None} for item in items] == bare
 
 
 def test_one_overflow_in_full(client: TestClient, store: Store) -> None:
