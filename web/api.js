@@ -55,10 +55,20 @@ export const paths = {
     const text = query.toString();
     return `api/runs/${enc(id)}/steps${text ? `?${text}` : ""}`;
   },
-  overflows: (id, after, limit) => {
+  overflows: (id, after, limit, { params = true } = {}) => {
     const query = new URLSearchParams({ limit: String(limit) });
     if (after !== null && after !== undefined) query.set("after", String(after));
+    if (!params) query.set("params", "false");
     return `api/runs/${enc(id)}/overflows?${query}`;
+  },
+  overflow: (id, step) => `api/runs/${enc(id)}/overflows/${enc(step)}`,
+  params: (id, { start, end, limit } = {}) => {
+    const query = new URLSearchParams();
+    if (start !== undefined && start !== null) query.set("start", String(start));
+    if (end !== undefined && end !== null) query.set("end", String(end));
+    if (limit) query.set("limit", String(limit));
+    const text = query.toString();
+    return `api/runs/${enc(id)}/params${text ? `?${text}` : ""}`;
   },
   stream: (id, after) =>
     `api/runs/${enc(id)}/stream${after === undefined || after === null ? "" : `?after=${enc(after)}`}`,

@@ -1,5 +1,5 @@
-// The run's charts: loss scale (log axis) over the growth tracker and the
-// rolling skipped-step rate, one shared step axis. Buckets come from
+// The run's charts: loss scale (log axis) over the loss, the growth tracker and
+// the rolling skipped-step rate, one shared step axis. Buckets come from
 // /steps (min, max, last per bucket, so no spike is ever averaged away); live
 // steps are appended with Plotly.extendTraces; zoom re-queries finer buckets.
 
@@ -14,6 +14,7 @@ import {
   extent,
   figureLayout,
   figureTraces,
+  lossExtent,
   overflowPoint,
   powerTicks,
   stepAsBucket,
@@ -29,11 +30,13 @@ const OVERFLOW_PAGE = 1000;
 const BEFORE_POINTS = 1000; // buckets of the steps before a zoomed view, for its rolling rate
 
 export class RunChart {
-  constructor(node, runId, { onInfo, onError } = {}) {
+  constructor(node, runId, { onInfo, onError, onOverflow, onLiveOverflow } = {}) {
     this.node = node;
     this.runId = runId;
     this.onInfo = onInfo || (() => {});
     this.onError = onError || (() => {});
+    this.onOverflow = onOverflow || (() => {}); // an overflow marker clicked: its step
+    this.onLiveOverflow = onLiveOverflow || (() => {});
     this.view = null; // null: the whole run; else [start, end] in steps
     this.lastStep = -1; // last step drawn
     this.pending = []; // live step rows not drawn yet
@@ -63,6 +66,10 @@ export class RunChart {
       modeBarButtonsToRemove: ["lasso2d", "select2d"],
     });
     this.node.on("plotly_relayout", (event) => this.onRelayout(event));
+    this.node.on("plotly_click", (event) => {
+      const point = (event.points || []).find((p) => p.curveNumber === T.overflows);
+      if (point) this.onOverflow(point.x);
+    });
     this.plotted = true;
     if (this.hasMarkers()) this.applyMarkers();
     await Promise.all([this.loadBuckets(), this.loadOverflows()]);
@@ -146,6 +153,9 @@ export class RunChart {
         tracker_max: s.tracker_max[i],
         tracker_last: s.tracker_last[i],
         skipped: s.skipped[i],
+        loss_min: s.loss_min ? s.loss_min[i] : null,
+        loss_max: s.loss_max ? s.loss_max[i] : null,
+        loss_last: s.loss_last ? s.loss_last[i] : null,
       });
     }
     // Live steps after the last bucket still append, also beyond a zoomed view.
@@ -190,19 +200,22 @@ export class RunChart {
       scales: extent(scales),
       tracker: Math.max(1, ...cols.trMax),
       rate: Math.max(0.01, ...cols.rate),
+      losses: lossExtent([...cols.lossMin, ...cols.lossMax]),
     };
   }
 
   shownLayout() {
-    const { scales, tracker, rate } = this.shown;
+    const { scales, tracker, rate, losses } = this.shown;
     if (!(scales[0] > 0)) return { ...AUTORANGE_Y, ...powerTicks(this.scaleExtent) };
     const lo = Math.log10(scales[0]);
     const hi = Math.log10(scales[1]);
     const pad = Math.max(0.1, (hi - lo) * 0.06);
+    const lossPad = losses ? Math.max(1e-6, (losses[1] - losses[0]) * 0.06) : 0;
     return {
       "yaxis.range": [lo - pad, hi + pad],
       "yaxis2.range": [0, tracker * 1.08],
       "yaxis3.range": [0, rate * 1.08],
+      ...(losses ? { "yaxis4.range": [losses[0] - lossPad, losses[1] + lossPad] } : { "yaxis4.autorange": true }),
       ...powerTicks(scales),
     };
   }
@@ -216,10 +229,12 @@ export class RunChart {
     const scales = extent(inside.flatMap((i) => [cols.scaleMin[i], cols.scaleMax[i]]), before.scales);
     const tracker = Math.max(before.tracker, ...inside.map((i) => cols.trMax[i]));
     const rate = Math.max(before.rate, ...inside.map((i) => cols.rate[i]));
-    if (scales[0] === before.scales[0] && scales[1] === before.scales[1] && tracker === before.tracker && rate === before.rate) {
+    const losses = lossExtent(inside.flatMap((i) => [cols.lossMin[i], cols.lossMax[i]]), before.losses);
+    const sameLoss = String(losses) === String(before.losses);
+    if (scales[0] === before.scales[0] && scales[1] === before.scales[1] && tracker === before.tracker && rate === before.rate && sameLoss) {
       return;
     }
-    this.shown = { ...before, scales, tracker, rate };
+    this.shown = { ...before, scales, tracker, rate, losses };
     Plotly.relayout(this.node, this.shownLayout());
   }
 
@@ -235,12 +250,16 @@ export class RunChart {
     cols.trLast.push(b.tracker_last);
     cols.cdTracker.push([b.first_step]);
     cols.rate.push(this.rate.push(b.last_step, b.n, b.skipped));
+    cols.lossMin.push(b.loss_min);
+    cols.lossMax.push(b.loss_max);
+    cols.lossLast.push(b.loss_last);
   }
 
   async loadOverflows() {
     let after = null;
     for (;;) {
-      const page = await getJSON(paths.overflows(this.runId, after, OVERFLOW_PAGE));
+      // The markers' parameters come with a click (an overflow may have hundreds).
+      const page = await getJSON(paths.overflows(this.runId, after, OVERFLOW_PAGE, { params: false }));
       this.appendOverflows(page.items || []);
       if (page.next === null || page.next === undefined || !(page.items || []).length) break;
       after = page.next;
@@ -282,14 +301,20 @@ export class RunChart {
     Plotly.extendTraces(
       this.node,
       {
-        x: [cols.xFirst, cols.xFirst, cols.xNext, cols.x, cols.x, cols.x, cols.x],
-        y: [cols.scaleMax, cols.scaleMin, cols.scaleLast, cols.trMax, cols.trMin, cols.trLast, cols.rate],
-        customdata: [none(), none(), cols.cdScale, none(), none(), cols.cdTracker, none()],
+        x: [cols.xFirst, cols.xFirst, cols.xNext, cols.x, cols.x, cols.x, cols.x, cols.x, cols.x, cols.x],
+        y: [
+          cols.scaleMax, cols.scaleMin, cols.scaleLast, cols.trMax, cols.trMin, cols.trLast, cols.rate,
+          cols.lossMax, cols.lossMin, cols.lossLast,
+        ],
+        customdata: [none(), none(), cols.cdScale, none(), none(), cols.cdTracker, none(), none(), none(), none()],
       },
       LINE_TRACES,
     );
     const overflows = rows.filter((row) => row.overflow);
-    if (overflows.length) this.appendOverflows(overflows);
+    if (overflows.length) {
+      this.appendOverflows(overflows);
+      this.onLiveOverflow();
+    }
     const wider = extent([...cols.scaleMin, ...cols.scaleMax], this.scaleExtent);
     const widened = wider[0] !== this.scaleExtent[0] || wider[1] !== this.scaleExtent[1];
     this.scaleExtent = wider;

@@ -1,7 +1,9 @@
 // What the run's charts look like: traces, layout, axis ticks, and the
 // per-bucket values they are built from. No data flow here; see chart.js.
+// Top to bottom, on one step axis: the loss scale (y), the loss (y4), the growth
+// tracker (y2) and the skipped-step rate (y3).
 
-import { formatScale } from "./dom.js";
+import { formatNumber, formatScale } from "./dom.js";
 
 export const T = {
   scaleMax: 0,
@@ -12,6 +14,9 @@ export const T = {
   trackerMin: 5,
   trackerLast: 6,
   skipRate: 7,
+  lossMax: 8,
+  lossMin: 9,
+  lossLast: 10,
 };
 export const LINE_TRACES = [
   T.scaleMax,
@@ -21,8 +26,16 @@ export const LINE_TRACES = [
   T.trackerMin,
   T.trackerLast,
   T.skipRate,
+  T.lossMax,
+  T.lossMin,
+  T.lossLast,
 ];
-export const AUTORANGE_Y = { "yaxis.autorange": true, "yaxis2.autorange": true, "yaxis3.autorange": true };
+export const AUTORANGE_Y = {
+  "yaxis.autorange": true,
+  "yaxis2.autorange": true,
+  "yaxis3.autorange": true,
+  "yaxis4.autorange": true,
+};
 // Skipped steps over the last `window` steps, fed bucket by bucket.
 export class RollingRate {
   constructor(window) {
@@ -96,9 +109,23 @@ export function emptyColumns() {
     trMax: [],
     trLast: [],
     rate: [],
+    lossMin: [],
+    lossMax: [],
+    lossLast: [],
     cdScale: [],
     cdTracker: [],
   };
+}
+
+// The finite values' extent of some losses (nulls are buckets without one), or null.
+export function lossExtent(values, start = null) {
+  let [lo, hi] = start || [Infinity, -Infinity];
+  for (const v of values) {
+    if (v === null || v === undefined || !Number.isFinite(v)) continue;
+    if (v < lo) lo = v;
+    if (v > hi) hi = v;
+  }
+  return lo <= hi ? [lo, hi] : null;
 }
 
 // The scale used at a bucket's first step, where a drawing starts: exact for one step
@@ -157,12 +184,32 @@ export function stepAsBucket(row) {
     tracker_max: row.growth_tracker,
     tracker_last: row.growth_tracker,
     skipped: row.skipped ? 1 : 0,
+    loss_min: finiteOrNull(row.loss),
+    loss_max: finiteOrNull(row.loss),
+    loss_last: finiteOrNull(row.loss),
   };
+}
+
+function finiteOrNull(value) {
+  return typeof value === "number" && Number.isFinite(value) ? value : null;
+}
+
+// What an overflow's loss says: forward (the loss itself was already inf/NaN) or backward.
+export function lossFlag(item) {
+  const ranks = item.loss_nonfinite_ranks || [];
+  if (ranks.length) return `not finite on rank${ranks.length > 1 ? "s" : ""} ${ranks.join(", ")}`;
+  return "finite";
 }
 
 export function overflowPoint(item) {
   const ranks = (item.inf_ranks || []).join(", ") || "none recorded";
-  return { x: item.step, y: item.scale, cd: [formatScale(item.scale_after), ranks, formatScale(item.scale)] };
+  // The chart's pages and live rows come without the parameters: "–" until clicked.
+  const params = item.params ? formatNumber(item.params.length + (item.params_omitted || 0)) : "–";
+  return {
+    x: item.step,
+    y: item.scale,
+    cd: [formatScale(item.scale_after), ranks, formatScale(item.scale), lossFlag(item), params],
+  };
 }
 
 export function figureTraces(cols, overflows) {
@@ -204,7 +251,8 @@ export function figureTraces(cols, overflows) {
       marker: { symbol: "x-thin-open", size: 9, color: "#b42318", line: { width: 2, color: "#b42318" } },
       hovertemplate:
         "overflow at step %{x}<br>scale %{customdata[2]} → %{customdata[0]}" +
-        "<br>ranks with inf/NaN: %{customdata[1]}<extra></extra>",
+        "<br>ranks with inf/NaN: %{customdata[1]}<br>loss: %{customdata[3]}" +
+        "<br>parameters: %{customdata[4]} (click for them)<extra></extra>",
     },
     {
       ...band(cols.trMax, "y2", "tracker max", false),
@@ -237,6 +285,26 @@ export function figureTraces(cols, overflows) {
       line: { color: "#8a5300", width: 1.4 },
       hovertemplate: "step %{x}<br>skipped %{y:.2%}<extra></extra>",
     },
+    {
+      ...band(cols.lossMax, "y4", "loss max", false),
+      line: { width: 0, color: "rgba(110,64,201,0.25)" },
+    },
+    {
+      ...band(cols.lossMin, "y4", "loss min–max", true),
+      line: { width: 0, color: "rgba(110,64,201,0.25)" },
+      fillcolor: "rgba(110,64,201,0.18)",
+    },
+    {
+      type: "scatter",
+      mode: "lines",
+      name: "loss",
+      x: cols.x.slice(),
+      y: cols.lossLast,
+      yaxis: "y4",
+      customdata: [],
+      line: { color: "#6e40c9", width: 1.4 },
+      hovertemplate: "step %{x}<br>loss %{y}<extra></extra>",
+    },
   ];
 }
 
@@ -250,9 +318,10 @@ export function figureLayout(narrow) {
     showlegend: !narrow,
     legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", traceorder: "normal" },
     xaxis: { title: { text: "step" }, anchor: "y3", showspikes: true, spikemode: "across", spikethickness: 1 },
-    yaxis: { type: "log", title: { text: "loss scale" }, domain: [0.44, 1], fixedrange: true, anchor: "x" },
-    yaxis2: { title: { text: "tracker" }, domain: [0.23, 0.4], fixedrange: true, rangemode: "tozero", anchor: "x" },
-    yaxis3: { title: { text: "skipped" }, domain: [0, 0.19], fixedrange: true, rangemode: "tozero", tickformat: ".1~%", anchor: "x" },
+    yaxis: { type: "log", title: { text: "loss scale" }, domain: [0.52, 1], fixedrange: true, anchor: "x" },
+    yaxis4: { title: { text: "loss" }, domain: [0.3, 0.48], fixedrange: true, anchor: "x" },
+    yaxis2: { title: { text: "tracker" }, domain: [0.15, 0.26], fixedrange: true, rangemode: "tozero", anchor: "x" },
+    yaxis3: { title: { text: "skipped" }, domain: [0, 0.11], fixedrange: true, rangemode: "tozero", tickformat: ".1~%", anchor: "x" },
     shapes: [],
     annotations: [],
   };

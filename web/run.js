@@ -5,6 +5,7 @@ import { ApiError, getJSON, paths } from "./api.js";
 import { RunChart } from "./chart.js";
 import { AutopilotPanel } from "./autopilot.js";
 import { ControlPanel } from "./control.js";
+import { OverflowDetail, ParamsPanel } from "./diagnosis.js";
 import { LiveFacts } from "./facts.js";
 import { controlFields } from "./rules.js";
 import {
@@ -21,6 +22,7 @@ import {
 } from "./dom.js";
 
 const DETAIL_POLL_MS = 2000;
+const PARAMS_REFRESH_MS = 5000; // at most this often for live overflows (a ranking reads every finding of its window)
 const RECONNECT_MS = 5000;
 
 const runId = new URLSearchParams(window.location.search).get("run");
@@ -87,6 +89,18 @@ async function pollDetail(panel) {
     reportError(new Error(`Could not load the run: ${error.message}`));
   }
   setTimeout(() => pollDetail(panel), DETAIL_POLL_MS);
+}
+
+function throttle(fn, ms) {
+  let timer = null;
+  return () => {
+    if (timer === null) {
+      timer = setTimeout(() => {
+        timer = null;
+        fn();
+      }, ms);
+    }
+  };
 }
 
 function renderExports() {
@@ -158,12 +172,17 @@ async function main() {
   renderExports();
   const chartNode = document.getElementById("chart");
   const info = document.getElementById("chart-info");
+  const detail = new OverflowDetail(runId, document.getElementById("overflow-detail"));
+  const ranked = new ParamsPanel(runId, document.getElementById("params-panel"));
   const chart = new RunChart(chartNode, runId, {
     onError: reportError,
     onInfo: ({ bucketWidth, view }) => {
       const range = view ? `steps ${view[0]}–${view[1]}` : "whole run";
       setText(info, `${range} · ${bucketWidth === 1 ? "every step" : `buckets of ${bucketWidth} steps`}`);
+      ranked.refresh(view).catch(reportError);
     },
+    onOverflow: (step) => detail.show(step),
+    onLiveOverflow: throttle(() => ranked.refresh().catch(reportError), PARAMS_REFRESH_MS),
   });
   let autopilot = null;
   const panel = new ControlPanel(runId, controlFields(await getJSON(paths.controlRules())), {

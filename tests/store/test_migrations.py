@@ -23,6 +23,7 @@ TABLES = {
     "runs",
     "steps",
     "step_rollups",
+    "overflow_params",
     "control_requests",
     "telemetry_gaps",
     "autopilots",

@@ -10,6 +10,10 @@ test("paths are relative and escape the run id", () => {
   assert.equal(paths.steps("r", { start: 0, end: 10, maxPoints: 500 }), "api/runs/r/steps?start=0&end=10&max_points=500");
   assert.equal(paths.overflows("r", null, 1000), "api/runs/r/overflows?limit=1000");
   assert.equal(paths.overflows("r", 5, 10), "api/runs/r/overflows?limit=10&after=5");
+  assert.equal(paths.overflows("r", 5, 10, { params: false }), "api/runs/r/overflows?limit=10&after=5&params=false");
+  assert.equal(paths.overflow("r", 12), "api/runs/r/overflows/12");
+  assert.equal(paths.params("r"), "api/runs/r/params");
+  assert.equal(paths.params("r", { start: 0, end: 99, limit: 10 }), "api/runs/r/params?start=0&end=99&limit=10");
   assert.equal(paths.stream("r", 0), "api/runs/r/stream?after=0");
   assert.equal(paths.stream("r"), "api/runs/r/stream");
   assert.equal(paths.exportFile("r", "steps", "csv"), "api/runs/r/export?what=steps&format=csv");

@@ -2,7 +2,22 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { RollingRate, extent, firstScale, powerTicks, stepAsBucket, thinLabels } from "../chart_figure.js";
+import {
+  LINE_TRACES,
+  RollingRate,
+  T,
+  emptyColumns,
+  extent,
+  figureLayout,
+  figureTraces,
+  firstScale,
+  lossExtent,
+  lossFlag,
+  overflowPoint,
+  powerTicks,
+  stepAsBucket,
+  thinLabels,
+} from "../chart_figure.js";
 
 test("powerTicks ticks the log axis at powers of two", () => {
   assert.deepEqual(powerTicks([2 ** 10, 2 ** 16]), {
@@ -78,6 +93,9 @@ test("stepAsBucket and firstScale: a live row is a one-step bucket", () => {
     tracker_max: 0,
     tracker_last: 0,
     skipped: 1,
+    loss_min: null,
+    loss_max: null,
+    loss_last: null,
   });
   assert.equal(firstScale(bucket), 65536);
   // A one-step bucket from /steps has no scale_first: the scale it did not end with.
@@ -90,4 +108,47 @@ test("thinLabels keeps labels at least `gap` pixels apart, inside the range", ()
   const markers = [0, 1, 2, 50, 100, 200].map((step) => ({ step }));
   const kept = thinLabels(markers, [0, 100], 100, 36).map((m) => m.step);
   assert.deepEqual(kept, [0, 50, 100]);
+});
+
+test("a live row's loss is its bucket's min, max and last; a missing one is a gap", () => {
+  const row = { step: 3, scale: 8, scale_after: 8, growth_tracker: 1, skipped: false };
+  const seen = stepAsBucket({ ...row, loss: 2.5 });
+  assert.deepEqual([seen.loss_min, seen.loss_max, seen.loss_last], [2.5, 2.5, 2.5]);
+  for (const loss of [null, undefined, "2.5", Infinity]) {
+    const gap = stepAsBucket({ ...row, loss });
+    assert.deepEqual([gap.loss_min, gap.loss_max, gap.loss_last], [null, null, null]);
+  }
+});
+
+test("lossExtent spans the finite losses only", () => {
+  assert.deepEqual(lossExtent([null, 3, -1, NaN, Infinity, 2]), [-1, 3]);
+  assert.equal(lossExtent([null, null]), null);
+  assert.deepEqual(lossExtent([5], [1, 2]), [1, 5]);
+  assert.deepEqual(lossExtent([null], [1, 2]), [1, 2]);
+});
+
+test("the loss is drawn under the scale, on its own axis, as a band and a line", () => {
+  const cols = emptyColumns();
+  cols.x.push(10, 20);
+  cols.lossMin.push(1, null);
+  cols.lossMax.push(4, null);
+  cols.lossLast.push(2, null);
+  const traces = figureTraces(cols, []);
+  assert.deepEqual(
+    [T.lossMax, T.lossMin, T.lossLast].map((i) => [traces[i].yaxis, traces[i].y]),
+    [["y4", [4, null]], ["y4", [1, null]], ["y4", [2, null]]],
+  );
+  assert.ok(LINE_TRACES.includes(T.lossLast));
+  const layout = figureLayout(false);
+  assert.ok(layout.yaxis4.domain[1] < layout.yaxis.domain[0], "under the scale");
+  assert.ok(layout.yaxis4.domain[0] > layout.yaxis2.domain[1], "above the tracker");
+});
+
+test("an overflow marker says whether the loss was finite and how many parameters", () => {
+  const item = { step: 9, scale: 1024, scale_after: 512, inf_ranks: [1] };
+  const page = overflowPoint({ ...item, loss_nonfinite_ranks: [], params: [{}, {}], params_omitted: 3 });
+  assert.deepEqual(page.cd.slice(3), ["finite", "5"]);
+  const live = overflowPoint({ ...item, loss_nonfinite_ranks: [0, 2] });
+  assert.deepEqual(live.cd.slice(3), ["not finite on ranks 0, 2", "–"]);
+  assert.equal(lossFlag({ loss_nonfinite_ranks: [1] }), "not finite on rank 1");
 });

@@ -1,0 +1,130 @@
+"""The dashboard's overflow diagnosis in headless Chromium: the loss under the scale, a
+clicked overflow's parameters, and the parameters that overflow most in the window."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _harness import CHROMIUM, Served, Tab
+
+from scaler.store import StepRecord, runs
+from scaler.store.records import ParamFinding
+
+pytestmark = pytest.mark.browser
+
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
+pytest.importorskip("playwright.sync_api")
+
+FC1 = "encoder.layers.3.fc1.weight"
+HEAD = "head.bias"
+DASH = "\u2013"  # what the pages show for nothing, and between two steps
+FINDINGS = {
+    100: (ParamFinding(0, HEAD, "nan", 3), ParamFinding(1, FC1, "inf", 12)),
+    200: (ParamFinding(1, FC1, "both", 40),),
+}
+
+
+def _diagnosed_run(served: Served) -> int:
+    """300 steps with a falling loss; overflows at 100 (backward: two parameters on two
+    ranks) and 200 (forward: the loss on rank 1 was inf)."""
+    run = runs.create_run(served.store, name="diagnosed", world_size=2, config={}, control={})
+    records = [
+        StepRecord(
+            step=step,
+            wall_time=1_700_000_000.0 + step,
+            scale=65536.0,
+            overflow=step in FINDINGS,
+            skipped=step in FINDINGS,
+            inf_ranks=tuple(sorted({p.rank for p in FINDINGS.get(step, ())})),
+            scale_after=32768.0 if step in FINDINGS else 65536.0,
+            growth_tracker=0,
+            growth_interval=2000,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            control_version=0,
+            loss=float("inf") if step == 200 else 3.0 - step / 200,
+            loss_nonfinite_ranks=(1,) if step == 200 else (),
+            params=FINDINGS.get(step, ()),
+            params_omitted=4 if step == 200 else 0,
+        )
+        for step in range(1, 301)
+    ]
+    runs.write_steps(served.store, run.id, records)
+    return run.id
+
+
+def _click_overflow(tab: Tab, step: int) -> None:
+    """Click the chart's overflow marker of ``step`` where Plotly drew it."""
+    page = tab.page
+    page.wait_for_function(
+        f"document.getElementById('chart').data[3].x.includes({step})", timeout=10_000
+    )
+    x, y = page.evaluate(
+        f"""(gd => {{
+            const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+            const i = gd.data[3].x.indexOf({step});
+            const box = gd.getBoundingClientRect();
+            return [box.left + xa._offset + xa.c2p(gd.data[3].x[i]),
+                    box.top + ya._offset + ya.c2p(gd.data[3].y[i])];
+        }})(document.getElementById('chart'))"""
+    )
+    page.mouse.move(x, y)
+    page.mouse.click(x, y)
+
+
+def test_clicking_an_overflow_marker_shows_its_parameters(tab: Tab, served: Served) -> None:
+    page = tab.page
+    run = _diagnosed_run(served)
+    page.goto(f"/run.html?run={run}")
+    page.wait_for_function("Number(document.getElementById('chart').dataset.points) > 0")
+
+    _click_overflow(tab, 100)
+
+    detail = page.locator("#overflow-detail[data-state=shown][data-step='100']")
+    detail.wait_for()
+    assert detail.locator("h3").inner_text() == "Overflow at step 100"
+    assert detail.locator("[data-loss-flag]").get_attribute("data-loss-flag") == "backward"
+    headers = detail.locator("table thead th").all_inner_texts()
+    assert headers == ["Parameter", "rank 0", "rank 1"]
+    cells = {
+        row.locator("th").inner_text(): row.locator("td").all_inner_texts()
+        for row in detail.locator("table tbody tr").all()
+    }
+    assert cells == {FC1: [DASH, "inf · 12"], HEAD: ["NaN · 3", DASH]}
+
+    _click_overflow(tab, 200)
+    forward = page.locator("#overflow-detail[data-state=shown][data-step='200']")
+    forward.wait_for()
+    flag = forward.locator("[data-loss-flag]")
+    assert flag.get_attribute("data-loss-flag") == "forward"
+    assert "inf or NaN on rank 1" in flag.inner_text()
+    assert "4 more parameters" in forward.inner_text()
+    assert tab.unexpected_errors() == []
+
+
+def test_the_loss_is_drawn_and_the_ranking_follows_the_zoom(tab: Tab, served: Served) -> None:
+    page = tab.page
+    run = _diagnosed_run(served)
+    page.goto(f"/run.html?run={run}")
+    page.wait_for_function("Number(document.getElementById('chart').dataset.points) > 0")
+    loss = page.evaluate(
+        "(gd => gd.data.find((t) => t.name === 'loss'))(document.getElementById('chart'))"
+    )
+    assert loss["yaxis"] == "y4"
+    assert loss["y"][0] == pytest.approx(3.0 - 1 / 200)
+    assert loss["y"][199] is None  # the inf loss of step 200: a gap, its overflow says why
+
+    panel = page.locator("#params-panel[data-view=all]")
+    panel.wait_for()
+    names = panel.locator("tbody tr td.param-name").all_inner_texts()
+    assert names == [FC1, HEAD]  # at 2 overflows and at 1
+    assert panel.locator("tbody tr").first.locator("td").nth(1).inner_text() == "2 of 2"
+
+    page.evaluate("Plotly.relayout(document.getElementById('chart'), {'xaxis.range': [150, 250]})")
+    zoomed = page.locator("#params-panel[data-view='150-250']")
+    zoomed.wait_for()
+    assert zoomed.locator("tbody tr td.param-name").all_inner_texts() == [FC1]
+    assert f"steps 150{DASH}250" in zoomed.inner_text()
+    assert tab.unexpected_errors() == []
