@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint venv clean demo bench cuda-check
+.PHONY: test lint venv clean demo bench cuda-check lowest
 
 venv: $(STAMP)
 
@@ -22,8 +22,23 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The service and the store against the lowest release of each runtime dependency that
+# pyproject.toml admits (constraints-lowest.txt), in a venv of their own that finds torch
+# and the test tools in $(VENV) behind them.
+LOWEST := .venv-lowest
+PURELIB := import sysconfig; print(sysconfig.get_paths()["purelib"])
+
+lowest: $(STAMP)
+	rm -rf $(LOWEST)
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install --quiet -r constraints-lowest.txt
+	echo "import site; site.addsitedir('$$($(BIN)/python -c '$(PURELIB)')')" \
+		> "$$($(LOWEST)/bin/python -c '$(PURELIB)')/zz_scalewatch_venv.pth"
+	$(LOWEST)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests/app tests/store \
+		tests/test_dependencies.py tests/reliability/test_hostile.py
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(LOWEST) build *.egg-info
 
 demo: $(STAMP)
 	$(BIN)/scalewatch demo

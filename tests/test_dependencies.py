@@ -1,4 +1,5 @@
-"""What the distribution's dependencies must give every process that imports torch."""
+"""The distribution's dependencies: what they must give every process that imports torch,
+and ranges that are tested at their lower ends."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 
 def test_torch_imports_without_a_warning() -> None:
@@ -29,11 +34,64 @@ def test_torch_imports_without_a_warning() -> None:
     assert done.stderr == ""
 
 
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+# Only the pinned torch lies on the machines that test this project: its floor is that one.
+UNTESTED_FLOORS = {"torch"}
+
+
+def _pins(name: str) -> dict[str, Version]:
+    """``name==version`` lines of a constraints file, by canonical name."""
+    pins = {}
+    for line in (ROOT / name).read_text().splitlines():
+        line = line.partition("#")[0].strip()
+        if line:
+            requirement = Requirement(line)
+            (spec,) = requirement.specifier
+            assert spec.operator == "==", line
+            pins[canonicalize_name(requirement.name)] = Version(spec.version)
+    return pins
+
+
+def _requirements(*extras: str) -> list[Requirement]:
+    lines = PROJECT["dependencies"] + [
+        r for e in extras for r in PROJECT["optional-dependencies"][e]
+    ]
+    return [Requirement(line) for line in lines]
+
+
+def test_each_runtime_range_is_tested_at_its_lower_end() -> None:
+    """constraints-lowest.txt pins every runtime dependency (the PostgreSQL extra's too) at
+    the floor pyproject.toml declares, which ``make lowest`` tests the service and the store
+    against: a floor raised or lowered without it fails here. Each range has a floor."""
+    lowest = _pins("constraints-lowest.txt")
+    declared = {}
+    for requirement in _requirements("postgres"):
+        floors = [Version(s.version) for s in requirement.specifier if s.operator == ">="]
+        assert len(floors) == 1, f"{requirement} has no floor"
+        declared[canonicalize_name(requirement.name)] = floors[0]
+    for name in UNTESTED_FLOORS:
+        declared.pop(name)
+    extras_of_pins = {"psycopg-binary": lowest["psycopg"]}  # what psycopg[binary] installs
+    assert lowest == declared | extras_of_pins
+
+
+def test_the_pinned_releases_are_in_the_declared_ranges() -> None:
+    """What development and CI run (constraints.txt) is inside the ranges users get."""
+    pins = _pins("constraints.txt")
+    for requirement in _requirements("postgres", "dev"):
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"{name} is not pinned in constraints.txt"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (
+            requirement,
+            pins[name],
+        )
+
+
 def test_the_trainers_are_an_extra_for_the_tests_only() -> None:
     """lightning, accelerate and transformers are what tests/integrations/ trains with; a user
     of the scaler installs none of them, and the tests get the versions constraints.txt pins."""
-    root = Path(__file__).resolve().parent.parent
-    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    root, project = ROOT, PROJECT
     trainers = {"lightning", "accelerate", "transformers"}
 
     def names(requirements: list[str]) -> set[str]:

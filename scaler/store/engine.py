@@ -1,9 +1,12 @@
 """Opening a store: the SQLAlchemy engine, SQLite pragmas, and upgrading to the Alembic head.
 
->>> store = open_store("sqlite:////tmp/example.db")  # created and upgraded if needed
+>>> import tempfile
+>>> folder = tempfile.TemporaryDirectory()
+>>> store = open_store(f"sqlite:///{folder.name}/example.db")  # created and upgraded if needed
 >>> store.engine.dialect.name
 'sqlite'
 >>> store.close()
+>>> folder.cleanup()
 """
 
 from __future__ import annotations
