@@ -9,6 +9,16 @@ from scaler.store.states import RequestSource, RequestStatus
 
 
 @dataclass(frozen=True, slots=True)
+class ParamFinding:
+    """One parameter whose local gradient held inf or NaN on one rank at an overflow step."""
+
+    rank: int
+    name: str
+    kind: str  # "inf" | "nan" | "both"
+    count: int  # non-finite elements in that rank's local gradient
+
+
+@dataclass(frozen=True, slots=True)
 class StepRecord:
     """One telemetry record: what one ``update()`` did. A ``steps`` row has the same fields."""
 
@@ -24,6 +34,10 @@ class StepRecord:
     growth_factor: float
     backoff_factor: float
     control_version: int
+    loss: float | None = None  # the reporting rank's loss as passed to scale(); None if unseen
+    loss_nonfinite_ranks: tuple[int, ...] = ()  # ranks whose loss was inf/NaN (overflow steps)
+    params: tuple[ParamFinding, ...] = ()  # overflow steps only; at most 32 per rank
+    params_omitted: int = 0  # non-finite parameters beyond the 32 kept per rank, all ranks
 
 
 @dataclass(frozen=True, slots=True)
