@@ -1,0 +1,174 @@
+"""Overflow diagnosis in a scaler: ``watch(model)``, the loss seen by ``scale()``, and the
+findings of an overflow step.
+
+A clean step costs a reference to the loss, one to each optimizer unscaled, and a test
+of values the host holds already (a cpu step's values, or found_inf as ``step()`` read
+it). Only a step the host knows overflowed is explained: each rank that saw inf/NaN in
+its own gradients scans them once, and with ``ShardedGradScaler`` on several ranks the
+reporting rank gathers every rank's findings in one collective (see ``_gather``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, overload
+
+import torch
+
+from . import _payload
+from ._diagnosis import Diagnosis, Report, combine, loss_nonfinite, scan
+from ._gather import gather_reports
+from ._names import Names
+from ._torch_compat import opt_step_unless_inf
+
+if TYPE_CHECKING:
+    from ._torch_compat import TorchGradScaler as _Base
+else:
+    _Base = object
+
+
+class StepWatch:
+    """A scaler's diagnosis state: the names registered, and what this step has seen.
+
+    Transient (a copy of the scaler watches nothing until ``watch()`` is called again).
+    """
+
+    __slots__ = ("host_rows", "loss", "names", "optimizers")
+
+    def __init__(self) -> None:
+        self.names = Names()
+        self.loss: torch.Tensor | None = None
+        self.optimizers: list[torch.optim.Optimizer] = []
+        # found_inf of each optimizer as step() read it: [found] or the payload's words
+        self.host_rows: list[list[float]] = []
+
+    def saw_loss(self, loss: torch.Tensor) -> None:
+        if self.loss is None:
+            self.loss = loss
+        else:  # several scale() calls a step (gradient accumulation): their sum
+            self.loss = self.loss.detach() + loss.detach()
+
+    def take_loss(self) -> torch.Tensor | None:
+        loss, self.loss = self.loss, None
+        return loss if loss is None or not loss.requires_grad else loss.detach()
+
+
+class Watching(_Base):
+    """The diagnosis half of :class:`scaler._core.Instrumented`."""
+
+    _watch: StepWatch
+
+    def watch(self, model: torch.nn.Module) -> int:
+        """Name ``model``'s parameters in overflow reports; returns how many names it gave.
+
+        Names are those of ``model.named_parameters()`` (less FSDP's wrapper prefixes):
+        plain modules, DDP, FSDP1 (an FSDP1 flat parameter names each original parameter
+        it holds) and FSDP2. Parameters no watched model has are named by optimizer
+        position and shape, as ``"group 0 param 17 (4096, 4096)"``. A copy of the scaler
+        (pickle, deepcopy) forgets the names: call ``watch`` on it again.
+        """
+        return self._watch.names.watch(model)
+
+    @overload
+    def scale(self, outputs: torch.Tensor) -> torch.Tensor: ...
+
+    @overload
+    def scale(self, outputs: list[torch.Tensor]) -> list[torch.Tensor]: ...
+
+    @overload
+    def scale(self, outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]: ...
+
+    @overload
+    def scale(self, outputs: Iterable[torch.Tensor]) -> Iterable[torch.Tensor]: ...
+
+    def scale(
+        self, outputs: torch.Tensor | Iterable[torch.Tensor]
+    ) -> torch.Tensor | Iterable[torch.Tensor]:
+        """As torch's; a one-element tensor is also this step's loss for the record."""
+        scaled = super().scale(outputs)
+        if self._enabled and isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
+            self._watch.saw_loss(outputs)
+        return scaled
+
+    def _unscale_grads_(
+        self,
+        optimizer: torch.optim.Optimizer,
+        inv_scale: torch.Tensor,
+        found_inf: torch.Tensor,
+        allow_fp16: bool,
+    ) -> dict[torch.device, torch.Tensor]:
+        self._watch.optimizers.append(optimizer)
+        return super()._unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16)
+
+    def _maybe_opt_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        optimizer_state: dict[str, Any],
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        result, found = opt_step_unless_inf(optimizer, optimizer_state, args, kwargs)
+        self._watch.host_rows.append([found])
+        return result
+
+    def _diagnose(
+        self, values: list[float] | None, width: int, loss: torch.Tensor | None
+    ) -> Diagnosis | None:
+        """This step's findings if the host knows it overflowed (and the rank reports).
+
+        ``values``: a cpu step's values as read ([scale, tracker, found_inf, loss, *payload
+        words]); None on cuda, where found_inf is known only as ``step()`` read it (the
+        fused-optimizer path reads nothing: its overflows are not explained on cuda).
+        """
+        watch = self._watch
+        optimizers, watch.optimizers = watch.optimizers, []
+        rows, watch.host_rows = watch.host_rows, []
+        if values is not None:
+            if not values[2] > 0:
+                return None
+            rows = _payload_rows(values[4:], width) if width > 0 else [[values[2]]]
+        elif not any(_payload.any_overflow(row) for row in rows):
+            return None
+        return self._explain(optimizers, rows, width, loss)
+
+    def _explain(
+        self,
+        optimizers: list[torch.optim.Optimizer],
+        rows: list[list[float]],
+        width: int,
+        loss: torch.Tensor | None,
+    ) -> Diagnosis | None:
+        group = self._group_info()
+        rank = 0 if group is None else group[0]
+        gathering = group is not None and width > 1  # the ranks agreed this step overflowed
+        if not gathering and rank != 0:
+            return None  # nothing to send, nothing to record
+        # A rank whose own flag is clear holds no inf/NaN: nothing to scan. A fused
+        # optimizer's flag was not read: scan then.
+        local = (
+            width <= 0
+            or len(rows) < len({id(o) for o in optimizers})
+            or any(_payload.has_rank(row, rank) for row in rows)
+        )
+        if local:
+            found = scan(optimizers, self._watch.names, loss)
+            report = Report(rank, found.params, found.omitted, found.loss_nonfinite)
+        else:
+            report = Report(rank, loss_nonfinite=loss_nonfinite(loss))
+        if not gathering:
+            return combine([report])
+        assert group is not None
+        reports = gather_reports(report, group, self._reporting_group())
+        return None if reports is None else combine(reports)
+
+    if TYPE_CHECKING:  # Instrumented's
+
+        def _group_info(self) -> tuple[int, int] | None: ...
+
+        def _reporting_group(self) -> Any: ...
+
+
+def _payload_rows(words: list[float], width: int) -> list[list[float]]:
+    """A cpu step's payload words, one row per optimizer."""
+    size = _payload.words(width)
+    return [words[start : start + size] for start in range(0, len(words), size)]
