@@ -1,9 +1,10 @@
 """What an overflow step finds on one rank: the parameters whose local gradients hold inf
 or NaN, and whether the loss did.
 
-Run only at an overflow step. One fused pass (the infinity norm of every gradient, which
-is inf or NaN exactly when the gradient holds one) picks the gradients to look at; only
-those are counted, element by element. A DTensor gradient is checked in its local shard,
+Run only at an overflow step. One fused pass (the 2-norm of every gradient, non-finite
+when the gradient holds inf or NaN, or when its sum of squares overflows) picks the
+gradients to look at; only those are counted, element by element (one whose norm only
+overflowed counts no element, and is left out). A DTensor gradient is checked in its local shard,
 a flat parameter's gradient (FSDP1) per original parameter it holds.
 """
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ._names import Names, Segment, positional
-from ._torch_compat import foreach_max_abs, local_tensor
+from ._torch_compat import foreach_l2_norm, local_tensor
 from .store.records import ParamFinding
 
 LIMIT = 32  # parameters kept per rank and step; the rest are counted
@@ -125,7 +126,7 @@ def _non_finite(entries: list[_Entry], loss: torch.Tensor | None) -> tuple[list[
     flagged: list[int] = []
     bad_loss: bool | None = None
     for (device, _), indices in groups.items():
-        finite = torch.stack(foreach_max_abs([entries[i][0] for i in indices])).isfinite()
+        finite = torch.stack(foreach_l2_norm([entries[i][0] for i in indices])).isfinite()
         with_loss = bad_loss is None and loss is not None and loss.device == device
         if with_loss:
             assert loss is not None

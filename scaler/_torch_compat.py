@@ -34,7 +34,7 @@ __all__ = [
     "cuda_amp_unavailable",
     "deprecation_of",
     "flat_param_parts",
-    "foreach_max_abs",
+    "foreach_l2_norm",
     "local_tensor",
     "maybe_opt_step_result",
     "mismatched_signatures",
@@ -225,13 +225,14 @@ def deprecation_of(device: str) -> str:
     )
 
 
-def foreach_max_abs(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Each tensor's largest absolute value, NaN if it holds one: one fused pass.
+def foreach_l2_norm(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor's 2-norm, one fused pass over tensors of one device and dtype.
 
-    The tensors share a device and dtype and none is empty (the infinity norm of an
-    empty tensor is an error).
+    Non-finite exactly when the tensor holds inf or NaN, or when its sum of squares
+    overflows (float32 values past ~1e19). On cpu the 2-norm is some 40 times faster
+    than the infinity norm.
     """
-    return list(torch._foreach_norm(tensors, float("inf")))
+    return list(torch._foreach_norm(tensors, 2))
 
 
 def clean_parameter_name(name: str) -> str:
