@@ -142,7 +142,7 @@ def read_cpu(
         tracker.item(),
         0.0 if found is None else found.item(),
         # a loss elsewhere than the cpu scale is not read: that would be a sync
-        None if loss is None or loss.device.type != "cpu" else loss.item(),
+        None if loss is None or not loss.is_cpu else loss.item(),
     ]
     for flag in flags:
         values.extend(flag.tolist())

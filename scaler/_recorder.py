@@ -96,6 +96,7 @@ class Captured:
         parts = [scale.reshape(1), tracker.reshape(1), found.reshape(1)]
         self._has_loss = loss is not None
         if loss is not None:
+            loss = loss.detach()  # cat(out=) refuses a tensor that requires grad
             if loss.device != scale.device:
                 loss = loss.to(scale.device, non_blocking=True)
             parts.append(loss.reshape(1))
@@ -345,9 +346,11 @@ def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample
     captured = snap.captured
     if isinstance(captured, Captured):
         scale_after, tracker, found, loss, payloads = captured.read()
+    elif len(captured) == 4:  # no payload (GradScaler, or no process group)
+        scale_after, found, loss, payloads = captured[0], captured[2], captured[3], []
+        tracker = int(captured[1])
     else:
-        words = len(captured) - 4
-        count = words // _payload.words(snap.world_size) if words else 0
+        count = (len(captured) - 4) // _payload.words(snap.world_size)
         scale_after, tracker, found, loss, payloads = _split(captured, count)
     overflow = found > 0
     scale_used = fold.add(snap.scale_used, scale_after, overflow, snap.stepped, snap.scale_set)

@@ -1,10 +1,15 @@
 """Overflow diagnosis in a scaler: ``watch(model)``, the loss seen by ``scale()``, and the
 findings of an overflow step.
 
-A clean step costs a reference to the loss, one to each optimizer unscaled, and a test
+A clean step costs a reference to the loss, one to each optimizer stepped, and a test
 of values the host holds already (a cpu step's values, or found_inf as ``step()`` read
-it). Only a step the host knows overflowed is explained: each rank that saw inf/NaN in
-its own gradients scans them once, and with ``ShardedGradScaler`` on several ranks the
+it). ``GradScaler`` learns of an optimizer from ``step()`` (``_maybe_opt_step``, or the
+fused path's ``_check_inf_per_device``); a fused optimizer that ``unscale_()`` was called
+on first passes neither, and its gradients are not scanned. ``ShardedGradScaler`` sees
+every optimizer in its own ``_unscale_grads_``.
+
+Only a step the host knows overflowed is explained: each rank that saw inf/NaN in its
+own gradients scans them once, and with ``ShardedGradScaler`` on several ranks the
 reporting rank gathers every rank's findings in one collective (see ``_gather``).
 """
 
@@ -42,15 +47,14 @@ class StepWatch:
         # found_inf of each optimizer as step() read it: [found] or the payload's words
         self.host_rows: list[list[float]] = []
 
-    def saw_loss(self, loss: torch.Tensor) -> None:
-        if self.loss is None:
-            self.loss = loss
-        else:  # several scale() calls a step (gradient accumulation): their sum
-            self.loss = self.loss.detach() + loss.detach()
+    def add_loss(self, loss: torch.Tensor) -> None:
+        """A second ``scale()`` call in a step (gradient accumulation): the sum is kept."""
+        assert self.loss is not None
+        self.loss = self.loss.detach() + loss.detach()
 
     def take_loss(self) -> torch.Tensor | None:
         loss, self.loss = self.loss, None
-        return loss if loss is None or not loss.requires_grad else loss.detach()
+        return loss
 
 
 class Watching(_Base):
@@ -86,19 +90,17 @@ class Watching(_Base):
     ) -> torch.Tensor | Iterable[torch.Tensor]:
         """As torch's; a one-element tensor is also this step's loss for the record."""
         scaled = super().scale(outputs)
-        if self._enabled and isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
-            self._watch.saw_loss(outputs)
+        if isinstance(outputs, torch.Tensor) and self._enabled and outputs.numel() == 1:
+            watch = self._watch
+            if watch.loss is None:
+                watch.loss = outputs
+            else:
+                watch.add_loss(outputs)
         return scaled
 
-    def _unscale_grads_(
-        self,
-        optimizer: torch.optim.Optimizer,
-        inv_scale: torch.Tensor,
-        found_inf: torch.Tensor,
-        allow_fp16: bool,
-    ) -> dict[torch.device, torch.Tensor]:
-        self._watch.optimizers.append(optimizer)
-        return super()._unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16)
+    def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        self._watch.optimizers.append(optimizer)  # the fused path: no _maybe_opt_step
+        return super()._check_inf_per_device(optimizer)
 
     def _maybe_opt_step(
         self,
@@ -108,7 +110,9 @@ class Watching(_Base):
         **kwargs: Any,
     ) -> Any:
         result, found = opt_step_unless_inf(optimizer, optimizer_state, args, kwargs)
-        self._watch.host_rows.append([found])
+        watch = self._watch
+        watch.optimizers.append(optimizer)
+        watch.host_rows.append([found])
         return result
 
     def _diagnose(
