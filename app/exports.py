@@ -11,10 +11,11 @@ from itertools import chain
 from typing import Any
 
 from scaler.store import queries
+from scaler.store.diagnosis import Finding, finding_dicts, findings_between
 from scaler.store.engine import Store
 from scaler.store.queries import EXPORT_COLUMNS
 
-__all__ = ["MEDIA_TYPES", "export_chunks", "export_filename"]
+__all__ = ["MEDIA_TYPES", "OVERFLOW_COLUMNS", "export_chunks", "export_filename", "format_params"]
 
 MEDIA_TYPES = {"csv": "text/csv; charset=utf-8", "jsonl": "application/x-ndjson"}
 
@@ -27,7 +28,8 @@ def export_filename(run_name: str, run_id: int, what: str, fmt: str) -> str:
 
 
 _ROW = ",".join(["%s"] * len(EXPORT_COLUMNS)) + "\n"
-_RANKS = EXPORT_COLUMNS.index("inf_ranks")
+_RANKS = (EXPORT_COLUMNS.index("inf_ranks"), EXPORT_COLUMNS.index("loss_nonfinite_ranks"))
+_LOSS = EXPORT_COLUMNS.index("loss")
 # Float columns that hold few distinct values a page: each repr is computed once.
 _REPEATING = tuple(
     EXPORT_COLUMNS.index(name)
@@ -38,29 +40,33 @@ _REPEATING = tuple(
 def csv_page(rows: Sequence[Sequence[Any]]) -> str:
     """Rows as CSV text, exactly what ``csv.writer(f, lineterminator="\\n")`` writes.
 
-    ``csv_page([(2, 0.5, 1.0, 1, 1, "0,3", 0.5, 0, 2, 2.0, 0.5, 0)])`` is
-    ``'2,0.5,1.0,1,1,"0,3",0.5,0,2,2.0,0.5,0\\n'``.
+    ``csv_page([(2, 0.5, 1.0, 1, 1, "0,3", 0.5, 0, 2, 2.0, 0.5, 0, None, "1", 0)])`` is
+    ``'2,0.5,1.0,1,1,"0,3",0.5,0,2,2.0,0.5,0,,1,0\\n'``.
 
-    A step row is numbers and a ranks string, so one ``%`` over the whole page does what
-    csv.writer does field by field (``str`` of a float is its ``repr``) at about twice
-    the speed. Only ranks with a comma need quotes; any other field that would need
-    quoting, or is None, shows in the counts checked below and sends the page to
-    csv.writer.
+    A step row is numbers, ranks strings and a loss that may be None, so one ``%`` over
+    the whole page does what csv.writer does field by field (``str`` of a float is its
+    ``repr``, None is empty) at about twice the speed. Only ranks with a comma need
+    quotes; any other field that would need quoting, or is None, shows in the counts
+    checked below and sends the page to csv.writer.
     """
     width = len(EXPORT_COLUMNS)
     values = list(chain.from_iterable(rows))
-    ranks = values[_RANKS::width]
-    try:
-        joined = "".join(ranks)
-    except TypeError:
-        return _csv_writer_page(rows)
-    if '"' in joined or "\r" in joined or "\n" in joined:
-        return _csv_writer_page(rows)
-    commas = joined.count(",")
-    quoted = 0
-    if commas:
-        values[_RANKS::width] = [f'"{r}"' if "," in r else r for r in ranks]
-        quoted = sum(1 for r in ranks if "," in r)
+    commas = quoted = 0
+    for column in _RANKS:
+        ranks = values[column::width]
+        try:
+            joined = "".join(ranks)
+        except TypeError:
+            return _csv_writer_page(rows)
+        if '"' in joined or "\r" in joined or "\n" in joined:
+            return _csv_writer_page(rows)
+        if "," in joined:
+            commas += joined.count(",")
+            values[column::width] = [f'"{r}"' if "," in r else r for r in ranks]
+            quoted += sum(1 for r in ranks if "," in r)
+    losses = values[_LOSS::width]
+    if None in losses:
+        values[_LOSS::width] = ["" if loss is None else loss for loss in losses]
     for column in _REPEATING:
         values[column::width] = _float_reprs(values[column::width])
     text = (_ROW * len(rows)) % tuple(values)
@@ -104,6 +110,46 @@ def _jsonl(pages: Iterator[list[tuple[Any, ...]]]) -> Iterator[str]:
         yield "".join(json.dumps(queries.step_dict(row)) + "\n" for row in page)
 
 
+OVERFLOW_COLUMNS: tuple[str, ...] = (*EXPORT_COLUMNS, "params")
+
+
+def format_params(findings: Iterable[Finding]) -> str:
+    """The compact CSV form of an overflow's findings, ``rank:name:kind:count`` joined by
+    ``;``: ``format_params([(1, "fc.weight", "inf", 12), (0, "fc.bias", "nan", 3)])`` is
+    ``"1:fc.weight:inf:12;0:fc.bias:nan:3"``. A name is what lies between the first colon
+    and the last two."""
+    return ";".join(f"{rank}:{name}:{kind}:{count}" for rank, name, kind, count in findings)
+
+
+def _with_findings(
+    store: Store, run_id: int, pages: Iterator[list[tuple[Any, ...]]]
+) -> Iterator[tuple[list[tuple[Any, ...]], dict[int, list[Finding]]]]:
+    """Each page of overflow rows with the findings of its steps (one range read a page)."""
+    for page in pages:
+        with store.engine.connect() as conn:
+            found = findings_between(conn, run_id, page[0][0], page[-1][0])
+        yield page, found
+
+
+def _overflows_csv(
+    pages: Iterator[tuple[list[tuple[Any, ...]], dict[int, list[Finding]]]],
+) -> Iterator[str]:
+    yield _csv_writer_page([OVERFLOW_COLUMNS])
+    for page, found in pages:
+        yield _csv_writer_page([(*row, format_params(found.get(row[0], ()))) for row in page])
+
+
+def _overflows_jsonl(
+    pages: Iterator[tuple[list[tuple[Any, ...]], dict[int, list[Finding]]]],
+) -> Iterator[str]:
+    for page, found in pages:
+        yield "".join(
+            json.dumps({**queries.step_dict(row), "params": finding_dicts(found.get(row[0], ()))})
+            + "\n"
+            for row in page
+        )
+
+
 def export_chunks(
     store: Store,
     run_id: int,
@@ -113,8 +159,13 @@ def export_chunks(
     start: int | None = None,
     end: int | None = None,
 ) -> Iterator[str]:
-    """The export as text chunks of one store page each; ``what`` is steps or overflows."""
-    pages = queries.iter_step_pages(
-        store, run_id, start=start, end=end, overflows_only=what == "overflows"
-    )
+    """The export as text chunks of one store page each; ``what`` is steps or overflows.
+
+    An overflows export has the steps' columns and ``params``, the findings of each step.
+    """
+    overflows = what == "overflows"
+    pages = queries.iter_step_pages(store, run_id, start=start, end=end, overflows_only=overflows)
+    if overflows:
+        paged = _with_findings(store, run_id, pages)
+        return _overflows_csv(paged) if fmt == "csv" else _overflows_jsonl(paged)
     return _csv(pages) if fmt == "csv" else _jsonl(pages)

@@ -17,8 +17,12 @@ __all__ = [
     "ControlView",
     "ErrorMessage",
     "Health",
+    "OverflowDetail",
     "OverflowItem",
     "OverflowPage",
+    "OverflowParam",
+    "ParamOverflows",
+    "ParamRanking",
     "RunDetail",
     "RunList",
     "RunSummary",
@@ -79,6 +83,10 @@ class SeriesColumns(BaseModel):
     tracker_last: list[int]
     overflows: list[int]
     skipped: list[int]
+    # Of the finite losses of each bucket (the loss of its last step); null when none.
+    loss_min: list[float | None]
+    loss_max: list[float | None]
+    loss_last: list[float | None]
 
 
 class StepSeries(BaseModel):
@@ -89,12 +97,60 @@ class StepSeries(BaseModel):
     series: SeriesColumns
 
 
+class OverflowParam(BaseModel):
+    """A parameter whose local gradient held inf or NaN on one rank at an overflow step."""
+
+    rank: int
+    name: str = Field(description="from scaler.watch(model), else 'group G param I (shape)'")
+    kind: Literal["inf", "nan", "both"]
+    count: int = Field(description="non-finite elements of that rank's local gradient")
+
+
 class OverflowItem(BaseModel):
     step: int
     wall_time: float
     scale: float
     scale_after: float
-    inf_ranks: list[int]
+    inf_ranks: list[int] = Field(description="ranks whose local gradients had inf or NaN")
+    loss: float | None = Field(
+        description="the reporting rank's loss; null when not recorded or not finite"
+    )
+    loss_nonfinite_ranks: list[int] = Field(
+        description="ranks whose loss was already inf or NaN (a forward overflow); empty when"
+        " the loss was finite on every rank"
+    )
+    params: list[OverflowParam] = Field(description="by rank, then name; at most 32 a rank")
+    params_omitted: int = Field(description="non-finite parameters beyond the 32 kept a rank")
+
+
+class OverflowDetail(OverflowItem):
+    """One overflow step in full: its step record and every parameter found at it."""
+
+    run: int
+    skipped: bool
+    growth_tracker: int
+    growth_interval: int
+    growth_factor: float
+    backoff_factor: float
+    control_version: int
+
+
+class ParamOverflows(BaseModel):
+    name: str
+    overflows: int = Field(description="overflow steps of the window it was found at")
+    ranks: list[int] = Field(description="the ranks it was found on")
+    kinds: list[Literal["inf", "nan", "both"]]
+    last_step: int = Field(description="the latest of those steps")
+    count: int = Field(description="non-finite elements, summed over those findings")
+
+
+class ParamRanking(BaseModel):
+    run: int
+    start: int | None
+    end: int | None
+    overflows: int = Field(description="overflow steps in the window")
+    params_omitted: int = Field(description="findings of those steps that were not kept")
+    params: list[ParamOverflows] = Field(description="most overflow steps first")
 
 
 class OverflowPage(BaseModel):

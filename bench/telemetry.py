@@ -39,6 +39,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as Torc
 import scaler
 from scaler.store import StepRecord, open_store, upgrade
 from scaler.store.engine import BUSY_TIMEOUT_MS
+from scaler.store.records import ParamFinding
 from scaler.store.runs import create_run, step_rows, write_steps
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -58,12 +59,14 @@ _RAW_PRAGMAS = (
 _RAW_INSERT = (
     "INSERT INTO steps (run_id, step, wall_time, scale, overflow, skipped, inf_ranks,"
     " scale_after, growth_tracker, growth_interval, growth_factor, backoff_factor,"
-    " control_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " control_version, loss, loss_nonfinite_ranks, params_omitted)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 
 def make_records(count: int) -> list[StepRecord]:
-    """A plausible fp16 run: growth every 2000 clean steps, an overflow every ~700."""
+    """A plausible fp16 run: growth every 2000 clean steps, an overflow every ~700, a loss
+    each step and, at an overflow, the two parameters found non-finite."""
     records: list[StepRecord] = []
     scale, tracker, start = 65536.0, 0, time.time()
     for step in range(1, count + 1):
@@ -88,10 +91,21 @@ def make_records(count: int) -> list[StepRecord]:
                 growth_factor=2.0,
                 backoff_factor=0.5,
                 control_version=0,
+                loss=2.0 + 1.0 / step,
+                params=_FINDINGS[step % 8] if overflow else (),
             )
         )
         scale = after
     return records
+
+
+_FINDINGS = tuple(
+    (
+        ParamFinding(rank, "encoder.layers.11.mlp.fc2.weight", "inf", 4096),
+        ParamFinding(rank, "encoder.layers.11.mlp.fc2.bias", "nan", 3),
+    )
+    for rank in range(8)
+)
 
 
 def _store_rate(directory: Path, records: list[StepRecord], batch: int) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from app.models import ErrorMessage
-from app.routes import control, export, metrics, runs, stream
+from app.routes import control, diagnosis, export, metrics, runs, stream
 
 __all__ = ["STORE_UNAVAILABLE", "router"]
 
@@ -14,5 +14,5 @@ STORE_UNAVAILABLE: dict[int | str, dict[str, object]] = {
 }
 
 router = APIRouter()
-for module in (runs, control, export, stream, metrics):
+for module in (runs, diagnosis, control, export, stream, metrics):
     router.include_router(module.router, responses=STORE_UNAVAILABLE)

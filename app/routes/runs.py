@@ -18,7 +18,7 @@ from app.models import (
     Step,
     StepSeries,
 )
-from scaler.store import queries
+from scaler.store import diagnosis, queries
 from scaler.store.engine import Store
 from scaler.store.queries import INT64_MAX, RunInfo
 
@@ -102,9 +102,11 @@ def get_overflows(
     after: After = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
 ) -> OverflowPage:
-    """Overflow steps after ``after``, oldest first, keyset-paged by step."""
+    """Overflow steps after ``after``, oldest first, keyset-paged by step, each with the
+    parameters found non-finite (``params``, by rank then name) and the ranks whose loss
+    was not finite (``loss_nonfinite_ranks``, empty when it was finite everywhere)."""
     require_run_exists(store, run)
-    page = queries.overflow_page(store, run, after=after, limit=limit)
+    page = diagnosis.overflow_page(store, run, after=after, limit=limit)
     return OverflowPage(
         items=[OverflowItem.model_validate(item) for item in page.items], next=page.next
     )

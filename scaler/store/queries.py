@@ -1,7 +1,9 @@
-"""Read queries for the service: runs, chart series, overflow pages, exports, live tails.
+"""Read queries for the service: runs, chart series, exports, live tails (overflow pages and
+their parameters: :mod:`scaler.store.diagnosis`).
 
 Chart series are spike-preserving: every bucket carries the min, max and last of the
-scale and growth tracker and the count of overflows, read from ``step_rollups`` when a
+scale, the growth tracker and the loss (its finite values; null when the bucket has
+none) and the count of overflows, read from ``step_rollups`` when a
 bucket spans many steps and from ``steps`` when it spans few.
 """
 
@@ -26,14 +28,12 @@ INT64_MAX = 2**63 - 1
 __all__ = [
     "EXPORT_COLUMNS",
     "INT64_MAX",
-    "OverflowPage",
     "RunInfo",
     "Series",
     "chart_series",
     "get_run",
     "iter_step_pages",
     "list_runs",
-    "overflow_page",
     "run_status",
     "step_rows_after",
 ]
@@ -69,6 +69,9 @@ SERIES_KEYS: tuple[str, ...] = (
     "tracker_last",
     "overflows",
     "skipped",
+    "loss_min",
+    "loss_max",
+    "loss_last",
 )
 
 
@@ -112,12 +115,6 @@ class Series:
     end: int | None
     bucket_width: int
     columns: dict[str, list[Any]] = field(default_factory=lambda: {key: [] for key in SERIES_KEYS})
-
-
-@dataclass(frozen=True)
-class OverflowPage:
-    items: list[dict[str, Any]]
-    next: int | None
 
 
 def _run_info(conn: Connection, row: RowMapping, now: float) -> RunInfo:
@@ -236,23 +233,26 @@ _RAW_PIECE = (
     "SELECT step AS first_step, step AS last_step, 1 AS n,"
     " LEAST(scale, scale_after) AS scale_min, GREATEST(scale, scale_after) AS scale_max,"
     " growth_tracker AS tracker_min, growth_tracker AS tracker_max,"
-    " CAST(overflow AS INTEGER) AS overflows, CAST(skipped AS INTEGER) AS skipped"
+    " CAST(overflow AS INTEGER) AS overflows, CAST(skipped AS INTEGER) AS skipped,"
+    " loss AS loss_min, loss AS loss_max"
     " FROM steps WHERE run_id = :run AND step BETWEEN :lo{i} AND :hi{i}"
 )
 _ROLLUP_PIECE = (
     "SELECT first_step, last_step, n, scale_min, scale_max, tracker_min, tracker_max,"
-    " overflows, skipped FROM step_rollups"
+    " overflows, skipped, loss_min, loss_max FROM step_rollups"
     " WHERE run_id = :run AND level = :level{i} AND bucket BETWEEN :lo{i} AND :hi{i}"
 )
 _GROUPED = (
     "WITH p AS ({pieces})"
     " SELECT g.first_step, g.last_step, g.n, g.scale_min, g.scale_max, s.scale_after,"
-    " g.tracker_min, g.tracker_max, s.growth_tracker, g.overflows, g.skipped FROM ("
+    " g.tracker_min, g.tracker_max, s.growth_tracker, g.overflows, g.skipped,"
+    " g.loss_min, g.loss_max, s.loss FROM ("
     "  SELECT first_step / :width AS ob, min(first_step) AS first_step,"
     "  max(last_step) AS last_step, sum(n) AS n, min(scale_min) AS scale_min,"
     "  max(scale_max) AS scale_max, min(tracker_min) AS tracker_min,"
     "  max(tracker_max) AS tracker_max, sum(overflows) AS overflows,"
-    "  sum(skipped) AS skipped FROM p GROUP BY ob"
+    "  sum(skipped) AS skipped, min(loss_min) AS loss_min, max(loss_max) AS loss_max"
+    "  FROM p GROUP BY ob"
     " ) AS g JOIN steps AS s ON s.run_id = :run AND s.step = g.last_step ORDER BY g.ob"
 )
 
@@ -307,34 +307,6 @@ def chart_series(
     for key, values in zip(SERIES_KEYS, zip(*rows, strict=True), strict=False):
         series.columns[key] = list(values)
     return series
-
-
-_OVERFLOWS = (
-    "SELECT step, wall_time, scale, scale_after, inf_ranks FROM steps"
-    " WHERE run_id = :run AND overflow AND step > :after ORDER BY step LIMIT :limit"
-)
-
-
-def overflow_page(
-    store: Store, run_id: int, *, after: int | None = None, limit: int = 100
-) -> OverflowPage:
-    """Overflow steps after ``after``, oldest first; ``next`` is the ``after`` of the next page."""
-    with store.engine.connect() as conn:
-        rows = conn.exec_driver_sql(
-            driver_sql(_OVERFLOWS, conn.dialect.name),
-            {"run": run_id, "after": -1 if after is None else after, "limit": limit + 1},
-        ).fetchall()
-    items = [
-        {
-            "step": step,
-            "wall_time": wall_time,
-            "scale": scale,
-            "scale_after": scale_after,
-            "inf_ranks": parse_ranks(ranks),
-        }
-        for step, wall_time, scale, scale_after, ranks in rows[:limit]
-    ]
-    return OverflowPage(items, items[-1]["step"] if len(rows) > limit else None)
 
 
 def parse_ranks(ranks: str) -> list[int]:
@@ -420,6 +392,7 @@ def step_dict(row: Sequence[Any]) -> dict[str, Any]:
     out["overflow"] = bool(out["overflow"])
     out["skipped"] = bool(out["skipped"])
     out["inf_ranks"] = parse_ranks(out["inf_ranks"])
+    out["loss_nonfinite_ranks"] = parse_ranks(out["loss_nonfinite_ranks"])
     return out
 
 

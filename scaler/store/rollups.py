@@ -24,11 +24,11 @@ from scaler.store.engine import insert_rows
 from scaler.store.schema import ROLLUP_LEVELS
 from scaler.store.sql import cursor_dialect, driver_sql
 
-__all__ = ["refresh_rollups", "rollup_plan"]
+__all__ = ["contiguous", "refresh_rollups", "rollup_plan"]
 
 _COLUMNS = (
     "run_id, level, bucket, first_step, last_step, n, scale_min, scale_max, scale_last,"
-    " tracker_min, tracker_max, tracker_last, overflows, skipped"
+    " tracker_min, tracker_max, tracker_last, overflows, skipped, loss_min, loss_max"
 )
 _COLUMN_NAMES = tuple(_COLUMNS.replace(" ", "").split(","))
 _KEY = ("run_id", "level", "bucket")
@@ -47,14 +47,16 @@ _FROM_STEPS = (
     f"{{insert}} INTO step_rollups ({_COLUMNS})"
     " SELECT :run, :level, a.agg_bucket, a.agg_first, a.agg_last, a.agg_n,"
     " a.agg_scale_min, a.agg_scale_max, s.scale_after,"
-    " a.agg_tracker_min, a.agg_tracker_max, s.growth_tracker, a.agg_overflows, a.agg_skipped"
+    " a.agg_tracker_min, a.agg_tracker_max, s.growth_tracker, a.agg_overflows, a.agg_skipped,"
+    " a.agg_loss_min, a.agg_loss_max"
     " FROM (SELECT step / :width AS agg_bucket, min(step) AS agg_first,"
     " max(step) AS agg_last, count(*) AS agg_n,"
     " LEAST(min(scale), min(scale_after)) AS agg_scale_min,"
     " GREATEST(max(scale), max(scale_after)) AS agg_scale_max,"
     " min(growth_tracker) AS agg_tracker_min, max(growth_tracker) AS agg_tracker_max,"
     " sum(CAST(overflow AS INTEGER)) AS agg_overflows,"
-    " sum(CAST(skipped AS INTEGER)) AS agg_skipped"
+    " sum(CAST(skipped AS INTEGER)) AS agg_skipped,"
+    " min(loss) AS agg_loss_min, max(loss) AS agg_loss_max"
     " FROM steps WHERE run_id = :run AND step >= :lo AND step < :hi"
     " GROUP BY step / :width) AS a"
     " JOIN steps AS s ON s.run_id = :run AND s.step = a.agg_last{conflict}"
@@ -63,12 +65,14 @@ _FROM_CHILD = (
     f"{{insert}} INTO step_rollups ({_COLUMNS})"
     " SELECT :run, :level, a.agg_bucket, a.agg_first, a.agg_last, a.agg_n,"
     " a.agg_scale_min, a.agg_scale_max, c.scale_last,"
-    " a.agg_tracker_min, a.agg_tracker_max, c.tracker_last, a.agg_overflows, a.agg_skipped"
+    " a.agg_tracker_min, a.agg_tracker_max, c.tracker_last, a.agg_overflows, a.agg_skipped,"
+    " a.agg_loss_min, a.agg_loss_max"
     " FROM (SELECT bucket / :ratio AS agg_bucket, min(first_step) AS agg_first,"
     " max(last_step) AS agg_last, sum(n) AS agg_n,"
     " min(scale_min) AS agg_scale_min, max(scale_max) AS agg_scale_max,"
     " min(tracker_min) AS agg_tracker_min, max(tracker_max) AS agg_tracker_max,"
-    " sum(overflows) AS agg_overflows, sum(skipped) AS agg_skipped"
+    " sum(overflows) AS agg_overflows, sum(skipped) AS agg_skipped,"
+    " min(loss_min) AS agg_loss_min, max(loss_max) AS agg_loss_max"
     " FROM step_rollups WHERE run_id = :run AND level = :child AND bucket >= :lo AND bucket < :hi"
     " GROUP BY bucket / :ratio) AS a"
     " JOIN step_rollups AS c ON c.run_id = :run AND c.level = :child"
@@ -130,7 +134,7 @@ def _recompute(cursor: Any, run_id: int, step_numbers: Sequence[int], plan: Plan
         else:
             touched = {bucket * child_width // width for bucket in touched}
             statement, unit = _FROM_CHILD, width // child_width
-        for first, last in _contiguous(touched):
+        for first, last in contiguous(touched):
             cursor.execute(
                 _statement(statement, dialect),
                 {
@@ -148,6 +152,9 @@ def _recompute(cursor: Any, run_id: int, step_numbers: Sequence[int], plan: Plan
 
 # A rollup on the host: the columns of step_rollups after run_id and level.
 _BUCKET, _FIRST, _LAST, _N, _SMIN, _SMAX, _SLAST, _TMIN, _TMAX, _TLAST, _OVER, _SKIP = range(12)
+_LMIN, _LMAX = range(12, 14)
+# The loss column of a ``steps`` row (run_id first).
+_LOSS = 13
 
 
 def _fold(cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], plan: Plan) -> None:
@@ -179,6 +186,9 @@ def _fold(cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], plan: Plan)
 def _from_steps(columns: tuple[tuple[Any, ...], ...], width: int) -> list[list[Any]]:
     """The rollups of ``width``-step buckets of the ``steps`` columns, in step order."""
     _, numbers, _, scale, overflow, skipped, _, after, tracker, *_ = columns
+    loss = columns[_LOSS]
+    # Steps without a loss (NULL) are left out of its min and max, as SQL's min() does.
+    losses = _loss_range if None in loss else _plain_range
     rollups: list[list[Any]] = []
     start = 0
     while start < len(numbers):
@@ -199,10 +209,28 @@ def _from_steps(columns: tuple[tuple[Any, ...], ...], width: int) -> list[list[A
                 tracker[last],
                 sum(overflow[start:end]),
                 sum(skipped[start:end]),
+                *losses(loss[start:end]),
             ]
         )
         start = end
     return rollups
+
+
+def _plain_range(values: Sequence[float]) -> tuple[float, float]:
+    return min(values), max(values)
+
+
+def _loss_range(values: Sequence[float | None]) -> tuple[float | None, float | None]:
+    present = [value for value in values if value is not None]
+    return (min(present), max(present)) if present else (None, None)
+
+
+def _least(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _greatest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
 def _from_child(children: list[list[Any]], ratio: int) -> list[list[Any]]:
@@ -232,6 +260,8 @@ def _merge(earlier: Sequence[Any], later: Sequence[Any]) -> list[Any]:
         later[_TLAST],
         earlier[_OVER] + later[_OVER],
         earlier[_SKIP] + later[_SKIP],
+        _least(earlier[_LMIN], later[_LMIN]),
+        _greatest(earlier[_LMAX], later[_LMAX]),
     ]
 
 
@@ -243,7 +273,7 @@ def _stored_sql(levels: int) -> str:
     return " UNION ALL ".join([one] * levels)
 
 
-def _contiguous(values: set[int]) -> list[tuple[int, int]]:
+def contiguous(values: set[int]) -> list[tuple[int, int]]:
     """``{1, 2, 3, 7}`` -> ``[(1, 3), (7, 7)]``."""
     ranges: list[tuple[int, int]] = []
     for value in sorted(values):

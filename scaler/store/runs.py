@@ -11,7 +11,8 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from math import isfinite
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, exc, select, update
@@ -20,8 +21,15 @@ from scaler.store import postgres
 from scaler.store.engine import Store, insert_rows
 from scaler.store.errors import RunNotFound
 from scaler.store.records import RunRef, StepRecord, format_inf_ranks
-from scaler.store.rollups import refresh_rollups
-from scaler.store.schema import control_requests, runs, steps, telemetry_gaps
+from scaler.store.rollups import contiguous, refresh_rollups
+from scaler.store.schema import (
+    PARAM_NAME_LENGTH,
+    control_requests,
+    overflow_params,
+    runs,
+    steps,
+    telemetry_gaps,
+)
 from scaler.store.sql import driver_sql
 from scaler.store.states import RequestStatus, RunStatus
 
@@ -31,6 +39,7 @@ __all__ = [
     "create_run",
     "effective_status",
     "end_run",
+    "finding_rows",
     "heartbeat",
     "record_gap",
     "resume_run",
@@ -43,12 +52,18 @@ __all__ = [
 HEARTBEAT_TIMEOUT_S = 15.0
 HEARTBEAT_INTERVAL_S = 2.0
 
-# The columns of ``steps`` in table order: ``run_id`` then the fields of ``StepRecord``.
+# The columns of ``steps`` in table order: ``run_id`` then the fields of ``StepRecord`` but
+# ``params`` (rows of ``overflow_params``).
 _STEP_COLUMNS: tuple[str, ...] = tuple(column.name for column in steps.c)
 _INSERT = f"INSERT INTO steps ({', '.join(_STEP_COLUMNS)})"
 _INSERT_OR_REPLACE = f"INSERT OR REPLACE INTO steps ({', '.join(_STEP_COLUMNS)})"
 _LAST_STEP = "SELECT last_step FROM runs WHERE id = ?"
 _ADVANCE = "UPDATE runs SET last_step = GREATEST(last_step, ?), heartbeat_at = ? WHERE id = ?"
+_FINDING_COLUMNS: tuple[str, ...] = tuple(column.name for column in overflow_params.c)
+_FINDING_KEY = ("run_id", "step", "rank", "name")
+_INSERT_FINDINGS = f"INSERT OR REPLACE INTO overflow_params ({', '.join(_FINDING_COLUMNS)})"
+_DELETE_FINDINGS = "DELETE FROM overflow_params WHERE run_id = ? AND step >= ? AND step <= ?"
+FINDING_KINDS = frozenset({"inf", "nan", "both"})
 
 
 def _torch_version() -> str:
@@ -184,8 +199,11 @@ def step_values(r: StepRecord) -> tuple[Any, ...]:
     """``r`` as a ``steps`` row after its ``run_id``: plain values, in column order.
 
     A tuple of plain values is dropped from the garbage collector's tracking at its first
-    collection, so records queued for the writer cost later collections nothing.
+    collection, so records queued for the writer cost later collections nothing. A loss
+    that is not finite is stored as NULL (SQLite would keep inf but turn NaN into NULL):
+    ``loss_nonfinite_ranks`` says which ranks' loss it was.
     """
+    loss = r.loss
     return (
         r.step,
         r.wall_time,
@@ -199,7 +217,16 @@ def step_values(r: StepRecord) -> tuple[Any, ...]:
         r.growth_factor,
         r.backoff_factor,
         r.control_version,
+        loss if loss is None or isfinite(loss) else None,
+        format_inf_ranks(r.loss_nonfinite_ranks) if r.loss_nonfinite_ranks else "",
+        r.params_omitted,
     )
+
+
+def finding_rows(records: Iterable[StepRecord]) -> list[tuple[Any, ...]]:
+    """The parameter findings of ``records`` as :func:`write_step_values` takes them:
+    ``(step, rank, name, kind, count)``, record by record."""
+    return [(r.step, p.rank, p.name, p.kind, p.count) for r in records for p in r.params]
 
 
 def step_rows(run_id: int, records: Sequence[StepRecord]) -> list[tuple[Any, ...]]:
@@ -208,22 +235,30 @@ def step_rows(run_id: int, records: Sequence[StepRecord]) -> list[tuple[Any, ...
 
 
 def write_steps(store: Store, run_id: int, records: Sequence[StepRecord]) -> None:
-    """Store ``records`` and refresh the rollups of their buckets, in one transaction.
+    """Store ``records`` (and their parameter findings) and refresh the rollups of their
+    buckets, in one transaction.
 
-    Also advances ``runs.last_step`` and the heartbeat. Writing a step again replaces it,
-    so a retried batch leaves the same rows and rollups as one write.
+    Also advances ``runs.last_step`` and the heartbeat. Writing a step again replaces it
+    and its findings, so a retried batch leaves the same rows and rollups as one write.
     """
-    write_step_values(store, run_id, [step_values(r) for r in records])
+    write_step_values(store, run_id, [step_values(r) for r in records], finding_rows(records))
 
 
-def write_step_values(store: Store, run_id: int, values: Sequence[tuple[Any, ...]]) -> None:
-    """:func:`write_steps` of records already turned into :func:`step_values`."""
+def write_step_values(
+    store: Store,
+    run_id: int,
+    values: Sequence[tuple[Any, ...]],
+    findings: Sequence[tuple[Any, ...]] = (),
+) -> None:
+    """:func:`write_steps` of records already turned into :func:`step_values`, and their
+    findings into :func:`finding_rows`."""
     if not values:
         return
     step_numbers = [row[0] for row in values]
     if min(step_numbers) < 0:
         raise ValueError("step numbers are >= 0")
     rows = [(run_id, *row) for row in values]
+    found_rows = _finding_rows(run_id, step_numbers, findings) if findings else []
     with store.write() as conn:
         dialect = conn.dialect.name
         # The driver's own cursor: SQLAlchemy's work per statement was a third of the write.
@@ -235,12 +270,45 @@ def write_step_values(store: Store, run_id: int, values: Sequence[tuple[Any, ...
                 raise RunNotFound(run_id)
             fresh = min(step_numbers) > found[0] and len(set(step_numbers)) == len(step_numbers)
             _insert_steps(cursor, rows, replace=not fresh, dialect=dialect)
+            if not fresh:  # a step written again loses the findings it had
+                for first, last in contiguous(set(step_numbers)):
+                    cursor.execute(driver_sql(_DELETE_FINDINGS, dialect), (run_id, first, last))
+            if found_rows:
+                _insert_findings(cursor, found_rows, dialect=dialect)
             refresh_rollups(cursor, run_id, rows, fresh=fresh)
             cursor.execute(driver_sql(_ADVANCE, dialect), (max(step_numbers), time.time(), run_id))
             if dialect == "postgresql":  # delivered at commit, to live streams anywhere
                 cursor.execute(postgres.NOTIFY_STEPS, (str(run_id),))
         finally:
             cursor.close()
+
+
+def _finding_rows(
+    run_id: int, step_numbers: Sequence[int], findings: Sequence[tuple[Any, ...]]
+) -> list[tuple[Any, ...]]:
+    """``findings`` as ``overflow_params`` rows, checked against the steps written with them.
+
+    A name longer than the column is cut to fit; the same parameter twice on one rank of a
+    step (a step twice in a batch) keeps the later.
+    """
+    written = set(step_numbers)
+    rows = []
+    for step, rank, name, kind, count in findings:
+        if step not in written:
+            raise ValueError(f"a finding of step {step}, which is not in the batch")
+        if kind not in FINDING_KINDS:
+            raise ValueError(f"a finding's kind is inf, nan or both, not {kind!r}")
+        if rank < 0 or count < 0:
+            raise ValueError("a finding's rank and count are >= 0")
+        rows.append((run_id, step, rank, str(name)[:PARAM_NAME_LENGTH], kind, count))
+    return rows
+
+
+def _insert_findings(cursor: Any, rows: Sequence[tuple[Any, ...]], *, dialect: str) -> None:
+    if dialect == "sqlite":
+        insert_rows(cursor, _INSERT_FINDINGS, rows)
+    else:
+        postgres.upsert_rows(cursor, "overflow_params", _FINDING_COLUMNS, _FINDING_KEY, rows)
 
 
 def _insert_steps(

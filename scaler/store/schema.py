@@ -70,6 +70,11 @@ steps = Table(
     Column("growth_factor", Float, nullable=False),
     Column("backoff_factor", Float, nullable=False),
     Column("control_version", Integer, nullable=False),
+    # The reporting rank's loss; NULL when unseen or not finite (loss_nonfinite_ranks says).
+    Column("loss", Float, nullable=True),
+    Column("loss_nonfinite_ranks", String, nullable=False, server_default=""),  # as inf_ranks
+    # Non-finite parameters found but not kept in overflow_params (beyond 32 a rank).
+    Column("params_omitted", Integer, nullable=False, server_default="0"),
     # Rows clustered on (run_id, step) on SQLite: a range of steps is one b-tree range, no
     # lookups. PostgreSQL has no such tables; its heap is in insert order, which is step order.
     sqlite_with_rowid=False,
@@ -101,6 +106,23 @@ step_rollups = Table(
     Column("tracker_last", Integer, nullable=False),
     Column("overflows", Integer, nullable=False),
     Column("skipped", Integer, nullable=False),
+    # Of the finite losses of the bucket's steps; NULL when it has none.
+    Column("loss_min", Float, nullable=True),
+    Column("loss_max", Float, nullable=True),
+    sqlite_with_rowid=False,
+)
+
+# The parameters whose local gradients held inf or NaN at an overflow step, per rank.
+PARAM_NAME_LENGTH = 500
+overflow_params = Table(
+    "overflow_params",
+    metadata,
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+    Column("step", Integer, primary_key=True),
+    Column("rank", Integer, primary_key=True),
+    Column("name", String(PARAM_NAME_LENGTH), primary_key=True),
+    Column("kind", String(8), nullable=False),  # inf | nan | both
+    Column("count", Integer, nullable=False),  # non-finite elements of the local gradient
     sqlite_with_rowid=False,
 )
 

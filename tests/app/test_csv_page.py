@@ -35,6 +35,9 @@ step_rows = st.tuples(
     few_floats,  # growth_factor
     few_floats,  # backoff_factor
     st.integers(0, 100),  # control_version
+    st.none() | floats,  # loss
+    ranks,  # loss_nonfinite_ranks
+    st.integers(0, 2**31),  # params_omitted
 )
 # Anything SQLite could hand back, to prove the fallback to csv.writer.
 odd_values = (
@@ -65,9 +68,9 @@ def test_any_row_is_written_as_csv_writer_writes_it(rows: list[tuple[Any, ...]])
 
 ODD = [None, True, "", '"', ",", "\r", "\n", "None", "1,2", 'x"y', " a", 2, 2.5, -0.0, float("nan")]
 ROWS = [
-    (1, 1700000000.5, 65536.0, 0, 0, "", 65536.0, 1, 2, 2.0, 0.5, 0),
-    (2, 1700000001.25, 65536.0, 1, 1, "0,3", 32768.0, 0, 2, 2.0, 0.5, 0),
-    (3, 1700000002.0, 32768.0, 1, 1, "7", 16384.0, 0, 2, 2.0, 0.5, 1),
+    (1, 1700000000.5, 65536.0, 0, 0, "", 65536.0, 1, 2, 2.0, 0.5, 0, 2.5, "", 0),
+    (2, 1700000001.25, 65536.0, 1, 1, "0,3", 32768.0, 0, 2, 2.0, 0.5, 0, None, "0,3", 4),
+    (3, 1700000002.0, 32768.0, 1, 1, "7", 16384.0, 0, 2, 2.0, 0.5, 1, None, "", 0),
 ]
 
 
@@ -85,7 +88,7 @@ def test_step_rows_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(exports, "_csv_writer_page", refuse)
     assert csv_page(ROWS) == (
-        "1,1700000000.5,65536.0,0,0,,65536.0,1,2,2.0,0.5,0\n"
-        '2,1700000001.25,65536.0,1,1,"0,3",32768.0,0,2,2.0,0.5,0\n'
-        "3,1700000002.0,32768.0,1,1,7,16384.0,0,2,2.0,0.5,1\n"
+        "1,1700000000.5,65536.0,0,0,,65536.0,1,2,2.0,0.5,0,2.5,,0\n"
+        '2,1700000001.25,65536.0,1,1,"0,3",32768.0,0,2,2.0,0.5,0,,"0,3",4\n'
+        "3,1700000002.0,32768.0,1,1,7,16384.0,0,2,2.0,0.5,1,,,0\n"
     )

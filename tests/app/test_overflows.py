@@ -28,6 +28,10 @@ def test_overflows_are_keyset_paged_in_step_order(client: TestClient, store: Sto
         "scale": records[2].scale,
         "scale_after": records[2].scale_after,
         "inf_ranks": [1],
+        "loss": None,
+        "loss_nonfinite_ranks": [],
+        "params": [],
+        "params_omitted": 0,
     }
 
 

@@ -14,6 +14,7 @@ from app.main import create_app
 from app.settings import Settings
 from scaler.store.engine import Store, open_store
 from tests.app.conftest import LOCAL, TOKEN, TestClient, add_run, auth, simulate
+from tests.app.test_diagnosis import diagnosed
 from tests.app.test_export import GOLDEN_CSV, ROWS
 
 pytestmark = pytest.mark.postgres
@@ -71,6 +72,25 @@ def test_exports_and_control_on_postgresql_as_on_sqlite(
     assert response.status_code in (200, 201, 202), response.text
     assert response.json()["status"] == "pending"
     assert PASSWORD not in pg_client.get("/api/runs").text
+
+
+def test_the_diagnosis_on_postgresql_as_on_sqlite(
+    pg_client: TestClient, pg_store: Store, client: TestClient, store: Store
+) -> None:
+    """Overflow rows, one overflow, the ranking and the overflows export: the same bodies."""
+    pg_run, run = add_run(pg_store, diagnosed()), add_run(store, diagnosed())
+    assert pg_run == run  # both stores are new: the same run id, so the same bodies
+    for path in (
+        "overflows",
+        "overflows/6",
+        "params",
+        "params?start=4&end=8",
+        "export?what=overflows&format=csv",
+        "export?what=overflows&format=jsonl",
+        "export?what=steps&format=csv",
+    ):
+        url = f"/api/runs/{run}/{path}"
+        assert pg_client.get(url).text == client.get(url).text, path
 
 
 def test_the_cli_on_postgresql_never_shows_the_password(

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import math
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +21,27 @@ from tests.app.conftest import TestClient, add_run, simulate
 BIG = max(ROLLUP_LEVELS.values()) + 40_000  # every rollup level has whole buckets
 
 
+def with_losses(records: list[StepRecord], rng: random.Random) -> list[StepRecord]:
+    """A falling loss with spikes, a stretch never seen, and now and then an inf or NaN."""
+    out = []
+    for r in records:
+        roll = rng.random()
+        if roll < 0.002:
+            loss: float | None = rng.choice([math.inf, math.nan])
+        elif roll < 0.004:
+            loss = 50.0 * rng.random()  # a spike
+        elif r.step % 3000 < 700:
+            loss = None
+        else:
+            loss = 5.0 / (1 + r.step / 1000) + rng.random() / 100
+        out.append(dataclasses.replace(r, loss=loss))
+    return out
+
+
+def _stored_loss(r: StepRecord) -> float | None:
+    return r.loss if r.loss is not None and math.isfinite(r.loss) else None
+
+
 @pytest.fixture(scope="module")
 def big_run(
     tmp_path_factory: pytest.TempPathFactory,
@@ -27,7 +50,7 @@ def big_run(
     rng = random.Random(5)
     edges = {1} | {edge for width in ROLLUP_LEVELS.values() for edge in (width - 1, width)}
     overflows = set(rng.sample(range(1, BIG + 1), 120)) | edges
-    records = simulate(BIG, overflows, interval=50)
+    records = with_losses(simulate(BIG, overflows, interval=50), rng)
     with open_store(f"sqlite:///{path}") as store:
         yield store, add_run(store, records), records
 
@@ -53,6 +76,10 @@ def check_buckets(
         assert series["scale_last"][i] == chunk[-1].scale_after
         assert series["tracker_min"][i] == min(r.growth_tracker for r in chunk)
         assert series["tracker_last"][i] == chunk[-1].growth_tracker
+        losses = [loss for loss in map(_stored_loss, chunk) if loss is not None]
+        assert series["loss_min"][i] == (min(losses) if losses else None)
+        assert series["loss_max"][i] == (max(losses) if losses else None)
+        assert series["loss_last"][i] == _stored_loss(chunk[-1])
     for r in inside:
         if r.overflow:
             i = bisect.bisect_right(first, r.step) - 1
@@ -100,7 +127,7 @@ def test_random_runs_buckets_never_lose_an_overflow(
 ) -> None:
     rng = random.Random(seed)
     overflows = {s for s in range(first, first + steps) if rng.random() < density}
-    records = simulate(steps, overflows, first=first)
+    records = with_losses(simulate(steps, overflows, first=first), rng)
     run = add_run(store, records)
     a, b = sorted(window)
     start, end = first + int(a * steps), first + int(b * steps)

@@ -26,6 +26,9 @@ def row(step: int, **changes: Any) -> tuple[Any, ...]:
         "growth_factor": 2.0,
         "backoff_factor": 0.5,
         "control_version": 0,
+        "loss": 2.75,
+        "loss_nonfinite_ranks": "",
+        "params_omitted": 0,
     }
     values.update(changes)
     return tuple(values.values())
@@ -50,6 +53,9 @@ def test_a_random_page_is_the_json_encoders() -> None:
             growth_factor=1.0 + rng.random(),
             backoff_factor=rng.random(),
             control_version=rng.randint(0, 10**12),
+            loss=rng.choice([None, rng.uniform(-1e6, 1e6), rng.random() * 1e-300]),
+            loss_nonfinite_ranks=",".join(map(str, sorted(rng.sample(range(8), step % 3)))),
+            params_omitted=rng.choice([0, 0, rng.randint(1, 10**6)]),
         )
         for step in range(1000, 1500)
     ]
@@ -70,6 +76,12 @@ def test_a_random_page_is_the_json_encoders() -> None:
         {"scale": 65536},
         {"overflow": None},
         {"overflow": 2},
+        {"loss": None},
+        {"loss": math.inf},
+        {"loss": 3},
+        {"loss": "2.5"},
+        {"loss_nonfinite_ranks": "1,"},
+        {"params_omitted": None},
     ],
 )
 def test_a_page_with_an_odd_value_is_still_the_json_encoders(change: dict[str, Any]) -> None:

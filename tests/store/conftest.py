@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -60,11 +61,18 @@ def run(store: Store) -> RunRef:
 
 
 def expected_rollups(
-    run_id: int, records: Iterable[StepRecord], levels: Mapping[int, int] = ROLLUP_LEVELS
-) -> set[tuple[int | float, ...]]:
+    run_id: int,
+    records: Iterable[StepRecord],
+    levels: Mapping[int, int] = ROLLUP_LEVELS,
+    *,
+    with_loss: bool = True,
+) -> set[tuple[int | float | None, ...]]:
     """The ``step_rollups`` rows of ``records`` at ``levels`` (level -> width), computed by
-    brute force from the records themselves: the oracle for the store's rollups."""
-    expected: set[tuple[int | float, ...]] = set()
+    brute force from the records themselves: the oracle for the store's rollups.
+
+    ``with_loss``: with the min and max of the finite losses (revision 7c25d1a9e5f0 on).
+    """
+    expected: set[tuple[int | float | None, ...]] = set()
     for level, width in levels.items():
         buckets: dict[int, list[StepRecord]] = {}
         for record in records:
@@ -73,6 +81,8 @@ def expected_rollups(
             last = max(members, key=lambda r: r.step)
             scales = [r.scale for r in members] + [r.scale_after for r in members]
             trackers = [r.growth_tracker for r in members]
+            losses = [r.loss for r in members if r.loss is not None and math.isfinite(r.loss)]
+            loss = (min(losses), max(losses)) if losses else (None, None)
             expected.add(
                 (
                     run_id,
@@ -89,6 +99,7 @@ def expected_rollups(
                     last.growth_tracker,
                     sum(r.overflow for r in members),
                     sum(r.skipped for r in members),
+                    *(loss if with_loss else ()),
                 )
             )
     return expected

@@ -19,7 +19,14 @@ from scaler.store import engine as engine_module
 from scaler.store.engine import head_revision, make_engine
 from scaler.store.schema import metadata
 
-TABLES = {"runs", "steps", "step_rollups", "control_requests", "telemetry_gaps"}
+TABLES = {
+    "runs",
+    "steps",
+    "step_rollups",
+    "overflow_params",
+    "control_requests",
+    "telemetry_gaps",
+}
 
 
 def _tables(url: str) -> set[str]:

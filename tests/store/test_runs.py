@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 import os
 import random
 import time
@@ -46,6 +47,8 @@ def _record(rng: random.Random, step: int) -> StepRecord:
         growth_factor=2.0,
         backoff_factor=0.5,
         control_version=rng.randint(0, 3),
+        # Mostly finite, some unseen, now and then not finite (stored as NULL).
+        loss=rng.choice([rng.uniform(-1.0, 9.0)] * 6 + [None, math.inf, math.nan]),
     )
 
 
@@ -109,6 +112,8 @@ def test_rollups_equal_a_brute_force_aggregation(
             record.overflow,
             record.growth_tracker,
         )
+        finite = record.loss is not None and math.isfinite(record.loss)
+        assert row.loss == (record.loss if finite else None)
     assert _run_row(store, run.id)["last_step"] == max(stored)
 
 
