@@ -563,12 +563,12 @@ def test_a_failed_batch_dropped_after_newer_records_is_in_the_same_gap(
     write = store_runs.write_step_values
     taken, failed_once, resubmitted = threading.Event(), threading.Event(), threading.Event()
 
-    def failing_once(store: Store, run_id: int, values: Any) -> None:
+    def failing_once(store: Store, run_id: int, values: Any, findings: Any = ()) -> None:
         if not failed_once.is_set():
             taken.set()
             failed_once.wait(30)
             raise sqlite3.OperationalError("disk I/O error")
-        write(store, run_id, values)
+        write(store, run_id, values, findings)
 
     ensure_run = telemetry._writer._ensure_run
 
@@ -635,9 +635,9 @@ def make_writer(tmp_path: Path) -> Iterator[MakeWriter]:
 
     batches: list[int] = []
 
-    def counting(store: Store, run_id: int, values: Any) -> None:
+    def counting(store: Store, run_id: int, values: Any, findings: Any = ()) -> None:
         batches.append(len(values))
-        write(store, run_id, values)
+        write(store, run_id, values, findings)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(store_runs, "write_step_values", counting)
