@@ -88,8 +88,8 @@ def scan(
     flagged, bad_loss = _non_finite(entries, loss)
     if not flagged:
         return Report(0, (), 0, bad_loss)
-    namings = [_naming(entries[i], names) for i in flagged]
-    counts = _counts([entries[i][0] for i in flagged], namings)
+    namings = [_naming(entries[i], names) for i, _ in flagged]
+    counts = _counts([(entries[i][0], nan) for i, nan in flagged], namings)
     found: list[tuple[str, str, int]] = []
     for naming, pairs in zip(namings, counts, strict=True):
         labels = [naming] if isinstance(naming, str) else [name for name, _, _ in naming]
@@ -117,24 +117,32 @@ def _entries(optimizers: Sequence[torch.optim.Optimizer]) -> list[_Entry]:
     return entries
 
 
-def _non_finite(entries: list[_Entry], loss: torch.Tensor | None) -> tuple[list[int], bool]:
-    """Indices of the entries that hold inf or NaN, and whether the loss does: one fused
-    pass and one read per (device, dtype); the loss rides in the read on its device."""
+def _non_finite(
+    entries: list[_Entry], loss: torch.Tensor | None
+) -> tuple[list[tuple[int, bool]], bool]:
+    """The entries that hold inf or NaN, each as (index, whether it may hold NaN), and
+    whether the loss does: one fused pass and one read per (device, dtype); the loss rides
+    in the read on its device. A 2-norm is NaN exactly when a NaN is summed into it: a
+    gradient whose norm is inf holds no NaN, and its NaNs need no counting."""
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = defaultdict(list)
     for i, (values, _, _, _) in enumerate(entries):
         groups[(values.device, values.dtype)].append(i)
-    flagged: list[int] = []
+    flagged: list[tuple[int, bool]] = []
     bad_loss: bool | None = None
     for (device, _), indices in groups.items():
-        finite = torch.stack(foreach_l2_norm([entries[i][0] for i in indices])).isfinite()
+        norms = torch.stack(foreach_l2_norm([entries[i][0] for i in indices]))
+        flags = [norms.isfinite().logical_not_(), norms.isnan()]
         with_loss = bad_loss is None and loss is not None and loss.device == device
         if with_loss:
             assert loss is not None
-            finite = torch.cat((finite, loss.detach().isfinite().all().reshape(1)))
-        bad = finite.logical_not_().tolist()
+            flags.append(loss.detach().isfinite().all().logical_not_().reshape(1))
+        read = torch.cat(flags).tolist()
         if with_loss:
-            bad_loss = bad.pop()
-        flagged.extend(i for i, is_bad in zip(indices, bad, strict=True) if is_bad)
+            bad_loss = read.pop()
+        count = len(indices)
+        for i, is_bad, has_nan in zip(indices, read[:count], read[count:], strict=True):
+            if is_bad:
+                flagged.append((i, has_nan))
     if bad_loss is None:
         bad_loss = loss_nonfinite(loss)
     return sorted(flagged), bad_loss
@@ -147,10 +155,13 @@ def _naming(entry: _Entry, names: Names) -> str | tuple[Segment, ...]:
 
 
 def _counts(
-    tensors: list[torch.Tensor], namings: list[str | tuple[Segment, ...]]
+    tensors: list[tuple[torch.Tensor, bool]], namings: list[str | tuple[Segment, ...]]
 ) -> list[list[tuple[int, int]]]:
-    """(infs, NaNs) of each tensor, or of each segment of a flat parameter's: one read."""
-    parts = [_count(values, naming) for values, naming in zip(tensors, namings, strict=True)]
+    """(infs, NaNs) of each (tensor, whether it may hold NaN), or of each segment of a flat
+    parameter's: one read."""
+    parts = [
+        _count(values, nan, naming) for (values, nan), naming in zip(tensors, namings, strict=True)
+    ]
     by_device: dict[torch.device, list[int]] = defaultdict(list)
     for i, part in enumerate(parts):
         by_device[part.device].append(i)
@@ -165,13 +176,16 @@ def _counts(
     return read
 
 
-def _count(values: torch.Tensor, naming: str | tuple[Segment, ...]) -> torch.Tensor:
+def _count(values: torch.Tensor, nan: bool, naming: str | tuple[Segment, ...]) -> torch.Tensor:
     """A (segments, 2) tensor of inf and NaN counts, still on the device."""
     if isinstance(naming, str):
-        return torch.stack((values.isinf().sum(), values.isnan().sum())).reshape(1, 2)
+        infs = values.isinf().sum()
+        return torch.stack((infs, values.isnan().sum() if nan else infs.new_zeros(()))).view(1, 2)
     flat = values.reshape(-1)
     # Running counts, one leading zero: a segment's count is a difference of two.
-    running = torch.stack((flat.isinf(), flat.isnan()), dim=1).cumsum(0)
+    infs = flat.isinf()
+    nans = flat.isnan() if nan else torch.zeros_like(infs)
+    running = torch.stack((infs, nans), dim=1).cumsum(0)
     running = torch.cat((running.new_zeros(1, 2), running))
     starts = torch.tensor([offset for _, offset, _ in naming], device=flat.device)
     ends = torch.tensor([offset + numel for _, offset, numel in naming], device=flat.device)

@@ -214,9 +214,11 @@ def test_opt_step_unless_inf_steps_only_on_a_clean_found_inf() -> None:
 
 
 def test_the_two_norm_is_non_finite_exactly_for_inf_and_nan() -> None:
-    tensors = [torch.tensor([1.0, -2.0]), torch.tensor([1.0, -math.inf]), torch.tensor([math.nan])]
+    inf, nan = math.inf, math.nan
+    tensors = [torch.tensor(v) for v in ([1.0, -2.0], [inf, -inf], [nan], [inf, nan, 1.0])]
     norms = [n.item() for n in compat.foreach_l2_norm(tensors)]
-    assert math.isfinite(norms[0]) and norms[1] == math.inf and math.isnan(norms[2])
+    assert math.isfinite(norms[0]) and norms[1] == inf  # infs alone: inf, never NaN
+    assert math.isnan(norms[2]) and math.isnan(norms[3])  # NaN exactly when one is summed
     half = compat.foreach_l2_norm([torch.tensor([65504.0, 65504.0], dtype=torch.float16)])
     assert half[0].dtype == torch.float16  # fp16 in, fp16 out: may overflow, then counted
 
