@@ -15,6 +15,7 @@ reporting rank gathers every rank's findings in one collective (see ``_gather``)
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, overload
 
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from ._torch_compat import TorchGradScaler as _Base
 else:
     _Base = object
+
+log = logging.getLogger("scaler")
 
 
 class StepWatch:
@@ -154,11 +157,15 @@ class Watching(_Base):
             or len(rows) < len({id(o) for o in optimizers})
             or any(_payload.has_rank(row, rank) for row in rows)
         )
-        if local:
-            found = scan(optimizers, self._watch.names, loss)
-            report = Report(rank, found.params, found.omitted, found.loss_nonfinite)
-        else:
-            report = Report(rank, loss_nonfinite=loss_nonfinite(loss))
+        try:
+            if local:
+                found = scan(optimizers, self._watch.names, loss)
+                report = Report(rank, found.params, found.omitted, found.loss_nonfinite)
+            else:
+                report = Report(rank, loss_nonfinite=loss_nonfinite(loss))
+        except Exception:  # a diagnosis must never stop training, nor leave the gather
+            log.exception("scalewatch: could not explain this overflow on rank %d", rank)
+            report = Report(rank)
         if not gathering:
             return combine([report])
         assert group is not None

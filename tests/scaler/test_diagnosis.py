@@ -287,3 +287,20 @@ def test_the_gather_encoding_is_fixed_size_and_cuts_long_names() -> None:
     assert back.params[:-1] == report.params[:-1]
     assert back.params[-1] == ("é" * 250, "nan", 7)
     assert _gather.decode(_gather.encode(Report(1, (), 12, True)), 1) == Report(1, (), 12, True)
+
+
+def test_a_scan_that_fails_is_logged_and_training_goes_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from scaler import _watching
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("no")
+
+    monkeypatch.setattr(_watching, "scan", broken)
+    gs = recorded("plain")
+    run(gs, Net(), PLAN, steps=3)
+    assert [r.overflow for r in gs.records] == [False, True, False]
+    assert gs.records[1].params == ()
+    assert "could not explain this overflow on rank 0" in caplog.text
+    gs.close()
