@@ -229,3 +229,43 @@ def test_cuda_sync_debug_mode(optimizers: str, telemetry: bool | None) -> None:
         assert ours.stats().steps == STEPS
         ours.close()
     assert mine <= theirs
+
+
+class _Recorded:
+    """A sink that keeps the records, as telemetry would receive them."""
+
+    def _make_sink(self) -> Any:
+        self.records: list[Any] = []
+        return lambda samples: self.records.extend(s.record for s in samples)
+
+
+class RecordedPlain(_Recorded, scaler.GradScaler):
+    pass
+
+
+class RecordedSharded(_Recorded, scaler.ShardedGradScaler):
+    pass
+
+
+@pytest.mark.parametrize("optimizers", ["sgd", "fused-adam"])
+def test_the_loss_reaches_the_record_without_a_read(optimizers: str) -> None:
+    """Every record carries the loss ``scale()`` saw; its capture reads nothing more (the
+    recorder's sink is on, as on a reporting rank)."""
+    kwargs: dict[str, Any] = {"init_scale": 256.0, "growth_interval": 3}
+    clean, _ = steps(torch.amp.GradScaler("cpu", **kwargs), OPTIMIZERS[optimizers])
+    plain = RecordedPlain("cpu", **kwargs)
+    mine, _ = steps(plain, OPTIMIZERS[optimizers])
+    assert sum(mine.values()) <= sum(clean.values()), (mine, clean)
+    with world1():
+        clean, _ = steps(TorchSharded("cpu", **kwargs), OPTIMIZERS[optimizers])
+        sharded = RecordedSharded("cpu", **kwargs)
+        mine, _ = steps(sharded, OPTIMIZERS[optimizers])
+        assert sum(mine.values()) <= sum(clean.values()), (mine, clean)
+        assert sharded.flush()
+    assert plain.flush()
+    for gs in (plain, sharded):
+        losses = [record.loss for record in gs.records]
+        assert len(losses) == STEPS and all(isinstance(loss, float) for loss in losses)
+        model = mlp()
+        assert losses[0] == model(batch(0)).pow(2).mean().item()  # the first step's, exactly
+        gs.close()
