@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from _dist import wait_for
 from sqlalchemy import select
-from test_diagnosis import INF, NAN, PLAN, Net, run
+from test_scaler_diagnosis import INF, NAN, PLAN, Net, run
 
 import scaler
 from scaler._queue import Diagnosed, RecordQueue, findings_of

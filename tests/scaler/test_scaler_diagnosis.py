@@ -1,7 +1,8 @@
 """Overflow diagnosis in one process: names, kinds, counts, the loss, the limit, the paths.
 
 Each scaler here keeps the records the recorder hands to telemetry (``Recorded``); the
-store's side is in ``test_diagnosis_store.py``, real ranks in ``test_diagnosis_multirank.py``.
+store's side is in ``test_scaler_diagnosis_store.py``, real ranks in
+``test_scaler_diagnosis_multirank.py``.
 """
 
 from __future__ import annotations
