@@ -10,7 +10,10 @@ every optimizer in its own ``_unscale_grads_``.
 
 Only a step the host knows overflowed is explained: each rank that saw inf/NaN in its
 own gradients scans them once, and with ``ShardedGradScaler`` on several ranks the
-reporting rank gathers every rank's findings in one collective (see ``_gather``).
+reporting rank gathers every rank's findings in one collective (see ``_gather``). The
+scan runs in ``step()``, right after torch's own read of found_inf synchronised (on cuda
+``update()`` then reads nothing); only a cpu fused optimizer, whose overflow the host
+learns from the step's values, is scanned in ``update()``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import TYPE_CHECKING, Any, overload
 import torch
 
 from . import _payload
-from ._diagnosis import Diagnosis, Report, combine, loss_nonfinite, scan
+from ._diagnosis import LIMIT, Diagnosis, Report, combine, loss_nonfinite, scan
 from ._gather import gather_reports
 from ._names import Names
 from ._torch_compat import opt_step_unless_inf
@@ -41,14 +44,18 @@ class StepWatch:
     Transient (a copy of the scaler watches nothing until ``watch()`` is called again).
     """
 
-    __slots__ = ("host_rows", "loss", "names", "optimizers")
+    __slots__ = ("host_rows", "loss", "loss_bad", "names", "optimizers", "reports", "scanned")
 
     def __init__(self) -> None:
         self.names = Names()
         self.loss: torch.Tensor | None = None
         self.optimizers: list[torch.optim.Optimizer] = []
         # found_inf of each optimizer as step() read it: [found] or the payload's words
-        self.host_rows: list[list[float]] = []
+        self.host_rows: list[tuple[torch.optim.Optimizer, list[float]]] = []
+        # what step() found at an overflow: its scans, the optimizers it saw, the loss
+        self.reports: list[Report] = []
+        self.scanned: set[int] = set()
+        self.loss_bad: bool | None = None  # None: not looked at
 
     def add_loss(self, loss: torch.Tensor) -> None:
         """A second ``scale()`` call in a step (gradient accumulation): the sum is kept."""
@@ -115,8 +122,43 @@ class Watching(_Base):
         result, found = opt_step_unless_inf(optimizer, optimizer_state, args, kwargs)
         watch = self._watch
         watch.optimizers.append(optimizer)
-        watch.host_rows.append([found])
+        watch.host_rows.append((optimizer, [found]))
+        if found:
+            self._overflowed_at_step(optimizer, [found], 0)
         return result
+
+    def _overflowed_at_step(
+        self, optimizer: torch.optim.Optimizer, row: list[float], width: int
+    ) -> None:
+        """step() read on the host that ``optimizer``'s step overflowed (``row``: its found_inf
+        or payload words, agreed by ``width`` ranks): scan its gradients now."""
+        rank, gathering = self._reporting(width)
+        if not gathering and rank != 0:
+            return  # nothing to send, nothing to record
+        watch = self._watch
+        watch.scanned.add(id(optimizer))
+        local = width <= 0 or _payload.has_rank(row, rank)
+        loss = watch.loss if watch.loss_bad is None else None  # the loss once a step
+        report = self._scan_safely([optimizer] if local else [], rank, loss)
+        watch.reports.append(report)
+        watch.loss_bad = bool(watch.loss_bad) or report.loss_nonfinite
+
+    def _scan_safely(
+        self, optimizers: list[torch.optim.Optimizer], rank: int, loss: torch.Tensor | None
+    ) -> Report:
+        """The findings of ``optimizers`` and ``loss`` (None: not looked at)."""
+        try:
+            if optimizers:
+                return scan(optimizers, self._watch.names, loss)
+            return Report(0, loss_nonfinite=loss_nonfinite(loss))
+        except Exception:  # a diagnosis must never stop training, nor leave the gather
+            log.exception("scalewatch: could not explain this overflow on rank %d", rank)
+            return Report(0)
+
+    def _reporting(self, width: int) -> tuple[int, bool]:
+        """(this rank, whether the ranks gather their findings: they agreed found_inf)."""
+        group = self._group_info()
+        return (0, False) if group is None else (group[0], width > 1)
 
     def _diagnose(
         self, values: list[float] | None, width: int, loss: torch.Tensor | None
@@ -129,54 +171,50 @@ class Watching(_Base):
         """
         watch = self._watch
         optimizers, watch.optimizers = watch.optimizers, []
-        rows, watch.host_rows = watch.host_rows, []
+        read, watch.host_rows = watch.host_rows, []
+        rows = [row for _, row in read]
+        reports, scanned, loss_bad = watch.reports, watch.scanned, watch.loss_bad
+        if scanned:  # step() met an overflow: its findings are this step's
+            watch.reports, watch.scanned, watch.loss_bad = [], set(), None
         if values is not None:
             if not values[2] > 0:
                 return None
             rows = _payload_rows(values[4:], width) if width > 0 else [[values[2]]]
         elif not any(_payload.any_overflow(row) for row in rows):
             return None
-        return self._explain(optimizers, rows, width, loss)
-
-    def _explain(
-        self,
-        optimizers: list[torch.optim.Optimizer],
-        rows: list[list[float]],
-        width: int,
-        loss: torch.Tensor | None,
-    ) -> Diagnosis | None:
-        group = self._group_info()
-        rank = 0 if group is None else group[0]
-        gathering = group is not None and width > 1  # the ranks agreed this step overflowed
+        rank, gathering = self._reporting(width)
         if not gathering and rank != 0:
-            return None  # nothing to send, nothing to record
-        # A rank whose own flag is clear holds no inf/NaN: nothing to scan. A fused
-        # optimizer's flag was not read: scan then.
-        local = (
-            width <= 0
-            or len(rows) < len({id(o) for o in optimizers})
-            or any(_payload.has_rank(row, rank) for row in rows)
-        )
-        try:
-            if local:
-                found = scan(optimizers, self._watch.names, loss)
-                report = Report(rank, found.params, found.omitted, found.loss_nonfinite)
-            else:
-                report = Report(rank, loss_nonfinite=loss_nonfinite(loss))
-        except Exception:  # a diagnosis must never stop training, nor leave the gather
-            log.exception("scalewatch: could not explain this overflow on rank %d", rank)
-            report = Report(rank)
+            return None
+        if values is not None:  # cpu: what step() did not read (a fused optimizer)
+            seen = {id(optimizer) for optimizer, _ in read}
+            pending = [o for o in optimizers if id(o) not in seen]
+            local = width <= 0 or any(_payload.has_rank(row, rank) for row in rows)
+            if (pending and local) or loss_bad is None:
+                report = self._scan_safely(
+                    pending if local else [], rank, loss if loss_bad is None else None
+                )
+                reports = [*reports, report]
+                loss_bad = bool(loss_bad) or report.loss_nonfinite
+        report = _merged(rank, reports, bool(loss_bad))
         if not gathering:
             return combine([report])
+        group = self._group_info()
         assert group is not None
-        reports = gather_reports(report, group, self._reporting_group())
-        return None if reports is None else combine(reports)
+        gathered = gather_reports(report, group, self._reporting_group())
+        return None if gathered is None else combine(gathered)
 
     if TYPE_CHECKING:  # Instrumented's
 
         def _group_info(self) -> tuple[int, int] | None: ...
 
         def _reporting_group(self) -> Any: ...
+
+
+def _merged(rank: int, reports: list[Report], loss_bad: bool) -> Report:
+    """One rank's reports of a step (a scan per optimizer) as one, ``LIMIT`` kept."""
+    params = [param for report in reports for param in report.params]
+    omitted = sum(report.omitted for report in reports) + max(0, len(params) - LIMIT)
+    return Report(rank, tuple(params[:LIMIT]), omitted, loss_bad)
 
 
 def _payload_rows(words: list[float], width: int) -> list[list[float]]:

@@ -160,8 +160,12 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         # One read of the payload replaces torch's read of each found_inf.
         host = payload.tolist()
         optimizer_state["host"] = host
-        self._watch.host_rows.append(host)
-        retval = None if _payload.any_overflow(host) else optimizer.step(*args, **kwargs)
+        self._watch.host_rows.append((optimizer, host))
+        if _payload.any_overflow(host):
+            retval = None
+            self._overflowed_at_step(optimizer, host, optimizer_state["world"])
+        else:
+            retval = optimizer.step(*args, **kwargs)
         return maybe_opt_step_result(retval, optimizer_state)
 
     # ------------------------------------------------------------ update

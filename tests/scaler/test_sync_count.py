@@ -218,7 +218,9 @@ def test_cuda_sync_debug_mode(optimizers: str, telemetry: bool | None) -> None:
     theirs = cuda_steps(reference, optimizers, error_mode_for_step=fused)
     plain = scaler.GradScaler("cuda", telemetry=telemetry, **kwargs)
     mine = cuda_steps(plain, optimizers, error_mode_for_step=fused)
-    assert mine <= theirs
+    # an overflow step is explained in step(), after torch's own read: update() never syncs
+    diagnosis = 0 if fused else DIAGNOSIS_READS * len(INJECT)
+    assert mine <= theirs + diagnosis
     assert (plain._link.telemetry is not None) == (telemetry is None)
     plain.close()
     with world1():
@@ -228,7 +230,7 @@ def test_cuda_sync_debug_mode(optimizers: str, telemetry: bool | None) -> None:
         assert (ours._link.telemetry is not None) == (telemetry is None)
         assert ours.stats().steps == STEPS
         ours.close()
-    assert mine <= theirs
+    assert mine <= theirs + diagnosis
 
 
 class _Recorded:
