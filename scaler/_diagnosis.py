@@ -21,6 +21,7 @@ from ._torch_compat import foreach_l2_norm, local_tensor
 from .store.records import ParamFinding
 
 LIMIT = 32  # parameters kept per rank and step; the rest are counted
+NAME_BYTES = 500  # of a name, in UTF-8, as the store keeps one (overflow_params.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,16 @@ loss_nonfinite_ranks=(1,))
     )
 
 
+def cut_name(name: str) -> str:
+    """``name`` within ``NAME_BYTES`` of UTF-8, cut at a character.
+
+    >>> len(cut_name("é" * 400).encode())
+    500
+    """
+    raw = name.encode()
+    return name if len(raw) <= NAME_BYTES else raw[:NAME_BYTES].decode(errors="ignore")
+
+
 def kind_of(infs: int, nans: int) -> str:
     """``"inf"``, ``"nan"`` or ``"both"``."""
     if infs and nans:
@@ -95,7 +106,7 @@ def scan(
         labels = [naming] if isinstance(naming, str) else [name for name, _, _ in naming]
         for label, (infs, nans) in zip(labels, pairs, strict=True):
             if infs or nans:
-                found.append((label, kind_of(infs, nans), infs + nans))
+                found.append((cut_name(label), kind_of(infs, nans), infs + nans))
     return Report(0, tuple(found[:LIMIT]), max(0, len(found) - LIMIT), bad_loss)
 
 

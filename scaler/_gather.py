@@ -18,9 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._diagnosis import LIMIT, Report
+from ._diagnosis import LIMIT, NAME_BYTES, Report, cut_name
 
-NAME_BYTES = 500  # as the store keeps a name (overflow_params.name)
 _HEAD = struct.Struct("<iiB")  # params kept, params omitted, loss non-finite
 _PARAM = struct.Struct("<BqH")  # kind, count, name length (then the name's bytes)
 SLOT = _HEAD.size + LIMIT * (_PARAM.size + NAME_BYTES)
@@ -31,7 +30,7 @@ def encode(report: Report) -> bytes:
     """``report`` in ``SLOT`` bytes; names past ``NAME_BYTES`` (UTF-8) are cut."""
     out = bytearray(_HEAD.pack(len(report.params), report.omitted, report.loss_nonfinite))
     for name, kind, count in report.params[:LIMIT]:
-        raw = name.encode()[:NAME_BYTES].decode(errors="ignore").encode()
+        raw = cut_name(name).encode()
         out += _PARAM.pack(_KINDS.index(kind), count, len(raw)) + raw
     return bytes(out.ljust(SLOT, b"\0"))
 

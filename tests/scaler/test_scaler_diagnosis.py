@@ -8,6 +8,7 @@ store's side is in ``test_scaler_diagnosis_store.py``, real ranks in
 from __future__ import annotations
 
 import pickle
+from collections import OrderedDict
 from typing import Any
 
 import pytest
@@ -304,4 +305,26 @@ def test_a_scan_that_fails_is_logged_and_training_goes_on(
     assert [r.overflow for r in gs.records] == [False, True, False]
     assert gs.records[1].params == ()
     assert "could not explain this overflow on rank 0" in caplog.text
+    gs.close()
+
+
+def test_a_long_name_is_cut_as_the_store_keeps_it() -> None:
+    class Deep(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            module: nn.Module = nn.Linear(4, 2)
+            for _ in range(60):
+                module = nn.Sequential(OrderedDict(a_rather_long_module_name=module))
+            self.body = module
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(x)  # type: ignore[no-any-return]
+
+    gs = recorded("plain")
+    model = Deep()
+    gs.watch(model)
+    name = next(n for n, _ in model.named_parameters())
+    assert len(name) > 500
+    run(gs, model, {1: [(name, 1, INF)]}, steps=2)
+    assert gs.records[1].params == (ParamFinding(0, name[:500], "inf", 1),)
     gs.close()
