@@ -36,9 +36,7 @@ def stored(url: str, run_id: int) -> tuple[list[Any], list[tuple[Any, ...]]]:
     return rows, found
 
 
-def test_findings_and_losses_are_stored(kind: str, tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'sw.db'}"
-    cls = scaler.GradScaler if kind == "plain" else scaler.ShardedGradScaler
+def train_and_check(cls: Any, url: str) -> None:
     gs = cls("cpu", init_scale=256.0, telemetry=url, run_name="diagnosed")
     model = Net()
     gs.watch(model)
@@ -64,6 +62,16 @@ def test_findings_and_losses_are_stored(kind: str, tmp_path: Path) -> None:
     with open_store(url) as store:
         detail = overflow_detail(store, run_id, 2)
     assert detail.step is not None and detail.step["overflow"]
+
+
+def test_findings_and_losses_are_stored(kind: str, tmp_path: Path) -> None:
+    cls = scaler.GradScaler if kind == "plain" else scaler.ShardedGradScaler
+    train_and_check(cls, f"sqlite:///{tmp_path / 'sw.db'}")
+
+
+@pytest.mark.postgres
+def test_findings_and_losses_are_stored_on_postgresql(postgres_url: str) -> None:
+    train_and_check(scaler.GradScaler, postgres_url)
 
 
 def _record(step: int, params: tuple[ParamFinding, ...] = ()) -> StepSample:
