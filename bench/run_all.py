@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {  # script -> arguments
     "scaler_overhead.py": [],
     "multirank.py": [],
+    "diagnosis.py": [],
     "telemetry.py": [],
     "control.py": [],
     "service.py": [],

@@ -21,17 +21,18 @@ from ._link import RunLink
 from ._pinned import read_cpu
 from ._recorder import Captured, ControlOutcome, Snapshot
 from ._torch_compat import OptState, _refresh_per_optimizer_state, process_group_info
+from ._watching import StepWatch, Watching
 from .stats import ScalerCheckpoint, ScalerStats
 
 STATE_KEY = "scalewatch"
 
 
-class Instrumented(Controlled):
+class Instrumented(Watching, Controlled):
     """The scalewatch extras over torch's GradScaler state machine."""
 
     _step_count: int
     _control_version: int
-    _TRANSIENT: tuple[str, ...] = ("_link",)  # attributes a copy of the scaler leaves behind
+    _TRANSIENT: tuple[str, ...] = ("_link", "_watch")  # what a copy of the scaler leaves behind
 
     def _setup(self, options: Options) -> None:
         self._extras = Extras(options.min_scale, options.max_scale, options.hysteresis)
@@ -48,6 +49,7 @@ class Instrumented(Controlled):
 
     def _reset_transient(self) -> None:
         self._link = RunLink()
+        self._watch = StepWatch()
 
     # ------------------------------------------------------------------ steps
 
@@ -160,13 +162,14 @@ class Instrumented(Controlled):
         scale, tracker = self._scale, self._growth_tracker
         assert scale is not None and tracker is not None
         link = self._link
+        loss = self._watch.take_loss()
+        # cpu tensors are memory: read at once, no sync (see _pinned.read_cpu)
+        values = None if scale.is_cuda else read_cpu(scale, tracker, found, loss, flags)
+        diagnosis = self._diagnose(values, width, loss)
         snapshot = Snapshot(
             self._step_count,
             time.time(),
-            # cpu tensors are memory: read at once, no sync (see _pinned.read_cpu)
-            Captured(scale, tracker, found, flags, link.pinned)
-            if scale.is_cuda
-            else read_cpu(scale, tracker, found, flags),
+            Captured(scale, tracker, found, loss, flags, link.pinned) if values is None else values,
             width,
             link.scale_host,
             stepped,
@@ -176,6 +179,7 @@ class Instrumented(Controlled):
             self._control_version,
             scale_set,
             outcomes,
+            diagnosis,
         )
         link.submit(self, snapshot, self._init_scale, self._make_sink)
         link.scale_host = None

@@ -46,6 +46,16 @@ def any_overflow(host: Sequence[float]) -> bool:
     return sum(host) >= 1.0
 
 
+def has_rank(host: Sequence[float], rank: int) -> bool:
+    """Whether ``rank``'s flag is set in the payload read on the host.
+
+    >>> has_rank([float(2**1 + 2**3)], 3), has_rank([float(2**1)], 3)
+    (True, False)
+    """
+    word, bit = divmod(rank, BITS)
+    return word < len(host) and bool(math.floor(host[word]) >> bit & 1)
+
+
 def carries_request(host: Sequence[float]) -> bool:
     return bool(host) and host[0] % 1.0 == REQUEST
 

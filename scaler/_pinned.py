@@ -126,16 +126,24 @@ def read_cpu(
     scale: torch.Tensor,
     tracker: torch.Tensor,
     found: torch.Tensor | None,
+    loss: torch.Tensor | None,
     flags: Sequence[torch.Tensor],
-) -> list[float]:
-    """A cpu step's values, read at once: [scale, tracker, found_inf (0 if None), *flags].
+) -> list[Any]:
+    """A cpu step's values, read at once: [scale, tracker, found_inf (0 if None), loss (None
+    if unseen), *flags].
 
     cpu tensors are plain memory: reading one is no sync, and a few ``item()`` calls cost
     the training thread less than copying into a row for the recorder to read.
     """
     if found is not None and found.numel() != 1:  # several flags: the first, as on cuda
         found = found.reshape(-1)[:1]
-    values = [scale.item(), tracker.item(), 0.0 if found is None else found.item()]
+    values = [
+        scale.item(),
+        tracker.item(),
+        0.0 if found is None else found.item(),
+        # a loss elsewhere than the cpu scale is not read: that would be a sync
+        None if loss is None or not loss.is_cpu else loss.item(),
+    ]
     for flag in flags:
         values.extend(flag.tolist())
     return values

@@ -13,9 +13,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._recorder import ControlOutcome, StepSample
-from .store.runs import step_values
+from .store.runs import finding_rows, step_values
 
 Gap = tuple[int, int, int]  # (first step, last step, records dropped): a whole range
+
+
+class Diagnosed(tuple[Any, ...]):
+    """The :func:`step_values` of an overflow step that carries its findings as
+    ``overflow_params`` rows: queued, put back and dropped with its step as one item.
+
+    Rare (an explained overflow), so clean records stay plain tuples.
+    """
+
+    findings: list[tuple[Any, ...]]
+
+    def __new__(cls, values: tuple[Any, ...], findings: list[tuple[Any, ...]]) -> Diagnosed:
+        self = super().__new__(cls, values)
+        self.findings = findings
+        return self
+
+
+def findings_of(batch: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The ``overflow_params`` rows of the records in ``batch``."""
+    return [row for values in batch if type(values) is Diagnosed for row in values.findings]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +74,11 @@ class RecordQueue:
         records = self.records
         with self.lock:
             for sample in samples:
-                records.append(step_values(sample.record))
+                record = sample.record
+                if record.params:
+                    records.append(Diagnosed(step_values(record), finding_rows([record])))
+                else:
+                    records.append(step_values(record))
                 for outcome in sample.controls:
                     self.outcomes.append(
                         QueuedOutcome(sample.record.step, sample.record.wall_time, outcome)

@@ -7,6 +7,7 @@ folds the statistics and hands the samples to a sink (the telemetry writer).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -15,6 +16,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +25,9 @@ from ._payload import overflowed_ranks
 from ._pinned import PinnedRing, PinnedRings
 from .stats import ScalerStats
 from .store.records import StepRecord
+
+if TYPE_CHECKING:
+    from ._diagnosis import Diagnosis
 
 log = logging.getLogger("scaler")
 
@@ -68,17 +73,18 @@ class StepSample:
 
 
 class Captured:
-    """Values of one cuda step: [scale, growth tracker, found_inf, *payload words], copied
-    asynchronously to a pinned row of ``rings``. (A cpu step's values are read at once:
-    ``_pinned.read_cpu``.)"""
+    """Values of one cuda step: [scale, growth tracker, found_inf, loss (if seen), *payload
+    words], copied asynchronously to a pinned row of ``rings``. (A cpu step's values are
+    read at once: ``_pinned.read_cpu``.)"""
 
-    __slots__ = ("_payloads", "_ring", "_row")
+    __slots__ = ("_has_loss", "_payloads", "_ring", "_row")
 
     def __init__(
         self,
         scale: torch.Tensor,
         tracker: torch.Tensor,
         found: torch.Tensor | None,
+        loss: torch.Tensor | None,
         flags: Sequence[torch.Tensor],
         rings: PinnedRings,
     ) -> None:
@@ -87,8 +93,15 @@ class Captured:
             found = scale.new_zeros(1)
         elif found.numel() != 1:
             found = found.reshape(-1)[:1]
-        parts = [scale.reshape(1), tracker.reshape(1), found.reshape(1), *flags]
-        sizes = (1, 1, 1, *[flag.numel() for flag in flags])  # scale, tracker, found_inf first
+        parts = [scale.reshape(1), tracker.reshape(1), found.reshape(1)]
+        self._has_loss = loss is not None
+        if loss is not None:
+            loss = loss.detach()  # cat(out=) refuses a tensor that requires grad
+            if loss.device != scale.device:
+                loss = loss.to(scale.device, non_blocking=True)
+            parts.append(loss.reshape(1))
+        sizes = (1,) * len(parts) + tuple(flag.numel() for flag in flags)
+        parts.extend(flags)
         self._ring: PinnedRing | None
         self._ring, self._row = rings.capture(parts, sizes)
 
@@ -102,29 +115,36 @@ class Captured:
         """Whether the values have reached the host (reading them would not wait)."""
         return self._ring is None or self._ring.arrived(self._row)
 
-    def read(self) -> tuple[float, int, float, list[list[float]]]:
-        """(scale, growth tracker, found_inf, each optimizer's payload words)."""
+    def read(self) -> Values:
+        """(scale, growth tracker, found_inf, loss, each optimizer's payload words)."""
         assert self._ring is not None, "a step's values are read once"
-        values = self._ring.read(self._row)
+        values: list[Any] = self._ring.read(self._row)
         self._ring = None
+        if not self._has_loss:
+            values.insert(3, None)
         return _split(values, self._payloads)
 
 
-def _split(values: list[float], payloads: int) -> tuple[float, int, float, list[list[float]]]:
-    """A host row as ``read()`` returns it: the words after the first three, per payload."""
-    flags = values[3:]
+# (scale after the update, growth tracker, found_inf, loss or None, payload words per optimizer)
+Values = tuple[float, int, float, float | None, list[list[float]]]
+
+
+def _split(values: list[Any], payloads: int) -> Values:
+    """A step's values as ``read()`` returns them: the words after the first four, per
+    payload."""
+    flags = values[4:]
     if not payloads:
-        return values[0], int(values[1]), values[2], []
+        return values[0], int(values[1]), values[2], values[3], []
     width = len(flags) // payloads
     rows = [flags[start : start + width] for start in range(0, len(flags), width)]
-    return values[0], int(values[1]), values[2], rows
+    return values[0], int(values[1]), values[2], values[3], rows
 
 
 @dataclass(slots=True)
 class Snapshot:
     step: int
     wall_time: float
-    captured: Captured | list[float]  # list: a cpu step's values, read at once
+    captured: Captured | list[Any]  # list: a cpu step's values, read at once (``read_cpu``)
     world_size: int  # rank flags in the payload; 0: single process; -1: not known
     scale_used: float | None  # known on the host (first step, after a load or a new_scale)
     stepped: bool
@@ -134,6 +154,7 @@ class Snapshot:
     control_version: int
     scale_set: bool  # the scale was set this step (new_scale or control), not grown/backed off
     controls: tuple[ControlOutcome, ...] = ()
+    diagnosis: Diagnosis | None = None  # an overflow explained (on the reporting rank)
 
 
 Sink = Callable[[list[StepSample]], None]
@@ -324,13 +345,13 @@ def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample
     """Fold ``snap`` into ``fold``; returns its sample, unless ``sample`` is False (no sink)."""
     captured = snap.captured
     if isinstance(captured, Captured):
-        scale_after, tracker, found, payloads = captured.read()
-    elif len(captured) == 3:  # no payload (GradScaler, or no process group)
-        scale_after, found, payloads = captured[0], captured[2], []
+        scale_after, tracker, found, loss, payloads = captured.read()
+    elif len(captured) == 4:  # no payload (GradScaler, or no process group)
+        scale_after, found, loss, payloads = captured[0], captured[2], captured[3], []
         tracker = int(captured[1])
     else:
-        count = (len(captured) - 3) // _payload.words(snap.world_size)
-        scale_after, tracker, found, payloads = _split(captured, count)
+        count = (len(captured) - 4) // _payload.words(snap.world_size)
+        scale_after, tracker, found, loss, payloads = _split(captured, count)
     overflow = found > 0
     scale_used = fold.add(snap.scale_used, scale_after, overflow, snap.stepped, snap.scale_set)
     if not sample:
@@ -357,5 +378,14 @@ def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample
         growth_factor=float(snap.growth_factor),  # an int as torch keeps it: stored as float
         backoff_factor=float(snap.backoff_factor),
         control_version=snap.control_version,
+        loss=loss,
     )
+    diagnosis = snap.diagnosis
+    if diagnosis is not None:
+        record = dataclasses.replace(
+            record,
+            loss_nonfinite_ranks=diagnosis.loss_nonfinite_ranks,
+            params=diagnosis.params,
+            params_omitted=diagnosis.omitted,
+        )
     return StepSample(record, snap.controls)

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.amp.grad_scaler import GradScaler as TorchGradScaler
 from torch.amp.grad_scaler import OptState, _MultiDeviceReplicator, _refresh_per_optimizer_state
+from torch.distributed.fsdp._common_utils import clean_tensor_name
 from torch.distributed.fsdp.sharded_grad_scaler import (
     ShardedGradScaler as TorchShardedGradScaler,
 )
@@ -29,12 +30,16 @@ __all__ = [
     "_MultiDeviceReplicator",
     "_refresh_per_optimizer_state",
     "amp_update_scale_",
+    "clean_parameter_name",
     "cuda_amp_unavailable",
     "deprecation_of",
+    "flat_param_parts",
+    "foreach_l2_norm",
     "local_tensor",
     "maybe_opt_step_result",
     "mismatched_signatures",
     "non_finite_check_and_unscale_",
+    "opt_step_unless_inf",
     "process_group_info",
     "unscale_local_grads",
 ]
@@ -51,6 +56,13 @@ PINNED: dict[tuple[type, str], tuple[str, ...]] = {
     (TorchGradScaler, "_check_inf_per_device"): ("self", "optimizer"),
     (TorchGradScaler, "_check_scale_growth_tracker"): ("self", "funcname"),
     (TorchGradScaler, "_get_growth_tracker"): ("self",),
+    (TorchGradScaler, "_unscale_grads_"): (
+        "self",
+        "optimizer",
+        "inv_scale",
+        "found_inf",
+        "allow_fp16",
+    ),
     (TorchGradScaler, "unscale_"): ("self", "optimizer"),
     (TorchGradScaler, "update"): ("self", "new_scale"),
     (TorchShardedGradScaler, "_unscale_grads_"): (
@@ -87,6 +99,19 @@ def maybe_opt_step_result(retval: Any, optimizer_state: dict[str, Any]) -> Any:
     if _STEP_RETURNS_PAIR:
         return retval, optimizer_state["found_inf_per_device"]
     return retval
+
+
+def opt_step_unless_inf(
+    optimizer: torch.optim.Optimizer,
+    optimizer_state: dict[str, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> tuple[Any, float]:
+    """torch's ``_maybe_opt_step``: step unless found_inf is set, reading each found_inf
+    as torch does. Returns (what torch's returns, the found_inf sum read on the host)."""
+    found = sum(v.item() for v in optimizer_state["found_inf_per_device"].values())
+    retval = None if found else optimizer.step(*args, **kwargs)
+    return maybe_opt_step_result(retval, optimizer_state), float(found)
 
 
 def unscale_local_grads(
@@ -198,3 +223,40 @@ def deprecation_of(device: str) -> str:
         f"`torch.{device}.amp.GradScaler(args...)` is deprecated. "
         f"Please use `torch.amp.GradScaler('{device}', args...)` instead."
     )
+
+
+def foreach_l2_norm(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor's 2-norm, one fused pass over tensors of one device and dtype.
+
+    Non-finite exactly when the tensor holds inf or NaN, or when its sum of squares
+    overflows (float32 values past ~1e19). On cpu the 2-norm is some 40 times faster
+    than the infinity norm.
+    """
+    return list(torch._foreach_norm(tensors, 2))
+
+
+def clean_parameter_name(name: str) -> str:
+    """``name`` without FSDP's (and activation checkpointing's) wrapper prefixes.
+
+    >>> clean_parameter_name("_fsdp_wrapped_module.2._fsdp_wrapped_module._flat_param")
+    '2._flat_param'
+    """
+    return clean_tensor_name(name)
+
+
+def flat_param_parts(param: torch.Tensor) -> list[tuple[str, int, int]] | None:
+    """An FSDP1 flat parameter's originals in this rank's shard, as (name relative to the
+    flat parameter's module, offset in the shard, elements); None for any other tensor."""
+    if not getattr(param, "_is_flat_param", False):
+        return None
+    fqns: Any = getattr(param, "_fqns", ())
+    infos: Any = getattr(param, "_shard_param_infos", None)
+    if infos is None:  # not sharded: the originals one after another
+        numels: Any = getattr(param, "_numels", ())
+        offsets = [sum(numels[:i]) for i in range(len(numels))]
+        return [(fqn, o, n) for fqn, o, n in zip(fqns, offsets, numels, strict=True)]
+    return [
+        (fqn, int(info.offset_in_shard), int(info.numel_in_shard))
+        for fqn, info in zip(fqns, infos, strict=True)
+        if info.in_shard
+    ]

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy.exc import OperationalError, StatementError
 
-from ._queue import Gap, QueuedOutcome, RecordQueue
+from ._queue import Gap, QueuedOutcome, RecordQueue, findings_of
 from ._recorder import ControlSource
 from .store import control as store_control
 from .store import runs as store_runs
@@ -156,7 +156,7 @@ class Writer:
         gaps: list[Gap] = []
         try:
             gaps = self._write_gaps(store, run_id)
-            store_runs.write_step_values(store, run_id, batch)
+            store_runs.write_step_values(store, run_id, batch, findings_of(batch))
             self._check_file()  # committed into a file removed meanwhile: write again
         except BaseException:
             replaced = file_id(store) != self.file_id  # the gaps went with the file

@@ -59,7 +59,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
 
     # Run the all-reduce even in a group of one rank (to measure what it costs).
     _reduce_alone = False
-    _TRANSIENT = ("_link", "_agreement")
+    _TRANSIENT = ("_link", "_watch", "_agreement")
 
     def __init__(
         self,
@@ -106,6 +106,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         allow_fp16: bool = True,
     ) -> dict[torch.device, torch.Tensor]:
         assert self._scale is not None
+        self._watch.optimizers.append(optimizer)
         return unscale_local_grads(optimizer, inv_scale, found_inf, allow_fp16, self._scale.device)
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
@@ -159,7 +160,12 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         # One read of the payload replaces torch's read of each found_inf.
         host = payload.tolist()
         optimizer_state["host"] = host
-        retval = None if _payload.any_overflow(host) else optimizer.step(*args, **kwargs)
+        self._watch.host_rows.append((optimizer, host))
+        if _payload.any_overflow(host):
+            retval = None
+            self._overflowed_at_step(optimizer, host, optimizer_state["world"])
+        else:
+            retval = optimizer.step(*args, **kwargs)
         return maybe_opt_step_result(retval, optimizer_state)
 
     # ------------------------------------------------------------ update

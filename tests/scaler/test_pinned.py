@@ -13,11 +13,11 @@ from scaler._recorder import _split
 
 
 def test_split_gives_each_optimizers_payload_words() -> None:
-    # scale, tracker, found, then two payloads of two words each
-    values = [1024.0, 3.0, 1.0, 2.0, 0.0, 1.5, 4.0]
-    assert _split(values, 2) == (1024.0, 3, 1.0, [[2.0, 0.0], [1.5, 4.0]])
-    assert _split(values[:5], 1) == (1024.0, 3, 1.0, [[2.0, 0.0]])
-    assert _split(values[:3], 0) == (1024.0, 3, 1.0, [])
+    # scale, tracker, found, loss, then two payloads of two words each
+    values = [1024.0, 3.0, 1.0, 0.25, 2.0, 0.0, 1.5, 4.0]
+    assert _split(values, 2) == (1024.0, 3, 1.0, 0.25, [[2.0, 0.0], [1.5, 4.0]])
+    assert _split(values[:6], 1) == (1024.0, 3, 1.0, 0.25, [[2.0, 0.0]])
+    assert _split([*values[:3], None], 0) == (1024.0, 3, 1.0, None, [])
 
 
 DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.cuda)]

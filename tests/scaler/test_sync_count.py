@@ -1,6 +1,8 @@
 """Ours reads device values on the training thread no more often than torch's scalers do.
 
-On cpu the calls that bring a tensor's value to the host are counted (only on
+On a clean step ours reads no more than torch's; on an overflow step the diagnosis adds
+at most ``DIAGNOSIS_READS``: which gradients (and the loss) hold inf/NaN, then their
+counts. On cpu the calls that bring a tensor's value to the host are counted (only on
 the training thread), but for the telemetry capture of a cpu step
 (``scaler._pinned.read_cpu``): a cpu tensor is memory, and reading it there is no
 sync; on cuda that capture is an asynchronous copy to pinned memory instead. On cuda
@@ -29,6 +31,7 @@ from scaler._pinned import read_cpu
 
 HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy")
 STEPS = 10
+DIAGNOSIS_READS = 2  # per overflow step: one device, one gradient dtype
 
 
 @contextlib.contextmanager
@@ -77,13 +80,18 @@ def two(model: nn.Module) -> list[torch.optim.Optimizer]:
 OPTIMIZERS = {"sgd": sgd, "fused-adam": fused_adam, "two-optimizers": two}
 
 
-def steps(gs: Any, optimizers: Callable[[nn.Module], list[torch.optim.Optimizer]]) -> Counter[str]:
-    """Train ``STEPS`` steps with some infs; the host reads of the scaler calls alone."""
+def steps(
+    gs: Any, optimizers: Callable[[nn.Module], list[torch.optim.Optimizer]]
+) -> tuple[Counter[str], Counter[str]]:
+    """Train ``STEPS`` steps with some infs; the host reads of the scaler calls alone, on
+    the clean steps and on the overflow steps."""
     model = mlp()
     opts = optimizers(model)
     params = list(model.parameters())
-    total: Counter[str] = Counter()
+    clean: Counter[str] = Counter()
+    overflow: Counter[str] = Counter()
     for step in range(STEPS):
+        total = overflow if step in INJECT else clean
         for opt in opts:
             opt.zero_grad()
         loss = model(batch(step)).pow(2).mean()
@@ -98,16 +106,20 @@ def steps(gs: Any, optimizers: Callable[[nn.Module], list[torch.optim.Optimizer]
                 gs.step(opt)
             gs.update()
         total += counts
-    return total
+    return clean, overflow
 
 
 def compare(reference: Any, ours: Any, optimizers: str) -> tuple[int, int]:
-    theirs = steps(reference, OPTIMIZERS[optimizers])
-    mine = steps(ours, OPTIMIZERS[optimizers])
+    theirs, theirs_overflow = steps(reference, OPTIMIZERS[optimizers])
+    mine, mine_overflow = steps(ours, OPTIMIZERS[optimizers])
     assert sum(mine.values()) <= sum(theirs.values()), (mine, theirs)
     for name in HOST_READS:
         assert mine[name] <= theirs[name] or name in ("item", "tolist"), (name, mine, theirs)
-    print(f"{optimizers}: torch {dict(theirs)} ours {dict(mine)}")
+    added = sum(mine_overflow.values()) - sum(theirs_overflow.values())
+    assert added <= DIAGNOSIS_READS * len(INJECT), (mine_overflow, theirs_overflow)
+    print(f"{optimizers}: torch {dict(theirs)} ours {dict(mine)}, overflow steps +{added}")
+    theirs += theirs_overflow
+    mine += mine_overflow
     return sum(theirs.values()), sum(mine.values())
 
 
@@ -142,16 +154,20 @@ def test_sharded_in_a_world_of_one(optimizers: str) -> None:
             TorchSharded(**kwargs), scaler.ShardedGradScaler(telemetry=False, **kwargs), optimizers
         )
     # ours reads the whole payload once per step instead of every found_inf
-    assert mine < theirs or optimizers == "fused-adam"
+    assert mine < theirs + DIAGNOSIS_READS * len(INJECT) or optimizers == "fused-adam"
 
 
 @pytest.mark.parametrize("optimizers", list(OPTIMIZERS))
 def test_sharded_without_process_group(optimizers: str, no_group: None) -> None:
     kwargs: dict[str, Any] = {"device": "cpu", "init_scale": 256.0, "growth_interval": 3}
-    ours = steps(scaler.ShardedGradScaler(telemetry=False, **kwargs), OPTIMIZERS[optimizers])
+    ours, ours_overflow = steps(
+        scaler.ShardedGradScaler(telemetry=False, **kwargs), OPTIMIZERS[optimizers]
+    )
     with world1():
-        theirs = steps(TorchSharded(**kwargs), OPTIMIZERS[optimizers])
+        theirs, theirs_overflow = steps(TorchSharded(**kwargs), OPTIMIZERS[optimizers])
     assert sum(ours.values()) <= sum(theirs.values()), (ours, theirs)
+    added = sum(ours_overflow.values()) - sum(theirs_overflow.values())
+    assert added <= DIAGNOSIS_READS * len(INJECT), (ours_overflow, theirs_overflow)
 
 
 # ------------------------------------------------------------------------ cuda
@@ -202,7 +218,9 @@ def test_cuda_sync_debug_mode(optimizers: str, telemetry: bool | None) -> None:
     theirs = cuda_steps(reference, optimizers, error_mode_for_step=fused)
     plain = scaler.GradScaler("cuda", telemetry=telemetry, **kwargs)
     mine = cuda_steps(plain, optimizers, error_mode_for_step=fused)
-    assert mine <= theirs
+    # an overflow step is explained in step(), after torch's own read: update() never syncs
+    diagnosis = 0 if fused else DIAGNOSIS_READS * len(INJECT)
+    assert mine <= theirs + diagnosis
     assert (plain._link.telemetry is not None) == (telemetry is None)
     plain.close()
     with world1():
@@ -212,4 +230,44 @@ def test_cuda_sync_debug_mode(optimizers: str, telemetry: bool | None) -> None:
         assert (ours._link.telemetry is not None) == (telemetry is None)
         assert ours.stats().steps == STEPS
         ours.close()
-    assert mine <= theirs
+    assert mine <= theirs + diagnosis
+
+
+class _Recorded:
+    """A sink that keeps the records, as telemetry would receive them."""
+
+    def _make_sink(self) -> Any:
+        self.records: list[Any] = []
+        return lambda samples: self.records.extend(s.record for s in samples)
+
+
+class RecordedPlain(_Recorded, scaler.GradScaler):
+    pass
+
+
+class RecordedSharded(_Recorded, scaler.ShardedGradScaler):
+    pass
+
+
+@pytest.mark.parametrize("optimizers", ["sgd", "fused-adam"])
+def test_the_loss_reaches_the_record_without_a_read(optimizers: str) -> None:
+    """Every record carries the loss ``scale()`` saw; its capture reads nothing more (the
+    recorder's sink is on, as on a reporting rank)."""
+    kwargs: dict[str, Any] = {"init_scale": 256.0, "growth_interval": 3}
+    clean, _ = steps(torch.amp.GradScaler("cpu", **kwargs), OPTIMIZERS[optimizers])
+    plain = RecordedPlain("cpu", **kwargs)
+    mine, _ = steps(plain, OPTIMIZERS[optimizers])
+    assert sum(mine.values()) <= sum(clean.values()), (mine, clean)
+    with world1():
+        clean, _ = steps(TorchSharded("cpu", **kwargs), OPTIMIZERS[optimizers])
+        sharded = RecordedSharded("cpu", **kwargs)
+        mine, _ = steps(sharded, OPTIMIZERS[optimizers])
+        assert sum(mine.values()) <= sum(clean.values()), (mine, clean)
+        assert sharded.flush()
+    assert plain.flush()
+    for gs in (plain, sharded):
+        losses = [record.loss for record in gs.records]
+        assert len(losses) == STEPS and all(isinstance(loss, float) for loss in losses)
+        model = mlp()
+        assert losses[0] == model(batch(0)).pow(2).mean().item()  # the first step's, exactly
+        gs.close()

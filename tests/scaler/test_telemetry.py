@@ -26,7 +26,7 @@ from _dist import run_ranks, wait_for
 from _twin import INJECT, batch, mlp, poison, sgd, train, train_step
 from sqlalchemy import create_engine, event, func, select, text
 from sqlalchemy.exc import DBAPIError
-from test_sync_count import counting_host_reads
+from test_sync_count import DIAGNOSIS_READS, counting_host_reads
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
@@ -563,12 +563,12 @@ def test_a_failed_batch_dropped_after_newer_records_is_in_the_same_gap(
     write = store_runs.write_step_values
     taken, failed_once, resubmitted = threading.Event(), threading.Event(), threading.Event()
 
-    def failing_once(store: Store, run_id: int, values: Any) -> None:
+    def failing_once(store: Store, run_id: int, values: Any, findings: Any = ()) -> None:
         if not failed_once.is_set():
             taken.set()
             failed_once.wait(30)
             raise sqlite3.OperationalError("disk I/O error")
-        write(store, run_id, values)
+        write(store, run_id, values, findings)
 
     ensure_run = telemetry._writer._ensure_run
 
@@ -635,9 +635,9 @@ def make_writer(tmp_path: Path) -> Iterator[MakeWriter]:
 
     batches: list[int] = []
 
-    def counting(store: Store, run_id: int, values: Any) -> None:
+    def counting(store: Store, run_id: int, values: Any, findings: Any = ()) -> None:
         batches.append(len(values))
-        write(store, run_id, values)
+        write(store, run_id, values, findings)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(store_runs, "write_step_values", counting)
@@ -760,23 +760,31 @@ def test_telemetry_adds_no_sync_to_a_training_step(kind: str, tmp_path: Path) ->
         pair = [torch.amp.GradScaler(**kwargs), scaler.GradScaler(**kwargs, telemetry=url)]
     else:
         pair = [TorchSharded(**kwargs), scaler.ShardedGradScaler(**kwargs, telemetry=url)]
-    syncs = []
+    syncs, overflow_syncs = [], []
     for gs in pair:
         model = mlp()
         opt = sgd(model)[0]
-        with counting_host_reads() as counts:
-            for step in range(1, 13):
+        clean, overflow = 0, 0
+        for step in range(1, 13):
+            with counting_host_reads() as counts:
                 opt.zero_grad()
                 gs.scale(model(batch(step)).pow(2).mean()).backward()
                 if step in (3, 7):
                     poison(list(model.parameters()), 0, float("inf"))
                 gs.step(opt)
                 gs.update()
-        syncs.append(sum(counts.values()))
+            if step in (3, 7):
+                overflow += sum(counts.values())
+            else:
+                clean += sum(counts.values())
+        syncs.append(clean)
+        overflow_syncs.append(overflow)
     ours = pair[1]
     assert ours._link.telemetry is not None  # the store was really on
     ours.close()
     assert syncs[1] <= syncs[0]
+    # an overflow step is explained: the diagnosis reads what it found (test_sync_count)
+    assert overflow_syncs[1] <= overflow_syncs[0] + 2 * DIAGNOSIS_READS
 
 
 def test_store_directory_removed_mid_run_is_noticed_and_recovered(

@@ -199,3 +199,41 @@ def test_the_declared_torch_range_starts_at_the_tested_torch() -> None:
     lower = torch_requirement.split(">=")[1].split(",")[0]
     assert pins["torch"].startswith(lower), (torch_requirement, pins["torch"])
     assert torch.__version__.startswith(pins["torch"])
+
+
+def test_opt_step_unless_inf_steps_only_on_a_clean_found_inf() -> None:
+    param = torch.nn.Parameter(torch.ones(2))
+    param.grad = torch.ones(2)
+    opt = torch.optim.SGD([param], lr=0.5)
+    clean = {"found_inf_per_device": {torch.device("cpu"): torch.zeros(1)}}
+    assert compat.opt_step_unless_inf(opt, clean, (), {}) == (None, 0.0)
+    assert param.tolist() == [0.5, 0.5]
+    found = {"found_inf_per_device": {torch.device("cpu"): torch.ones(1)}}
+    assert compat.opt_step_unless_inf(opt, found, (), {}) == (None, 1.0)
+    assert param.tolist() == [0.5, 0.5]  # skipped
+
+
+def test_the_two_norm_is_non_finite_exactly_for_inf_and_nan() -> None:
+    inf, nan = math.inf, math.nan
+    tensors = [torch.tensor(v) for v in ([1.0, -2.0], [inf, -inf], [nan], [inf, nan, 1.0])]
+    norms = [n.item() for n in compat.foreach_l2_norm(tensors)]
+    assert math.isfinite(norms[0]) and norms[1] == inf  # infs alone: inf, never NaN
+    assert math.isnan(norms[2]) and math.isnan(norms[3])  # NaN exactly when one is summed
+    half = compat.foreach_l2_norm([torch.tensor([65504.0, 65504.0], dtype=torch.float16)])
+    assert half[0].dtype == torch.float16  # fp16 in, fp16 out: may overflow, then counted
+
+
+def test_clean_parameter_name_drops_the_wrapper_prefixes() -> None:
+    name = "_fsdp_wrapped_module.layers.0._checkpoint_wrapped_module.attn.weight"
+    assert compat.clean_parameter_name(name) == "layers.0.attn.weight"
+    assert compat.clean_parameter_name("module.encoder.bias") == "module.encoder.bias"
+
+
+@pytest.mark.filterwarnings("ignore:FSDP is switching to use `NO_SHARD`:UserWarning")
+def test_flat_param_parts_name_the_originals_in_this_shard(group: None) -> None:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    model = FSDP(torch.nn.Linear(3, 2), device_id=torch.device("cpu"))
+    (flat,) = model.parameters()
+    assert compat.flat_param_parts(flat) == [("weight", 0, 6), ("bias", 6, 2)]
+    assert compat.flat_param_parts(torch.nn.Parameter(torch.ones(2))) is None
