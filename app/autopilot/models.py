@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.autopilot.policy import DEFAULT_FLOOR
 from app.models import StrictFloat, StrictInt
 from scaler.store.autopilot import (
+    AUTOPILOT_SCHEMAS,
     DEFAULT_COOLDOWN_STEPS,
     DEFAULT_MAX_CHANGES_PER_HOUR,
     DEFAULT_MAX_GROWTH_INTERVAL,
@@ -16,6 +17,23 @@ from scaler.store.autopilot import (
 from scaler.store.states import AutopilotState
 
 __all__ = ["AutopilotIn", "AutopilotOut"]
+
+
+def _autopilot_schema(schema: dict[str, Any]) -> None:
+    # Each field's rule as the store states it, so that the OpenAPI document refuses what
+    # the store refuses; the optional ones may be null (their defaults).
+    schema["examples"] = [{"enabled": True, "target_skip_rate": 0.01}]
+    for name, field in schema["properties"].items():
+        rule = AUTOPILOT_SCHEMAS.get(name)
+        if rule is None:
+            continue
+        title, description = field.get("title"), field.get("description")
+        field.clear()
+        if name in schema.get("required", ()):
+            field.update(rule)
+        else:
+            field.update(anyOf=[rule, {"type": "null"}], default=None)
+        field.update(title=title, **({"description": description} if description else {}))
 
 
 class AutopilotIn(BaseModel):
@@ -27,7 +45,7 @@ class AutopilotIn(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"examples": [{"enabled": True, "target_skip_rate": 0.01}]},
+        json_schema_extra=_autopilot_schema,
     )
 
     enabled: bool = Field(strict=True)

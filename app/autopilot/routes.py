@@ -6,17 +6,12 @@ from fastapi import APIRouter
 
 from app.autopilot.models import AutopilotIn, AutopilotOut
 from app.deps import StoreDep, TokenDep
-from app.models import ErrorMessage
 from app.routes.runs import NOT_FOUND, RunId
+from app.routes.writes import WRITE_RESPONSES
 from scaler.store.autopilot import AutopilotRow, disable_autopilot, get_autopilot, set_autopilot
 from scaler.store.states import AutopilotState
 
 router = APIRouter(prefix="/api/runs", tags=["autopilot"])
-
-_WRITE: dict[int | str, dict[str, object]] = {
-    401: {"model": ErrorMessage, "description": "missing or wrong bearer token"},
-    404: {"model": ErrorMessage, "description": "no such run"},
-}
 
 
 def _out(run_id: int, row: AutopilotRow | None) -> AutopilotOut:
@@ -33,7 +28,7 @@ def get_run_autopilot(store: StoreDep, run: RunId) -> AutopilotOut:
 
 @router.put(
     "/{run}/autopilot",
-    responses={**_WRITE, 409: {"model": ErrorMessage, "description": "the run is not running"}},
+    responses=WRITE_RESPONSES,
 )
 def put_run_autopilot(
     store: StoreDep, _token: TokenDep, run: RunId, body: AutopilotIn
@@ -42,7 +37,7 @@ def put_run_autopilot(
     return _out(run, set_autopilot(store, run, body.model_dump(exclude_none=True)))
 
 
-@router.delete("/{run}/autopilot", responses=_WRITE)
+@router.delete("/{run}/autopilot", responses={k: v for k, v in WRITE_RESPONSES.items() if k != 409})
 def delete_run_autopilot(store: StoreDep, _token: TokenDep, run: RunId) -> AutopilotOut:
     """Turn the autopilot off at once: it files nothing more (a request it filed already
     applies as any other)."""

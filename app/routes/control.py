@@ -8,9 +8,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, status
 
 from app.deps import StoreDep, TokenDep
-from app.limits import MAX_BODY_BYTES
-from app.models import ControlRequest, ControlRequestOut, ControlView, ErrorMessage
+from app.models import ControlRequest, ControlRequestOut, ControlView
 from app.routes.runs import NOT_FOUND, RunId, require_run
+from app.routes.writes import WRITE_RESPONSES
 from scaler.store.control import control_history, request_control
 from scaler.store.queries import INT64_MAX
 
@@ -43,23 +43,7 @@ def get_control(
 @router.post(
     "/{run}/control",
     status_code=status.HTTP_202_ACCEPTED,
-    responses={
-        400: {
-            "model": ErrorMessage,
-            "description": "the body cannot be decoded: not UTF-8, an integer of over 4300"
-            " digits, nesting too deep (JSON with a syntax error is a 422 json_invalid)",
-        },
-        401: {"model": ErrorMessage, "description": "missing or wrong bearer token"},
-        404: {"model": ErrorMessage, "description": "no such run"},
-        409: {"model": ErrorMessage, "description": "the run is not running"},
-        413: {"model": ErrorMessage, "description": f"a body over {MAX_BODY_BYTES} bytes"},
-        429: {
-            "model": ErrorMessage,
-            "description": "too many wrong tokens from this client lately: refused, whatever"
-            " the token, for the seconds in Retry-After",
-            "headers": {"Retry-After": {"schema": {"type": "integer"}}},
-        },
-    },
+    responses=WRITE_RESPONSES,
 )
 def post_control(
     store: StoreDep, _token: TokenDep, run: RunId, body: ControlRequest, request: Request

@@ -17,13 +17,14 @@ from sqlalchemy import Connection, RowMapping, select, update
 
 from scaler.store.engine import Store
 from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning
-from scaler.store.rules import INT32_MAX, RULES, bounds_problems, normalise
+from scaler.store.rules import INT32_MAX, RULES, SCHEMAS, bounds_problems, normalise
 from scaler.store.runs import effective_status
 from scaler.store.schema import autopilots, runs
 from scaler.store.states import AutopilotState, RunStatus
 
 __all__ = [
     "AUTOPILOT_FIELDS",
+    "AUTOPILOT_SCHEMAS",
     "DEFAULT_COOLDOWN_STEPS",
     "DEFAULT_MAX_CHANGES_PER_HOUR",
     "DEFAULT_MAX_GROWTH_INTERVAL",
@@ -41,6 +42,7 @@ __all__ = [
 DEFAULT_COOLDOWN_STEPS = 500
 DEFAULT_MAX_CHANGES_PER_HOUR = 6
 DEFAULT_MAX_GROWTH_INTERVAL = 100_000
+MAX_CHANGES_PER_HOUR = 3600
 AUTOPILOT_FIELDS = (
     "enabled",
     "target_skip_rate",
@@ -61,7 +63,17 @@ _RULES = {
     ),
     "min_scale": RULES["min_scale"],
     "cooldown_steps": f"cooldown_steps must be an integer >= 1 and <= {INT32_MAX}",
-    "max_changes_per_hour": "max_changes_per_hour must be an integer >= 1 and <= 3600",
+    "max_changes_per_hour": f"max_changes_per_hour must be an integer >= 1 and <="
+    f" {MAX_CHANGES_PER_HOUR}",
+}
+# Each field's rule above as JSON Schema, for the OpenAPI document (app/autopilot/models.py).
+AUTOPILOT_SCHEMAS: dict[str, dict[str, Any]] = {
+    "target_skip_rate": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+    "min_growth_interval": SCHEMAS["growth_interval"],
+    "max_growth_interval": SCHEMAS["growth_interval"],
+    "min_scale": SCHEMAS["min_scale"],
+    "cooldown_steps": SCHEMAS["growth_interval"],
+    "max_changes_per_hour": {"type": "integer", "minimum": 1, "maximum": MAX_CHANGES_PER_HOUR},
 }
 
 
@@ -94,7 +106,7 @@ def _checked(name: str, value: object) -> object | None:
         return float(value) if math.isfinite(value) and 0 < value < 1 else None
     if name == "max_changes_per_hour":
         number = normalise("growth_interval", value)
-        return number if number is not None and number <= 3600 else None
+        return number if number is not None and number <= MAX_CHANGES_PER_HOUR else None
     return normalise("min_scale" if name == "min_scale" else "growth_interval", value)
 
 

@@ -26,6 +26,7 @@ import scaler
 from app.main import create_app
 from app.penalty import FailurePenalty
 from app.settings import Settings
+from scaler.store.autopilot import get_autopilot
 from scaler.store.control import control_history
 from scaler.store.engine import Store, open_store
 from scaler.store.runs import create_run, end_run, heartbeat
@@ -39,8 +40,13 @@ CHECKS = REGISTERED_CHECKS.get_all()
 # Per operation, run id choice and generation mode; about 60 s here in all.
 EXAMPLES = 25
 # What JSON Schema cannot say of a control request: min_scale <= scale <= max_scale, the
-# values in effect standing in for those not sent (ControlRequest's description).
-BOUNDS_MESSAGES = ("must be <= max_scale", "must be >= min_scale")
+# values in effect standing in for those not sent (ControlRequest's description); of an
+# autopilot's: min_growth_interval <= max_growth_interval (AutopilotIn's).
+BOUNDS_MESSAGES = (
+    "must be <= max_scale",
+    "must be >= min_scale",
+    "must be <= max_growth_interval",
+)
 
 
 def _refused_by_bounds(response: Any) -> bool:
@@ -339,18 +345,24 @@ def wrong_authorizations() -> list[dict[str, str]]:
 
 def test_every_mutating_route_needs_the_exact_token(client: TestClient, store: Store) -> None:
     run_id = add_run(store, simulate(20, {5}))
+    control, autopilot = f"/api/runs/{run_id}/control", f"/api/runs/{run_id}/autopilot"
+    accepted = {  # each mutating route: a body it takes, and its answer with the token
+        ("POST", control): ({"growth_interval": 5}, 202),
+        ("PUT", autopilot): ({"enabled": True, "target_skip_rate": 0.01}, 200),
+        ("DELETE", autopilot): (None, 200),
+    }
     routes = mutating_routes(client, run_id)
-    assert routes == [("POST", f"/api/runs/{run_id}/control")]
-    for method, path in routes:
+    assert sorted(routes) == sorted(accepted)
+    for method, path in sorted(routes, key=lambda route: route[0] == "DELETE"):  # PUT first
+        body, status = accepted[(method, path)]
+        before = (control_history(store, run_id), get_autopilot(store, run_id))
         for headers in wrong_authorizations():
-            response = client.request(method, path, json={"growth_interval": 5}, headers=headers)
-            assert response.status_code == 401, (headers, response.text)
+            response = client.request(method, path, json=body, headers=headers)
+            assert response.status_code == 401, (method, path, headers, response.text)
             assert response.headers["www-authenticate"] == "Bearer"
-        assert control_history(store, run_id) == []
-        assert (
-            client.request(method, path, json={"growth_interval": 5}, headers=auth()).status_code
-            == 202
-        )
+        assert (control_history(store, run_id), get_autopilot(store, run_id)) == before
+        # The right token: done (and the client's wrong ones forgotten).
+        assert client.request(method, path, json=body, headers=auth()).status_code == status
 
 
 def test_no_answer_leaks_the_token(client: TestClient, store: Store) -> None:
