@@ -10,6 +10,9 @@ steps must be in the tables ``steps`` and ``overflow_params``; clean steps carry
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,8 @@ from sqlalchemy import select
 from torch import nn
 
 import scaler
+from app.main import create_app
+from app.settings import Settings
 from scaler.store import open_store
 from scaler.store.schema import overflow_params, runs, steps
 
@@ -32,6 +37,7 @@ PLAN: dict[int, list[tuple[int, str, int, float]]] = {
     1: [(1, "encoder.weight", 3, INF)],
     3: [(0, "decoder.weight", 2, NAN), (1, "encoder.weight", 1, INF)],
 }
+PLAN_STEP = 2  # the record of PLAN's first step (records count updates from 1)
 KINDS = ["ddp", "fsdp1", "fsdp1-orig", "fsdp2", "unwatched"]
 # the names a kind's scaler reports for each parameter of Net
 NAMES = {
@@ -194,3 +200,40 @@ def test_overflows_explain_themselves_on_real_ranks(
     per_rank = run_ranks(worker, world, url, kinds, timeout=240.0)
     for kind in kinds:
         check(kind, world, url, per_rank)
+    check_api(url, kinds, world)
+
+
+def check_api(url: str, kinds: list[str], world: int) -> None:
+    """What the store holds comes back through the REST API and the overflows exports:
+    each overflow's parameters, the ranks whose loss was not finite, one overflow in full,
+    and the parameters ranked."""
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(Settings(db=url)), base_url="http://127.0.0.1") as client:
+        ids = {run["name"]: run["id"] for run in client.get("/api/runs").json()["runs"]}
+        for kind in kinds:
+            _, found = stored(url, kind)
+            run = ids[kind]
+            items = client.get(f"/api/runs/{run}/overflows").json()["items"]
+            assert [item["step"] for item in items] == sorted(found), kind
+            for item in items:
+                params = [(p["rank"], p["name"], p["kind"], p["count"]) for p in item["params"]]
+                assert params == found[item["step"]], (kind, item["step"])
+                bad_loss = [world - 1] if item["step"] == BAD_LOSS_STEP + 1 else []
+                assert item["loss_nonfinite_ranks"] == bad_loss, (kind, item["step"])
+            detail = client.get(f"/api/runs/{run}/overflows/{PLAN_STEP}").json()
+            assert detail["params"] == items[0]["params"] and detail["step"] == PLAN_STEP
+            assert client.get(f"/api/runs/{run}/overflows/{PLAN_STEP + 1}").status_code == 404
+            ranking = client.get(f"/api/runs/{run}/params", params={"end": PLAN_STEP + 2}).json()
+            top = ranking["params"][0]  # encoder.weight: at both planned overflows, rank 1
+            assert (top["overflows"], top["ranks"], top["kinds"]) == (2, [1], ["inf"]), kind
+            export = f"/api/runs/{run}/export?what=overflows"
+            rows = list(csv.DictReader(io.StringIO(client.get(f"{export}&format=csv").text)))
+            assert [int(row["step"]) for row in rows] == sorted(found)
+            assert rows[0]["params"] == ";".join(
+                f"{rank}:{name}:{k}:{count}" for rank, name, k, count in found[PLAN_STEP]
+            )
+            lines = client.get(f"{export}&format=jsonl").text.splitlines()
+            assert [json.loads(line)["params"] for line in lines] == [
+                item["params"] for item in items
+            ]
