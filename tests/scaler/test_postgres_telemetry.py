@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 import scaler
 from scaler.store import open_store
-from scaler.store.schema import runs, steps
+from scaler.store.schema import runs, steps, telemetry_gaps
 from scaler.telemetry import TelemetrySettings
 from tests._postgres import Cluster
 
@@ -105,3 +105,41 @@ def test_a_missing_database_is_one_warning_and_training_goes_on(
         gs.close()
     assert caplog.text.count("records wait, then are dropped") == 1  # once while training
     assert "no_such_db" in caplog.text and "pw-s3cret" not in caplog.text
+
+
+def test_beyond_the_queues_bound_the_gap_is_recorded_once_the_server_is_back(
+    postgres_cluster: Cluster, postgres_url: str
+) -> None:
+    """The server is down for longer than the queue holds: the oldest waiting records are
+    dropped, and the run says which, as on SQLite; the rest are written."""
+    settings = TelemetrySettings(postgres_url, retry_s=0.1, max_pending=20)
+    model = mlp()
+    opt = sgd(model)[0]
+    gs = scaler.GradScaler("cpu", growth_interval=2, telemetry=settings, run_name="long outage")
+    for step in range(1, 11):
+        train_step(gs, model, opt, step)
+    assert gs.flush(30)
+    postgres_cluster.stop(mode="fast")
+    try:
+        for step in range(11, 61):
+            train_step(gs, model, opt, step)
+        wait_for(lambda: gs._link.telemetry.dropped > 0, 30, "records to be dropped")
+    finally:
+        postgres_cluster.start()
+    assert gs.flush(60)
+    run_id = gs.run_id
+    gs.close()
+    with open_store(postgres_url) as store, store.read() as conn:
+        stored = list(
+            conn.execute(
+                select(steps.c.step).where(steps.c.run_id == run_id).order_by(steps.c.step)
+            ).scalars()
+        )
+        gaps = [dict(g._mapping) for g in conn.execute(select(telemetry_gaps))]
+        run = conn.execute(select(runs).where(runs.c.id == run_id)).one()._mapping
+    lost = set(range(1, 61)) - set(stored)
+    spans = [set(range(gap["first_step"], gap["last_step"] + 1)) for gap in gaps]
+    assert [len(span) for span in spans] == [gap["dropped"] for gap in gaps]
+    assert set().union(*spans) == lost and min(lost) == 11 and len(stored) >= 20
+    assert run["dropped"] == sum(gap["dropped"] for gap in gaps) == len(lost)
+    assert run["status"] == "finished"
