@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy import func, select
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -224,13 +225,8 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
                 process.kill()
                 process.wait(timeout=5)
     with open_store(url) as store, store.read() as conn:
-        counts = dict(
-            conn.execute(
-                steps.select()
-                .with_only_columns(steps.c.run_id, steps.c.step.count())
-                .group_by(steps.c.run_id)
-            ).all()
-        )
+        query = select(steps.c.run_id, func.count()).group_by(steps.c.run_id)
+        counts = {run: count for run, count in conn.execute(query)}
     stored_ok = all(counts.get(run) == last_step for run in runs)
     streams_ok = all(
         s["status"] == 200
