@@ -3,7 +3,7 @@
 
 import { getJSON, paths } from "./api.js";
 import { displayName, el, setText } from "./dom.js";
-import { COMPARE_POINTS, PALETTE, overlayLayout, overlayTraces } from "./compare_figure.js";
+import { COMPARE_POINTS, PALETTE, overlayLayout, overlayTraces, rateWindow } from "./compare_figure.js";
 
 // A running run's chart is asked for again at most this often.
 const LIVE_REFRESH_MS = 10_000;
@@ -53,7 +53,7 @@ export class Comparison {
         stale.map(async (run) => {
           try {
             const body = await getJSON(paths.steps(run.id, { maxPoints: COMPARE_POINTS }));
-            this.charts.set(run.id, { at: Date.now(), series: body.series });
+            this.charts.set(run.id, { at: Date.now(), series: body.series, bucketWidth: body.bucket_width });
           } catch (error) {
             missing.push(`${displayName(run.name)}: ${error.message}`);
           }
@@ -90,9 +90,12 @@ export class Comparison {
 
   async draw(runs, key) {
     const shown = runs.map((run) => ({ ...run, name: displayName(run.name) }));
-    const traces = overlayTraces(shown, this.charts);
+    const drawnCharts = new Map(runs.filter((run) => this.charts.has(run.id)).map((run) => [run.id, this.charts.get(run.id)]));
+    const steps = rateWindow(drawnCharts);
+    const traces = overlayTraces(shown, drawnCharts, steps);
     const narrow = window.matchMedia("(max-width: 640px)").matches;
-    await window.Plotly.react(this.node, traces, overlayLayout(narrow), {
+    this.node.dataset.rateWindow = String(steps);
+    await window.Plotly.react(this.node, traces, overlayLayout(narrow, steps), {
       responsive: true,
       displaylogo: false,
     });

@@ -1,10 +1,14 @@
 // Compare runs: the runs page's filter and choice (kept in the URL), and the overlaid
 // chart's traces, from each run's chart buckets (min/max per bucket, so no overflow or
-// skipped step is sampled away). No DOM, no fetching here; see runs.js.
+// skipped step is sampled away). No DOM, no fetching here; see compare.js.
+
+import { RollingRate } from "./chart_figure.js";
 
 export const STATUSES = ["running", "finished", "crashed"];
 export const MAX_COMPARED = 8;
 export const COMPARE_POINTS = 1000;
+// Steps in the rolling skipped-step rate, as on the run page; at least one bucket.
+export const MIN_RATE_WINDOW = 200;
 // Colour-blind-safe (Okabe–Ito), one per compared run.
 export const PALETTE = ["#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#000000", "#8a5300"];
 
@@ -43,14 +47,21 @@ export function plotlyText(text) {
   return String(text).replaceAll("&", "&amp;").replaceAll("<", "&lt;").replaceAll(">", "&gt;");
 }
 
-// Each bucket's skipped share: the skipped-step rate at the bucket's resolution.
-export function skipRates(series) {
-  return series.n.map((n, i) => (n > 0 ? series.skipped[i] / n : 0));
+// The skipped share of the last ``window`` steps at each bucket's end (whole buckets).
+export function skipRates(series, window) {
+  const rate = new RollingRate(window);
+  return series.n.map((n, i) => rate.push(series.last_step[i], n, series.skipped[i]));
+}
+
+// One window for every compared run, so their rates read alike: the run page's, or the
+// widest bucket of any of them.
+export function rateWindow(charts) {
+  return Math.max(MIN_RATE_WINDOW, ...[...charts.values()].map((c) => Number(c.bucketWidth) || 1));
 }
 
 // The traces of one run: its scale band (min to max of each bucket), the scale at each
 // bucket's end, and its skipped-step rate below; one legend entry toggles all three.
-export function runTraces(run, series, colour) {
+export function runTraces(run, series, colour, window) {
   const group = `run-${run.id}`;
   const name = plotlyText(`${run.name} (#${run.id})`);
   const band = { type: "scatter", mode: "lines", x: series.first_step, legendgroup: group, hoverinfo: "skip",
@@ -73,25 +84,25 @@ export function runTraces(run, series, colour) {
       mode: "lines",
       name: `${name} skipped`,
       x: series.last_step,
-      y: skipRates(series),
+      y: skipRates(series, window),
       yaxis: "y2",
       legendgroup: group,
       showlegend: false,
       line: { color: colour, width: 1.2 },
-      hovertemplate: `${name}<br>steps to %{x}: skipped %{y:.2%}<extra></extra>`,
+      hovertemplate: `${name}<br>step %{x}: skipped %{y:.2%} of the last ${window} steps<extra></extra>`,
     },
   ];
 }
 
-// Every compared run's traces, in the order chosen; ``charts`` are the chart answers
-// (``{run, series}``) by run id, a run without one (not loaded, gone) left out.
-export function overlayTraces(runs, charts) {
+// Every compared run's traces, in the order chosen; ``charts`` holds each run's chart
+// answer (``{series, bucketWidth}``) by run id, a run without one (not loaded) left out.
+export function overlayTraces(runs, charts, window = rateWindow(charts)) {
   return runs.flatMap((run, i) =>
-    charts.has(run.id) ? runTraces(run, charts.get(run.id).series, PALETTE[i % PALETTE.length]) : [],
+    charts.has(run.id) ? runTraces(run, charts.get(run.id).series, PALETTE[i % PALETTE.length], window) : [],
   );
 }
 
-export function overlayLayout(narrow) {
+export function overlayLayout(narrow, window) {
   return {
     autosize: true,
     margin: { l: narrow ? 52 : 70, r: 12, t: 36, b: 44 },
@@ -101,6 +112,6 @@ export function overlayLayout(narrow) {
     legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },
     xaxis: { title: { text: "step" }, anchor: "y2" },
     yaxis: { type: "log", title: { text: "loss scale" }, domain: [0.3, 1], anchor: "x" },
-    yaxis2: { title: { text: "skipped" }, domain: [0, 0.24], rangemode: "tozero", tickformat: ".1~%", anchor: "x" },
+    yaxis2: { title: { text: narrow ? "skipped" : `skipped (last ${window})` }, domain: [0, 0.24], rangemode: "tozero", tickformat: ".1~%", anchor: "x" },
   };
 }

@@ -10,6 +10,7 @@ import {
   overlayTraces,
   parseChoice,
   plotlyText,
+  rateWindow,
   skipRates,
 } from "../compare_figure.js";
 
@@ -66,9 +67,19 @@ const SERIES = {
   skipped: [0, 1, 2],
 };
 
-test("skipRates is each bucket's skipped share", () => {
-  assert.deepEqual(skipRates(SERIES), [0, 0.25, 1]);
-  assert.deepEqual(skipRates({ n: [0], skipped: [0] }), [0]);
+test("skipRates is the skipped share of the last window of steps at each bucket's end", () => {
+  assert.deepEqual(skipRates(SERIES, 200), [0, 1 / 8, 3 / 10]);
+  // A window of 4 steps holds one bucket of 4 (or the last two buckets' 6 steps at the end).
+  assert.deepEqual(skipRates(SERIES, 4), [0, 1 / 4, 3 / 6]);
+});
+
+test("rateWindow is the run page's 200 steps, or the widest bucket compared", () => {
+  assert.equal(rateWindow(new Map()), 200);
+  const charts = new Map([
+    [1, { bucketWidth: 1 }],
+    [2, { bucketWidth: 5000 }],
+  ]);
+  assert.equal(rateWindow(charts), 5000);
 });
 
 test("overlayTraces draws each run's band, scale and skipped rate in its own colour", () => {
@@ -81,13 +92,13 @@ test("overlayTraces draws each run's band, scale and skipped rate in its own col
     [3, { series: SERIES }],
     [7, { series: { ...SERIES, scale_last: [1, 2, 3] } }],
   ]);
-  const traces = overlayTraces(runs, charts);
+  const traces = overlayTraces(runs, charts, 200);
   assert.equal(traces.length, 8);
   const [max, band, line, rate] = traces;
   assert.deepEqual([max.y, band.y, band.fill], [SERIES.scale_max, SERIES.scale_min, "tonexty"]);
   assert.deepEqual(max.x, SERIES.first_step);
   assert.deepEqual([line.x, line.y, line.name], [SERIES.last_step, SERIES.scale_last, "a (#3)"]);
-  assert.deepEqual([rate.y, rate.yaxis], [[0, 0.25, 1], "y2"]);
+  assert.deepEqual([rate.y, rate.yaxis], [[0, 1 / 8, 3 / 10], "y2"]);
   assert.ok(traces.slice(0, 4).every((t) => t.legendgroup === "run-3" && t.line.color === PALETTE[0]));
   assert.ok(traces.slice(4).every((t) => t.legendgroup === "run-7" && t.line.color === PALETTE[1]));
   assert.equal(traces.filter((t) => t.showlegend !== false).length, 2);
