@@ -52,6 +52,13 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def machine_busy() -> tuple[float, float]:
+    """CPU seconds of the whole machine so far: (busy, total), from ``/proc/stat``."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]
+    return (sum(ticks) - idle) / TICK, sum(ticks) / TICK
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
@@ -199,7 +206,8 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         ]
     )
     time.sleep(2.0)  # every stream open before the writers start
-    server0 = cpu_seconds(server_pid)
+    server0, (busy0, total0) = cpu_seconds(server_pid), machine_busy()
+    load_before = os.getloadavg()[0]
     charts = _spawn(
         [
             "-m",
@@ -217,6 +225,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
     try:
         loaded = _merge([_result(p, args.seconds + 120) for p in writers])
         server_cpu = cpu_seconds(server_pid) - server0
+        busy1, total1 = machine_busy()
         chart = _result(charts, CHART_TIMEOUT_S + 60)
         streams = _result(sse, CATCH_UP_S + 60)["clients"]
     finally:
@@ -239,6 +248,12 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
     )
     latencies = chart["latencies"]
     lags = [lag for s in streams for lag in s["lags"]]
+    broken = [
+        {k: s.get(k) for k in ("run", "status", "first", "last", "events", "gaps", "errors")}
+        | {"open_at_deadline": s.get("open_at_deadline", False)}
+        for s in streams
+        if not (s["first"] == first and s["last"] == last_step and not s["gaps"])
+    ]
     return {
         "runs": args.runs,
         "rate_per_run": args.rate,
@@ -249,6 +264,9 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         "records_expected": args.runs * batches * args.batch,
         "every_step_stored": stored_ok,
         "every_stream_whole": streams_ok,
+        "steps_stored_short": {r: counts.get(r, 0) for r in runs if counts.get(r) != last_step},
+        "streams_not_whole": len(broken),
+        "streams_not_whole_sample": broken[:3],
         "sse_clients": len(streams),
         "sse_events": sum(s["events"] for s in streams),
         "sse_lag_p50_ms": 1000 * statistics.median(lags) if lags else None,
@@ -259,6 +277,8 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         "chart_p50_ms": 1000 * statistics.median(latencies) if latencies else None,
         "chart_p99_ms": 1000 * percentile(latencies, 0.99) if latencies else None,
         "cpu_s_server": server_cpu,
+        "machine_busy_share": (busy1 - busy0) / (total1 - total0),
+        "load_average_before": load_before,
         "cpu_s_writers": loaded["cpu_s"],
     }
 
@@ -302,7 +322,11 @@ def report(f: dict[str, Any], backend: str) -> bool:
     table = [("goal", "measured", "target", "met", "notes")]
     table += [(n, v, g, "pass" if ok else "FAIL", b) for n, v, g, ok, b in rows]
     widths = [max(len(row[i]) for row in table) for i in range(5)]
-    print(f"\nfleet benchmark on {backend}: {load}, {os.cpu_count()} CPUs")
+    print(
+        f"\nfleet benchmark on {backend}: {load}, {os.cpu_count()} CPUs; load average"
+        f" {f['load_average_before']:.1f} before, machine {f['machine_busy_share']:.0%} busy"
+        f" while loaded, the service {f['cpu_s_server'] / f['seconds']:.2f} CPUs"
+    )
     for row in table:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
     for name, value, goal, ok, baseline in rows:
