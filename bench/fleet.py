@@ -110,15 +110,34 @@ def _serve(url: str, tmp: Path) -> Any:
             process.wait(timeout=5)
         log.close()
         lines = (tmp / "serve.log").read_text(errors="replace").splitlines()
-        said = [line for line in lines if line.strip() and not line.startswith("INFO:")]
+        said = [
+            line
+            for line in lines
+            if line.strip() and not line.startswith(("INFO:", "scalewatch: serving"))
+        ]
         if said:  # warnings and errors: a store that failed, a stream cut short
             print(f"the service said ({len(said)} lines, the last 20):", *said[-20:], sep="\n")
 
 
-def _spawn(argv: list[object]) -> subprocess.Popen[str]:
+def _spawn(argv: list[object], stderr: int | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, *map(str, argv)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        [sys.executable, *map(str, argv)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
     )
+
+
+def _wait_streams_open(sse: subprocess.Popen[str]) -> None:
+    """Until the SSE clients say every stream has started (a stream starts at the run's
+    last step when it opens: one that opened late would miss the first steps)."""
+    assert sse.stderr is not None
+    for line in sse.stderr:
+        if line.strip() == "streams open":
+            return
+        print(line, end="", file=sys.stderr)
+    raise RuntimeError("the SSE clients ended before their streams opened")
 
 
 def _result(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
@@ -207,9 +226,10 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
             args.sse,
             last_step,
             args.seconds + CATCH_UP_S,
-        ]
+        ],
+        stderr=subprocess.PIPE,
     )
-    time.sleep(2.0)  # every stream open before the writers start
+    _wait_streams_open(sse)
     server0, (busy0, total0) = cpu_seconds(server_pid), machine_busy()
     load_before = os.getloadavg()[0]
     charts = _spawn(

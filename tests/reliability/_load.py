@@ -8,7 +8,8 @@ time, each printing one JSON line of results (with the CPU seconds it used).
 RUNS is a run id, or several separated by commas: client i streams the i-th run (round
 robin), each chart request asks for one of them at random.
 
-The SSE clients stay until every stream has seen LAST_STEP (or SECONDS have passed); a chart
+The SSE clients say "streams open" on stderr once every stream's answer has started, and
+stay until every stream has seen LAST_STEP (or SECONDS have passed); a chart
 request waits up to TIMEOUT seconds for its answer. Both are generous: on a slow or busy
 machine the figures get worse, but nothing is lost or cut off.
 
@@ -33,6 +34,7 @@ from scaler.store.engine import open_store
 from scaler.store.records import StepRecord
 from scaler.store.runs import write_steps
 
+READY_TIMEOUT_S = 60.0  # for every stream's answer to start
 BATCH = 500  # records per write: a telemetry thread's batch at 10k records/s, 20 writes/s
 _STEP = b"event: step\n"
 _WALL_TIME = b'"wall_time":'
@@ -247,6 +249,15 @@ async def _sse(
         except OSError as error:
             out["errors"].append(repr(error))
             stream.closed.set_result(None)
+    # Say on stderr once every stream has its answer's head (or failed): from then on each
+    # sees every new step, so whoever writes may start.
+    heads_by = loop.time() + READY_TIMEOUT_S
+    waiting = list(zip(streams, results, strict=True))
+    while loop.time() < heads_by and any(
+        out["status"] is None and not s.closed.done() for s, out in waiting
+    ):
+        await asyncio.sleep(0.02)
+    print("streams open", file=sys.stderr, flush=True)
     # A stream stays open while the run runs: close the clients still open at the deadline.
     await asyncio.wait([s.closed for s in streams], timeout=max(0.0, deadline - loop.time()))
     for stream, out in zip(streams, results, strict=True):
