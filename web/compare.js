@@ -21,6 +21,7 @@ export class Comparison {
     this.busy = false;
     this.refused = "";
     this.missing = [];
+    this.next = null;
   }
 
   // Say why a run was not added; said until the choice next changes.
@@ -40,7 +41,11 @@ export class Comparison {
     this.section.hidden = ids.length === 0;
     const runs = ids.map((id) => known.get(id) || { id, name: `run ${id}`, status: "unknown" });
     this.renderList(runs);
-    if (!ids.length || this.busy || typeof window.Plotly === "undefined") return;
+    if (!ids.length || typeof window.Plotly === "undefined") return;
+    if (this.busy) {
+      this.next = [ids, known]; // drawn as soon as the charts in flight are
+      return;
+    }
     this.busy = true;
     try {
       const now = Date.now();
@@ -65,6 +70,11 @@ export class Comparison {
       if (key !== this.drawn) await this.draw(runs, key);
     } finally {
       this.busy = false;
+    }
+    if (this.next) {
+      const [nextIds, nextKnown] = this.next;
+      this.next = null;
+      await this.show(nextIds, nextKnown);
     }
   }
 
