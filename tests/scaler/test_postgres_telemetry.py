@@ -14,6 +14,7 @@ from sqlalchemy import select
 
 import scaler
 from scaler.store import open_store
+from scaler.store.control import control_history, request_control
 from scaler.store.schema import runs, steps, telemetry_gaps
 from scaler.telemetry import TelemetrySettings
 from tests._postgres import Cluster
@@ -86,6 +87,49 @@ def test_training_goes_on_while_the_server_is_down_and_nothing_is_lost(
     assert run["dropped"] == 0 and run["status"] == "finished"
     assert caplog.text.count("not taking writes") == 1
     assert "takes writes again" in caplog.text
+
+
+def test_a_killed_connection_is_reconnected_and_nothing_is_lost(
+    postgres_cluster: Cluster, postgres_url: str
+) -> None:
+    """The server stays up but drops the trainer's connections (an administrator's
+    pg_terminate_backend, a proxy's idle timeout): the writer connects again by itself."""
+    database = postgres_url.rsplit("/", 1)[1]
+    settings = TelemetrySettings(postgres_url, retry_s=0.1)
+    model = mlp()
+    opt = sgd(model)[0]
+    gs = scaler.GradScaler("cpu", growth_interval=2, telemetry=settings, run_name="killed")
+    for step in range(1, 11):
+        train_step(gs, model, opt, step)
+    assert gs.flush(30)
+    for round_ in range(3):
+        postgres_cluster.sql(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            f" WHERE datname = '{database}' AND pid <> pg_backend_pid()"
+        )
+        for step in range(11 + 20 * round_, 31 + 20 * round_):
+            train_step(gs, model, opt, step)
+        assert gs.flush(30)
+    run_id = gs.run_id
+    # The control poller's connection went too: a request still reaches the trainer.
+    with open_store(postgres_url) as store:
+        asked = request_control(store, run_id, {"growth_interval": 7}, requested_by="t")
+        step = 70
+        while gs.get_growth_interval() != 7:
+            assert step < 2000, "the request was never applied"
+            step += 1
+            train_step(gs, model, opt, step)
+            time.sleep(0.01)
+        gs.close()
+        (applied,) = [row for row in control_history(store, run_id) if row.id == asked.id]
+        with store.read() as conn:
+            stored = conn.execute(
+                select(steps.c.step).where(steps.c.run_id == run_id).order_by(steps.c.step)
+            ).scalars()
+            assert list(stored) == list(range(1, step + 1))
+            run = conn.execute(select(runs).where(runs.c.id == run_id)).one()._mapping
+    assert applied.status == "applied" and 70 < (applied.applied_step or 0) <= step
+    assert run["dropped"] == 0 and run["status"] == "finished"
 
 
 def test_a_missing_database_is_one_warning_and_training_goes_on(
