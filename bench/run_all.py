@@ -28,6 +28,9 @@ SCRIPTS = {  # script -> arguments
     "load.py": [],
 }
 TIMEOUT_S = 1800
+# docs/BENCHMARKS.md's figures of benches run by hand (too long, or needing a server for
+# make bench), kept as they are between these markers when make bench rewrites the rest.
+BY_HAND = ("<!-- by-hand:start -->", "<!-- by-hand:end -->")
 
 
 def run(script: str, args: list[str]) -> tuple[str, list[list[str]], float, int]:
@@ -88,14 +91,20 @@ def main() -> int:
             f"{fence}text\n{output.strip()}\n{fence}\n"
         )
     summary = table(all_rows)
+    out = ROOT / "docs" / "BENCHMARKS.md"
+    by_hand = ""
+    old = out.read_text(encoding="utf-8") if out.exists() else ""
+    if BY_HAND[0] in old and BY_HAND[1] in old:
+        kept = old.split(BY_HAND[0], 1)[1].split(BY_HAND[1], 1)[0]
+        by_hand = f"\n{BY_HAND[0]}{kept}{BY_HAND[1]}\n"
     doc = (
         "# Benchmarks\n\n"
         f"Written by `make bench` on {when}.\n\nMachine: {machine()}.\n\n"
         "Each ratio is measured side by side in the same run. Shared or loaded machines "
         "give noisy absolute numbers; the ratios are what the goals are about.\n\n"
-        f"{summary}\n\n" + "\n".join(sections)
+        f"{summary}\n\n" + "\n".join(sections) + by_hand
     )
-    (ROOT / "docs" / "BENCHMARKS.md").write_text(doc, encoding="utf-8")
+    out.write_text(doc, encoding="utf-8")
     readme = ROOT / "README.md"
     text = readme.read_text(encoding="utf-8")
     start, end = "<!-- bench:start -->", "<!-- bench:end -->"

@@ -1,11 +1,13 @@
 """Service benchmark: chart queries, CSV export and live-stream latency on a synthetic run.
 
-    .venv/bin/python bench/service.py             # 10M steps
+    .venv/bin/python bench/service.py             # 10M steps, SQLite
     .venv/bin/python bench/service.py --steps 2000000
+    .venv/bin/python bench/service.py --postgres  # a throwaway PostgreSQL server of its own
+    .venv/bin/python bench/service.py --db postgresql+psycopg://...  # an empty scratch database
 
-Builds one synthetic run in a temporary store (raw sqlite3 inserts in one transaction,
-rollups computed with ``INSERT ... SELECT ... GROUP BY``), starts ``uvicorn`` in a child
-process and measures it over HTTP on 127.0.0.1. Goals: chart p95 < 100 ms,
+Builds one synthetic run in a temporary store (``bench/_synthetic.py``: the steps in one
+transaction, rollups computed with ``INSERT ... SELECT ... GROUP BY``), starts ``uvicorn``
+in a child process and measures it over HTTP on 127.0.0.1. Goals: chart p95 < 100 ms,
 export >= 200k rows/s with flat memory, a new step reaches an SSE client in < 1 s.
 The server's CPU time per request or row is printed too: unlike wall time, other jobs on
 a shared machine barely move it.
@@ -15,18 +17,17 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import json
 import os
 import random
 import socket
-import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +38,12 @@ sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(ROOT / "bench"))
 from _figures import figure  # noqa: E402
+from _synthetic import CONTROL, build  # noqa: E402
 
 from scaler.store.engine import open_store  # noqa: E402
 from scaler.store.records import StepRecord  # noqa: E402
 from scaler.store.runs import create_run, end_run, write_steps  # noqa: E402
-from scaler.store.schema import ROLLUP_LEVELS  # noqa: E402
 
-CONTROL = {"growth_interval": 2000, "growth_factor": 2.0, "backoff_factor": 0.5}
 SERVER = """
 import sys, uvicorn
 from pydantic import SecretStr
@@ -52,104 +52,6 @@ from app.settings import Settings
 settings = Settings(db=sys.argv[1], token=SecretStr("bench"))
 uvicorn.run(create_app(settings), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
 """
-
-
-def step_rows(
-    run_id: int, steps: int, overflows: set[int], after: dict[int, float]
-) -> Iterator[tuple[Any, ...]]:
-    """Rows of a scaler with torch's rules (interval 2000) that overflows at ``overflows``."""
-    scale, tracker, t0 = 2.0**16, 0, 1_700_000_000.0
-    for step in range(1, steps + 1):
-        if step in overflows:
-            new, tracker, ranks = scale * 0.5, 0, str(step % 8)
-            after[step] = new
-        elif tracker == 1999:
-            new, tracker, ranks = min(scale * 2.0, 2.0**24), 0, ""
-        else:
-            new, tracker, ranks = scale, tracker + 1, ""
-        over = step in overflows
-        yield (
-            run_id,
-            step,
-            t0 + step * 0.1,
-            scale,
-            over,
-            over,
-            ranks,
-            new,
-            tracker,
-            2000,
-            2.0,
-            0.5,
-            0,
-        )
-        scale = new
-
-
-def build(url: str, path: Path, steps: int, n_overflows: int) -> tuple[int, dict[int, float]]:
-    """A finished run of ``steps`` steps; returns its id and ``{overflow step: scale after}``."""
-    with open_store(url) as store:
-        run = create_run(store, name="bench-10M", world_size=8, config={}, control=CONTROL).id
-        end_run(store, run)
-    rng = random.Random(0)
-    overflows = set(rng.sample(range(1, steps + 1), n_overflows))
-    after: dict[int, float] = {}
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA synchronous = OFF")
-    started = time.perf_counter()
-    conn.execute("BEGIN")
-    rows = step_rows(run, steps, overflows, after)
-    chunk = 1_000_000
-    for done in range(0, steps, chunk):
-        batch = [row for _, row in zip(range(chunk), rows, strict=False)]
-        conn.executemany("INSERT INTO steps VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", batch)
-        print(
-            f"  steps {done + len(batch):>11,} / {steps:,}  {time.perf_counter() - started:6.1f} s",
-            flush=True,
-        )
-    levels = sorted(ROLLUP_LEVELS.items(), key=lambda item: item[1])
-    child: tuple[int, int] | None = None
-    for level, width in levels:
-        if child is None:
-            source = (
-                "SELECT run_id, {level}, step / {w}, min(step), max(step), count(*),"
-                " min(min(scale), min(scale_after)), max(max(scale), max(scale_after)),"
-                " 0.0, min(growth_tracker), max(growth_tracker), 0, sum(overflow), sum(skipped)"
-                " FROM steps WHERE run_id = {run} GROUP BY step / {w}"
-            )
-        else:
-            source = (
-                "SELECT run_id, {level}, bucket / {ratio}, min(first_step), max(last_step),"
-                " sum(n), min(scale_min), max(scale_max), 0.0, min(tracker_min),"
-                " max(tracker_max), 0, sum(overflows), sum(skipped) FROM step_rollups"
-                " WHERE run_id = {run} AND level = {child} GROUP BY bucket / {ratio}"
-            )
-        conn.execute(
-            "INSERT INTO step_rollups "
-            + source.format(
-                level=level,
-                w=width,
-                run=run,
-                ratio=width // child[1] if child else 1,
-                child=child[0] if child else 0,
-            )
-        )
-        conn.execute(
-            "UPDATE step_rollups SET (scale_last, tracker_last) = (SELECT scale_after,"
-            " growth_tracker FROM steps WHERE steps.run_id = step_rollups.run_id"
-            " AND steps.step = step_rollups.last_step) WHERE run_id = ? AND level = ?",
-            (run, level),
-        )
-        child = (level, width)
-        print(
-            f"  rollups level {level} (width {width})  {time.perf_counter() - started:6.1f} s",
-            flush=True,
-        )
-    conn.execute("UPDATE runs SET last_step = ? WHERE id = ?", (steps, run))
-    conn.execute("COMMIT")
-    conn.execute("ANALYZE")
-    conn.close()
-    return run, after
 
 
 def free_port() -> int:
@@ -328,7 +230,7 @@ def bench_stream(http: httpx.Client, url: str, count: int) -> list[str]:
         f"step -> SSE client ({count} steps)",
         f"{statistics.median(latencies):.0f} ms median",
         f"{max(latencies):.0f} ms max",
-        "poll every 50 ms",
+        "LISTEN/NOTIFY" if url.startswith("postgresql") else "poll every 50 ms",
     ]
 
 
@@ -338,20 +240,36 @@ def _record(step: int) -> StepRecord:
     )
 
 
+def _postgres_database(stack: contextlib.ExitStack) -> str:
+    from tests import _postgres
+
+    bindir = _postgres.server_bindir()
+    if bindir is None:
+        sys.exit(f"bench/service.py: {_postgres.HOW_TO_GET_ONE}, or pass --db")
+    server = stack.enter_context(_postgres.cluster(bindir))
+    return server.url(server.new_database())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10_000_000)
     parser.add_argument("--overflows", type=int, default=2000, help="overflow steps in the run")
     parser.add_argument("--repeats", type=int, default=40, help="requests per chart window")
+    parser.add_argument(
+        "--postgres", action="store_true", help="on a throwaway PostgreSQL server of its own"
+    )
+    parser.add_argument("--db", help="an empty scratch store (a PostgreSQL URL) instead")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="scalewatch-bench-") as tmp:
-        path = Path(tmp) / "bench.db"
-        url = f"sqlite:///{path}"
-        print(f"building a {args.steps:,}-step run with {args.overflows} overflows in {path}")
+    with contextlib.ExitStack() as stack:
+        url = args.db or (_postgres_database(stack) if args.postgres else None)
+        if url is None:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="scalewatch-bench-"))
+            url = f"sqlite:///{Path(tmp) / 'bench.db'}"
+        print(f"building a {args.steps:,}-step run with {args.overflows} overflows")
         started = time.perf_counter()
-        run, after = build(url, path, args.steps, args.overflows)
+        run, after = build(url, args.steps, args.overflows)
         built = time.perf_counter() - started
-        print(f"built in {built:.1f} s ({path.stat().st_size / 1e9:.2f} GB)")
+        print(f"built in {built:.1f} s")
         process, base = start_server(url)
         try:
             with httpx.Client(base_url=base, timeout=120) as http:
@@ -363,8 +281,12 @@ def main() -> None:
         finally:
             process.terminate()
             process.wait(10)
+    backend = "PostgreSQL" if url.startswith("postgresql") else "SQLite"
     widths = [max(len(row[i]) for row in table) for i in range(4)]
-    print(f"\nservice benchmark: {args.steps:,} steps, {os.cpu_count()} CPUs, build {built:.0f} s")
+    print(
+        f"\nservice benchmark on {backend}: {args.steps:,} steps, {os.cpu_count()} CPUs,"
+        f" build {built:.0f} s"
+    )
     for row in table:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
     print(json.dumps({"steps": args.steps, "overflows": args.overflows}))

@@ -1,7 +1,10 @@
 // Runs page: the table of runs, polled every 2 s and updated in place so
-// keyboard focus and scroll position survive each refresh.
+// keyboard focus and scroll position survive each refresh; a filter by status and name,
+// and the runs ticked for comparison, both kept in the URL.
 
 import { getJSON, paths } from "./api.js";
+import { Comparison } from "./compare.js";
+import { MAX_COMPARED, choiceQuery, matches, parseChoice } from "./compare_figure.js";
 import {
   badge,
   displayName,
@@ -20,6 +23,17 @@ const POLL_MS = 2000;
 const table = document.getElementById("runs");
 const tbody = table.querySelector("tbody");
 const rows = new Map();
+const known = new Map(); // run id -> the run as last listed
+const choice = parseChoice(window.location.search);
+const statusFilter = document.getElementById("status-filter");
+const nameFilter = document.getElementById("name-filter");
+const comparison = new Comparison(document.getElementById("compare"), {
+  onRemove: (id) => choose(id, false),
+  onClear: () => {
+    choice.runs = [];
+    changed();
+  },
+});
 
 const COLUMNS = [
   { key: "name", label: "Name", cls: "name" },
@@ -62,14 +76,22 @@ function makeRow(run) {
     tr.append(td);
   }
   const link = el("a", { href: `run.html?run=${encodeURIComponent(run.id)}` });
-  cells.name.append(link);
-  return { tr, cells, link, status: null };
+  const pick = el("input", {
+    type: "checkbox",
+    class: "pick",
+    onchange: (event) => choose(run.id, event.target.checked),
+  });
+  cells.name.append(pick, link);
+  return { tr, cells, link, pick, status: null };
 }
 
 function updateRow(row, run) {
   const name = displayName(run.name);
   setText(row.link, name);
   row.link.setAttribute("aria-label", `Open run ${name}`);
+  row.pick.setAttribute("aria-label", `Compare ${name}`);
+  row.pick.checked = choice.runs.includes(run.id);
+  row.tr.hidden = !matches(run, choice);
   run = { ...run, duration: duration(run) };
   if (row.status !== run.status) {
     row.cells.status.replaceChildren(badge(run.status));
@@ -90,7 +112,9 @@ function updateRow(row, run) {
 
 function render(runs) {
   const seen = new Set();
+  known.clear();
   runs.forEach((run, index) => {
+    known.set(run.id, run);
     let row = rows.get(run.id);
     if (!row) {
       row = makeRow(run);
@@ -108,7 +132,54 @@ function render(runs) {
   }
   table.dataset.count = String(runs.length);
   document.getElementById("empty").hidden = runs.length > 0;
+  showFiltered();
 }
+
+function showFiltered() {
+  let shown = 0;
+  for (const [id, row] of rows) {
+    row.tr.hidden = !matches(known.get(id), choice);
+    if (!row.tr.hidden) shown += 1;
+  }
+  const filtered = Boolean(choice.status || choice.name.trim());
+  setText(document.getElementById("shown"), filtered ? `${shown} of ${rows.size} runs shown` : "");
+  document.getElementById("no-match").hidden = !(filtered && rows.size > 0 && shown === 0);
+}
+
+function choose(id, on) {
+  const at = choice.runs.indexOf(id);
+  if (on && at < 0) {
+    if (choice.runs.length >= MAX_COMPARED) {
+      rows.get(id).pick.checked = false;
+      comparison.refuse(`At most ${MAX_COMPARED} runs are compared at once: remove one first.`);
+      return;
+    }
+    choice.runs.push(id);
+  } else if (!on && at >= 0) {
+    choice.runs.splice(at, 1);
+  }
+  changed();
+}
+
+// The choice changed: the URL, the ticks, the filter and the comparison follow it.
+function changed() {
+  window.history.replaceState(null, "", choiceQuery(choice) || window.location.pathname);
+  for (const [id, row] of rows) row.pick.checked = choice.runs.includes(id);
+  showFiltered();
+  comparison.show(choice.runs, known, { changed: true });
+}
+
+statusFilter.value = choice.status;
+nameFilter.value = choice.name;
+statusFilter.addEventListener("change", () => {
+  choice.status = statusFilter.value;
+  changed();
+});
+nameFilter.addEventListener("input", () => {
+  choice.name = nameFilter.value;
+  changed();
+});
+document.getElementById("filters").addEventListener("submit", (event) => event.preventDefault());
 
 async function refresh() {
   try {
@@ -121,6 +192,7 @@ async function refresh() {
       (a, b) => (b.started_at ?? 0) - (a.started_at ?? 0) || b.id - a.id,
     );
     render(runs);
+    comparison.show(choice.runs, known);
     showAlert(document.getElementById("error"), "");
     setText(
       document.getElementById("updated"),

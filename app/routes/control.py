@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, status
@@ -11,7 +10,7 @@ from app.deps import StoreDep, TokenDep
 from app.models import ControlRequest, ControlRequestOut, ControlView
 from app.routes.runs import NOT_FOUND, RunId, require_run
 from app.routes.writes import WRITE_RESPONSES
-from scaler.store.control import control_history, request_control
+from scaler.store.control import control_history_page, request_control
 from scaler.store.queries import INT64_MAX
 
 router = APIRouter(prefix="/api/runs", tags=["control"])
@@ -32,12 +31,10 @@ def get_control(
     before the request ``before`` (default: all), oldest first."""
     info = require_run(store, run)
     state = {**info.control, "scale": info.scale, "version": info.control_version}
-    rows = control_history(store, run)
-    if before is not None:
-        rows = rows[: bisect.bisect_left([row.id for row in rows], before)]
-    page = rows[-limit:]
-    older = page[0].id if len(rows) > len(page) else None
-    return ControlView(state=state, history=[request_out(row) for row in page], next=older)
+    page = control_history_page(store, run, before=before, limit=limit)
+    return ControlView(
+        state=state, history=[request_out(row) for row in page.rows], next=page.older
+    )
 
 
 @router.post(

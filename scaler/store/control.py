@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Connection, Row, RowMapping, select, update
@@ -34,10 +34,12 @@ __all__ = [
     "CONTROL_FIELDS",
     "CONTROL_SOURCES",
     "ControlValidationError",
+    "HistoryPage",
     "RequestNotFound",
     "RunNotFound",
     "RunNotRunning",
     "control_history",
+    "control_history_page",
     "control_state",
     "mark_applied",
     "mark_rejected",
@@ -249,7 +251,40 @@ def control_history(store: Store, run_id: int) -> list[ControlRequestRow]:
             .where(control_requests.c.run_id == run_id)
             .order_by(control_requests.c.id)
         ).all()
-    history = [_to_row(row) for row in rows]
+    return _as_shown(run, [_to_row(row) for row in rows])
+
+
+@dataclass(frozen=True)
+class HistoryPage:
+    """A page of a run's audit trail, oldest first; ``older`` is the ``before`` of the
+    page before it (None: this page holds the run's first request)."""
+
+    rows: list[ControlRequestRow]
+    older: int | None
+
+
+def control_history_page(
+    store: Store, run_id: int, *, before: int | None = None, limit: int = 100
+) -> HistoryPage:
+    """The newest ``limit`` requests of the run with an id below ``before`` (default: the
+    newest of all), oldest first: a keyset page, read from ``ix_control_requests_run_id``
+    whatever the length of the history. Requests read as :func:`control_history` shows
+    them.
+    """
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, not {limit}")
+    query = select(control_requests).where(control_requests.c.run_id == run_id)
+    if before is not None:
+        query = query.where(control_requests.c.id < before)
+    query = query.order_by(control_requests.c.id.desc()).limit(limit + 1)
+    with store.read() as conn:
+        run = _run_row(conn, run_id)
+        rows = conn.execute(query).all()
+    page = _as_shown(run, [_to_row(row) for row in reversed(rows[:limit])])
+    return HistoryPage(page, page[0].id if len(rows) > limit else None)
+
+
+def _as_shown(run: RowMapping, history: list[ControlRequestRow]) -> list[ControlRequestRow]:
     if effective_status(run) is not RunStatus.CRASHED:
         return history
     reason = ended_first(RunStatus.CRASHED)

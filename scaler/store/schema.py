@@ -140,6 +140,7 @@ control_requests = Table(
     Column("applied_at", Float, nullable=True),
     Column("reason", Text, nullable=True),
     Index("ix_control_requests_run_status", "run_id", "status"),
+    Index("ix_control_requests_run_id", "run_id", "id"),  # a page of the audit trail
 )
 
 telemetry_gaps = Table(

@@ -2,10 +2,14 @@
 time, each printing one JSON line of results (with the CPU seconds it used).
 
     python -m tests.reliability._load writer URL RUN FIRST_STEP RATE SECONDS  (RATE 0: unpaced)
-    python -m tests.reliability._load sse BASE RUN CLIENTS LAST_STEP SECONDS
-    python -m tests.reliability._load charts BASE RUN RATE SECONDS LAST_STEP TIMEOUT
+    python -m tests.reliability._load sse BASE RUNS CLIENTS LAST_STEP SECONDS
+    python -m tests.reliability._load charts BASE RUNS RATE SECONDS LAST_STEP TIMEOUT
 
-The SSE clients stay until every stream has seen LAST_STEP (or SECONDS have passed); a chart
+RUNS is a run id, or several separated by commas: client i streams the i-th run (round
+robin), each chart request asks for one of them at random.
+
+The SSE clients say "streams open" on stderr once every stream's answer has started, and
+stay until every stream has seen LAST_STEP (or SECONDS have passed); a chart
 request waits up to TIMEOUT seconds for its answer. Both are generous: on a slow or busy
 machine the figures get worse, but nothing is lost or cut off.
 
@@ -30,6 +34,7 @@ from scaler.store.engine import open_store
 from scaler.store.records import StepRecord
 from scaler.store.runs import write_steps
 
+READY_TIMEOUT_S = 60.0  # for every stream's answer to start
 BATCH = 500  # records per write: a telemetry thread's batch at 10k records/s, 20 writes/s
 _STEP = b"event: step\n"
 _WALL_TIME = b'"wall_time":'
@@ -223,7 +228,7 @@ class _Stream(asyncio.Protocol):
 
 
 async def _sse(
-    base: str, run: int, clients: int, last_step: int, seconds: float
+    base: str, runs: list[int], clients: int, last_step: int, seconds: float
 ) -> list[dict[str, Any]]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
@@ -231,11 +236,12 @@ async def _sse(
     host, port = where.hostname or "127.0.0.1", where.port or 80
     results: list[dict[str, Any]] = [
         {"status": None, "lags": [], "events": 0, "gaps": 0, "first": None, "last": None}
-        | {"ended": False, "errors": []}
-        for _ in range(clients)
+        | {"ended": False, "errors": [], "run": runs[i % len(runs)]}
+        for i in range(clients)
     ]
     streams = [
-        _Stream(f"{host}:{port}", f"/api/runs/{run}/stream", out, last_step) for out in results
+        _Stream(f"{host}:{port}", f"/api/runs/{out['run']}/stream", out, last_step)
+        for out in results
     ]
     for stream, out in zip(streams, results, strict=True):
         try:
@@ -243,6 +249,15 @@ async def _sse(
         except OSError as error:
             out["errors"].append(repr(error))
             stream.closed.set_result(None)
+    # Say on stderr once every stream has its answer's head (or failed): from then on each
+    # sees every new step, so whoever writes may start.
+    heads_by = loop.time() + READY_TIMEOUT_S
+    waiting = list(zip(streams, results, strict=True))
+    while loop.time() < heads_by and any(
+        out["status"] is None and not s.closed.done() for s, out in waiting
+    ):
+        await asyncio.sleep(0.02)
+    print("streams open", file=sys.stderr, flush=True)
     # A stream stays open while the run runs: close the clients still open at the deadline.
     await asyncio.wait([s.closed for s in streams], timeout=max(0.0, deadline - loop.time()))
     for stream, out in zip(streams, results, strict=True):
@@ -254,14 +269,14 @@ async def _sse(
     return results
 
 
-def sse(base: str, run: int, clients: int, last_step: int, seconds: float) -> dict[str, Any]:
+def sse(base: str, runs: list[int], clients: int, last_step: int, seconds: float) -> dict[str, Any]:
     cpu = time.process_time()
-    streams = asyncio.run(_sse(base, run, clients, last_step, seconds))
+    streams = asyncio.run(_sse(base, runs, clients, last_step, seconds))
     return {"clients": streams, "cpu_s": time.process_time() - cpu}
 
 
 async def _charts(
-    base: str, run: int, rate: float, seconds: float, last_step: int, timeout: float
+    base: str, runs: list[int], rate: float, seconds: float, last_step: int, timeout: float
 ) -> dict[str, Any]:
     """``rate`` chart requests a second, each on its own connection (``Connection: close``),
     sent on time whether or not earlier ones were answered: the client stays cheap however
@@ -273,7 +288,7 @@ async def _charts(
     where = urlsplit(base)
     host, port = where.hostname or "127.0.0.1", where.port or 80
 
-    async def one(params: dict[str, int]) -> None:
+    async def one(run: int, params: dict[str, int]) -> None:
         began = time.monotonic()
         request = (
             f"GET /api/runs/{run}/steps?{urlencode(params)} HTTP/1.1\r\n"
@@ -306,17 +321,22 @@ async def _charts(
             width = rng.choice([500, 5_000, 50_000])
             params["start"] = rng.randrange(1, max(2, last_step - width))
             params["end"] = params["start"] + width
-        tasks.append(asyncio.create_task(one(params)))
+        run = runs[0] if len(runs) == 1 else rng.choice(runs)
+        tasks.append(asyncio.create_task(one(run, params)))
     await asyncio.wait_for(asyncio.gather(*tasks), timeout + 30)
     return {"latencies": latencies, "statuses": statuses, "errors": errors}
 
 
 def charts(
-    base: str, run: int, rate: float, seconds: float, last_step: int, timeout: float
+    base: str, runs: list[int], rate: float, seconds: float, last_step: int, timeout: float
 ) -> dict[str, Any]:
     cpu = time.process_time()
-    result = asyncio.run(_charts(base, run, rate, seconds, last_step, timeout))
+    result = asyncio.run(_charts(base, runs, rate, seconds, last_step, timeout))
     return result | {"cpu_s": time.process_time() - cpu}
+
+
+def _runs(arg: str) -> list[int]:
+    return [int(run) for run in arg.split(",")]
 
 
 def main(argv: list[str]) -> int:
@@ -324,10 +344,10 @@ def main(argv: list[str]) -> int:
     if kind == "writer":
         result = writer(args[0], int(args[1]), int(args[2]), float(args[3]), float(args[4]))
     elif kind == "sse":
-        result = sse(args[0], int(args[1]), int(args[2]), int(args[3]), float(args[4]))
+        result = sse(args[0], _runs(args[1]), int(args[2]), int(args[3]), float(args[4]))
     elif kind == "charts":
         result = charts(
-            args[0], int(args[1]), float(args[2]), float(args[3]), int(args[4]), float(args[5])
+            args[0], _runs(args[1]), float(args[2]), float(args[3]), int(args[4]), float(args[5])
         )
     else:
         raise SystemExit(f"unknown kind {kind!r}")

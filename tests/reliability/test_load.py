@@ -60,13 +60,26 @@ def machine_busy() -> tuple[float, float]:
     return (sum(ticks) - idle) / TICK, sum(ticks) / TICK
 
 
-def spawn(*args: object) -> subprocess.Popen[str]:
+def spawn(*args: object, stderr: int | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.reliability._load", *map(str, args)],
         cwd=REPO,
         stdout=subprocess.PIPE,
+        stderr=stderr,
         text=True,
     )
+
+
+def wait_streams_open(clients: subprocess.Popen[str]) -> None:
+    """Until every SSE client's stream has started: a stream starts at the run's last step
+    when it opens, so one opened after the writer started would miss its first steps."""
+    assert clients.stderr is not None
+    lines = []
+    for line in clients.stderr:
+        if line.strip() == "streams open":
+            return
+        lines.append(line)
+    raise AssertionError(f"the SSE clients ended before their streams opened: {lines[-5:]}")
 
 
 def result(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
@@ -129,8 +142,10 @@ def test_under_load_every_step_reaches_every_stream_and_every_chart_is_answered(
     first = solo["last_step"] + 1
     last_step = first + RATE * SECONDS - 1
 
-    clients = spawn("sse", base, run, SSE_CLIENTS, last_step, SECONDS + CATCH_UP_S)
-    time.sleep(1.5)  # every stream open before the writer starts
+    clients = spawn(
+        "sse", base, run, SSE_CLIENTS, last_step, SECONDS + CATCH_UP_S, stderr=subprocess.PIPE
+    )
+    wait_streams_open(clients)
     busy0, total0 = machine_busy()
     server0 = cpu_seconds(server_pid)
     charts = spawn("charts", base, run, CHART_RATE, SECONDS, first - 1, CHART_TIMEOUT_S)

@@ -14,7 +14,8 @@ from sqlalchemy import select
 
 import scaler
 from scaler.store import open_store
-from scaler.store.schema import runs, steps
+from scaler.store.control import control_history, request_control
+from scaler.store.schema import runs, steps, telemetry_gaps
 from scaler.telemetry import TelemetrySettings
 from tests._postgres import Cluster
 
@@ -88,6 +89,49 @@ def test_training_goes_on_while_the_server_is_down_and_nothing_is_lost(
     assert "takes writes again" in caplog.text
 
 
+def test_a_killed_connection_is_reconnected_and_nothing_is_lost(
+    postgres_cluster: Cluster, postgres_url: str
+) -> None:
+    """The server stays up but drops the trainer's connections (an administrator's
+    pg_terminate_backend, a proxy's idle timeout): the writer connects again by itself."""
+    database = postgres_url.rsplit("/", 1)[1]
+    settings = TelemetrySettings(postgres_url, retry_s=0.1)
+    model = mlp()
+    opt = sgd(model)[0]
+    gs = scaler.GradScaler("cpu", growth_interval=2, telemetry=settings, run_name="killed")
+    for step in range(1, 11):
+        train_step(gs, model, opt, step)
+    assert gs.flush(30)
+    for round_ in range(3):
+        postgres_cluster.sql(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            f" WHERE datname = '{database}' AND pid <> pg_backend_pid()"
+        )
+        for step in range(11 + 20 * round_, 31 + 20 * round_):
+            train_step(gs, model, opt, step)
+        assert gs.flush(30)
+    run_id = gs.run_id
+    # The control poller's connection went too: a request still reaches the trainer.
+    with open_store(postgres_url) as store:
+        asked = request_control(store, run_id, {"growth_interval": 7}, requested_by="t")
+        step = 70
+        while gs.get_growth_interval() != 7:
+            assert step < 2000, "the request was never applied"
+            step += 1
+            train_step(gs, model, opt, step)
+            time.sleep(0.01)
+        gs.close()
+        (applied,) = [row for row in control_history(store, run_id) if row.id == asked.id]
+        with store.read() as conn:
+            stored = conn.execute(
+                select(steps.c.step).where(steps.c.run_id == run_id).order_by(steps.c.step)
+            ).scalars()
+            assert list(stored) == list(range(1, step + 1))
+            run = conn.execute(select(runs).where(runs.c.id == run_id)).one()._mapping
+    assert applied.status == "applied" and 70 < (applied.applied_step or 0) <= step
+    assert run["dropped"] == 0 and run["status"] == "finished"
+
+
 def test_a_missing_database_is_one_warning_and_training_goes_on(
     postgres_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -105,3 +149,41 @@ def test_a_missing_database_is_one_warning_and_training_goes_on(
         gs.close()
     assert caplog.text.count("records wait, then are dropped") == 1  # once while training
     assert "no_such_db" in caplog.text and "pw-s3cret" not in caplog.text
+
+
+def test_beyond_the_queues_bound_the_gap_is_recorded_once_the_server_is_back(
+    postgres_cluster: Cluster, postgres_url: str
+) -> None:
+    """The server is down for longer than the queue holds: the oldest waiting records are
+    dropped, and the run says which, as on SQLite; the rest are written."""
+    settings = TelemetrySettings(postgres_url, retry_s=0.1, max_pending=20)
+    model = mlp()
+    opt = sgd(model)[0]
+    gs = scaler.GradScaler("cpu", growth_interval=2, telemetry=settings, run_name="long outage")
+    for step in range(1, 11):
+        train_step(gs, model, opt, step)
+    assert gs.flush(30)
+    postgres_cluster.stop(mode="fast")
+    try:
+        for step in range(11, 61):
+            train_step(gs, model, opt, step)
+        wait_for(lambda: gs._link.telemetry.dropped > 0, 30, "records to be dropped")
+    finally:
+        postgres_cluster.start()
+    assert gs.flush(60)
+    run_id = gs.run_id
+    gs.close()
+    with open_store(postgres_url) as store, store.read() as conn:
+        stored = list(
+            conn.execute(
+                select(steps.c.step).where(steps.c.run_id == run_id).order_by(steps.c.step)
+            ).scalars()
+        )
+        gaps = [dict(g._mapping) for g in conn.execute(select(telemetry_gaps))]
+        run = conn.execute(select(runs).where(runs.c.id == run_id)).one()._mapping
+    lost = set(range(1, 61)) - set(stored)
+    spans = [set(range(gap["first_step"], gap["last_step"] + 1)) for gap in gaps]
+    assert [len(span) for span in spans] == [gap["dropped"] for gap in gaps]
+    assert set().union(*spans) == lost and min(lost) == 11 and len(stored) >= 20
+    assert run["dropped"] == sum(gap["dropped"] for gap in gaps) == len(lost)
+    assert run["status"] == "finished"

@@ -7,8 +7,9 @@ Trains ``scaler.examples.tiny_lm`` (an fp16 transformer, FSDP2 on 2 gloo ranks, 
 small runs of ``_trainer.py``: one trained to the end and one killed mid-run (it reads
 as crashed once its heartbeat is stale). Past two thirds of the language model's
 steps, a growth_interval change is submitted on the run page with the token and
-applied by the training ranks; then ``run.png`` (the run page) and ``runs.png`` (the
-runs page) are written with headless Chromium while the model is still training.
+applied by the training ranks; then ``run.png`` (the run page), ``runs.png`` (the
+runs page) and ``compare.png`` (the three runs compared on the runs page) are written
+with headless Chromium while the model is still training.
 Takes a few minutes on a CPU.
 """
 
@@ -132,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         stack.callback(stop_process, crashing)
         crashed_id = read_run_id(crashing, deadline)
-        read_run_id(finished, deadline)
+        finished_id = read_run_id(finished, deadline)
         wait_for_exit(finished, deadline)
         crashing.wait(timeout=max(0.0, deadline - time.monotonic()))
 
@@ -174,8 +175,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         ).wait_for()
         page.screenshot(path=args.out / "runs.png", full_page=True)
 
+        page.set_viewport_size({"width": 1280, "height": 800})
+        page.goto(f"/?compare={run_id},{finished_id},{crashed_id}")
+        page.locator(f"#compare-chart[data-runs='{run_id},{finished_id},{crashed_id}']").wait_for(
+            state="attached"
+        )
+        page.locator("#compare").scroll_into_view_if_needed()
+        page.mouse.move(0, 0)
+        page.locator("#compare").screenshot(path=args.out / "compare.png")
+
         wait_for_exit_or_stop(lm)
-    print(f"wrote {args.out / 'run.png'} and {args.out / 'runs.png'}")
+    print(f"wrote run.png, runs.png and compare.png in {args.out}")
     return 0
 
 

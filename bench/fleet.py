@@ -1,0 +1,387 @@
+"""Fleet benchmark: many runs writing to one store at once, with live streams and charts.
+
+50 runs each writing 200 steps/s (a telemetry thread's batch every 0.2 s, each run with a
+store of its own), 50 SSE clients (round robin over the runs) and 20 chart requests/s (a
+random run each, half of them zoomed), for 60 s, against a real ``scalewatch serve``.
+Goals (the design's): chart p99 < 250 ms, SSE lag p99 < 1 s, nothing lost (every step
+stored, every stream sees every step in order, every chart answered), the writers' rate
+under load >= 0.8 x their rate alone (the same writers, paced, before the load).
+
+    python bench/fleet.py                      # a throwaway PostgreSQL server of its own
+    python bench/fleet.py --db postgresql+psycopg://...   # an empty scratch database
+    python bench/fleet.py --sqlite             # a SQLite file
+    python bench/fleet.py --seconds 10         # shorter
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import func, select
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from _figures import figure  # noqa: E402
+
+from scaler.store.engine import open_store  # noqa: E402
+from scaler.store.runs import create_run, write_steps  # noqa: E402
+from scaler.store.schema import steps  # noqa: E402
+from tests._net import free_port  # noqa: E402
+from tests.reliability._load import records  # noqa: E402
+
+CONTROL = {"growth_interval": 2000, "growth_factor": 2.0, "backoff_factor": 0.5}
+CATCH_UP_S = 120  # after the writers' last step, for every stream to deliver it
+CHART_TIMEOUT_S = 120
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def machine_busy() -> tuple[float, float]:
+    """CPU seconds of the whole machine so far: (busy, total), from ``/proc/stat``."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]
+    return (sum(ticks) - idle) / TICK, sum(ticks) / TICK
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+@contextlib.contextmanager
+def _store_url(args: argparse.Namespace) -> Any:
+    if args.db:
+        yield args.db
+        return
+    if args.sqlite:
+        with tempfile.TemporaryDirectory(prefix="scalewatch-fleet-") as tmp:
+            yield f"sqlite:///{Path(tmp) / 'fleet.db'}"
+        return
+    from tests import _postgres
+
+    bindir = _postgres.server_bindir()
+    if bindir is None:
+        sys.exit(f"bench/fleet.py: {_postgres.HOW_TO_GET_ONE}, or pass --db or --sqlite")
+    with _postgres.cluster(bindir) as server:
+        yield server.url(server.new_database())
+
+
+@contextlib.contextmanager
+def _serve(url: str, tmp: Path) -> Any:
+    port = free_port()
+    env = {**os.environ, "SCALEWATCH_TOKEN": "fleet", "SCALEWATCH_TOKEN_FILE": str(tmp / "t")}
+    log = (tmp / "serve.log").open("wb")
+    argv = [sys.executable, "-m", "app", "serve", "--db", url, "--port", str(port)]
+    process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None or time.monotonic() > deadline:
+                sys.exit("the service did not start:\n" + (tmp / "serve.log").read_text())
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        yield base, process.pid
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+        log.close()
+        lines = (tmp / "serve.log").read_text(errors="replace").splitlines()
+        said = [
+            line
+            for line in lines
+            if line.strip() and not line.startswith(("INFO:", "scalewatch: serving"))
+        ]
+        if said:  # warnings and errors: a store that failed, a stream cut short
+            print(f"the service said ({len(said)} lines, the last 20):", *said[-20:], sep="\n")
+
+
+def _spawn(argv: list[object], stderr: int | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, *map(str, argv)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+    )
+
+
+def _wait_streams_open(sse: subprocess.Popen[str]) -> None:
+    """Until the SSE clients say every stream has started (a stream starts at the run's
+    last step when it opens: one that opened late would miss the first steps)."""
+    assert sse.stderr is not None
+    for line in sse.stderr:
+        if line.strip() == "streams open":
+            return
+        print(line, end="", file=sys.stderr)
+    raise RuntimeError("the SSE clients ended before their streams opened")
+
+
+def _result(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    out, _ = process.communicate(timeout=timeout)
+    if process.returncode != 0:
+        raise RuntimeError(f"{process.args} failed: {out[-2000:]}")
+    parsed: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return parsed
+
+
+def _writers(
+    url: str, runs: list[int], first: int, args: argparse.Namespace, seconds: float
+) -> list[subprocess.Popen[str]]:
+    share = [runs[i :: args.writer_procs] for i in range(args.writer_procs)]
+    return [
+        _spawn(
+            [
+                "bench/_fleet_writer.py",
+                url,
+                ",".join(map(str, part)),
+                first,
+                args.rate,
+                seconds,
+                args.batch,
+            ]
+        )
+        for part in share
+        if part
+    ]
+
+
+def _merge(results: list[dict[str, Any]]) -> dict[str, Any]:
+    written = sum(r["written"] for r in results)
+    elapsed = max(r["elapsed"] for r in results)
+    return {
+        "written": written,
+        "rate": written / elapsed,
+        "batch_p50_ms": statistics.median(r["batch_p50_ms"] for r in results),
+        "batch_p99_ms": max(r["batch_p99_ms"] for r in results),
+        "max_late_s": max(r["max_late_s"] for r in results),
+        "last_step": {k: v for r in results for k, v in r["last_step"].items()},
+        "cpu_s": sum(r["cpu_s"] for r in results),
+    }
+
+
+def prepare(url: str, args: argparse.Namespace) -> list[int]:
+    """The runs, each with ``--history`` steps already (what the charts draw)."""
+    with open_store(url) as store:
+        runs = [
+            create_run(store, name=f"fleet-{i:02d}", world_size=8, config={}, control=CONTROL).id
+            for i in range(args.runs)
+        ]
+        for run in runs:
+            for first in range(1, args.history + 1, 10_000):
+                count = min(10_000, args.history - first + 1)
+                write_steps(store, run, records(first, count, time.time()))
+    return runs
+
+
+def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) -> dict[str, Any]:
+    runs = prepare(url, args)
+    print(
+        f"{args.runs} runs of {args.history:,} steps each; writers alone for {args.solo_seconds} s",
+        flush=True,
+    )
+    solo = _merge(
+        [
+            _result(p, args.solo_seconds + 60)
+            for p in _writers(url, runs, args.history + 1, args, args.solo_seconds)
+        ]
+    )
+    first = max(solo["last_step"].values()) + 1
+    batches = int(args.rate * args.seconds) // args.batch
+    last_step = first - 1 + batches * args.batch
+    print(
+        f"under load for {args.seconds} s: steps {first:,}..{last_step:,} of each run", flush=True
+    )
+    run_list = ",".join(map(str, runs))
+    sse = _spawn(
+        [
+            "-m",
+            "tests.reliability._load",
+            "sse",
+            base,
+            run_list,
+            args.sse,
+            last_step,
+            args.seconds + CATCH_UP_S,
+        ],
+        stderr=subprocess.PIPE,
+    )
+    _wait_streams_open(sse)
+    server0, (busy0, total0) = cpu_seconds(server_pid), machine_busy()
+    load_before = os.getloadavg()[0]
+    charts = _spawn(
+        [
+            "-m",
+            "tests.reliability._load",
+            "charts",
+            base,
+            run_list,
+            args.chart_rate,
+            args.seconds,
+            first - 1,
+            CHART_TIMEOUT_S,
+        ]
+    )
+    writers = _writers(url, runs, first, args, args.seconds)
+    try:
+        loaded = _merge([_result(p, args.seconds + 120) for p in writers])
+        server_cpu = cpu_seconds(server_pid) - server0
+        busy1, total1 = machine_busy()
+        chart = _result(charts, CHART_TIMEOUT_S + 60)
+        streams = _result(sse, CATCH_UP_S + 60)["clients"]
+    finally:
+        for process in (*writers, charts, sse):
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=5)
+    with open_store(url) as store, store.read() as conn:
+        query = select(steps.c.run_id, func.count()).group_by(steps.c.run_id)
+        counts = {run: count for run, count in conn.execute(query)}
+    stored_ok = all(counts.get(run) == last_step for run in runs)
+    streams_ok = all(
+        s["status"] == 200
+        and not s["errors"]
+        and s["gaps"] == 0
+        and s["first"] == first
+        and s["last"] == last_step
+        and s["events"] == last_step - first + 1
+        for s in streams
+    )
+    latencies = chart["latencies"]
+    lags = [lag for s in streams for lag in s["lags"]]
+    broken = [
+        {k: s.get(k) for k in ("run", "status", "first", "last", "events", "gaps", "errors")}
+        | {"open_at_deadline": s.get("open_at_deadline", False)}
+        for s in streams
+        if not (s["first"] == first and s["last"] == last_step and not s["gaps"])
+    ]
+    return {
+        "runs": args.runs,
+        "rate_per_run": args.rate,
+        "seconds": args.seconds,
+        "writers_solo": solo | {"last_step": None},
+        "writers_load": loaded | {"last_step": None},
+        "writer_ratio": loaded["rate"] / solo["rate"],
+        "records_expected": args.runs * batches * args.batch,
+        "every_step_stored": stored_ok,
+        "every_stream_whole": streams_ok,
+        "steps_stored_short": {r: counts.get(r, 0) for r in runs if counts.get(r) != last_step},
+        "streams_not_whole": len(broken),
+        "streams_not_whole_sample": broken[:3],
+        "sse_clients": len(streams),
+        "sse_events": sum(s["events"] for s in streams),
+        "sse_lag_p50_ms": 1000 * statistics.median(lags) if lags else None,
+        "sse_lag_p99_ms": 1000 * percentile(lags, 0.99) if lags else None,
+        "chart_requests": len(latencies),
+        "chart_statuses": chart["statuses"],
+        "chart_errors": chart["errors"][:5],
+        "chart_p50_ms": 1000 * statistics.median(latencies) if latencies else None,
+        "chart_p99_ms": 1000 * percentile(latencies, 0.99) if latencies else None,
+        "cpu_s_server": server_cpu,
+        "machine_busy_share": (busy1 - busy0) / (total1 - total0),
+        "load_average_before": load_before,
+        "cpu_s_writers": loaded["cpu_s"],
+    }
+
+
+def report(f: dict[str, Any], backend: str) -> bool:
+    charts_whole = f["chart_requests"] > 0 and set(f["chart_statuses"]) == {"200"}
+    lost_ok = f["every_step_stored"] and f["every_stream_whole"] and charts_whole
+    load = f"{f['runs']} runs x {f['rate_per_run']:.0f} steps/s, {f['seconds']:.0f} s"
+    rows = [
+        (
+            "chart p99",
+            f"{f['chart_p99_ms']:.0f} ms (p50 {f['chart_p50_ms']:.0f} ms)",
+            "< 250 ms",
+            f["chart_p99_ms"] < 250,
+            f"{f['chart_requests']} requests, statuses {f['chart_statuses']}",
+        ),
+        (
+            "SSE lag p99",
+            f"{f['sse_lag_p99_ms']:.0f} ms (p50 {f['sse_lag_p50_ms']:.0f} ms)",
+            "< 1000 ms",
+            f["sse_lag_p99_ms"] < 1000,
+            f"{f['sse_clients']} clients, {f['sse_events']:,} events",
+        ),
+        (
+            "nothing lost",
+            "yes" if lost_ok else "NO",
+            "every step stored, streamed, charted",
+            lost_ok,
+            f"{f['records_expected']:,} records written under load",
+        ),
+        (
+            "writers' rate under load",
+            f"{f['writers_load']['rate']:,.0f} records/s",
+            ">= 0.8 x alone",
+            f["writer_ratio"] >= 0.8,
+            f"{f['writer_ratio']:.3f} x alone ({f['writers_solo']['rate']:,.0f} records/s);"
+            f" batch p99 {f['writers_load']['batch_p99_ms']:.0f} ms"
+            f" (alone {f['writers_solo']['batch_p99_ms']:.0f} ms)",
+        ),
+    ]
+    table = [("goal", "measured", "target", "met", "notes")]
+    table += [(n, v, g, "pass" if ok else "FAIL", b) for n, v, g, ok, b in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(5)]
+    print(
+        f"\nfleet benchmark on {backend}: {load}, {os.cpu_count()} CPUs; load average"
+        f" {f['load_average_before']:.1f} before, machine {f['machine_busy_share']:.0%} busy"
+        f" while loaded, the service {f['cpu_s_server'] / f['seconds']:.2f} CPUs"
+    )
+    for row in table:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+    for name, value, goal, ok, baseline in rows:
+        figure(f"fleet ({backend}, {load}): {name}", value, goal, ok, baseline)
+    return all(ok for *_, ok, _ in rows)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--db", help="an empty scratch store URL (default: a server of its own)")
+    where.add_argument("--sqlite", action="store_true", help="a SQLite file in a temp directory")
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--rate", type=float, default=200, help="steps/s of each run")
+    parser.add_argument("--batch", type=int, default=40, help="records per write (0.2 s of steps)")
+    parser.add_argument("--sse", type=int, default=50, help="SSE clients")
+    parser.add_argument("--chart-rate", type=float, default=20, help="chart requests/s")
+    parser.add_argument("--seconds", type=float, default=60, help="the loaded phase")
+    parser.add_argument("--solo-seconds", type=float, default=10, help="the writers alone")
+    parser.add_argument("--history", type=int, default=20_000, help="steps of each run before")
+    parser.add_argument("--writer-procs", type=int, default=5, help="processes for the runs")
+    args = parser.parse_args()
+    with (
+        _store_url(args) as url,
+        tempfile.TemporaryDirectory() as tmp,
+        _serve(url, Path(tmp)) as (base, pid),
+    ):
+        figures = run_fleet(url, base, pid, args)
+    print(json.dumps(figures, indent=1))
+    return 0 if report(figures, "SQLite" if url.startswith("sqlite") else "PostgreSQL") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
