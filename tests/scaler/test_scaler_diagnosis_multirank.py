@@ -24,8 +24,6 @@ from sqlalchemy import select
 from torch import nn
 
 import scaler
-from app.main import create_app
-from app.settings import Settings
 from scaler.store import open_store
 from scaler.store.schema import overflow_params, runs, steps
 
@@ -207,7 +205,10 @@ def check_api(url: str, kinds: list[str], world: int) -> None:
     """What the store holds comes back through the REST API and the overflows exports:
     each overflow's parameters, the ranks whose loss was not finite, one overflow in full,
     and the parameters ranked."""
-    from fastapi.testclient import TestClient
+    from fastapi.testclient import TestClient  # here: the ranks import this module too
+
+    from app.main import create_app
+    from app.settings import Settings
 
     with TestClient(create_app(Settings(db=url)), base_url="http://127.0.0.1") as client:
         ids = {run["name"]: run["id"] for run in client.get("/api/runs").json()["runs"]}
