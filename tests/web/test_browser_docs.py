@@ -37,7 +37,7 @@ def test_the_docs_page_lists_the_operations_and_loads_only_from_the_service(
     }
     assert "/api/runs/{run}/control" in paths and "/api/runs/{run}/steps" in paths
     assert len(operations) >= 10
-    assert {method for method, _ in operations} == {"GET", "POST"}
+    assert {method for method, _ in operations} == {"GET", "POST", "PUT", "DELETE"}
     assert page.get_by_text("Unable to render this definition").count() == 0
     assert tab.errors == []
     assert requested
