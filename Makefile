@@ -44,7 +44,7 @@ demo: $(STAMP)
 	$(BIN)/scalewatch demo
 
 bench: $(STAMP)
-	$(BIN)/python bench/run_all.py
+	$(BIN)/python bench/run_all.py $(ONLY)
 
 cuda-check: $(STAMP)
 	bash bench/cuda_check.sh

@@ -17,12 +17,14 @@ from sqlalchemy import make_url
 
 from scaler.store.engine import open_store
 from scaler.store.runs import create_run, end_run
-from scaler.store.schema import ROLLUP_LEVELS, steps
+from scaler.store.schema import ROLLUP_LEVELS, step_rollups, steps
+from scaler.store.schema import steps as steps_table
 
 CONTROL = {"growth_interval": 2000, "growth_factor": 2.0, "backoff_factor": 0.5}
 CHUNK = 1_000_000
 TAIL = (2000, 2.0, 0.5, 0)  # growth_interval, growth_factor, backoff_factor, control_version
 _COLUMNS = ", ".join(column.name for column in steps.c)
+_ROLLUP_COLUMNS = ", ".join(column.name for column in step_rollups.c)
 # Per dialect: the scale's bounds over both columns, and a flag as a number.
 _DIALECT = {
     "sqlite": {
@@ -52,7 +54,9 @@ def step_rows(
         else:
             new, tracker, ranks = scale, tracker + 1, ""
         over = step in overflows
-        yield (run_id, step, t0 + step * 0.1, scale, over, over, ranks, new, tracker, *TAIL)
+        loss = 2.0 + 1.0 / step  # a loss every step, as the scaler records it
+        yield (run_id, step, t0 + step * 0.1, scale, over, over, ranks, new, tracker, *TAIL,
+               loss, "", 0)  # fmt: skip
         scale = new
 
 
@@ -65,7 +69,8 @@ def _rollup_sql(dialect: str, run: int) -> Iterator[tuple[str, int, int]]:
             source = (
                 f"SELECT run_id, {level}, step / {width}, min(step), max(step), count(*),"
                 f" {d['lo']}, {d['hi']}, 0.0, min(growth_tracker), max(growth_tracker), 0,"
-                f" sum({d['int'].format('overflow')}), sum({d['int'].format('skipped')})"
+                f" sum({d['int'].format('overflow')}), sum({d['int'].format('skipped')}),"
+                " min(loss), max(loss)"
                 f" FROM steps WHERE run_id = {run} GROUP BY run_id, step / {width}"
             )
         else:
@@ -73,10 +78,11 @@ def _rollup_sql(dialect: str, run: int) -> Iterator[tuple[str, int, int]]:
             source = (
                 f"SELECT run_id, {level}, bucket / {ratio}, min(first_step), max(last_step),"
                 " sum(n), min(scale_min), max(scale_max), 0.0, min(tracker_min),"
-                " max(tracker_max), 0, sum(overflows), sum(skipped) FROM step_rollups"
+                " max(tracker_max), 0, sum(overflows), sum(skipped), min(loss_min),"
+                " max(loss_max) FROM step_rollups"
                 f" WHERE run_id = {run} AND level = {child[0]} GROUP BY run_id, bucket / {ratio}"
             )
-        yield f"INSERT INTO step_rollups {source}", level, width
+        yield f"INSERT INTO step_rollups ({_ROLLUP_COLUMNS}) {source}", level, width
         yield (
             (
                 "UPDATE step_rollups SET (scale_last, tracker_last) = (SELECT scale_after,"
@@ -120,7 +126,8 @@ def _build_sqlite(path: Path, run: int, steps: int, rows: Iterator[tuple[Any, ..
     conn.execute("BEGIN")
     for done in range(0, steps, CHUNK):
         batch = [row for _, row in zip(range(CHUNK), rows, strict=False)]
-        conn.executemany("INSERT INTO steps VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", batch)
+        marks = ",".join("?" * len(steps_table.c))
+        conn.executemany(f"INSERT INTO steps ({_COLUMNS}) VALUES ({marks})", batch)
         _progress(done + len(batch), steps, started)
     for sql, level, width in _rollup_sql("sqlite", run):
         conn.execute(sql)

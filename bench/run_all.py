@@ -1,7 +1,9 @@
 """``make bench``: run every script in bench/ and write docs/BENCHMARKS.md.
 
 The README's benchmark table (between its ``bench:start``/``bench:end`` markers) is
-rewritten from the same figures.
+rewritten from the same figures. ``run_all.py SCRIPT...`` (``make bench ONLY=...``) runs
+those scripts alone and keeps the other scripts' sections and figures as the file has
+them, from their last run.
 """
 
 from __future__ import annotations
@@ -77,29 +79,56 @@ def table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def kept_sections(old: str) -> dict[str, str]:
+    """The sections of the last docs/BENCHMARKS.md by script, as they were written."""
+    body = old.split(BY_HAND[0], 1)[0]
+    found = {}
+    for part in body.split("\n## `bench/")[1:]:
+        script = part.split("`", 1)[0]
+        found[script] = "## `bench/" + part.rstrip("\n") + "\n"
+    return found
+
+
+def section_rows(section: str) -> list[list[str]]:
+    return [
+        line[len(PREFIX) :].split("\t") for line in section.splitlines() if line.startswith(PREFIX)
+    ]
+
+
 def main() -> int:
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    only = set(sys.argv[1:])
+    unknown = only - set(SCRIPTS)
+    if unknown:
+        print(f"bench: no such script: {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    out = ROOT / "docs" / "BENCHMARKS.md"
+    old = out.read_text(encoding="utf-8") if out.exists() else ""
+    last = kept_sections(old)
     sections, all_rows, failed = [], [], []
     for script, args in SCRIPTS.items():
+        if only and script not in only and script in last:
+            sections.append(last[script])
+            all_rows += section_rows(last[script])
+            continue
         output, rows, seconds, code = run(script, args)
         all_rows += rows
         if code:
             failed.append(script)
         fence = "```"
         sections.append(
-            f"## `bench/{script}`\n\n{seconds:.0f} s, exit {code}\n\n"
+            f"## `bench/{script}`\n\n{seconds:.0f} s, exit {code}, {when}\n\n"
             f"{fence}text\n{output.strip()}\n{fence}\n"
         )
     summary = table(all_rows)
-    out = ROOT / "docs" / "BENCHMARKS.md"
+    rerun = f" (then {', '.join(sorted(only))} alone; the rest from its last run)" if only else ""
     by_hand = ""
-    old = out.read_text(encoding="utf-8") if out.exists() else ""
     if BY_HAND[0] in old and BY_HAND[1] in old:
         kept = old.split(BY_HAND[0], 1)[1].split(BY_HAND[1], 1)[0]
         by_hand = f"\n{BY_HAND[0]}{kept}{BY_HAND[1]}\n"
     doc = (
         "# Benchmarks\n\n"
-        f"Written by `make bench` on {when}.\n\nMachine: {machine()}.\n\n"
+        f"Written by `make bench` on {when}{rerun}.\n\nMachine: {machine()}.\n\n"
         "Each ratio is measured side by side in the same run. Shared or loaded machines "
         "give noisy absolute numbers; the ratios are what the goals are about.\n\n"
         f"{summary}\n\n" + "\n".join(sections) + by_hand
