@@ -40,27 +40,20 @@ def run(
         raise
     try:
         _announce(settings, sys.stdout)
-        trainer = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                TRAINER,
-                "--steps",
-                str(steps),
-                "--world-size",
-                str(world_size),
-                "--db",
-                settings.db,
-                "--run-name",
-                run_name,
-            ],
-            # Its own session: a Ctrl-C reaches it through this process alone (see
-            # _stop_trainer), and a forced stop kills the ranks with it. A terminal closed
-            # (or this process killed) is no signal to it: it notices that this process
-            # is gone and stops its ranks as for a Ctrl-C.
-            start_new_session=True,
-        )
+        # A Ctrl-C while the trainer is being started (it exists, Popen has not returned)
+        # would leave it without its handle: it is held until Popen returns, then taken as
+        # any other. A Python handler is no handler in the child once it has exec'd.
+        interrupted: list[object] = []
+        previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
         try:
+            trainer = _start_trainer(
+                settings, steps=steps, world_size=world_size, run_name=run_name
+            )
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        try:
+            if interrupted:
+                raise KeyboardInterrupt
             code = _wait(trainer)
             print(
                 f"\nscalewatch demo: training ended (exit {code}); the dashboard keeps serving"
@@ -86,6 +79,31 @@ def run(
         _stop_server(server)
         thread.join(timeout=10)
         sock.close()
+
+
+def _start_trainer(
+    settings: Settings, *, steps: int, world_size: int, run_name: str
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            TRAINER,
+            "--steps",
+            str(steps),
+            "--world-size",
+            str(world_size),
+            "--db",
+            settings.db,
+            "--run-name",
+            run_name,
+        ],
+        # Its own session: a Ctrl-C reaches it through this process alone (see
+        # _stop_trainer), and a forced stop kills the ranks with it. A terminal closed
+        # (or this process killed) is no signal to it: it notices that this process
+        # is gone and stops its ranks as for a Ctrl-C.
+        start_new_session=True,
+    )
 
 
 def _start_server(

@@ -413,3 +413,39 @@ def test_the_progress_redraws_one_line_on_a_terminal_only_and_ends_it(terminal: 
     else:
         assert "\r" not in text
         assert [line.split()[2] for line in text.splitlines()] == ["100/250", "200/250", "250/250"]
+
+
+def test_a_ctrl_c_while_the_trainer_is_being_started_stops_it_as_any_other(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The Ctrl-C came after the trainer's process existed and before Popen returned: the
+    KeyboardInterrupt left from inside Popen, the demo exited 130 ("interrupted") and the
+    trainer, without its handle, was never told to stop."""
+    import socket as socket_module
+
+    import app.demo as demo_module
+    from app.settings import Settings
+
+    class Trainer:
+        pid = 0
+
+        def poll(self) -> int | None:
+            return None
+
+    trainer = Trainer()
+    stopped: list[object] = []
+
+    def start_trainer(*args: object, **kwargs: object) -> Trainer:
+        os.kill(os.getpid(), signal.SIGINT)  # the Ctrl-C, while Popen would still run
+        return trainer
+
+    server = threading.Thread()  # a thread done already stands in for the server's
+    server.start()
+    monkeypatch.setattr(demo_module, "_start_server", lambda *a: (object(), server))
+    monkeypatch.setattr(demo_module, "_stop_server", lambda server: None)
+    monkeypatch.setattr(demo_module, "_start_trainer", start_trainer)
+    monkeypatch.setattr(demo_module, "_stop_trainer", stopped.append)
+    settings = Settings(db=f"sqlite:///{tmp_path / 'demo.db'}")
+    with socket_module.socket() as sock:
+        code = demo_module.run(settings, sock, steps=1, world_size=1, run_name="x")
+    assert (code, stopped) == (0, [trainer])
