@@ -35,6 +35,10 @@ def run_migrations_online() -> None:
     engine = make_engine(config.get_main_option("sqlalchemy.url") or default_url())
     try:
         with engine.connect() as conn:
+            if conn.dialect.name == "postgresql":
+                from scaler.store.postgres import in_transactions
+
+                in_transactions(conn)  # its reads autocommit; a migration must not
             _configure(conn)
             conn.commit()
     finally:

@@ -21,15 +21,22 @@ from sqlalchemy import and_, case, func, select
 
 from app.alerts.kinds import KINDS, Reading, RunView, StepView, Watch
 from app.alerts.rules import Rule
-from scaler.store.alerts import AlertRow, Firing, fire_alert, firing_alerts, resolve_alert
+from scaler.store.alerts import (
+    AlertRow,
+    Firing,
+    fire_alert,
+    firing_alerts,
+    new_steps,
+    resolve_alert,
+)
 from scaler.store.engine import Store
-from scaler.store.queries import parse_ranks, step_rows_after
+from scaler.store.queries import parse_ranks
 from scaler.store.schema import autopilots, runs
 from scaler.store.states import AutopilotState, RunStatus
 
 __all__ = ["BATCH_STEPS", "TICK_STEPS", "Evaluator"]
 
-BATCH_STEPS = 5000  # steps read at once
+BATCH_STEPS = 5000  # steps read at once, across the runs
 TICK_STEPS = 50_000  # steps fed per run and tick at most: a long backlog spreads over ticks
 
 
@@ -61,6 +68,7 @@ class _Watched:
     run: RunView
     rules: list[_Rule]
     fed: int  # the last step its watches were fed: the cursor, moved step by step
+    fed_at: float | None = None  # that step's wall time
     warm: bool = False  # history fed and reconciled: transitions are stored from now on
     done: list[AlertRow] = field(default_factory=list)
 
@@ -93,9 +101,16 @@ class Evaluator:
         """One round over every run; returns the alerts that fired or resolved."""
         with self._lock:
             try:
-                for view in self._runs():
-                    self._tick_run(view)
+                views = self._runs()
+                ready = [(view, self._ready(view)) for view in views]
+                self._feed([watched for _, watched in ready if watched is not None])
+                for view, watched in ready:
+                    if watched is not None:
+                        self._tick_run(view, watched)
             finally:  # what was stored is delivered, also when a write failed after it
+                for watched in self._watched.values():
+                    done, watched.done = watched.done, []
+                    self._changes += done
                 changes, self._changes = self._changes, []
                 for alert in changes:
                     self.on_change(alert)
@@ -136,14 +151,16 @@ class Evaluator:
             for row in rows
         ]
 
-    def _tick_run(self, view: RunView) -> None:
+    def _ready(self, view: RunView) -> _Watched | None:
+        """The run's watches, brought up to its stored status; None for a run not watched
+        (not running, and never seen running by this evaluator)."""
         watched = self._watched.get(view.id)
         if watched is None:
             if not view.running:
                 if view.id not in self._idle:
                     self._resolve_left(view)  # ended before this service saw it run
                     self._idle.add(view.id)
-                return
+                return None
             self._idle.discard(view.id)
             watched = self._watch(view)
         watched.run = _with(
@@ -152,8 +169,11 @@ class Evaluator:
             name=view.name,
             autopilot_gave_up=view.autopilot_gave_up,
         )
+        return watched
+
+    def _tick_run(self, view: RunView, watched: _Watched) -> None:
+        """After the steps: reconcile a new watch, read the clock, store what changed."""
         try:
-            self._feed(watched)
             if not watched.warm:
                 self._reconcile(watched)
             now = self.clock()
@@ -186,22 +206,37 @@ class Evaluator:
         self._watched[view.id] = watched
         return watched
 
-    def _feed(self, watched: _Watched) -> None:
-        fed = 0
-        while fed < TICK_STEPS:
-            rows = step_rows_after(self.store, watched.run.id, watched.fed, limit=BATCH_STEPS)
+    def _feed(self, watched: Sequence[_Watched]) -> None:
+        """Feed every watched run the steps stored since its cursor: a batch of rows across
+        the runs at a time (by run, then step), at most ``TICK_STEPS`` per run and tick."""
+        pending = {entry.run.id: entry for entry in watched}
+        fed = dict.fromkeys(pending, 0)
+        while pending:
+            cursors = {run_id: entry.fed for run_id, entry in pending.items()}
+            rows = new_steps(self.store, cursors, limit=BATCH_STEPS)
+            touched: dict[int, _Watched] = {}
             try:
                 for row in rows:
-                    self._step(watched, _step_view(row))
+                    entry = pending[row.run_id]
+                    touched[row.run_id] = entry
+                    fed[row.run_id] += 1
+                    self._step(entry, _step_view(row))
             finally:  # also when a store write failed: the clock side sees what was fed
-                if rows and watched.fed != watched.run.last_step:
-                    wall_time = next(row[1] for row in reversed(rows) if row[0] <= watched.fed)
-                    watched.run = _with(
-                        watched.run, last_step=watched.fed, last_wall_time=wall_time
-                    )
-            fed += len(rows)
+                for entry in touched.values():
+                    if entry.fed != entry.run.last_step:
+                        entry.run = _with(
+                            entry.run, last_step=entry.fed, last_wall_time=entry.fed_at
+                        )
             if len(rows) < BATCH_STEPS:
                 return
+            # By run id: the runs before the last row's are read to their end; the last
+            # one may have more, and those after it were not reached.
+            last = rows[-1].run_id
+            pending = {
+                run_id: entry
+                for run_id, entry in pending.items()
+                if run_id >= last and fed[run_id] < TICK_STEPS
+            }
 
     def _step(self, watched: _Watched, step: StepView) -> None:
         """Feed every watch ``step``, then store what changed: a failed write leaves no
@@ -214,7 +249,7 @@ class Evaluator:
             entry.value = reading.value
             if bool(reading.on) != (entry.episode is not None):  # most steps change nothing
                 changed.append((entry, reading))
-        watched.fed = step.step
+        watched.fed, watched.fed_at = step.step, step.wall_time
         for entry, reading in changed:
             self._read(entry, reading, step.step, step.wall_time)
             self._sync(watched, entry)
@@ -307,8 +342,8 @@ def _with(view: RunView, **changes: Any) -> RunView:
 
 
 def _step_view(row: Sequence[Any]) -> StepView:
-    """A row of ``step_rows_after`` (``EXPORT_COLUMNS`` order) as the rules read it."""
-    step, wall_time, scale, overflow, skipped, inf_ranks, scale_after = row[:7]
+    """A row of ``new_steps`` (``WATCHED_COLUMNS``) as the rules read it."""
+    _run, step, wall_time, scale, scale_after, overflow, skipped, inf_ranks = row
     return StepView(
         step=step,
         wall_time=wall_time,

@@ -16,21 +16,24 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import RowMapping, exc, select, update
+from sqlalchemy import Row, RowMapping, and_, exc, or_, select, update
 
 from scaler.store.engine import Store
-from scaler.store.schema import alerts, runs
+from scaler.store.schema import alerts, runs, steps
 from scaler.store.states import AlertState
 
 __all__ = [
+    "WATCHED_COLUMNS",
     "AlertRow",
     "Firing",
     "alert_page",
     "fire_alert",
     "firing_alerts",
+    "new_steps",
     "resolve_alert",
 ]
 
@@ -180,3 +183,42 @@ def alert_page(
     with store.read() as conn:
         rows = [_row(row._mapping) for row in conn.execute(query)]
     return rows[:limit], rows[limit - 1].id if len(rows) > limit else None
+
+
+# What the rules read of a step, and its run.
+WATCHED_COLUMNS: tuple[str, ...] = (
+    "run_id",
+    "step",
+    "wall_time",
+    "scale",
+    "scale_after",
+    "overflow",
+    "skipped",
+    "inf_ranks",
+)
+# Runs asked for in one statement: SQLite's parser nests each OR a level deeper.
+RUNS_PER_READ = 100
+
+
+def new_steps(store: Store, cursors: Mapping[int, int], *, limit: int) -> list[Row[Any]]:
+    """The steps after each run's cursor (``run id -> last step read``), ``WATCHED_COLUMNS``,
+    by run and step: at most ``limit`` rows in all, from as few statements as the runs
+    allow (one for up to ``RUNS_PER_READ`` runs), where a statement a run costs a round
+    trip each on a server store."""
+    wanted = sorted(cursors.items())
+    rows: list[Row[Any]] = []
+    columns = [steps.c[name] for name in WATCHED_COLUMNS]
+    with store.read() as conn:
+        for first in range(0, len(wanted), RUNS_PER_READ):
+            if len(rows) >= limit:
+                break
+            part = wanted[first : first + RUNS_PER_READ]
+            each = [and_(steps.c.run_id == run, steps.c.step > after) for run, after in part]
+            query = (
+                select(*columns)
+                .where(or_(*each))
+                .order_by(steps.c.run_id, steps.c.step)
+                .limit(limit - len(rows))
+            )
+            rows += conn.execute(query).all()
+    return rows

@@ -165,7 +165,9 @@ class Store:
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
-        """A connection in a read transaction (one consistent snapshot), rolled back after."""
+        """A connection to read on: in a read transaction on SQLite (one consistent
+        snapshot), rolled back after; autocommitting on PostgreSQL, where under READ
+        COMMITTED each statement has a snapshot of its own anyway."""
         with self.engine.connect() as conn:
             yield conn
 
@@ -173,6 +175,8 @@ class Store:
     def write(self) -> Iterator[Connection]:
         """A connection in a write transaction: committed on success, rolled back on error."""
         with self.engine.connect() as conn:
+            if conn.dialect.name == "postgresql":
+                postgres.in_transactions(conn)
             conn.execution_options(sqlite_begin="IMMEDIATE")
             with conn.begin():
                 yield conn

@@ -8,11 +8,12 @@ one store with one service over it. Both run the same schema and Alembic revisio
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import URL, Connection, Engine, create_engine, text
+from sqlalchemy import URL, Connection, Engine, create_engine, event, exc, text
 
 from scaler.store.errors import UnsupportedDriver
 
@@ -26,6 +27,13 @@ STEPS_CHANNEL = "scalewatch_steps"
 NOTIFY_STEPS = f"SELECT pg_notify('{STEPS_CHANNEL}', %s)"
 # Seconds a new connection waits for the server before it gives up with an error.
 CONNECT_TIMEOUT_S = 10
+# A pooled connection idle this long is pinged before use (a server restart leaves dead
+# ones behind); one back in use within it is not: under load every trip counts.
+PING_IDLE_S = 1.0
+# Reads autocommit (one round trip a statement, where a transaction adds BEGIN and
+# ROLLBACK: under READ COMMITTED each statement has its own snapshot either way); writes
+# and migrations run in transactions of this level.
+WRITE_ISOLATION = "READ COMMITTED"
 
 
 def is_postgres(url: URL) -> bool:
@@ -51,20 +59,48 @@ def make_engine(url: URL) -> Engine:
     args: dict[str, Any] = {}
     if "connect_timeout" not in url.query:
         args["connect_timeout"] = CONNECT_TIMEOUT_S
-    return create_engine(
+    engine = create_engine(
         url,
         pool_size=POOL_SIZE,
         max_overflow=POOL_OVERFLOW,
-        pool_pre_ping=True,  # a server restart leaves dead pooled connections behind
+        isolation_level="AUTOCOMMIT",
         connect_args=args,
     )
+    event.listen(engine, "checkin", _on_checkin)
+    event.listen(engine, "checkout", _on_checkout)
+    return engine
+
+
+def in_transactions(conn: Connection) -> Connection:
+    """``conn`` (of an engine from :func:`make_engine`) in transactions until it goes back
+    to the pool: for writes and migrations, whose ``begin()`` must be a real one."""
+    conn.execution_options(isolation_level=WRITE_ISOLATION)
+    return conn
+
+
+def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
+    record.info["idle_since"] = time.monotonic()
+
+
+def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+    """Ping a connection that sat in the pool for a while; a dead one is replaced (the pool
+    retries on ``DisconnectionError``), so a restarted server costs no request an error."""
+    since = record.info.get("idle_since")
+    if since is None or time.monotonic() - since < PING_IDLE_S:
+        return
+    import psycopg
+
+    try:
+        dbapi_connection.execute("SELECT 1")
+    except psycopg.Error as error:
+        raise exc.DisconnectionError(str(error)) from error
 
 
 @contextmanager
 def migration_lock(engine: Engine) -> Iterator[Connection]:
     """A transaction holding the store's advisory lock: trainers and the service starting at
     once upgrade one after another, and each re-reads the version inside the lock."""
-    with engine.connect() as conn, conn.begin():
+    with engine.connect() as conn, in_transactions(conn).begin():
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         yield conn
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from sqlalchemy import event
 
+from app.alerts import evaluate
 from app.alerts.evaluate import Evaluator
 from app.alerts.rules import default_rules, parse_rules
+from scaler.store import alerts as alerts_store
 from scaler.store.alerts import AlertRow, alert_page
 from scaler.store.autopilot import disable_autopilot, save_decision, set_autopilot
 from scaler.store.engine import Store, open_store
@@ -256,3 +260,46 @@ def test_an_autopilot_that_stops_itself_fires_until_it_is_turned_off(any_store: 
     write_steps(store, run.id, _records(7, 7, skipped=set()))
     (resolved,) = evaluator.tick()
     assert (resolved.id, resolved.state, resolved.resolved_step) == (fired.id, "resolved", 7)
+
+
+def test_many_runs_are_read_a_batch_at_a_time_and_each_step_fed_once(
+    any_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The steps of every run come from a few statements per tick (not one per run), in
+    batches across the runs; a backlog larger than a batch and than a tick's share is fed
+    over ticks, every step once and in order, each alert at its own step."""
+    monkeypatch.setattr(evaluate, "BATCH_STEPS", 7)
+    monkeypatch.setattr(evaluate, "TICK_STEPS", 12)
+    monkeypatch.setattr(alerts_store, "RUNS_PER_READ", 4)
+    store, clock, changes = any_store, Clock(), []
+    ids = [create_run(store, name=f"r{i}", world_size=1, config={}, control={}).id
+           for i in range(10)]  # fmt: skip
+    evaluator = _evaluator(store, clock, changes)
+    evaluator.tick()  # watched from step 0
+    streak_at = {run: 3 + 2 * i for i, run in enumerate(ids)}  # skipped from here on 3 steps
+    for run in ids:
+        first = streak_at[run]
+        write_steps(store, run, _records(1, 30, skipped={first, first + 1, first + 2}))
+    fed: dict[int, list[int]] = {run: [] for run in ids}
+    real_step = Evaluator._step
+
+    def step(self: Evaluator, watched: Any, view: Any) -> None:
+        fed[watched.run.id].append(view.step)
+        real_step(self, watched, view)
+
+    monkeypatch.setattr(Evaluator, "_step", step)
+    statements = []
+    event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    evaluator.tick()
+    reads = [sql for sql in statements if "FROM steps" in sql]
+    # 10 runs, 12 steps each at most this tick, 7 rows a batch: 18 batches of 3 statements
+    # (runs by fours) at most; one statement a run would be 10 a batch.
+    assert len(reads) <= 3 * -(-10 * 12 // 7)
+    # The tick's share each: a run stops being read once its share is met, after the batch
+    # that met it.
+    assert all(12 <= len(steps) < 12 + 7 for steps in fed.values()), fed
+    while evaluator.tick() or any(len(steps) < 30 for steps in fed.values()):
+        pass
+    assert fed == {run: list(range(1, 31)) for run in ids}
+    fired = {(alert.run_id, alert.fired_step) for alert in changes if alert.rule == "streak"}
+    assert fired == {(run, streak_at[run] + 2) for run in ids}

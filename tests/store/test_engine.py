@@ -6,10 +6,13 @@ import threading
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Connection, exc
 
-from scaler.store import Store, default_url, open_store
+from scaler.store import Store, default_url, open_store, postgres
 from scaler.store.engine import DEFAULT_URL, head_revision, make_engine, shown_url, storage_failure
 from scaler.store.errors import NotAStoreURL
+from scaler.store.runs import create_run
+from scaler.store.schema import runs
 from tests._postgres import Cluster
 
 from ._workers import open_together
@@ -194,3 +197,54 @@ def test_a_postgresql_server_that_is_down_is_a_storage_failure() -> None:
     down = psycopg.OperationalError('connection to server at "127.0.0.1" failed\nIs it running?')
     assert storage_failure(down) == 'connection to server at "127.0.0.1" failed'
     assert storage_failure(psycopg.errors.UniqueViolation("duplicate key")) is None
+
+
+def _backend_pid(conn: Connection) -> int:
+    return int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+
+
+@pytest.mark.postgres
+def test_postgresql_reads_autocommit_and_writes_are_transactions(postgres_url: str) -> None:
+    """A read is one statement on the wire (no BEGIN, no ROLLBACK); a write is one
+    transaction, so a write that fails half-way leaves nothing."""
+    with open_store(postgres_url) as store:
+        with store.read() as conn:
+            assert conn.connection.driver_connection.autocommit is True
+            status = conn.exec_driver_sql(
+                "SELECT state FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+            ).scalar_one()
+            assert status == "active"  # "idle in transaction" would mean a BEGIN was sent
+        create_run(store, name="kept", world_size=1, config={}, control={})
+        with pytest.raises(RuntimeError), store.write() as conn:
+            assert conn.connection.driver_connection.autocommit is False
+            conn.execute(runs.delete())
+            raise RuntimeError("half-way")
+        with store.read() as conn:
+            assert conn.exec_driver_sql("SELECT count(*) FROM runs").scalar_one() == 1
+            assert conn.connection.driver_connection.autocommit is True  # reset on return
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("idle_s", [0.0, 3600.0])
+def test_a_pooled_connection_the_server_dropped_is_replaced_once_it_sat_idle(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch, idle_s: float
+) -> None:
+    """A connection idle in the pool longer than PING_IDLE_S is pinged at checkout and, if
+    the server dropped it (a restart), replaced without an error; one back in use sooner
+    is not pinged (a trip saved on every statement under load), so its next use fails."""
+    monkeypatch.setattr(postgres, "PING_IDLE_S", idle_s)
+    with open_store(postgres_url) as store:
+        with store.read() as conn:
+            dropped = _backend_pid(conn)
+        killer = make_engine(postgres_url)  # as a restart would: not through the pool
+        try:
+            with killer.connect() as other:
+                other.exec_driver_sql(f"SELECT pg_terminate_backend({dropped})")
+        finally:
+            killer.dispose()
+        if idle_s:
+            with pytest.raises(exc.OperationalError), store.read() as conn:
+                _backend_pid(conn)
+            return
+        with store.read() as conn:
+            assert _backend_pid(conn) != dropped
