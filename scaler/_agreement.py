@@ -59,8 +59,8 @@ class Agreement:
                 self.reduced.append(work)
         if world > 1 or len(per_device) > 1:
             total = payload.floor() if len(payload) == 1 else payload.floor().sum().reshape(1)
-            for found in per_device.values():
-                found.copy_(total)
+            for found in per_device.values():  # a fused optimizer's found_inf is 0-d
+                found.copy_(total.reshape(found.shape))
         state["payload"] = payload
         state["world"] = world
         self.step_states.append(state)
