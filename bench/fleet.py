@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 from sqlalchemy import func, select
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,8 +37,7 @@ from _figures import figure  # noqa: E402
 from scaler.store.engine import open_store  # noqa: E402
 from scaler.store.runs import create_run, write_steps  # noqa: E402
 from scaler.store.schema import steps  # noqa: E402
-from tests._net import free_port  # noqa: E402
-from tests.reliability._load import records  # noqa: E402
+from tests.reliability._load import ServiceDidNotStart, records, serving  # noqa: E402
 
 CONTROL = {"growth_interval": 2000, "growth_factor": 2.0, "backoff_factor": 0.5}
 CATCH_UP_S = 120  # after the writers' last step, for every stream to deliver it
@@ -82,41 +80,15 @@ def _store_url(args: argparse.Namespace) -> Any:
         yield server.url(server.new_database())
 
 
-@contextlib.contextmanager
-def _serve(url: str, tmp: Path) -> Any:
-    port = free_port()
-    env = {**os.environ, "SCALEWATCH_TOKEN": "fleet", "SCALEWATCH_TOKEN_FILE": str(tmp / "t")}
-    log = (tmp / "serve.log").open("wb")
-    argv = [sys.executable, "-m", "app", "serve", "--db", url, "--port", str(port)]
-    process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None or time.monotonic() > deadline:
-                sys.exit("the service did not start:\n" + (tmp / "serve.log").read_text())
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        yield base, process.pid
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
-        log.close()
-        lines = (tmp / "serve.log").read_text(errors="replace").splitlines()
-        said = [
-            line
-            for line in lines
-            if line.strip() and not line.startswith(("INFO:", "scalewatch: serving"))
-        ]
-        if said:  # warnings and errors: a store that failed, a stream cut short
-            print(f"the service said ({len(said)} lines, the last 20):", *said[-20:], sep="\n")
+def _what_the_service_said(log: Path) -> None:
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    said = [
+        line
+        for line in lines
+        if line.strip() and not line.startswith(("INFO:", "scalewatch: serving"))
+    ]
+    if said:  # warnings and errors: a store that failed, a stream cut short
+        print(f"the service said ({len(said)} lines, the last 20):", *said[-20:], sep="\n")
 
 
 def _spawn(argv: list[object], stderr: int | None = None) -> subprocess.Popen[str]:
@@ -373,12 +345,14 @@ def main() -> int:
     parser.add_argument("--history", type=int, default=20_000, help="steps of each run before")
     parser.add_argument("--writer-procs", type=int, default=5, help="processes for the runs")
     args = parser.parse_args()
-    with (
-        _store_url(args) as url,
-        tempfile.TemporaryDirectory() as tmp,
-        _serve(url, Path(tmp)) as (base, pid),
-    ):
-        figures = run_fleet(url, base, pid, args)
+    with _store_url(args) as url, tempfile.TemporaryDirectory() as tmp:
+        try:
+            with serving(url, Path(tmp), token="fleet") as (base, pid):
+                figures = run_fleet(url, base, pid, args)
+        except ServiceDidNotStart as error:
+            sys.exit(str(error))
+        finally:
+            _what_the_service_said(Path(tmp) / "serve.log")
     print(json.dumps(figures, indent=1))
     return 0 if report(figures, "SQLite" if url.startswith("sqlite") else "PostgreSQL") else 1
 

@@ -212,25 +212,44 @@ export function overflowPoint(item) {
   };
 }
 
-export function figureTraces(cols, overflows) {
-  const band = (y, yaxis, name, fill, x = cols.x) => ({
+// A bucket's min–max band on ``yaxis``: an invisible max line, then the min line filled
+// up to it ("tonexty", so the two stay next to each other, max first); hover skips both.
+// ``rgb`` ("r,g,b") colours it; ``shape`` "hv" draws it step by step; with ``legend``
+// the band has a legend entry, its min trace's ``minName``.
+export function bandPair({ x, max, min, yaxis, name, minName = `${name} min–max`, rgb, shape, legend = false }) {
+  const trace = (y, traceName, fill) => ({
     type: "scatter",
     mode: "lines",
     x: x.slice(),
     y,
     yaxis,
-    name,
-    line: { width: 0, color: "rgba(11,87,208,0.25)" },
+    name: traceName,
+    line: { width: 0, color: `rgba(${rgb},0.25)`, ...(shape ? { shape } : {}) },
     fill: fill ? "tonexty" : "none",
-    fillcolor: "rgba(11,87,208,0.18)",
+    fillcolor: `rgba(${rgb},0.18)`,
     hoverinfo: "skip",
-    showlegend: false,
+    showlegend: fill && legend,
     customdata: [],
   });
-  const stepped = { width: 0, color: "rgba(11,87,208,0.25)", shape: "hv" };
+  return [trace(max, `${name} max`, false), trace(min, minName, true)];
+}
+
+const BLUE = "11,87,208";
+const GREEN = "26,127,55";
+const PURPLE = "110,64,201";
+
+export function figureTraces(cols, overflows) {
   return [
-    { ...band(cols.scaleMax, "y", "scale max", false, cols.xFirst), line: stepped },
-    { ...band(cols.scaleMin, "y", "scale min–max", true, cols.xFirst), line: stepped, showlegend: true },
+    ...bandPair({
+      x: cols.xFirst,
+      max: cols.scaleMax,
+      min: cols.scaleMin,
+      yaxis: "y",
+      name: "scale",
+      rgb: BLUE,
+      shape: "hv",
+      legend: true,
+    }),
     {
       type: "scatter",
       mode: "lines",
@@ -254,15 +273,15 @@ export function figureTraces(cols, overflows) {
         "<br>ranks with inf/NaN: %{customdata[1]}<br>loss: %{customdata[3]}" +
         "<br>parameters: %{customdata[4]} (click for them)<extra></extra>",
     },
-    {
-      ...band(cols.trMax, "y2", "tracker max", false),
-      line: { width: 0, color: "rgba(26,127,55,0.25)" },
-    },
-    {
-      ...band(cols.trMin, "y2", "tracker min", true),
-      line: { width: 0, color: "rgba(26,127,55,0.25)" },
-      fillcolor: "rgba(26,127,55,0.18)",
-    },
+    ...bandPair({
+      x: cols.x,
+      max: cols.trMax,
+      min: cols.trMin,
+      yaxis: "y2",
+      name: "tracker",
+      minName: "tracker min",
+      rgb: GREEN,
+    }),
     {
       type: "scatter",
       mode: "lines",
@@ -285,15 +304,7 @@ export function figureTraces(cols, overflows) {
       line: { color: "#8a5300", width: 1.4 },
       hovertemplate: "step %{x}<br>skipped %{y:.2%}<extra></extra>",
     },
-    {
-      ...band(cols.lossMax, "y4", "loss max", false),
-      line: { width: 0, color: "rgba(110,64,201,0.25)" },
-    },
-    {
-      ...band(cols.lossMin, "y4", "loss min–max", true),
-      line: { width: 0, color: "rgba(110,64,201,0.25)" },
-      fillcolor: "rgba(110,64,201,0.18)",
-    },
+    ...bandPair({ x: cols.x, max: cols.lossMax, min: cols.lossMin, yaxis: "y4", name: "loss", rgb: PURPLE }),
     {
       type: "scatter",
       mode: "lines",

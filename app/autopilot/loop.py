@@ -19,6 +19,7 @@ import anyio
 from app.alerts.rules import AutopilotRule
 from app.autopilot.policy import Action, Control, Decision, Memory, Settings, Window, decide
 from scaler.store.autopilot import (
+    REQUESTED_BY,
     AutopilotRow,
     RunFacts,
     enabled_autopilots,
@@ -26,15 +27,13 @@ from scaler.store.autopilot import (
     save_decision,
     set_autopilot,
 )
-from scaler.store.control import request_control
 from scaler.store.engine import Store
 from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning
-from scaler.store.states import RequestSource, RunStatus
+from scaler.store.states import RunStatus
 from scaler.store.summaries import request_summary, step_summary
 
 __all__ = ["REFRESH_S", "REQUESTED_BY", "WINDOW_COOLDOWNS", "AutopilotLoop", "run_loop"]
 
-REQUESTED_BY = "autopilot"
 # The skip rate is judged over at most this many cooldowns of steps since the last change.
 WINDOW_COOLDOWNS = 4
 # A hold of the same reason is written again after this many seconds, so that GET shows
@@ -119,41 +118,17 @@ class AutopilotLoop:
         if not decision.values and not self._worth_writing(row, decision, now):
             return decision
         gave_up = decision.reason if decision.action is Action.GIVE_UP else None
-        saved = save_decision(
+        save_decision(  # files decision.values, if any, in the same transaction
             self.store,
             row.run_id,
             decision=record,
             misses=decision.misses,
             helped_below=decision.helped_below,
             gave_up=gave_up,
+            change=decision.values,
             now=now,
         )
-        if saved and decision.values:
-            record["request_id"] = self._file(row.run_id, decision, record)
-            save_decision(
-                self.store,
-                row.run_id,
-                decision=record,
-                misses=decision.misses,
-                helped_below=decision.helped_below,
-                now=now,
-            )
         return decision
-
-    def _file(self, run_id: int, decision: Decision, record: dict[str, Any]) -> int | None:
-        try:
-            request = request_control(
-                self.store,
-                run_id,
-                decision.values,
-                requested_by=REQUESTED_BY,
-                source=RequestSource.AUTOPILOT,
-                reason=decision.reason,
-            )
-        except (ControlValidationError, RunNotFound, RunNotRunning) as error:
-            record["refused"] = str(error)
-            return None
-        return request.id
 
     @staticmethod
     def _worth_writing(row: AutopilotRow, decision: Decision, now: float) -> bool:

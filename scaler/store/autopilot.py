@@ -15,12 +15,13 @@ from typing import Any
 
 from sqlalchemy import Connection, RowMapping, select, update
 
+from scaler.store.control import file_request
 from scaler.store.engine import Store
 from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning
 from scaler.store.rules import INT32_MAX, RULES, SCHEMAS, bounds_problems, normalise
 from scaler.store.runs import effective_status
 from scaler.store.schema import autopilots, runs
-from scaler.store.states import AutopilotState, RunStatus
+from scaler.store.states import AutopilotState, RequestSource, RunStatus
 
 __all__ = [
     "AUTOPILOT_FIELDS",
@@ -28,6 +29,7 @@ __all__ = [
     "DEFAULT_COOLDOWN_STEPS",
     "DEFAULT_MAX_CHANGES_PER_HOUR",
     "DEFAULT_MAX_GROWTH_INTERVAL",
+    "REQUESTED_BY",
     "AutopilotRow",
     "RunFacts",
     "disable_autopilot",
@@ -42,6 +44,7 @@ __all__ = [
 DEFAULT_COOLDOWN_STEPS = 500
 DEFAULT_MAX_CHANGES_PER_HOUR = 6
 DEFAULT_MAX_GROWTH_INTERVAL = 100_000
+REQUESTED_BY = "autopilot"  # the requested_by of its control requests
 MAX_CHANGES_PER_HOUR = 3600
 AUTOPILOT_FIELDS = (
     "enabled",
@@ -262,25 +265,61 @@ def save_decision(
     misses: int,
     helped_below: float | None,
     gave_up: str | None = None,
+    change: Mapping[str, object] | None = None,
     now: float | None = None,
 ) -> bool:
     """Record the autopilot's decision; ``gave_up`` (a reason) stops it. Whether it was
-    still on: a switch turned off meanwhile wins, and nothing is written."""
-    values: dict[str, Any] = {"decision": dict(decision), "misses": misses}
-    values.update(helped_below=helped_below, updated_at=time.time() if now is None else now)
+    still on: a switch turned off meanwhile wins, and nothing is written.
+
+    ``change`` (control values) is filed in the same transaction as a control request of
+    the autopilot, ``decision["reason"]`` its why; the decision is recorded with the
+    request's id as ``request_id``, or, refused, with ``request_id`` None and why as
+    ``refused``. An autopilot turned off files nothing.
+    """
+    values: dict[str, Any] = {"misses": misses, "helped_below": helped_below}
+    values["updated_at"] = time.time() if now is None else now
     if gave_up is not None:
         values.update(state=AutopilotState.GAVE_UP, reason=gave_up)
     with store.write() as conn:
-        done = conn.execute(
-            update(autopilots)
+        # Locked (PostgreSQL; SQLite's write transaction holds the whole file): a switch
+        # turned off now waits for this transaction, or this one sees it off.
+        on = conn.execute(
+            select(autopilots.c.run_id)
             .where(
                 autopilots.c.run_id == run_id,
                 autopilots.c.enabled,
                 autopilots.c.state == AutopilotState.WATCHING,
             )
-            .values(values)
+            .with_for_update()
+        ).first()
+        if on is None:
+            return False
+        recorded = dict(decision)
+        if change:
+            recorded.update(_file(conn, run_id, change, decision.get("reason")))
+        conn.execute(
+            update(autopilots)
+            .where(autopilots.c.run_id == run_id)
+            .values(decision=recorded, **values)
         )
-        return bool(done.rowcount)
+        return True
+
+
+def _file(
+    conn: Connection, run_id: int, change: Mapping[str, object], reason: str | None
+) -> dict[str, Any]:
+    try:
+        request = file_request(
+            conn,
+            run_id,
+            change,
+            requested_by=REQUESTED_BY,
+            source=RequestSource.AUTOPILOT,
+            reason=reason,
+        )
+    except (ControlValidationError, RunNotFound, RunNotRunning) as error:
+        return {"request_id": None, "refused": str(error)}
+    return {"request_id": request.id}
 
 
 def _find(conn: Connection, run_id: int) -> AutopilotRow | None:

@@ -41,6 +41,7 @@ __all__ = [
     "control_history",
     "control_history_page",
     "control_state",
+    "file_request",
     "mark_applied",
     "mark_rejected",
     "pending_requests",
@@ -93,30 +94,47 @@ def request_control(
     Raises :class:`RunNotFound`, :class:`RunNotRunning` or :class:`ControlValidationError`;
     nothing is written then.
     """
+    with store.write() as conn:
+        return file_request(
+            conn, run_id, values, requested_by=requested_by, source=source, reason=reason
+        )
+
+
+def file_request(
+    conn: Connection,
+    run_id: int,
+    values: Mapping[str, object],
+    *,
+    requested_by: str,
+    source: RequestSource,
+    reason: str | None = None,
+) -> ControlRequestRow:
+    """:func:`request_control` on ``conn``, a connection of a write transaction: for a
+    caller that files a request together with other writes of its own. The errors are
+    raised before anything is written, so the transaction can go on without it."""
     if source not in CONTROL_SOURCES:
         known = ", ".join(CONTROL_SOURCES)
         raise ValueError(f"source must be one of {known}, not {source!r}")
     now = time.time()
-    with store.write() as conn:
-        run = _run_row(conn, run_id)
-        status = effective_status(run, now)
-        if status is not RunStatus.RUNNING:
-            raise RunNotRunning(run_id, status)
-        clean = validate_control(values, run["control"])
-        result = conn.execute(
-            control_requests.insert().values(
-                run_id=run_id,
-                values=clean,
-                source=source,
-                requested_by=requested_by,
-                requested_at=now,
-                status=RequestStatus.PENDING,
-                reason=reason,
-            )
+    run = _run_row(conn, run_id)
+    status = effective_status(run, now)
+    if status is not RunStatus.RUNNING:
+        raise RunNotRunning(run_id, status)
+    clean = validate_control(values, run["control"])
+    result = conn.execute(
+        control_requests.insert().values(
+            run_id=run_id,
+            values=clean,
+            source=source,
+            requested_by=requested_by,
+            requested_at=now,
+            status=RequestStatus.PENDING,
+            reason=reason,
         )
-        key = result.inserted_primary_key
-        assert key is not None  # an INSERT of one row always has one
-        return _request(conn, int(key[0]))
+    )
+    key = result.inserted_primary_key
+    assert key is not None  # an INSERT of one row always has one
+    return _request(conn, int(key[0]))
 
 
 _ANY_PENDING = "SELECT 1 FROM control_requests WHERE run_id = ? AND status = 'pending' LIMIT 1"

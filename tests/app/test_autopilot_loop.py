@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import Connection
 
 from app.alerts.rules import RulesFileError, parse_rules
 from app.autopilot import AutopilotLoop, run_loop
-from scaler.store.autopilot import disable_autopilot, get_autopilot, set_autopilot
+from scaler.store.autopilot import (
+    disable_autopilot,
+    enabled_autopilots,
+    get_autopilot,
+    set_autopilot,
+)
 from scaler.store.control import control_history
 from scaler.store.engine import Store
-from scaler.store.errors import ControlValidationError
+from scaler.store.errors import ControlValidationError, RunNotRunning
 from scaler.store.runs import create_run, end_run, write_steps
-from scaler.store.states import AutopilotState, RequestSource, RequestStatus
+from scaler.store.states import AutopilotState, RequestSource, RequestStatus, RunStatus
 from tests.app.conftest import CONTROL, add_run, simulate
 
 EVERY_TENTH = set(range(10, 601, 10))  # 10% of the steps skipped
@@ -44,6 +52,51 @@ def test_a_change_is_filed_as_a_control_request_of_the_autopilot(store: Store) -
     after = get_autopilot(store, run)
     assert after is not None and after.decision is not None and after.decision["code"] == "pending"
     assert len(control_history(store, run)) == 1 and loop.ticks == 3
+
+
+def test_a_change_and_its_decision_with_the_request_id_are_one_write(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = add_run(store, simulate(600, EVERY_TENTH))
+    set_autopilot(store, run, ON)
+    writes = []
+    write = store.write
+
+    @contextlib.contextmanager
+    def counted() -> Iterator[Connection]:
+        writes.append(1)
+        with write() as conn:
+            yield conn
+
+    monkeypatch.setattr(store, "write", counted)
+    AutopilotLoop(store, clock=lambda: 1000.0).tick()
+    (request,) = control_history(store, run)
+    row = get_autopilot(store, run)
+    assert row is not None and row.decision is not None and row.decision["action"] == "raise"
+    assert row.decision["request_id"] == request.id and len(writes) == 1
+
+
+def test_an_autopilot_turned_off_while_it_decides_files_nothing(store: Store) -> None:
+    run = add_run(store, simulate(600, EVERY_TENTH))
+    set_autopilot(store, run, ON)
+    ((row, facts),) = enabled_autopilots(store)  # read before the switch is turned off
+    disable_autopilot(store, run)
+    decision = AutopilotLoop(store).evaluate(row, facts, 1000.0)
+    assert decision is not None and decision.values  # it decided on a change: not filed
+    after = get_autopilot(store, run)
+    assert after is not None and after.decision is None and control_history(store, run) == []
+
+
+def test_a_refused_change_is_recorded_with_why(store: Store) -> None:
+    run = add_run(store, simulate(600, EVERY_TENTH))
+    set_autopilot(store, run, ON)
+    ((row, facts),) = enabled_autopilots(store)  # read before the run ended
+    end_run(store, run)
+    AutopilotLoop(store).evaluate(row, facts, 1000.0)
+    after = get_autopilot(store, run)
+    assert after is not None and after.decision is not None and control_history(store, run) == []
+    assert after.decision["action"] == "raise" and after.decision["request_id"] is None
+    assert after.decision["refused"] == str(RunNotRunning(run, RunStatus.FINISHED))
 
 
 def test_at_its_upper_bound_it_gives_up_and_says_why(store: Store, client: TestClient) -> None:

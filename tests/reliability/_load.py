@@ -5,6 +5,9 @@ time, each printing one JSON line of results (with the CPU seconds it used).
     python -m tests.reliability._load sse BASE RUNS CLIENTS LAST_STEP SECONDS
     python -m tests.reliability._load charts BASE RUNS RATE SECONDS LAST_STEP TIMEOUT
 
+and, for the test and ``bench/fleet.py`` that drive them, :func:`serving`: the service
+itself, a real ``scalewatch serve``.
+
 RUNS is a run id, or several separated by commas: client i streams the i-th run (round
 robin), each chart request asks for one of them at random.
 
@@ -23,21 +26,77 @@ decoded as JSON.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import random
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
+
+import httpx
 
 from scaler.store.engine import open_store
 from scaler.store.records import StepRecord
 from scaler.store.runs import write_steps
+from tests._net import free_port
 
 READY_TIMEOUT_S = 60.0  # for every stream's answer to start
 BATCH = 500  # records per write: a telemetry thread's batch at 10k records/s, 20 writes/s
 _STEP = b"event: step\n"
 _WALL_TIME = b'"wall_time":'
+REPO = Path(__file__).resolve().parents[2]
+
+
+class ServiceDidNotStart(RuntimeError):
+    """``scalewatch serve`` exited, or did not answer ``/healthz`` in time; the message
+    ends with its log."""
+
+
+@contextlib.contextmanager
+def serving(
+    url: str, tmp: Path, *, token: str, start_timeout_s: float = 60.0
+) -> Iterator[tuple[str, int]]:
+    """``scalewatch serve --db url`` on a free port of 127.0.0.1, its output in
+    ``tmp/serve.log`` and its token file in ``tmp``: yields (base URL, pid) once
+    ``/healthz`` answers 200, and terminates it at the end (killed if it takes over 15 s).
+
+    Raises :class:`ServiceDidNotStart` if it exits or does not answer in
+    ``start_timeout_s`` seconds.
+    """
+    port = free_port()
+    env = {**os.environ, "SCALEWATCH_TOKEN": token, "SCALEWATCH_TOKEN_FILE": str(tmp / "token")}
+    log_path = tmp / "serve.log"
+    argv = [sys.executable, "-m", "app", "serve", "--db", url, "--port", str(port)]
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + start_timeout_s
+            while True:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    why = "exited" if process.returncode is not None else "did not answer"
+                    raise ServiceDidNotStart(
+                        f"the service did not start ({why}):\n{log_path.read_text()}"
+                    )
+                try:
+                    if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.1)
+            yield base, process.pid
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
 
 
 def records(first: int, count: int, wall_time: float) -> list[StepRecord]:

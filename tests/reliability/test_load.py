@@ -19,14 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from scaler.store.engine import open_store
 from scaler.store.runs import create_run, write_steps
-from tests._net import free_port
 from tests.app.conftest import CONTROL
-from tests.reliability._load import BATCH, records
+from tests.reliability._load import BATCH, records, serving
 
 RATE = 10_000  # records/s, in batches of _load.BATCH
 SECONDS = 60
@@ -92,36 +90,8 @@ def result(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[str, str, int]]:
     url = f"sqlite:///{tmp_path / 'load.db'}"
-    port = free_port()
-    env = {**os.environ, "SCALEWATCH_TOKEN": "load-token"}
-    log = (tmp_path / "serve.log").open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "app", "serve", "--db", url, "--port", str(port)],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert process.poll() is None, (tmp_path / "serve.log").read_text()
-            assert time.monotonic() < deadline, "the service did not start"
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        yield url, base, process.pid
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
-        log.close()
+    with serving(url, tmp_path, token="load-token", start_timeout_s=30) as (base, pid):
+        yield url, base, pid
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ import {
   LINE_TRACES,
   RollingRate,
   T,
+  bandPair,
   emptyColumns,
   extent,
   figureLayout,
@@ -142,6 +143,33 @@ test("the loss is drawn under the scale, on its own axis, as a band and a line",
   const layout = figureLayout(false);
   assert.ok(layout.yaxis4.domain[1] < layout.yaxis.domain[0], "under the scale");
   assert.ok(layout.yaxis4.domain[0] > layout.yaxis2.domain[1], "above the tracker");
+});
+
+test("each min–max band is its max line, then its min filled up to it, hover skipped", () => {
+  const cols = emptyColumns();
+  cols.x.push(10, 20);
+  cols.xFirst.push(1, 11);
+  const traces = figureTraces(cols, []);
+  const bands = [
+    [T.scaleMax, T.scaleMin, "y", cols.xFirst, "hv"],
+    [T.trackerMax, T.trackerMin, "y2", cols.x, undefined],
+    [T.lossMax, T.lossMin, "y4", cols.x, undefined],
+  ];
+  for (const [max, min, yaxis, x, shape] of bands) {
+    const [top, bottom] = [traces[max], traces[min]];
+    assert.deepEqual([top.fill, bottom.fill], ["none", "tonexty"]);
+    for (const trace of [top, bottom]) {
+      assert.deepEqual([trace.yaxis, trace.x, trace.hoverinfo], [yaxis, x, "skip"]);
+      assert.deepEqual([trace.line.width, trace.line.shape, trace.line.color], [0, shape, top.line.color]);
+      assert.notEqual(trace.x, x, "its own copy: extendTraces grows each trace's x");
+    }
+  }
+  assert.deepEqual(
+    traces.filter((t) => t.fill === "tonexty" && t.showlegend).map((t) => t.name),
+    ["scale min–max"],
+  );
+  const [, named] = bandPair({ x: [1], max: [2], min: [0], yaxis: "y9", name: "n", rgb: "1,2,3" });
+  assert.equal(named.name, "n min–max");
 });
 
 test("an overflow marker says whether the loss was finite and how many parameters", () => {
