@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -70,13 +71,17 @@ def _control_marks(store: Store, run_id: int) -> dict[int, tuple[str, Any]]:
     return {row.id: (row.status, row.applied_step) for row in control_history(store, run_id)}
 
 
-def _read_new(store: Store, run_id: int, after: int) -> tuple[str | None, list[Chunk]]:
-    """The run's status, then its steps after ``after``, encoded, a page a chunk (one trip
-    to a thread, so the event loop only hands the chunks on).
+def _read_new(
+    store: Store, run_id: int, after: int, *, status: str | None = None
+) -> tuple[str | None, list[Chunk]]:
+    """The run's status (unless known: ``status``), then its steps after ``after``,
+    encoded, a page a chunk (one trip to a thread, so the event loop only hands the
+    chunks on).
 
     The status is read first: steps written before the run ended are still sent.
     """
-    status = queries.run_status(store, run_id)
+    if status is None:
+        status = queries.run_status(store, run_id)
     chunks = []
     while True:
         rows = queries.step_rows_after(store, run_id, after, limit=STEP_PAGE)
@@ -119,10 +124,17 @@ class Hub:
         waiter = notify.subscribe(self.store, self.run_id)
         try:
             marks = await run_in_threadpool(_control_marks, self.store, self.run_id)
-            polls = 0
+            polls, woken = 0, False
             while True:
+                # Woken by PostgreSQL, the run has just written steps: it was running then;
+                # whether it has ended since is read at the next fallback poll, or with
+                # the control requests.
+                known = RunStatus.RUNNING if woken and (polls + 1) % CONTROL_EVERY else None
                 status, chunks = await run_in_threadpool(
-                    _read_new, self.store, self.run_id, self.after
+                    functools.partial(_read_new, status=known),
+                    self.store,
+                    self.run_id,
+                    self.after,
                 )
                 for chunk in chunks:
                     self._keep(chunk)
@@ -136,7 +148,7 @@ class Hub:
                 if waiter is None:
                     await asyncio.sleep(self.poll_s)
                 else:
-                    await waiter.wait(max(self.poll_s, LISTEN_FALLBACK_S))
+                    woken = await waiter.wait(max(self.poll_s, LISTEN_FALLBACK_S))
         except Exception as error:
             self.failed = True
             reason = storage_failure(error)

@@ -29,8 +29,10 @@ from scaler.store.engine import open_store
 
 __all__ = ["CHART_THREADS", "create_app"]
 
-# Chart queries that run at once; the others wait their turn.
-CHART_THREADS = 4
+# Chart queries that run at once, by the store's dialect; the others wait their turn.
+# SQLite's run in the service's own process, beside the live streams; PostgreSQL's in
+# the server's, while the service's thread only waits.
+CHART_THREADS = {"sqlite": 4, "postgresql": 16}
 
 
 def create_app(settings: Settings | None = None, alerts: AlertConfig | None = None) -> FastAPI:
@@ -54,7 +56,7 @@ def create_app(settings: Settings | None = None, alerts: AlertConfig | None = No
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = open_store(settings.db)
         app.state.store = store
-        app.state.chart_limiter = anyio.CapacityLimiter(CHART_THREADS)
+        app.state.chart_limiter = anyio.CapacityLimiter(CHART_THREADS[store.engine.dialect.name])
         app.state.autopilot = AutopilotLoop(store, rules=config.autopilots)
         app.state.hubs = hubs = Hubs(store, settings.stream_poll_s)  # the live streams' pollers
         try:

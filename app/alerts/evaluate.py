@@ -36,7 +36,7 @@ from scaler.store.states import AutopilotState, RunStatus
 
 __all__ = ["BATCH_STEPS", "TICK_STEPS", "Evaluator"]
 
-BATCH_STEPS = 5000  # steps read at once, across the runs
+BATCH_STEPS = 1000  # steps read of a run at once (of many runs in one statement)
 TICK_STEPS = 50_000  # steps fed per run and tick at most: a long backlog spreads over ticks
 
 
@@ -69,6 +69,11 @@ class _Watched:
     rules: list[_Rule]
     fed: int  # the last step its watches were fed: the cursor, moved step by step
     fed_at: float | None = None  # that step's wall time
+    stepping: list[_Rule] = field(init=False)  # the rules whose kind looks at steps
+
+    def __post_init__(self) -> None:
+        self.stepping = [rule for rule in self.rules if type(rule.watch).step is not Watch.step]
+
     warm: bool = False  # history fed and reconciled: transitions are stored from now on
     done: list[AlertRow] = field(default_factory=list)
 
@@ -207,42 +212,35 @@ class Evaluator:
         return watched
 
     def _feed(self, watched: Sequence[_Watched]) -> None:
-        """Feed every watched run the steps stored since its cursor: a batch of rows across
-        the runs at a time (by run, then step), at most ``TICK_STEPS`` per run and tick."""
+        """Feed every watched run the steps stored since its cursor: up to ``BATCH_STEPS``
+        of each run a statement (many runs in one), at most ``TICK_STEPS`` a run a tick."""
         pending = {entry.run.id: entry for entry in watched}
         fed = dict.fromkeys(pending, 0)
         while pending:
             cursors = {run_id: entry.fed for run_id, entry in pending.items()}
-            rows = new_steps(self.store, cursors, limit=BATCH_STEPS)
-            touched: dict[int, _Watched] = {}
+            rows = new_steps(self.store, cursors, per_run=BATCH_STEPS)
+            read = dict.fromkeys(pending, 0)
             try:
                 for row in rows:
-                    entry = pending[row.run_id]
-                    touched[row.run_id] = entry
-                    fed[row.run_id] += 1
-                    self._step(entry, _step_view(row))
+                    read[row[0]] += 1
+                    self._step(pending[row[0]], _step_view(row))
             finally:  # also when a store write failed: the clock side sees what was fed
-                for entry in touched.values():
-                    if entry.fed != entry.run.last_step:
+                for run_id, count in read.items():
+                    entry = pending[run_id]
+                    if count and entry.fed != entry.run.last_step:
                         entry.run = _with(
                             entry.run, last_step=entry.fed, last_wall_time=entry.fed_at
                         )
-            if len(rows) < BATCH_STEPS:
-                return
-            # By run id: the runs before the last row's are read to their end; the last
-            # one may have more, and those after it were not reached.
-            last = rows[-1].run_id
-            pending = {
-                run_id: entry
-                for run_id, entry in pending.items()
-                if run_id >= last and fed[run_id] < TICK_STEPS
-            }
+            for run_id, count in read.items():
+                fed[run_id] += count
+                if count < BATCH_STEPS or fed[run_id] >= TICK_STEPS:  # read to its end
+                    del pending[run_id]
 
     def _step(self, watched: _Watched, step: StepView) -> None:
         """Feed every watch ``step``, then store what changed: a failed write leaves no
         watch fed twice, and the change is made again at the next step it still holds."""
         changed: list[tuple[_Rule, Reading]] = []
-        for entry in watched.rules:
+        for entry in watched.stepping:
             reading = entry.watch.step(step)
             if reading is None:
                 continue
@@ -344,12 +342,5 @@ def _with(view: RunView, **changes: Any) -> RunView:
 def _step_view(row: Sequence[Any]) -> StepView:
     """A row of ``new_steps`` (``WATCHED_COLUMNS``) as the rules read it."""
     _run, step, wall_time, scale, scale_after, overflow, skipped, inf_ranks = row
-    return StepView(
-        step=step,
-        wall_time=wall_time,
-        scale=scale,
-        scale_after=scale_after,
-        overflow=bool(overflow),
-        skipped=bool(skipped),
-        inf_ranks=tuple(parse_ranks(inf_ranks)),
-    )
+    ranks = tuple(parse_ranks(inf_ranks)) if inf_ranks else ()
+    return StepView(step, wall_time, scale, scale_after, bool(overflow), bool(skipped), ranks)

@@ -20,10 +20,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sqlalchemy import Row, RowMapping, and_, exc, or_, select, update
+from sqlalchemy import RowMapping, exc, select, update
 
 from scaler.store.engine import Store
-from scaler.store.schema import alerts, runs, steps
+from scaler.store.schema import alerts, runs
+from scaler.store.sql import driver_sql
 from scaler.store.states import AlertState
 
 __all__ = [
@@ -196,29 +197,47 @@ WATCHED_COLUMNS: tuple[str, ...] = (
     "skipped",
     "inf_ranks",
 )
-# Runs asked for in one statement: SQLite's parser nests each OR a level deeper.
-RUNS_PER_READ = 100
+# Runs asked for in one statement (a sub-select each).
+RUNS_PER_READ = 50
 
 
-def new_steps(store: Store, cursors: Mapping[int, int], *, limit: int) -> list[Row[Any]]:
-    """The steps after each run's cursor (``run id -> last step read``), ``WATCHED_COLUMNS``,
-    by run and step: at most ``limit`` rows in all, from as few statements as the runs
-    allow (one for up to ``RUNS_PER_READ`` runs), where a statement a run costs a round
-    trip each on a server store."""
+def new_steps(store: Store, cursors: Mapping[int, int], *, per_run: int) -> list[tuple[Any, ...]]:
+    """The steps after each run's cursor (``run id -> last step read``), at most
+    ``per_run`` of each, as tuples of ``WATCHED_COLUMNS``, by run and step: one statement
+    for up to ``RUNS_PER_READ`` runs (a statement a run costs a round trip each on a
+    server store), read through the driver's cursor (a tuple a row, nothing more).
+
+    Each run is its own sub-select on the primary key, as a chart's read is: one filter
+    over all the runs, ordered and limited, lets a planner walk the whole index instead.
+    """
     wanted = sorted(cursors.items())
-    rows: list[Row[Any]] = []
-    columns = [steps.c[name] for name in WATCHED_COLUMNS]
-    with store.read() as conn:
+    dialect = store.engine.dialect.name
+    rows: list[tuple[Any, ...]] = []
+    raw = store.engine.raw_connection()
+    try:
+        cursor = raw.cursor()
         for first in range(0, len(wanted), RUNS_PER_READ):
-            if len(rows) >= limit:
-                break
             part = wanted[first : first + RUNS_PER_READ]
-            each = [and_(steps.c.run_id == run, steps.c.step > after) for run, after in part]
-            query = (
-                select(*columns)
-                .where(or_(*each))
-                .order_by(steps.c.run_id, steps.c.step)
-                .limit(limit - len(rows))
-            )
-            rows += conn.execute(query).all()
+            params: dict[str, int] = {"limit": per_run}
+            for i, (run, after) in enumerate(part):
+                params[f"run{i}"], params[f"after{i}"] = run, after
+            sql = " UNION ALL ".join(_ONE_RUN.format(i=i) for i in range(len(part)))
+            cursor.execute(driver_sql(sql, dialect), params)
+            found = list(cursor.fetchall())
+            if len(part) > 1:  # a UNION ALL keeps no order of its own
+                found.sort(key=_by_run_and_step)
+            rows += found
+        cursor.close()
+    finally:
+        raw.close()
     return rows
+
+
+_ONE_RUN = (
+    f"SELECT * FROM (SELECT {', '.join(WATCHED_COLUMNS)} FROM steps"
+    " WHERE run_id = :run{i} AND step > :after{i} ORDER BY step LIMIT :limit) AS r{i}"
+)
+
+
+def _by_run_and_step(row: tuple[Any, ...]) -> tuple[int, int]:
+    return row[0], row[1]

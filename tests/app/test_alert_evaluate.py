@@ -6,7 +6,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import event
 
 from app.alerts import evaluate
 from app.alerts.evaluate import Evaluator
@@ -288,16 +287,21 @@ def test_many_runs_are_read_a_batch_at_a_time_and_each_step_fed_once(
         real_step(self, watched, view)
 
     monkeypatch.setattr(Evaluator, "_step", step)
-    statements = []
-    event.listen(store.engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    reads: list[str] = []
+    real_sql = alerts_store.driver_sql
+
+    def driver_sql(sql: str, dialect: str) -> str:
+        reads.append(sql)
+        return real_sql(sql, dialect)
+
+    monkeypatch.setattr(alerts_store, "driver_sql", driver_sql)  # new_steps' statements
     evaluator.tick()
-    reads = [sql for sql in statements if "FROM steps" in sql]
-    # 10 runs, 12 steps each at most this tick, 7 rows a batch: 18 batches of 3 statements
-    # (runs by fours) at most; one statement a run would be 10 a batch.
-    assert len(reads) <= 3 * -(-10 * 12 // 7)
+    # 10 runs, 7 steps each a batch: two batches reach the tick's share of 12, each batch
+    # three statements (runs by fours); one statement a run would be 20.
+    assert len(reads) == 2 * 3
     # The tick's share each: a run stops being read once its share is met, after the batch
     # that met it.
-    assert all(12 <= len(steps) < 12 + 7 for steps in fed.values()), fed
+    assert all(len(steps) == 14 for steps in fed.values()), fed
     while evaluator.tick() or any(len(steps) < 30 for steps in fed.values()):
         pass
     assert fed == {run: list(range(1, 31)) for run in ids}
