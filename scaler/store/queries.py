@@ -257,11 +257,16 @@ _GROUPED = (
 )
 
 
+# Two sub-selects: SQLite answers a lone min() or max() from the index, not both at once;
+# one statement: one round trip to a server.
+_BOUNDS = (
+    "SELECT (SELECT step FROM steps WHERE run_id = :run ORDER BY step ASC LIMIT 1),"
+    " (SELECT step FROM steps WHERE run_id = :run ORDER BY step DESC LIMIT 1)"
+)
+
+
 def _step_bounds(conn: Connection, run_id: int) -> tuple[int, int] | None:
-    # Two queries: SQLite answers a lone min() or max() from the index, not both at once.
-    sql = "SELECT step FROM steps WHERE run_id = :run ORDER BY step {} LIMIT 1"
-    first = conn.execute(text(sql.format("ASC")), {"run": run_id}).scalar()
-    last = conn.execute(text(sql.format("DESC")), {"run": run_id}).scalar()
+    first, last = conn.execute(text(_BOUNDS), {"run": run_id}).one()
     return None if first is None or last is None else (int(first), int(last))
 
 
@@ -303,7 +308,12 @@ def chart_series(
             else:
                 selects.append(_RAW_PIECE.format(i=i))
         sql = _GROUPED.format(pieces=" UNION ALL ".join(selects))
-        rows = conn.exec_driver_sql(driver_sql(sql, conn.dialect.name), params).fetchall()
+        cursor = conn.connection.cursor()  # the driver's tuples: no Row a bucket
+        try:
+            cursor.execute(driver_sql(sql, conn.dialect.name), params)
+            rows = cursor.fetchall()
+        finally:
+            cursor.close()
     for key, values in zip(SERIES_KEYS, zip(*rows, strict=True), strict=False):
         series.columns[key] = list(values)
     return series
