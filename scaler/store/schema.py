@@ -162,7 +162,7 @@ autopilots = Table(
     metadata,
     Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
     Column("enabled", Boolean, nullable=False),
-    Column("state", String(16), nullable=False),  # off | watching | gave_up
+    Column("state", String(16), nullable=False),  # off | watching | gave_up (ended: read)
     Column("target_skip_rate", Float, nullable=False),
     Column("min_growth_interval", Integer, nullable=False),
     Column("max_growth_interval", Integer, nullable=False),

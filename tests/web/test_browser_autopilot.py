@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from _harness import CHROMIUM, HOSTILE_NAME, Served, Tab
 
-from scaler.store import control
-from scaler.store.autopilot import get_autopilot
+from scaler.store import StepRecord, control, runs
+from scaler.store.autopilot import get_autopilot, set_autopilot
 from scaler.store.states import RequestSource
 
 pytestmark = pytest.mark.browser
@@ -57,6 +57,28 @@ def test_a_finished_runs_switch_is_disabled(tab: Tab, served: Served) -> None:
     open_run(tab, served.other_runs[HOSTILE_NAME])
     page.locator("#control-closed", has_text="This run is finished").wait_for()
     assert page.is_disabled("#autopilot-switch") and page.is_disabled("#autopilot-target")
+
+
+def test_the_autopilot_of_a_run_that_ends_reads_as_ended(tab: Tab, served: Served) -> None:
+    page = tab.page
+    state = control.control_state(served.store, served.run_id)
+    state.pop("version")
+    run = runs.create_run(served.store, name="ending", world_size=1, config={}, control=state)
+    interval = state["growth_interval"]
+    records = [
+        StepRecord(step, 1_700_000_000.0 + step, 1024.0, False, False, (), 1024.0, 0,
+                   interval, 2.0, 0.5, 0)
+        for step in range(1, 21)
+    ]  # fmt: skip
+    runs.write_steps(served.store, run.id, records)
+    set_autopilot(served.store, run.id, {"enabled": True, "target_skip_rate": 0.01})
+    open_run(tab, run.id)
+    page.locator("#autopilot[data-state=watching]").wait_for()
+    runs.end_run(served.store, run.id)  # the page sees it within a poll of the run
+    page.locator("#autopilot[data-state=ended]").wait_for()
+    page.locator("#autopilot-state", has_text="Ended with the run").wait_for()
+    assert page.is_disabled("#autopilot-switch") and page.is_hidden("#autopilot-reason")
+    assert tab.unexpected_errors() == []
 
 
 def test_an_autopilot_change_is_marked_on_the_chart_with_its_reason(
