@@ -62,6 +62,10 @@ export class AutopilotPanel {
     this.view = view;
     const on = Boolean(view.enabled);
     this.node.dataset.state = view.state;
+    // Ended: the run is over, though the run's status may not have been polled yet.
+    const closed = !this.open || view.state === "ended";
+    this.switch.disabled = closed;
+    this.target.disabled = closed;
     this.switch.setAttribute("aria-checked", on ? "true" : "false");
     setText(this.switch, on ? "Turn off" : "Turn on");
     setText(this.stateNode, STATE_TEXT[view.state] || view.state);

@@ -280,7 +280,7 @@ def save_decision(
     still on: a switch turned off meanwhile wins, and nothing is written.
 
     ``change`` (control values) is filed in the same transaction as a control request of
-    the autopilot, ``decision["reason"]`` its why; the decision is recorded with the
+    the autopilot, ``decision["reason"]`` its note (why); the decision is recorded with the
     request's id as ``request_id``, or, refused, with ``request_id`` None and why as
     ``refused``. An autopilot turned off files nothing.
     """
@@ -323,7 +323,7 @@ def _file(
             change,
             requested_by=REQUESTED_BY,
             source=RequestSource.AUTOPILOT,
-            reason=reason,
+            note=reason,
         )
     except (ControlValidationError, RunNotFound, RunNotRunning) as error:
         return {"request_id": None, "refused": str(error)}

@@ -59,7 +59,9 @@ def test_a_finished_runs_switch_is_disabled(tab: Tab, served: Served) -> None:
     assert page.is_disabled("#autopilot-switch") and page.is_disabled("#autopilot-target")
 
 
-def test_the_autopilot_of_a_run_that_ends_reads_as_ended(tab: Tab, served: Served) -> None:
+def test_the_autopilot_of_a_run_that_ends_reads_as_ended_and_its_request_keeps_why(
+    tab: Tab, served: Served
+) -> None:
     page = tab.page
     state = control.control_state(served.store, served.run_id)
     state.pop("version")
@@ -72,12 +74,21 @@ def test_the_autopilot_of_a_run_that_ends_reads_as_ended(tab: Tab, served: Serve
     ]  # fmt: skip
     runs.write_steps(served.store, run.id, records)
     set_autopilot(served.store, run.id, {"enabled": True, "target_skip_rate": 0.01})
+    why = "skipped-step rate 5.00% over 500 steps"
+    asked = control.request_control(
+        served.store, run.id, {"growth_interval": interval * 2}, requested_by="autopilot",
+        source=RequestSource.AUTOPILOT, note=why,
+    )  # fmt: skip
     open_run(tab, run.id)
     page.locator("#autopilot[data-state=watching]").wait_for()
     runs.end_run(served.store, run.id)  # the page sees it within a poll of the run
     page.locator("#autopilot[data-state=ended]").wait_for()
     page.locator("#autopilot-state", has_text="Ended with the run").wait_for()
     assert page.is_disabled("#autopilot-switch") and page.is_hidden("#autopilot-reason")
+    # Its request, rejected, keeps why it was asked for next to why it was rejected.
+    row = page.locator(f"#history tbody tr[data-request-id='{asked.id}'][data-status=rejected]")
+    row.wait_for()
+    assert f"{why}. Rejected: the run finished first" in row.inner_text()
     assert tab.unexpected_errors() == []
 
 
@@ -88,7 +99,7 @@ def test_an_autopilot_change_is_marked_on_the_chart_with_its_reason(
     interval = control.control_state(served.store, served.run_id)["growth_interval"]
     request = control.request_control(
         served.store, served.run_id, {"growth_interval": interval}, requested_by="autopilot",
-        source=RequestSource.AUTOPILOT, reason="skipped-step rate 5.00% over 500 steps",
+        source=RequestSource.AUTOPILOT, note="skipped-step rate 5.00% over 500 steps",
     )  # fmt: skip
     open_run(tab, served.run_id)
     row = page.locator(f"#history tbody tr[data-request-id='{request.id}'][data-status=applied]")
