@@ -228,7 +228,10 @@ class ControlRequestOut(BaseModel):
     status: RequestStatus = Field(description="pending, applied or rejected")
     applied_step: int | None
     applied_at: float | None
-    reason: str | None
+    reason: str | None = Field(description="why it was rejected")
+    note: str | None = Field(
+        description="why it was asked for (the autopilot's reason), kept when it is rejected"
+    )
 
 
 class ControlView(BaseModel):

@@ -10,6 +10,7 @@ const STATE_TEXT = {
   off: "Off",
   watching: "On: watching the skipped-step rate",
   gave_up: "Stopped itself: its changes did not help",
+  ended: "Ended with the run: it changes nothing more",
 };
 
 // The decision as one line: what it did (or why not), at which step.
@@ -40,9 +41,12 @@ export class AutopilotPanel {
   }
 
   setRunStatus(status) {
+    const was = this.open;
     this.open = status === "running";
     this.switch.disabled = !this.open;
     this.target.disabled = !this.open;
+    // A run that ended (or resumed) changes the state shown; polling stops while ended.
+    if (was !== this.open && this.view) this.refresh().catch((e) => this.onError(e));
   }
 
   async refresh() {
@@ -58,6 +62,10 @@ export class AutopilotPanel {
     this.view = view;
     const on = Boolean(view.enabled);
     this.node.dataset.state = view.state;
+    // Ended: the run is over, though the run's status may not have been polled yet.
+    const closed = !this.open || view.state === "ended";
+    this.switch.disabled = closed;
+    this.target.disabled = closed;
     this.switch.setAttribute("aria-checked", on ? "true" : "false");
     setText(this.switch, on ? "Turn off" : "Turn on");
     setText(this.stateNode, STATE_TEXT[view.state] || view.state);
@@ -71,7 +79,8 @@ export class AutopilotPanel {
         : "",
     );
     setText(this.decisionNode, on || view.decision ? decisionText(view.decision) : "");
-    showAlert(this.reasonNode, view.state === "gave_up" ? `Why: ${view.reason}. Turn it on again to start over.` : "");
+    const again = this.open ? " Turn it on again to start over." : "";
+    showAlert(this.reasonNode, view.state === "gave_up" ? `Why: ${view.reason}.${again}` : "");
   }
 
   readTarget() {

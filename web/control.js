@@ -32,7 +32,13 @@ function storeToken(token) {
 // A change on the chart says who made it when the autopilot did, and why.
 export function markerLabel(row) {
   const values = formatValues(row.values);
-  return row.source === "autopilot" ? `${values} (autopilot: ${row.reason || "no reason"})` : values;
+  return row.source === "autopilot" ? `${values} (autopilot: ${row.note || "no reason"})` : values;
+}
+
+// The history's note: why the change was asked for, and why it was rejected, if it was.
+export function noteText(row) {
+  if (!row.reason) return row.note || "–";
+  return row.note ? `${row.note}. Rejected: ${row.reason}` : row.reason;
 }
 
 export class ControlPanel {
@@ -215,7 +221,7 @@ export class ControlPanel {
             dataset: { cell: "applied-step" },
             text: row.applied_step ?? "–",
           }),
-          el("td", { "data-label": "Note", text: row.reason || "–" }),
+          el("td", { "data-label": "Note", text: noteText(row) }),
         ),
       ),
     );

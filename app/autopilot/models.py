@@ -71,7 +71,8 @@ class AutopilotOut(BaseModel):
     run_id: int
     enabled: bool
     state: AutopilotState = Field(
-        description="off; watching (on); gave_up (on, but stopped itself: see reason)"
+        description="off; watching (on); gave_up (on, but stopped itself: see reason);"
+        " ended (on, but its run finished or crashed: it acts no more)"
     )
     target_skip_rate: float | None = None
     min_growth_interval: int | None = None

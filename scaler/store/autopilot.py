@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, select, update
@@ -199,11 +199,19 @@ def disable_autopilot(
         return _find(conn, run_id)
 
 
-def get_autopilot(store: Store, run_id: int) -> AutopilotRow | None:
-    """The run's autopilot row, or None if it never had one. Raises RunNotFound."""
+def get_autopilot(store: Store, run_id: int, *, now: float | None = None) -> AutopilotRow | None:
+    """The run's autopilot row, or None if it never had one. Raises RunNotFound.
+
+    One watching a run that ended (finished, crashed or silent) reads as ``ended``: it acts
+    no more. Its row keeps ``watching``, so a run resumed is watched again."""
     with store.read() as conn:
-        _run(conn, run_id)
-        return _find(conn, run_id)
+        run = _run(conn, run_id)
+        row = _find(conn, run_id)
+    if row is None or row.state is not AutopilotState.WATCHING:
+        return row
+    if effective_status(run, now) is RunStatus.RUNNING:
+        return row
+    return replace(row, state=AutopilotState.ENDED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +280,7 @@ def save_decision(
     still on: a switch turned off meanwhile wins, and nothing is written.
 
     ``change`` (control values) is filed in the same transaction as a control request of
-    the autopilot, ``decision["reason"]`` its why; the decision is recorded with the
+    the autopilot, ``decision["reason"]`` its note (why); the decision is recorded with the
     request's id as ``request_id``, or, refused, with ``request_id`` None and why as
     ``refused``. An autopilot turned off files nothing.
     """
@@ -315,7 +323,7 @@ def _file(
             change,
             requested_by=REQUESTED_BY,
             source=RequestSource.AUTOPILOT,
-            reason=reason,
+            note=reason,
         )
     except (ControlValidationError, RunNotFound, RunNotRunning) as error:
         return {"request_id": None, "refused": str(error)}

@@ -1,7 +1,8 @@
 """Runtime control requests: validation, the pending queue, and the audit trail.
 
 A request is validated against the values in effect, stored ``pending``, picked up by the
-run's reporting rank, and marked ``applied`` (with the step) or ``rejected`` (with why).
+run's reporting rank, and marked ``applied`` (with the step) or ``rejected`` (with why, as
+``reason``; the requester's own why, ``note``, stays).
 
 >>> validate_control({"growth_interval": 500.0}, {"min_scale": None, "max_scale": None})
 {'growth_interval': 500}
@@ -86,17 +87,18 @@ def request_control(
     *,
     requested_by: str,
     source: RequestSource = RequestSource.API,
-    reason: str | None = None,
+    note: str | None = None,
 ) -> ControlRequestRow:
     """Validate ``values`` and store them as a pending request of the running run ``run_id``;
-    ``reason`` (the autopilot's why) goes in the audit trail, until a rejection's replaces it.
+    ``note`` (the autopilot's why) goes in the audit trail, and stays there when the
+    request is rejected (why: its ``reason``).
 
     Raises :class:`RunNotFound`, :class:`RunNotRunning` or :class:`ControlValidationError`;
     nothing is written then.
     """
     with store.write() as conn:
         return file_request(
-            conn, run_id, values, requested_by=requested_by, source=source, reason=reason
+            conn, run_id, values, requested_by=requested_by, source=source, note=note
         )
 
 
@@ -107,7 +109,7 @@ def file_request(
     *,
     requested_by: str,
     source: RequestSource,
-    reason: str | None = None,
+    note: str | None = None,
 ) -> ControlRequestRow:
     """:func:`request_control` on ``conn``, a connection of a write transaction: for a
     caller that files a request together with other writes of its own. The errors are
@@ -129,7 +131,7 @@ def file_request(
             requested_by=requested_by,
             requested_at=now,
             status=RequestStatus.PENDING,
-            reason=reason,
+            note=note,
         )
     )
     key = result.inserted_primary_key
@@ -208,7 +210,8 @@ def mark_rejected(
     step: int | None = None,
     at: float | None = None,
 ) -> None:
-    """Record that the request was refused, and why; the run's control is unchanged."""
+    """Record that the request was refused, and why (its note stays); the run's control is
+    unchanged."""
     with store.write() as conn:
         _settle(
             conn,
@@ -366,4 +369,5 @@ def _to_row(row: Row[Any]) -> ControlRequestRow:
         applied_step=row.applied_step,
         applied_at=row.applied_at,
         reason=row.reason,
+        note=row.note,
     )

@@ -61,7 +61,8 @@ class ControlRequestRow:
     status: RequestStatus
     applied_step: int | None
     applied_at: float | None
-    reason: str | None
+    reason: str | None  # why it was rejected
+    note: str | None  # why it was asked for (the autopilot's reason), kept when rejected
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: ``{"id": 1, "run_id": 1, "values": {"growth_interval": 500}, ...}``."""

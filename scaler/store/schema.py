@@ -138,7 +138,8 @@ control_requests = Table(
     Column("status", String(16), nullable=False),  # pending | applied | rejected
     Column("applied_step", Integer, nullable=True),
     Column("applied_at", Float, nullable=True),
-    Column("reason", Text, nullable=True),
+    Column("reason", Text, nullable=True),  # why it was rejected
+    Column("note", Text, nullable=True),  # why it was asked for: the autopilot's reason
     Index("ix_control_requests_run_status", "run_id", "status"),
     Index("ix_control_requests_run_id", "run_id", "id"),  # a page of the audit trail
 )
@@ -162,7 +163,7 @@ autopilots = Table(
     metadata,
     Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
     Column("enabled", Boolean, nullable=False),
-    Column("state", String(16), nullable=False),  # off | watching | gave_up
+    Column("state", String(16), nullable=False),  # off | watching | gave_up (ended: read)
     Column("target_skip_rate", Float, nullable=False),
     Column("min_growth_interval", Integer, nullable=False),
     Column("max_growth_interval", Integer, nullable=False),

@@ -37,6 +37,7 @@ class AutopilotState(StrEnum):
     OFF = "off"
     WATCHING = "watching"  # enabled: evaluates the run, changes it when its policy says
     GAVE_UP = "gave_up"  # enabled, but stopped itself: its changes did not help
+    ENDED = "ended"  # enabled, but its run ended: it acts no more (read, never stored)
 
 
 class AlertState(StrEnum):

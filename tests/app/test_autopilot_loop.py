@@ -19,7 +19,7 @@ from scaler.store.autopilot import (
     get_autopilot,
     set_autopilot,
 )
-from scaler.store.control import control_history
+from scaler.store.control import control_history, mark_rejected
 from scaler.store.engine import Store
 from scaler.store.errors import ControlValidationError, RunNotRunning
 from scaler.store.runs import create_run, end_run, write_steps
@@ -38,12 +38,12 @@ def test_a_change_is_filed_as_a_control_request_of_the_autopilot(store: Store) -
     (request,) = control_history(store, run)
     assert (request.source, request.requested_by) == (RequestSource.AUTOPILOT, "autopilot")
     assert request.status is RequestStatus.PENDING and request.values["growth_interval"] > 4
-    assert request.reason is not None and request.reason.startswith("skipped-step rate 10.00%")
+    assert request.note is not None and request.note.startswith("skipped-step rate 10.00%")
     row = get_autopilot(store, run)
     assert row is not None and row.decision is not None
     assert row.decision["action"] == "raise" and row.decision["request_id"] == request.id
     assert (row.decision["step"], row.decision["at"], row.decision["reason"]) == (
-        600, 1000.0, request.reason,
+        600, 1000.0, request.note,
     )  # fmt: skip
     loop.tick()  # no new step: nothing is read or written
     assert get_autopilot(store, run) == row and len(control_history(store, run)) == 1
@@ -97,6 +97,22 @@ def test_a_refused_change_is_recorded_with_why(store: Store) -> None:
     assert after is not None and after.decision is not None and control_history(store, run) == []
     assert after.decision["action"] == "raise" and after.decision["request_id"] is None
     assert after.decision["refused"] == str(RunNotRunning(run, RunStatus.FINISHED))
+
+
+def test_a_change_its_run_refuses_keeps_both_whys_in_the_history(
+    store: Store, client: TestClient
+) -> None:
+    run = add_run(store, simulate(600, EVERY_TENTH))
+    set_autopilot(store, run, ON)
+    AutopilotLoop(store, clock=lambda: 1000.0).tick()
+    (request,) = control_history(store, run)
+    refusal = "growth_interval must be <= 2147483647"  # as the reporting rank would say it
+    mark_rejected(store, request.id, reason=refusal, step=601)
+    decision = client.get(f"/api/runs/{run}/autopilot").json()["decision"]
+    (shown,) = client.get(f"/api/runs/{run}/control").json()["history"]
+    assert (shown["id"], shown["status"], shown["source"]) == (request.id, "rejected", "autopilot")
+    assert (shown["note"], shown["reason"]) == (decision["reason"], refusal)
+    assert shown["note"].startswith("skipped-step rate 10.00%")
 
 
 def test_at_its_upper_bound_it_gives_up_and_says_why(store: Store, client: TestClient) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 from scaler.store.engine import Store
-from scaler.store.runs import end_run
+from scaler.store.runs import end_run, heartbeat, resume_run
+from scaler.store.schema import runs
 from tests.app.conftest import add_run, auth, simulate
 
 ON = {"enabled": True, "target_skip_rate": 0.01}
@@ -80,3 +82,22 @@ def test_an_unknown_run_is_404_and_an_ended_one_409(
     end_run(store, run)
     response = client.put(f"/api/runs/{run}/autopilot", json=ON, headers=auth())
     assert response.status_code == 409
+
+
+@pytest.mark.parametrize("how", ["finished", "crashed", "silent"])
+def test_an_ended_runs_autopilot_reads_as_ended_and_takes_no_put(
+    client: TestClient, store: Store, run: int, how: str
+) -> None:
+    assert client.put(f"/api/runs/{run}/autopilot", json=ON, headers=auth()).status_code == 200
+    if how == "silent":  # its heartbeat stopped: a crash nobody reported
+        heartbeat(store, run, at=1.0)
+    else:
+        end_run(store, run, how)
+    body = client.get(f"/api/runs/{run}/autopilot").json()
+    assert (body["enabled"], body["state"], body["target_skip_rate"]) == (True, "ended", 0.01)
+    assert client.put(f"/api/runs/{run}/autopilot", json=ON, headers=auth()).status_code == 409
+    assert client.get(f"/api/runs/{run}/autopilot").json() == body
+    with store.read() as conn:
+        uid = conn.execute(select(runs.c.uid).where(runs.c.id == run)).scalar_one()
+    resume_run(store, uid)  # the run trains again: so does its autopilot
+    assert client.get(f"/api/runs/{run}/autopilot").json()["state"] == "watching"

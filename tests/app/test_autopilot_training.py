@@ -87,8 +87,8 @@ def test_a_run_skipping_5_percent_settles_under_a_1_percent_target(
     for row in history:
         assert (row.source, row.requested_by) == (RequestSource.AUTOPILOT, "autopilot")
         assert row.status is RequestStatus.APPLIED and row.applied_step is not None
-        assert row.reason
-    assert "above the target 1.00%: growth_interval 20 ->" in str(history[0].reason)
+        assert row.note and row.reason is None
+    assert "above the target 1.00%: growth_interval 20 ->" in str(history[0].note)
     interval = control_state(store, run)["growth_interval"]
     assert interval >= 99 and history[-1].values == {"growth_interval": interval}
     view = client.get(f"/api/runs/{run}/autopilot").json()

@@ -136,9 +136,9 @@ def test_the_request_summary_counts_the_autopilots_own(store: Store, run: RunRef
     mark_applied(store, person.id, step=40, at=1.0, state=CONTROL, version=1)
     own = request_control(
         store, run.id, {"growth_interval": 80}, requested_by="autopilot",
-        source=RequestSource.AUTOPILOT, reason="because",
+        source=RequestSource.AUTOPILOT, note="because",
     )  # fmt: skip
-    assert own.reason == "because"
+    assert (own.note, own.reason) == ("because", None)
     summary = request_summary(store, run.id, since=0)
     assert (summary.changed_at_step, summary.pending, summary.changes_since) == (40, True, 1)
     mark_applied(store, own.id, step=90, at=2.0, state=CONTROL, version=2)

@@ -26,6 +26,7 @@ from scaler.store.control import (
     validate_control,
 )
 from scaler.store.runs import HEARTBEAT_TIMEOUT_S, create_run, end_run, heartbeat, resume_run
+from scaler.store.states import RequestSource
 
 from .conftest import CONTROL
 
@@ -176,6 +177,7 @@ def test_pending_then_applied_then_rejected(store: Store, run: RunRef) -> None:
         "applied_step": 121,
         "applied_at": rejected.applied_at,
         "reason": "scale above max_scale",
+        "note": None,
     }
 
     with pytest.raises(ValueError, match="applied already"):
@@ -219,6 +221,31 @@ def test_only_running_runs_take_requests(store: Store, run: RunRef) -> None:
     (ended,) = control_history(store, run.id)
     assert (ended.id, ended.status) == (pending.id, "rejected")
     assert ended.reason == "the run finished first"
+
+
+@pytest.mark.parametrize("how", ["by its run", "run ended", "run crashed"])
+def test_a_rejected_request_keeps_why_it_was_asked_for(store: Store, run: RunRef, how: str) -> None:
+    why = "skipped-step rate 5.00% over 500 steps, above the target 1.00%"
+    asked = request_control(
+        store, run.id, {"min_scale": 4.0}, requested_by="autopilot",
+        source=RequestSource.AUTOPILOT, note=why,
+    )  # fmt: skip
+    assert (asked.note, asked.reason) == (why, None)
+    if how == "by its run":  # its reporting rank refused it: the scale was under 4 by then
+        mark_rejected(store, asked.id, reason="min_scale must be <= the scale", step=9)
+        refusal = "min_scale must be <= the scale"
+    elif how == "run ended":
+        end_run(store, run.id)
+        refusal = "the run finished first"
+    else:
+        heartbeat(store, run.id, at=time.time() - HEARTBEAT_TIMEOUT_S - 5)
+        refusal = "the run crashed first"
+    (shown,) = control_history(store, run.id)
+    assert (shown.status, shown.note, shown.reason) == ("rejected", why, refusal)
+    if how == "run crashed":  # stored so once a trainer resumes the run
+        assert resume_run(store, run.uid) is not None
+        (stored,) = control_history(store, run.id)
+        assert (stored.status, stored.note, stored.reason) == ("rejected", why, refusal)
 
 
 def test_a_request_left_pending_by_a_crash_is_rejected_never_applied_late(

@@ -17,6 +17,7 @@ from sqlalchemy import Connection, inspect, text
 from scaler.store import Store, downgrade, open_store, upgrade
 from scaler.store import engine as engine_module
 from scaler.store.engine import head_revision, make_engine
+from scaler.store.runs import create_run
 from scaler.store.schema import metadata
 
 TABLES = {
@@ -155,3 +156,46 @@ def test_a_store_at_each_older_revision_upgrades_to_the_models(db_url: str, revi
     downgrade(db_url, revision)
     assert upgrade(db_url) == head_revision()
     _alembic_check(db_url)
+
+
+def test_the_autopilots_reasons_move_to_note_and_back(db_url: str) -> None:
+    """073a2251585d: an autopilot's request not rejected keeps its reason as ``note``; a
+    rejection's reason stays ``reason``. The downgrade puts the notes back."""
+    with open_store(db_url) as store:
+        run = create_run(store, name="old", world_size=1, config={}, control={})
+    downgrade(db_url, "4865aa3504de")
+    rows = [  # (source, status, reason) as that revision stored them
+        ("autopilot", "applied", "skip rate over the target"),
+        ("autopilot", "pending", "scale collapsed"),
+        ("autopilot", "rejected", "the run finished first"),
+        ("api", "rejected", "scale above max_scale"),
+        ("api", "applied", None),
+    ]
+    engine = make_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            for source, status, reason in rows:
+                conn.execute(
+                    text(
+                        'INSERT INTO control_requests (run_id, "values", source, requested_by,'
+                        " requested_at, status, reason) VALUES (:run, '{}', :source, 'x', 1.0,"
+                        " :status, :reason)"
+                    ),
+                    {"run": run.id, "source": source, "status": status, "reason": reason},
+                )
+        assert upgrade(db_url) == head_revision()
+        read = "SELECT reason, note FROM control_requests ORDER BY id"
+        with engine.connect() as conn:
+            assert [tuple(row) for row in conn.execute(text(read))] == [
+                (None, "skip rate over the target"),
+                (None, "scale collapsed"),
+                ("the run finished first", None),
+                ("scale above max_scale", None),
+                (None, None),
+            ]
+        downgrade(db_url, "4865aa3504de")
+        with engine.connect() as conn:
+            stored = conn.execute(text("SELECT reason FROM control_requests ORDER BY id"))
+            assert [row[0] for row in stored] == [reason for _, _, reason in rows]
+    finally:
+        engine.dispose()

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from _harness import CHROMIUM, HOSTILE_NAME, Served, Tab
 
-from scaler.store import control
-from scaler.store.autopilot import get_autopilot
+from scaler.store import StepRecord, control, runs
+from scaler.store.autopilot import get_autopilot, set_autopilot
 from scaler.store.states import RequestSource
 
 pytestmark = pytest.mark.browser
@@ -59,6 +59,39 @@ def test_a_finished_runs_switch_is_disabled(tab: Tab, served: Served) -> None:
     assert page.is_disabled("#autopilot-switch") and page.is_disabled("#autopilot-target")
 
 
+def test_the_autopilot_of_a_run_that_ends_reads_as_ended_and_its_request_keeps_why(
+    tab: Tab, served: Served
+) -> None:
+    page = tab.page
+    state = control.control_state(served.store, served.run_id)
+    state.pop("version")
+    run = runs.create_run(served.store, name="ending", world_size=1, config={}, control=state)
+    interval = state["growth_interval"]
+    records = [
+        StepRecord(step, 1_700_000_000.0 + step, 1024.0, False, False, (), 1024.0, 0,
+                   interval, 2.0, 0.5, 0)
+        for step in range(1, 21)
+    ]  # fmt: skip
+    runs.write_steps(served.store, run.id, records)
+    set_autopilot(served.store, run.id, {"enabled": True, "target_skip_rate": 0.01})
+    why = "skipped-step rate 5.00% over 500 steps"
+    asked = control.request_control(
+        served.store, run.id, {"growth_interval": interval * 2}, requested_by="autopilot",
+        source=RequestSource.AUTOPILOT, note=why,
+    )  # fmt: skip
+    open_run(tab, run.id)
+    page.locator("#autopilot[data-state=watching]").wait_for()
+    runs.end_run(served.store, run.id)  # the page sees it within a poll of the run
+    page.locator("#autopilot[data-state=ended]").wait_for()
+    page.locator("#autopilot-state", has_text="Ended with the run").wait_for()
+    assert page.is_disabled("#autopilot-switch") and page.is_hidden("#autopilot-reason")
+    # Its request, rejected, keeps why it was asked for next to why it was rejected.
+    row = page.locator(f"#history tbody tr[data-request-id='{asked.id}'][data-status=rejected]")
+    row.wait_for()
+    assert f"{why}. Rejected: the run finished first" in row.inner_text()
+    assert tab.unexpected_errors() == []
+
+
 def test_an_autopilot_change_is_marked_on_the_chart_with_its_reason(
     tab: Tab, served: Served
 ) -> None:
@@ -66,7 +99,7 @@ def test_an_autopilot_change_is_marked_on_the_chart_with_its_reason(
     interval = control.control_state(served.store, served.run_id)["growth_interval"]
     request = control.request_control(
         served.store, served.run_id, {"growth_interval": interval}, requested_by="autopilot",
-        source=RequestSource.AUTOPILOT, reason="skipped-step rate 5.00% over 500 steps",
+        source=RequestSource.AUTOPILOT, note="skipped-step rate 5.00% over 500 steps",
     )  # fmt: skip
     open_run(tab, served.run_id)
     row = page.locator(f"#history tbody tr[data-request-id='{request.id}'][data-status=applied]")

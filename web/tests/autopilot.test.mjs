@@ -3,15 +3,25 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import { decisionText } from "../autopilot.js";
-import { markerLabel } from "../control.js";
+import { markerLabel, noteText } from "../control.js";
 
 test("an autopilot change on the chart says who made it and why; a person's as before", () => {
   const values = { growth_interval: 144 };
   assert.equal(
-    markerLabel({ values, source: "autopilot", reason: "skipped-step rate 5.00%" }),
+    markerLabel({ values, source: "autopilot", note: "skipped-step rate 5.00%", reason: null }),
     "growth_interval = 144 (autopilot: skipped-step rate 5.00%)",
   );
-  assert.equal(markerLabel({ values, source: "api", reason: null }), "growth_interval = 144");
+  assert.equal(markerLabel({ values, source: "api", note: null, reason: null }), "growth_interval = 144");
+});
+
+test("the history's note keeps why a change was asked for when it is rejected", () => {
+  assert.equal(noteText({ note: "skipped-step rate 5.00%", reason: null }), "skipped-step rate 5.00%");
+  assert.equal(
+    noteText({ note: "skipped-step rate 5.00%", reason: "the run finished first" }),
+    "skipped-step rate 5.00%. Rejected: the run finished first",
+  );
+  assert.equal(noteText({ note: null, reason: "min_scale above the scale" }), "min_scale above the scale");
+  assert.equal(noteText({ note: null, reason: null }), "–");
 });
 
 test("the last decision reads as its reason, the request and the step", () => {
