@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import socket
 import sys
 from typing import Any, TextIO
@@ -19,6 +20,7 @@ __all__ = [
     "SWITCH_INTERVAL_S",
     "BindRefused",
     "CannotServe",
+    "freeze_startup_heap",
     "listen",
     "make_server",
     "prepare",
@@ -121,9 +123,24 @@ def ready_to_serve(settings: Settings, out: TextIO) -> tuple[Settings, socket.so
     return settings, sock
 
 
+def freeze_startup_heap() -> None:
+    """Put every object alive now (the imports, the app) beyond the cyclic collector.
+
+    A serving process allocates fast (rows, events, responses), so the collector's full
+    pass runs every few seconds; it walked every object of the imports each time, and
+    under the fleet bench those passes (up to 274 ms each, 10 in 30 s) were the charts'
+    p99. Frozen objects are never freed, which these, alive for the whole process, would
+    not be anyway.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 def make_server(app: Any, settings: Settings, sock: socket.socket, **config: Any) -> uvicorn.Server:
     """A server for ``app`` on ``sock``, which waits ``SHUTDOWN_GRACE_S`` at most for open
-    responses. Live streams end as it stops: sse-starlette ends them on uvicorn's exit."""
+    responses. Live streams end as it stops: sse-starlette ends them on uvicorn's exit.
+    The heap built so far is frozen (:func:`freeze_startup_heap`)."""
+    freeze_startup_heap()
     return uvicorn.Server(
         uvicorn.Config(
             app,

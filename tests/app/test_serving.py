@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import io
 import os
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import httpx
@@ -23,6 +25,7 @@ from app.serving import (
     SHUTDOWN_GRACE_S,
     BindRefused,
     listen,
+    make_server,
     prepare,
     ready_to_serve,
 )
@@ -267,3 +270,27 @@ def test_two_services_keep_a_token_file_each(
             assert path.read_text().strip() == settings.token.get_secret_value()
             assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert first.token != second.token
+
+
+def test_a_server_freezes_the_heap_it_starts_with_after_collecting_its_garbage(
+    tmp_path: Path,
+) -> None:
+    """make_server puts what the imports and the app made beyond the collector (its full
+    passes no longer walk them), after freeing what was already garbage."""
+
+    class Cycle:
+        other: Cycle
+
+    garbage = Cycle()
+    garbage.other = garbage
+    gone = weakref.ref(garbage)
+    del garbage
+    settings = Settings(db=f"sqlite:///{tmp_path / 'x.db'}", token=SecretStr("t" * 20))
+    before = gc.get_freeze_count()
+    try:
+        with listen("127.0.0.1", 0) as sock:
+            make_server(create_app(settings), settings, sock)
+        assert gc.get_freeze_count() > before + 10_000  # the imports, at least
+        assert gone() is None  # collected, not frozen
+    finally:
+        gc.unfreeze()
