@@ -126,9 +126,10 @@ class Hub:
             marks = await run_in_threadpool(_control_marks, self.store, self.run_id)
             polls, woken = 0, False
             while True:
-                # Woken by PostgreSQL, the run has just written steps: it was running then;
-                # whether it has ended since is read at the next fallback poll, or with
-                # the control requests.
+                # Woken by PostgreSQL, or new steps at the last poll: the run has just
+                # written steps, so it was running then; whether it has ended since is read
+                # at the first poll that finds none (or PostgreSQL's fallback poll), or
+                # with the control requests.
                 known = RunStatus.RUNNING if woken and (polls + 1) % CONTROL_EVERY else None
                 status, chunks = await run_in_threadpool(
                     functools.partial(_read_new, status=known),
@@ -146,6 +147,7 @@ class Hub:
                     return
                 self.wake()
                 if waiter is None:
+                    woken = bool(chunks)
                     await asyncio.sleep(self.poll_s)
                 else:
                     woken = await waiter.wait(max(self.poll_s, LISTEN_FALLBACK_S))
