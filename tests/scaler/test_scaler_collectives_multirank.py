@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from _dist import run_ranks
+from _nets import Net, fully_shard_net
 from torch import nn
 from torch.distributed import distributed_c10d
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -146,27 +147,11 @@ class Dispatched(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.encoder = nn.Linear(4, 16)
-        self.act = nn.Tanh()
-        self.decoder = nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.act(self.encoder(x)))
-
-
 def wrap(model: str) -> nn.Module:
     net = Net()
     if model == "ddp":
         return nn.parallel.DistributedDataParallel(net)
-    from torch.distributed.fsdp import fully_shard
-
-    fully_shard(net.encoder)
-    fully_shard(net.decoder)
-    return fully_shard(net)
+    return fully_shard_net(net)
 
 
 def encoder_grad(model: nn.Module) -> torch.Tensor:

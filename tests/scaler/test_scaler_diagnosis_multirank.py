@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from _dist import run_ranks
+from _nets import Net, fully_shard_net
 from sqlalchemy import select
 from torch import nn
 
@@ -47,28 +48,12 @@ NAMES = {
 }
 
 
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.encoder = nn.Linear(4, 16)
-        self.act = nn.Tanh()
-        self.decoder = nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.act(self.encoder(x)))
-
-
 def wrap(kind: str) -> nn.Module:
     net = Net()
     if kind in ("ddp", "unwatched"):
         return nn.parallel.DistributedDataParallel(net)
     if kind == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
-
-        fully_shard(net.encoder)
-        fully_shard(net.decoder)
-        return fully_shard(net)
+        return fully_shard_net(net)
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     orig = kind == "fsdp1-orig"
