@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import functools
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -132,10 +131,7 @@ class Hub:
                 # with the control requests.
                 known = RunStatus.RUNNING if woken and (polls + 1) % CONTROL_EVERY else None
                 status, chunks = await run_in_threadpool(
-                    functools.partial(_read_new, status=known),
-                    self.store,
-                    self.run_id,
-                    self.after,
+                    _read_new, self.store, self.run_id, self.after, status=known
                 )
                 for chunk in chunks:
                     self._keep(chunk)

@@ -31,14 +31,12 @@ def run_migrations_online() -> None:
         return
     # Run by hand (``alembic -c ...``) rather than through scaler.store.engine.upgrade().
     from scaler.store.engine import default_url, make_engine
+    from scaler.store.postgres import in_transactions
 
     engine = make_engine(config.get_main_option("sqlalchemy.url") or default_url())
     try:
         with engine.connect() as conn:
-            if conn.dialect.name == "postgresql":
-                from scaler.store.postgres import in_transactions
-
-                in_transactions(conn)  # its reads autocommit; a migration must not
+            in_transactions(conn)  # a PostgreSQL engine's reads autocommit; a migration must not
             _configure(conn)
             conn.commit()
     finally:

@@ -69,13 +69,12 @@ class _Watched:
     rules: list[_Rule]
     fed: int  # the last step its watches were fed: the cursor, moved step by step
     fed_at: float | None = None  # that step's wall time
+    warm: bool = False  # history fed and reconciled: transitions are stored from now on
+    done: list[AlertRow] = field(default_factory=list)
     stepping: list[_Rule] = field(init=False)  # the rules whose kind looks at steps
 
     def __post_init__(self) -> None:
         self.stepping = [rule for rule in self.rules if type(rule.watch).step is not Watch.step]
-
-    warm: bool = False  # history fed and reconciled: transitions are stored from now on
-    done: list[AlertRow] = field(default_factory=list)
 
 
 class Evaluator:
@@ -105,15 +104,17 @@ class Evaluator:
     def tick(self) -> list[AlertRow]:
         """One round over every run; returns the alerts that fired or resolved."""
         with self._lock:
+            ready: list[tuple[RunView, _Watched]] = []
             try:
-                views = self._runs()
-                ready = [(view, self._ready(view)) for view in views]
-                self._feed([watched for _, watched in ready if watched is not None])
-                for view, watched in ready:
+                for view in self._runs():
+                    watched = self._ready(view)
                     if watched is not None:
-                        self._tick_run(view, watched)
+                        ready.append((view, watched))
+                self._feed([watched for _, watched in ready])
+                for view, watched in ready:
+                    self._tick_run(view, watched)
             finally:  # what was stored is delivered, also when a write failed after it
-                for watched in self._watched.values():
+                for _, watched in ready:
                     done, watched.done = watched.done, []
                     self._changes += done
                 changes, self._changes = self._changes, []
@@ -178,23 +179,19 @@ class Evaluator:
 
     def _tick_run(self, view: RunView, watched: _Watched) -> None:
         """After the steps: reconcile a new watch, read the clock, store what changed."""
-        try:
-            if not watched.warm:
-                self._reconcile(watched)
-            now = self.clock()
-            for entry in watched.rules:
-                reading = entry.watch.clock(watched.run, now)
-                if reading is not None:
-                    self._read(entry, reading, watched.run.last_step, now)
-                if not view.running and entry.episode is not None:  # ended with the run
-                    self._read(entry, Reading(False, entry.value), watched.run.last_step, now)
-                self._sync(watched, entry)  # also what a failed write left to do
-            if not view.running:
-                del self._watched[view.id]
-                self._idle.add(view.id)
-        finally:
-            done, watched.done = watched.done, []
-            self._changes += done
+        if not watched.warm:
+            self._reconcile(watched)
+        now = self.clock()
+        for entry in watched.rules:
+            reading = entry.watch.clock(watched.run, now)
+            if reading is not None:
+                self._read(entry, reading, watched.run.last_step, now)
+            if not view.running and entry.episode is not None:  # ended with the run
+                self._read(entry, Reading(False, entry.value), watched.run.last_step, now)
+            self._sync(watched, entry)  # also what a failed write left to do
+        if not view.running:
+            del self._watched[view.id]
+            self._idle.add(view.id)
 
     def _watch(self, view: RunView) -> _Watched:
         entries = [

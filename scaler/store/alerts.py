@@ -222,11 +222,8 @@ def new_steps(store: Store, cursors: Mapping[int, int], *, per_run: int) -> list
             for i, (run, after) in enumerate(part):
                 params[f"run{i}"], params[f"after{i}"] = run, after
             sql = " UNION ALL ".join(_ONE_RUN.format(i=i) for i in range(len(part)))
-            cursor.execute(driver_sql(sql, dialect), params)
-            found = list(cursor.fetchall())
-            if len(part) > 1:  # a UNION ALL keeps no order of its own
-                found.sort(key=_by_run_and_step)
-            rows += found
+            cursor.execute(driver_sql(f"{sql} ORDER BY run_id, step", dialect), params)
+            rows += cursor.fetchall()
         cursor.close()
     finally:
         raw.close()
@@ -237,7 +234,3 @@ _ONE_RUN = (
     f"SELECT * FROM (SELECT {', '.join(WATCHED_COLUMNS)} FROM steps"
     " WHERE run_id = :run{i} AND step > :after{i} ORDER BY step LIMIT :limit) AS r{i}"
 )
-
-
-def _by_run_and_step(row: tuple[Any, ...]) -> tuple[int, int]:
-    return row[0], row[1]

@@ -175,8 +175,7 @@ class Store:
     def write(self) -> Iterator[Connection]:
         """A connection in a write transaction: committed on success, rolled back on error."""
         with self.engine.connect() as conn:
-            if conn.dialect.name == "postgresql":
-                postgres.in_transactions(conn)
+            postgres.in_transactions(conn)
             conn.execution_options(sqlite_begin="IMMEDIATE")
             with conn.begin():
                 yield conn

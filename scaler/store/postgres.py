@@ -72,9 +72,11 @@ def make_engine(url: URL) -> Engine:
 
 
 def in_transactions(conn: Connection) -> Connection:
-    """``conn`` (of an engine from :func:`make_engine`) in transactions until it goes back
-    to the pool: for writes and migrations, whose ``begin()`` must be a real one."""
-    conn.execution_options(isolation_level=WRITE_ISOLATION)
+    """``conn`` in transactions until it goes back to the pool: for writes and migrations,
+    whose ``begin()`` must be a real one. A PostgreSQL engine from :func:`make_engine`
+    autocommits otherwise; SQLite's connections are left as they are."""
+    if conn.dialect.name == "postgresql":
+        conn.execution_options(isolation_level=WRITE_ISOLATION)
     return conn
 
 
