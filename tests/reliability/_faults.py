@@ -28,6 +28,7 @@ from typing import IO, Any
 
 from sqlalchemy import Engine, event
 
+from tests._process import end_process
 from tests.scaler._dist import free_port, wait_for
 
 HERE = Path(__file__).resolve()
@@ -148,16 +149,6 @@ def start_trainer(
 
 def alarms(text: str) -> list[str]:
     return [line for line in text.splitlines() if any(word in line for word in ALARMS)]
-
-
-def end_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout)
 
 
 # ------------------------------------------------------------ trainers forked from a warm server

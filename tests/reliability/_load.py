@@ -44,6 +44,7 @@ from scaler.store.engine import open_store
 from scaler.store.records import StepRecord
 from scaler.store.runs import write_steps
 from tests._net import free_port
+from tests._process import end_process
 
 READY_TIMEOUT_S = 60.0  # for every stream's answer to start
 BATCH = 500  # records per write: a telemetry thread's batch at 10k records/s, 20 writes/s
@@ -91,12 +92,7 @@ def serving(
                 time.sleep(0.1)
             yield base, process.pid
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5)
+            end_process(process, timeout=15)
 
 
 def records(first: int, count: int, wall_time: float) -> list[StepRecord]:

@@ -26,6 +26,7 @@ from typing import IO, Any
 from scaler.store import queries
 from scaler.store.engine import Store, open_store
 from tests._net import free_port
+from tests._process import end_process
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -72,13 +73,7 @@ class Tab:
 
 
 def stop_process(process: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+    end_process(process)
     if process.stdout is not None:
         process.stdout.close()
 
