@@ -48,22 +48,54 @@ class Agreement:
         """Agree ``state``'s found_inf across the ranks of ``group`` (rank, size)."""
         rank, world = group
         per_device: dict[torch.device, torch.Tensor] = state["found_inf_per_device"]
-        payload = _own_payload(per_device, rank, world, device)
-        if rank == 0 and inbox and self.carrying is None:
+        request = rank == 0 and bool(inbox) and self.carrying is None
+        if request:
             self.carrying = inbox.popleft()
-            payload[:1].add_(_payload.REQUEST)
-        if world > 1 or reduce_alone:  # for one rank the all-reduce is the identity
-            work = dist.all_reduce(payload, group=process_group, async_op=True)
-            if work is not None:
-                work.wait()
-                self.reduced.append(work)
-        if world > 1 or len(per_device) > 1:
-            total = payload.floor() if len(payload) == 1 else payload.floor().sum().reshape(1)
-            for found in per_device.values():  # a fused optimizer's found_inf is 0-d
-                found.copy_(total.reshape(found.shape))
+        reduce = world > 1 or reduce_alone  # for one rank the all-reduce is the identity
+        if device.type == "cpu" and len(per_device) == 1 and world <= _payload.IN_PLACE_RANKS:
+            found = next(iter(per_device.values()))
+            state["host"] = self._agree_in_place(found, rank, request, reduce, process_group)
+            payload = found
+        else:
+            payload = _own_payload(per_device, rank, world, device)
+            if request:
+                payload[:1].add_(_payload.REQUEST)
+            if reduce:
+                self._all_reduce(payload, process_group)
+            if world > 1 or len(per_device) > 1:
+                # 1 where any rank overflowed: a fused optimizer skips its step at 1 only
+                total = payload.ge(1.0) if len(payload) == 1 else payload.ge(1.0).any()
+                for found in per_device.values():  # a fused optimizer's found_inf is 0-d
+                    found.copy_(total.reshape(found.shape))
         state["payload"] = payload
         state["world"] = world
         self.step_states.append(state)
+
+    def _agree_in_place(
+        self, found: torch.Tensor, rank: int, request: bool, reduce: bool, process_group: Any
+    ) -> list[float]:
+        """On cpu, up to ``IN_PLACE_RANKS`` ranks: the payload is found_inf itself, all-reduced
+        in place as torch's is. Returns its words as read (a cpu read is no sync); found_inf
+        is left 1 where any rank overflowed, 0 where none did."""
+        bit = _payload.position(rank)[1]
+        if bit != 1.0:
+            found.mul_(bit)
+        if request:
+            found.add_(_payload.REQUEST)
+        if reduce:
+            self._all_reduce(found, process_group)
+        read: Any = found.tolist()  # a fused optimizer's found_inf is 0-d: a float
+        host: list[float] = read if isinstance(read, list) else [read]
+        word = host[0]
+        if word != 0.0 and word != 1.0:
+            found.fill_(1.0 if word >= 1.0 else 0.0)
+        return host
+
+    def _all_reduce(self, payload: torch.Tensor, process_group: Any) -> None:
+        work = dist.all_reduce(payload, group=process_group, async_op=True)
+        if work is not None:
+            work.wait()
+            self.reduced.append(work)
 
     def flags(self) -> list[torch.Tensor]:
         return [state["payload"] for state in self.step_states]

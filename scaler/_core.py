@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -135,6 +135,24 @@ class Instrumented(Watching, Controlled):
     ) -> None:
         raise NotImplementedError
 
+    def _inverse_scale(self, scale: torch.Tensor) -> torch.Tensor:
+        """``1 / scale`` as torch's unscale_ takes it (in float64, rounded once to float32),
+        taken again only when the scale has changed since.
+
+        Every in-place change of a tensor (the update's, ``fill_``, ``copy_``) bumps its
+        version, which the host keeps: telling a changed scale costs no device read.
+        """
+        kept = self._link.inverse
+        try:
+            version = scale._version
+        except RuntimeError:  # an inference-mode tensor keeps no version: not kept
+            return scale.double().reciprocal().float()
+        if kept is not None and kept[0] is scale and kept[1] == version:
+            return kept[2]
+        inverse = scale.double().reciprocal().float()
+        self._link.inverse = (scale, version, inverse)
+        return inverse
+
     def _multiply_scale(self, scale: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
         """``scale * factor`` rounded as torch's update rounds it."""
         # torch's kernel multiplies in double and rounds once to float.
@@ -142,8 +160,9 @@ class Instrumented(Watching, Controlled):
 
     # -------------------------------------------------------- telemetry hooks
 
-    def _step_flags(self) -> list[torch.Tensor]:
-        """The all-reduced per-rank flag payloads of this step (none for GradScaler)."""
+    def _step_flags(self) -> list[torch.Tensor] | list[list[float]]:
+        """The all-reduced per-rank flag payloads of this step (none for GradScaler): the
+        tensors, or on cpu their words as read."""
         return []
 
     def _attribution_width(self) -> int:
@@ -153,7 +172,7 @@ class Instrumented(Watching, Controlled):
     def _snapshot(
         self,
         found: torch.Tensor | None,
-        flags: list[torch.Tensor],
+        flags: list[torch.Tensor] | list[list[float]],
         width: int,
         stepped: bool,
         scale_set: bool,
@@ -169,7 +188,11 @@ class Instrumented(Watching, Controlled):
         snapshot = Snapshot(
             self._step_count,
             time.time(),
-            Captured(scale, tracker, found, loss, flags, link.pinned) if values is None else values,
+            values
+            if values is not None
+            else Captured(
+                scale, tracker, found, loss, cast(list[torch.Tensor], flags), link.pinned
+            ),
             width,
             link.scale_host,
             stepped,

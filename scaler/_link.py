@@ -42,6 +42,8 @@ class RunLink:
         self.group: tuple[int, int] | None = None
         self.last_run_id: int | None = None
         self.closed_dropped = 0  # records that earlier telemetry of this scaler lost
+        # (scale, its version, 1/scale): the inverse kept while the scale is unchanged
+        self.inverse: tuple[torch.Tensor, int, torch.Tensor] | None = None
 
     def submit(
         self, owner: object, snapshot: Snapshot, init_scale: float, make_sink: Callable[[], Any]

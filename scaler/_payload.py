@@ -3,7 +3,8 @@
 A collective's cost on gloo follows the payload's length, not its dtype (on 4 ranks one
 element takes ~0.4 ms and four ~3 ms: gloo's ring algorithm starts at one element a rank).
 So every rank's flag is one bit: rank ``r`` adds ``2**(r % 52)`` to word ``r // 52`` when its
-local gradients hold inf/NaN. The words are float64, whose integers are exact to 2**53, and
+local gradients hold inf/NaN. The words are float64, whose integers are exact to 2**53 (on
+cpu, up to ``IN_PLACE_RANKS``, the one word is found_inf's own float32), and
 bits of different ranks never add into a carry, so the sum is the bitwise OR; up to 52
 ranks it is one element, as torch's found_inf is. Rank 0 adds ``REQUEST`` (0.5) to word 0
 when it has a runtime-control request for this step: the request itself follows in a
@@ -21,6 +22,9 @@ from collections.abc import Sequence
 
 BITS = 52
 REQUEST = 0.5
+# On cpu, up to this many ranks the payload is found_inf itself (float32): 23 rank bits
+# and the request's half fit its 24-bit significand, so the sum is exact there too.
+IN_PLACE_RANKS = 23
 
 
 def words(world: int) -> int:

@@ -127,10 +127,10 @@ def read_cpu(
     tracker: torch.Tensor,
     found: torch.Tensor | None,
     loss: torch.Tensor | None,
-    flags: Sequence[torch.Tensor],
+    flags: Sequence[torch.Tensor] | Sequence[list[float]],
 ) -> list[Any]:
     """A cpu step's values, read at once: [scale, tracker, found_inf (0 if None), loss (None
-    if unseen), *flags].
+    if unseen), *the words of each flag payload].
 
     cpu tensors are plain memory: reading one is no sync, and a few ``item()`` calls cost
     the training thread less than copying into a row for the recorder to read.
@@ -144,6 +144,6 @@ def read_cpu(
         # a loss elsewhere than the cpu scale is not read: that would be a sync
         None if loss is None or not loss.is_cpu else loss.item(),
     ]
-    for flag in flags:
-        values.extend(flag.tolist())
+    for flag in flags:  # a payload, or its words as read already
+        values.extend(flag if isinstance(flag, list) else flag.tolist())
     return values

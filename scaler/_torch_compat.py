@@ -126,8 +126,6 @@ def unscale_local_grads(
     Returns found_inf per device; a rank that holds no gradient shard at all still gets
     one on ``fallback_device``, for it takes part in the all-reduce.
     """
-    per_device_inv_scale = _GeneralMultiDeviceReplicator(inv_scale)
-    per_device_found_inf = _GeneralMultiDeviceReplicator(found_inf)
     grouped: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = defaultdict(
         lambda: defaultdict(list)
     )
@@ -150,13 +148,21 @@ def unscale_local_grads(
                 else:
                     to_unscale = local_tensor(grad)
                 grouped[to_unscale.device][to_unscale.dtype].append(to_unscale)
+        if len(grouped) == 1 and found_inf.device in grouped:
+            # One device, the scale's: torch's replicators would copy both tensors to the
+            # device they are on. Checked with them as they are: the same numbers.
+            for grads in grouped[found_inf.device].values():
+                non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+            return {found_inf.device: found_inf}
+        per_device_inv_scale = _GeneralMultiDeviceReplicator(inv_scale)
+        per_device_found_inf = _GeneralMultiDeviceReplicator(found_inf)
         for device, per_dtype in grouped.items():
             for grads in per_dtype.values():
                 non_finite_check_and_unscale_(
                     grads, per_device_found_inf.get(device), per_device_inv_scale.get(device)
                 )
-    if not per_device_found_inf._per_device_tensors:
-        per_device_found_inf.get(fallback_device)
+        if not grouped:
+            per_device_found_inf.get(fallback_device)
     return per_device_found_inf._per_device_tensors
 
 

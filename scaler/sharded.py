@@ -121,7 +121,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
         # FP32 division can be imprecise for some compile options: the reciprocal is taken in FP64.
-        inv_scale = scale.double().reciprocal().float()
+        inv_scale = self._inverse_scale(scale)
         found_inf = torch.full((1,), 0.0, dtype=torch.float32, device=scale.device)
         state["found_inf_per_device"] = self._unscale_grads_(optimizer, inv_scale, found_inf, True)
         state["stage"] = OptState.UNSCALED
@@ -154,12 +154,13 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         *args: Any,
         **kwargs: Any,
     ) -> Any:
-        payload = optimizer_state.get("payload")
-        if payload is None:
-            return super()._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)
-        # One read of the payload replaces torch's read of each found_inf.
-        host = payload.tolist()
-        optimizer_state["host"] = host
+        host = optimizer_state.get("host")  # read already where agreed in place
+        if host is None:
+            payload = optimizer_state.get("payload")
+            if payload is None:
+                return super()._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)
+            # One read of the payload replaces torch's read of each found_inf.
+            host = optimizer_state["host"] = payload.tolist()
         self._watch.host_rows.append((optimizer, host))
         if _payload.any_overflow(host):
             retval = None
@@ -173,7 +174,12 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
     def _reporting_group(self) -> Any:
         return getattr(self, "process_group", None)  # a disabled scaler has none, as torch's
 
-    def _step_flags(self) -> list[torch.Tensor]:
+    def _step_flags(self) -> list[torch.Tensor] | list[list[float]]:
+        assert self._scale is not None
+        if not self._scale.is_cuda:  # the payloads' words, where read on the host already
+            rows = self._agreement.host_rows()
+            if rows is not None:
+                return rows
         return self._agreement.flags()
 
     def _attribution_width(self) -> int:
@@ -202,12 +208,12 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
             scale *= self._backoff_factor
             tracker.fill_(0)
         else:
-            successful = tracker + 1
+            successful = int(tracker.item()) + 1  # a cpu read: no sync
             if successful == self._growth_interval:
                 scale *= self._growth_factor
                 tracker.fill_(0)
             else:
-                self._growth_tracker = successful
+                tracker.fill_(successful)  # torch's makes a new tensor of the same value
 
     def _multiply_scale(self, scale: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
         if scale.device.type != "cpu":

@@ -25,6 +25,7 @@ see ``test_control.py``; none is made here.)
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -243,6 +244,9 @@ def test_an_overflow_step_costs_one_gather_and_a_clean_step_none(tmp_path: Path)
     for kind, (model, *_) in KINDS.items():
         if model == "ddp":  # every rank skipped the overflow steps: the replicas agree
             assert per_rank[0][2][kind] == per_rank[1][2][kind], kind
+            # and no rank stepped with its inf (a fused optimizer skips at found_inf 1 only)
+            flat = [x for param in per_rank[1][2][kind] for x in param]
+            assert all(math.isfinite(x) for x in flat), kind
     for rank, (called, dispatched, _) in enumerate(per_rank):
         for kind, (model, which, _, count, _) in KINDS.items():
             # A clean step, torch's scaler or ours, watched or not: one all-reduce of found_inf
