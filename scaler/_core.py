@@ -181,10 +181,18 @@ class Instrumented(Watching, Controlled):
         scale, tracker = self._scale, self._growth_tracker
         assert scale is not None and tracker is not None
         link = self._link
+        recorder = link.recorder
+        if self._folded_clean(scale, found, stepped, scale_set):
+            return
         loss = self._watch.take_loss()
         # cpu tensors are memory: read at once, no sync (see _pinned.read_cpu)
         values = None if scale.is_cuda else read_cpu(scale, tracker, found, loss, flags)
         diagnosis = self._diagnose(values, width, loss)
+        if values is not None and recorder is not None and recorder.folds_inline:
+            overflow = values[2] > 0
+            recorder.fold(link.scale_host, values[0], overflow, stepped, scale_set)
+            link.scale_host = None
+            return
         snapshot = Snapshot(
             self._step_count,
             time.time(),
@@ -206,6 +214,21 @@ class Instrumented(Watching, Controlled):
         )
         link.submit(self, snapshot, self._init_scale, self._make_sink)
         link.scale_host = None
+
+    def _folded_clean(
+        self, scale: torch.Tensor, found: torch.Tensor | None, stepped: bool, scale_set: bool
+    ) -> bool:
+        """Count a clean cpu step whose record no sink reads, keeping nothing else; False
+        if it is not one (cpu tensors are memory: reading them is no sync)."""
+        link = self._link
+        recorder = link.recorder
+        if recorder is None or not recorder.folds_inline or scale.is_cuda:
+            return False
+        if (found is not None and found.item() > 0) or not self._watch.clean_step():
+            return False
+        recorder.fold(link.scale_host, scale.item(), False, stepped, scale_set)
+        link.scale_host = None
+        return True
 
     def _make_sink(self) -> Any:
         """The telemetry writer's intake on the reporting rank; None elsewhere or when off."""

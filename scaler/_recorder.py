@@ -257,6 +257,26 @@ class Recorder:
             with self._cond:
                 self._drain(arrived_only=True)
 
+    @property
+    def folds_inline(self) -> bool:
+        """Whether a step's values can be folded as they come: no sink will read its record
+        (telemetry off, or a rank that does not report) and no step waits before it."""
+        return self._thread is None and not self._pending and not self._closed
+
+    def fold(
+        self,
+        scale_used: float | None,
+        scale_after: float,
+        overflow: bool,
+        stepped: bool,
+        scale_set: bool,
+    ) -> None:
+        """Count a cpu step where ``folds_inline``: what a snapshot of it would count,
+        without the snapshot."""
+        self._fold.add(scale_used, scale_after, overflow, stepped, scale_set)
+        self._submitted += 1
+        self._done += 1
+
     def stats(self, timeout: float = 30.0) -> ScalerStats:
         self.flush(timeout)
         with self._cond:

@@ -66,6 +66,16 @@ class StepWatch:
         loss, self.loss = self.loss, None
         return loss
 
+    def clean_step(self) -> bool:
+        """Forget a step that ``step()`` found clean; False (nothing forgotten) if it met
+        an overflow, whose findings are still to be told."""
+        if self.scanned:
+            return False
+        self.loss = None
+        self.optimizers.clear()
+        self.host_rows.clear()
+        return True
+
 
 class Watching(_Base):
     """The diagnosis half of :class:`scaler._core.Instrumented`."""
@@ -170,6 +180,8 @@ class Watching(_Base):
         fused-optimizer path reads nothing: its overflows are not explained on cuda).
         """
         watch = self._watch
+        if values is not None and not values[2] > 0 and watch.clean_step():
+            return None  # a clean cpu step: nothing to explain
         optimizers, watch.optimizers = watch.optimizers, []
         read, watch.host_rows = watch.host_rows, []
         rows = [row for _, row in read]
