@@ -20,7 +20,11 @@ from ._extras import Extras
 from ._link import RunLink
 from ._pinned import read_cpu
 from ._recorder import Captured, ControlOutcome, Snapshot
-from ._torch_compat import OptState, _refresh_per_optimizer_state, process_group_info
+from ._torch_compat import (
+    OptState,
+    _refresh_per_optimizer_state,
+    process_group_info,
+)
 from ._watching import StepWatch, Watching
 from .stats import ScalerCheckpoint, ScalerStats
 
@@ -33,6 +37,8 @@ class Instrumented(Watching, Controlled):
     _step_count: int
     _control_version: int
     _TRANSIENT: tuple[str, ...] = ("_link", "_watch")  # what a copy of the scaler leaves behind
+    _FOUND_SHAPE: tuple[int, ...] = ()  # of a found_inf, as torch's class makes it
+    _ALLOW_FP16 = False  # whether unscale_ takes fp16 gradients, as torch's class does
 
     def _setup(self, options: Options) -> None:
         self._extras = Extras(options.min_scale, options.max_scale, options.hysteresis)
@@ -135,13 +141,39 @@ class Instrumented(Watching, Controlled):
     ) -> None:
         raise NotImplementedError
 
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """As torch's: divides ``optimizer``'s gradients by the scale, in place, once a step."""
+        if not self._enabled:
+            return
+        scale, _ = self._check_scale_growth_tracker("unscale_")
+        state = self._per_optimizer_states[id(optimizer)]
+        if state["stage"] is OptState.UNSCALED:
+            raise RuntimeError(
+                "unscale_() has already been called on this optimizer since the last update()."
+            )
+        if state["stage"] is OptState.STEPPED:
+            raise RuntimeError("unscale_() is being called after step().")
+        inv_scale = self._inverse_scale(scale)
+        found_inf = torch.full(self._FOUND_SHAPE, 0.0, dtype=torch.float32, device=scale.device)
+        state["found_inf_per_device"] = self._unscale_grads_(
+            optimizer, inv_scale, found_inf, self._ALLOW_FP16
+        )
+        state["stage"] = OptState.UNSCALED
+        self._unscaled(state)
+
+    def _unscaled(self, state: dict[str, Any]) -> None:
+        """An optimizer's gradients were just checked and unscaled (``state``: its state)."""
+
     def _inverse_scale(self, scale: torch.Tensor) -> torch.Tensor:
-        """``1 / scale`` as torch's unscale_ takes it (in float64, rounded once to float32),
-        taken again only when the scale has changed since.
+        """``1 / scale`` as torch's unscale_ takes it (in float64, rounded once to float32:
+        float32 division can be imprecise under some compile options), taken again only
+        when the scale has changed since.
 
         Every in-place change of a tensor (the update's, ``fill_``, ``copy_``) bumps its
         version, which the host keeps: telling a changed scale costs no device read.
         """
+        if scale.device.type == "mps":  # as torch's: mps has no float64
+            return scale.reciprocal()
         kept = self._link.inverse
         try:
             version = scale._version

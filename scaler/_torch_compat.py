@@ -41,6 +41,7 @@ __all__ = [
     "non_finite_check_and_unscale_",
     "opt_step_unless_inf",
     "process_group_info",
+    "unscale_grads",
     "unscale_local_grads",
 ]
 
@@ -114,6 +115,44 @@ def opt_step_unless_inf(
     return maybe_opt_step_result(retval, optimizer_state), float(found)
 
 
+Grouped = dict[torch.device, dict[torch.dtype, list[torch.Tensor]]]
+
+
+def _grouped() -> Grouped:
+    return defaultdict(lambda: defaultdict(list))
+
+
+def unscale_grads(
+    optimizer: torch.optim.Optimizer,
+    inv_scale: torch.Tensor,
+    found_inf: torch.Tensor,
+    allow_fp16: bool,
+) -> dict[torch.device, torch.Tensor]:
+    """torch.amp.GradScaler's ``_unscale_grads_``: the same checks, errors and numbers."""
+    grouped = _grouped()
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if not isinstance(param, torch.Tensor):
+                    raise AssertionError(
+                        f"expected param to be torch.Tensor, got {type(param).__name__}"
+                    )
+                grad = param.grad
+                if grad is None:
+                    continue
+                if (not allow_fp16) and grad.dtype == torch.float16:
+                    raise ValueError("Attempting to unscale FP16 gradients.")
+                if grad.is_sparse:
+                    # Coalescing may overflow scaled fp16 values: check the coalesced ones.
+                    if grad.dtype is torch.float16:
+                        param.grad = grad = grad.coalesce()
+                    to_unscale = grad._values()
+                else:
+                    to_unscale = grad
+                grouped[to_unscale.device][to_unscale.dtype].append(to_unscale)
+        return _check_grouped(grouped, inv_scale, found_inf, _MultiDeviceReplicator)
+
+
 def unscale_local_grads(
     optimizer: torch.optim.Optimizer,
     inv_scale: torch.Tensor,
@@ -126,9 +165,7 @@ def unscale_local_grads(
     Returns found_inf per device; a rank that holds no gradient shard at all still gets
     one on ``fallback_device``, for it takes part in the all-reduce.
     """
-    grouped: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = defaultdict(
-        lambda: defaultdict(list)
-    )
+    grouped = _grouped()
     with torch.no_grad():
         for group in optimizer.param_groups:
             for param in group["params"]:
@@ -148,22 +185,36 @@ def unscale_local_grads(
                 else:
                     to_unscale = local_tensor(grad)
                 grouped[to_unscale.device][to_unscale.dtype].append(to_unscale)
-        if len(grouped) == 1 and found_inf.device in grouped:
-            # One device, the scale's: torch's replicators would copy both tensors to the
-            # device they are on. Checked with them as they are: the same numbers.
-            for grads in grouped[found_inf.device].values():
-                non_finite_check_and_unscale_(grads, found_inf, inv_scale)
-            return {found_inf.device: found_inf}
-        per_device_inv_scale = _GeneralMultiDeviceReplicator(inv_scale)
-        per_device_found_inf = _GeneralMultiDeviceReplicator(found_inf)
-        for device, per_dtype in grouped.items():
-            for grads in per_dtype.values():
-                non_finite_check_and_unscale_(
-                    grads, per_device_found_inf.get(device), per_device_inv_scale.get(device)
-                )
-        if not grouped:
-            per_device_found_inf.get(fallback_device)
-    return per_device_found_inf._per_device_tensors
+        return _check_grouped(
+            grouped, inv_scale, found_inf, _GeneralMultiDeviceReplicator, fallback_device
+        )
+
+
+def _check_grouped(
+    grouped: Grouped,
+    inv_scale: torch.Tensor,
+    found_inf: torch.Tensor,
+    replicator: Any,
+    fallback_device: torch.device | None = None,
+) -> dict[torch.device, torch.Tensor]:
+    """Check and unscale each device's and dtype's gradients; found_inf per device."""
+    if len(grouped) == 1 and found_inf.device in grouped:
+        # One device, the scale's: torch's replicators would copy both tensors to the
+        # device they are on. Checked with them as they are: the same numbers.
+        for grads in grouped[found_inf.device].values():
+            non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+        return {found_inf.device: found_inf}
+    per_device_inv_scale = replicator(inv_scale)
+    per_device_found_inf = replicator(found_inf)
+    for device, per_dtype in grouped.items():
+        for grads in per_dtype.values():
+            non_finite_check_and_unscale_(
+                grads, per_device_found_inf.get(device), per_device_inv_scale.get(device)
+            )
+    if not grouped and fallback_device is not None:
+        per_device_found_inf.get(fallback_device)
+    tensors: dict[torch.device, torch.Tensor] = per_device_found_inf._per_device_tensors
+    return tensors
 
 
 def non_finite_check_and_unscale_(

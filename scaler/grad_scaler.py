@@ -15,6 +15,7 @@ from ._torch_compat import (
     TorchGradScaler,
     amp_update_scale_,
     cuda_amp_unavailable,
+    unscale_grads,
 )
 
 
@@ -79,6 +80,15 @@ class GradScaler(Instrumented, TorchGradScaler):
             device, init_scale, growth_factor, backoff_factor, growth_interval, enabled
         )
         self._setup(options)
+
+    def _unscale_grads_(
+        self,
+        optimizer: torch.optim.Optimizer,
+        inv_scale: torch.Tensor,
+        found_inf: torch.Tensor,
+        allow_fp16: bool,
+    ) -> dict[torch.device, torch.Tensor]:
+        return unscale_grads(optimizer, inv_scale, found_inf, allow_fp16)
 
     def _torch_update(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor

@@ -13,7 +13,6 @@ from ._config import Options
 from ._control import ControlUpdate
 from ._core import Instrumented
 from ._torch_compat import (
-    OptState,
     TorchShardedGradScaler,
     amp_update_scale_,
     maybe_opt_step_result,
@@ -59,6 +58,8 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
 
     # Run the all-reduce even in a group of one rank (to measure what it costs).
     _reduce_alone = False
+    _FOUND_SHAPE = (1,)  # torch's sharded found_inf has one element, its GradScaler's none
+    _ALLOW_FP16 = True
     _TRANSIENT = ("_link", "_watch", "_agreement")
 
     def __init__(
@@ -109,22 +110,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         self._watch.optimizers.append(optimizer)
         return unscale_local_grads(optimizer, inv_scale, found_inf, allow_fp16, self._scale.device)
 
-    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        if not self._enabled:
-            return
-        scale, _ = self._check_scale_growth_tracker("unscale_")
-        state = self._per_optimizer_states[id(optimizer)]
-        if state["stage"] is OptState.UNSCALED:
-            raise RuntimeError(
-                "unscale_() has already been called on this optimizer since the last update()."
-            )
-        if state["stage"] is OptState.STEPPED:
-            raise RuntimeError("unscale_() is being called after step().")
-        # FP32 division can be imprecise for some compile options: the reciprocal is taken in FP64.
-        inv_scale = self._inverse_scale(scale)
-        found_inf = torch.full((1,), 0.0, dtype=torch.float32, device=scale.device)
-        state["found_inf_per_device"] = self._unscale_grads_(optimizer, inv_scale, found_inf, True)
-        state["stage"] = OptState.UNSCALED
+    def _unscaled(self, state: dict[str, Any]) -> None:
         self._agree_found_inf(state)
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
