@@ -6,13 +6,17 @@ ranks share one GPU), world sizes 2 and 4, a DDP and an FSDP2 model of a
 small MLP. In every rank torch's scaler and ours (telemetry off, and on: rank 0 writes to a
 store in a temporary file) train identical model copies in the same group, one after the
 other, in rounds of ``--steps`` steps, every other round in reverse order. Rank 0 times each
-round: the whole training step, and the scaler's calls alone (``scale``, ``step``,
-``update``: the found_inf all-reduce and its host read are in ``step``).
+round: the whole training step, the scaler's calls alone (``scale``, ``step``,
+``update``: the found_inf all-reduce and its host read are in ``step``), and the training
+thread's CPU time in those calls (``scaler cpu``: what the scaler itself costs, without
+the wait for the other ranks, which is most of a DDP step's scaler time on gloo and
+swings with the machine's load). After each round of ours, untimed, its telemetry is
+flushed, so that no variant's round runs beside the tail of another's writes.
 
 The goal is judged on the median of the per-round ratios ours/torch (which cancels the
 machine's drift between rounds), with a seeded bootstrap 95% interval in brackets.
 
-    python bench/multirank.py [--worlds 2 4] [--rounds 21] [--steps N] [--models ddp fsdp2]
+    python bench/multirank.py [--worlds 2 4] [--rounds N] [--steps N] [--models ddp fsdp2]
         [--backend gloo|nccl] [--device cpu|cuda]
 
 Goal: ours/torch <= 1.00 on every row.
@@ -48,6 +52,10 @@ GOAL = 1.0
 VARIANTS = ("torch", "ours, telemetry off", "ours, telemetry on")
 MODELS = ("ddp", "fsdp2")
 STEPS = {"ddp": 60, "fsdp2": 30}  # a round's steps: FSDP2's step on cpu is ~5x DDP's
+# DDP's rounds are short and its scaler's share of the step small: more of them narrow the
+# interval, for the same minutes FSDP2's take
+ROUNDS = {"ddp": 61, "fsdp2": 21}
+WORKLOADS = ("train step", "scaler calls", "scaler cpu")  # the last: the thread's CPU time
 WIDTH = 256
 BATCH = 32
 
@@ -90,25 +98,33 @@ class Case:
         self.rank = rank
         self.batches = [torch.randn(BATCH, WIDTH, device=device) for _ in range(4)]
 
-    def run(self, steps: int) -> tuple[float, float]:
-        """(seconds per step, seconds per step in the scaler's calls)."""
+    def run(self, steps: int) -> tuple[float, float, float]:
+        """(seconds per step, seconds per step in the scaler's calls, the training thread's
+        CPU seconds per step in them)."""
         gs, opt, model = self.gs, self.opt, self.model
-        in_scaler = 0.0
+        in_scaler = cpu = 0.0
+        clock, thread_clock = time.perf_counter, time.thread_time
         self.sync()
-        began = time.perf_counter()
+        began = clock()
         for i in range(steps):
             opt.zero_grad(set_to_none=True)
             loss = model(self.batches[i % 4]).float().pow(2).mean()
-            t0 = time.perf_counter()
+            t0, c0 = clock(), thread_clock()
             scaled = gs.scale(loss)
-            t1 = time.perf_counter()
+            t1, c1 = clock(), thread_clock()
             scaled.backward()
-            t2 = time.perf_counter()
+            t2, c2 = clock(), thread_clock()
             gs.step(opt)
             gs.update()
-            in_scaler += (t1 - t0) + (time.perf_counter() - t2)
+            in_scaler += (t1 - t0) + (clock() - t2)
+            cpu += (c1 - c0) + (thread_clock() - c2)
         self.sync()
-        return (time.perf_counter() - began) / steps, in_scaler / steps
+        timed = (clock() - began) / steps, in_scaler / steps, cpu / steps
+        if isinstance(gs, scaler.ShardedGradScaler):
+            # Untimed: what its threads still have to write would otherwise run into the
+            # next variant's round (torch's never follows telemetry on: ours off does).
+            gs.flush()
+        return timed
 
     def sync(self) -> None:
         if self.device == "cuda":
@@ -135,9 +151,9 @@ def rank_main(
         cases = {v: Case(kind, v, device, args["store_url"], rank) for v in VARIANTS}
         for case in cases.values():
             case.run(args["warmup"])
-        rounds: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
+        rounds: dict[str, list[tuple[float, float, float]]] = {v: [] for v in VARIANTS}
         threads: dict[str, int] = {}  # scalewatch's threads in the rank (all its scalers)
-        for r in range(args["rounds"]):
+        for r in range(args["rounds"] or ROUNDS[kind]):
             order = VARIANTS if r % 2 == 0 else VARIANTS[::-1]
             for variant in order:
                 dist.barrier()
@@ -147,7 +163,7 @@ def rank_main(
                 )
         counts = torch.tensor([threads[v] for v in VARIANTS], device=device)
         gathered_counts = [torch.zeros_like(counts) for _ in range(world)]
-        dist.all_gather(gathered_counts, counts)
+        _held(dist.all_gather(gathered_counts, counts, async_op=True))
         gathered = [dict(zip(VARIANTS, c.tolist(), strict=True)) for c in gathered_counts]
         for case in cases.values():
             case.close()
@@ -155,15 +171,27 @@ def rank_main(
         results[kind] = {"rounds": rounds, "threads": gathered}
     if rank == 0:
         Path(out).write_text(json.dumps(results))
-    dist.barrier()
+    _held(dist.barrier(async_op=True))
     dist.destroy_process_group()
+
+
+# The handles of the collectives on tensors of Python's, kept to the end of the process. A
+# gloo worker that dropped the last reference to one would free its tensors, which needs
+# the GIL, while the training thread, holding it, frees the process group and waits for
+# that worker (as scaler/_agreement.py keeps its all-reduces).
+_HELD: list[Any] = []
+
+
+def _held(work: Any) -> None:
+    work.wait()
+    _HELD.append(work)
 
 
 def report(world: int, backend: str, results: dict[str, Any]) -> None:
     for kind, data in results.items():
         rounds = data["rounds"]
         threads = data["threads"]
-        for index, workload in enumerate(("train step", "scaler calls")):
+        for index, workload in enumerate(WORKLOADS):
             torch_us = [t[index] * 1e6 for t in rounds["torch"]]
             for variant in VARIANTS[1:]:
                 ours_us = [t[index] * 1e6 for t in rounds[variant]]
@@ -200,7 +228,7 @@ def free_port() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--rounds", type=int, help="rounds (default: ddp 61, fsdp2 21)")
     parser.add_argument("--steps", type=int, help="steps a round (default: ddp 60, fsdp2 30)")
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))

@@ -128,9 +128,12 @@ class Agreement:
         asynchronous copy, and it applies at the next update(), as does the broadcast itself
         when the payload was not read on the host this step (the fused-optimizer path).
         """
-        updates = [u for u in map(_control.decode, self._lagged.take_slots()) if u is not None]
-        if self._lagged.take_request():
-            updates.extend(self._receive(group, device, process_group))
+        updates: list[ControlUpdate] = []
+        if self._lagged.pending:  # cuda only: what the last update() left on its way
+            decoded = map(_control.decode, self._lagged.take_slots())
+            updates = [update for update in decoded if update is not None]
+            if self._lagged.take_request():
+                updates.extend(self._receive(group, device, process_group))
         if self.step_states:
             rows = self.host_rows()
             if rows is None:

@@ -107,6 +107,14 @@ class Instrumented(Watching, Controlled):
         """The optimizers' found_inf summed, into the first one's as torch's update() does
         (``in_place``), or into a new tensor (then a fused optimizer's 0-d flag and another
         optimizer's one-element flag add up too)."""
+        states = self._per_optimizer_states
+        if len(states) == 1 and in_place:  # one optimizer, one device: its found_inf
+            (state,) = states.values()
+            per_device: dict[torch.device, torch.Tensor] = state["found_inf_per_device"]
+            if len(per_device) == 1:
+                (found,) = per_device.values()
+                if found.device == scale.device:
+                    return found  # what torch's to(scale.device) would return
         # As torch: if every found_inf lives on the scale's device this is asynchronous.
         found_infs = [
             found_inf.to(device=scale.device, non_blocking=True)

@@ -23,6 +23,11 @@ class Lagged:
         self._flag_buffers: dict[int, tuple[torch.Tensor, Any]] = {}
         self._slots: list[tuple[torch.Tensor, Any]] = []
 
+    @property
+    def pending(self) -> bool:
+        """Whether a request flag or a broadcast request is on its way to the host."""
+        return self._flag is not None or bool(self._slots)
+
     def keep_request_flag(self, payloads: list[torch.Tensor]) -> None:
         """Copy word 0 of each payload (where rank 0's request flag is) to the host."""
         count = len(payloads)
