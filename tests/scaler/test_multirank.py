@@ -247,3 +247,20 @@ def test_only_the_reporting_rank_runs_threads(tmp_path: Any) -> None:
     names = run_ranks(_threads_after_steps, 2, url, timeout=120.0)
     assert names[0] == ["scalewatch-poller", "scalewatch-recorder", "scalewatch-writer"]
     assert names[1] == []
+
+
+def worker_float64(rank: int, world: int, kinds: list[str]) -> dict[str, Any]:
+    """``worker`` with the payload a float64 copy of found_inf, as past 23 ranks, on
+    several devices and on cuda (on cpu, up to 23 ranks, found_inf is agreed in place)."""
+    from scaler import _payload
+
+    _payload.IN_PLACE_RANKS = 0
+    return worker(rank, world, kinds)
+
+
+@pytest.mark.slow
+def test_the_float64_payload_agrees_as_the_in_place_one() -> None:
+    world = 2
+    per_rank = run_ranks(worker_float64, world, ["ddp", "fsdp2"], timeout=150.0)
+    for kind in ("ddp", "fsdp2"):
+        check_kind(kind, world, per_rank)
