@@ -13,16 +13,14 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from . import _payload
+from ._captured import Captured, split_values
 from ._payload import overflowed_ranks
-from ._pinned import PinnedRing, PinnedRings
 from .stats import ScalerStats
 from .store.records import StepRecord
 
@@ -70,74 +68,6 @@ class StepSample:
 
     record: StepRecord
     controls: tuple[ControlOutcome, ...] = ()
-
-
-class Captured:
-    """Values of one cuda step: [scale, growth tracker, found_inf, loss (if seen), *payload
-    words], copied asynchronously to a pinned row of ``rings``. (A cpu step's values are
-    read at once: ``_pinned.read_cpu``.)"""
-
-    __slots__ = ("_has_loss", "_payloads", "_ring", "_row")
-
-    def __init__(
-        self,
-        scale: torch.Tensor,
-        tracker: torch.Tensor,
-        found: torch.Tensor | None,
-        loss: torch.Tensor | None,
-        flags: Sequence[torch.Tensor],
-        rings: PinnedRings,
-    ) -> None:
-        self._payloads = len(flags)
-        if found is None:
-            found = scale.new_zeros(1)
-        elif found.numel() != 1:
-            found = found.reshape(-1)[:1]
-        parts = [scale.reshape(1), tracker.reshape(1), found.reshape(1)]
-        self._has_loss = loss is not None
-        if loss is not None:
-            loss = loss.detach()  # cat(out=) refuses a tensor that requires grad
-            if loss.device != scale.device:
-                loss = loss.to(scale.device, non_blocking=True)
-            parts.append(loss.reshape(1))
-        sizes = (1,) * len(parts) + tuple(flag.numel() for flag in flags)
-        parts.extend(flags)
-        self._ring: PinnedRing | None
-        self._ring, self._row = rings.capture(parts, sizes)
-
-    def discard(self) -> None:
-        """Give the row back without reading it (the step was dropped)."""
-        if self._ring is not None:
-            self._ring.release(self._row)
-            self._ring = None
-
-    def arrived(self) -> bool:
-        """Whether the values have reached the host (reading them would not wait)."""
-        return self._ring is None or self._ring.arrived(self._row)
-
-    def read(self) -> Values:
-        """(scale, growth tracker, found_inf, loss, each optimizer's payload words)."""
-        assert self._ring is not None, "a step's values are read once"
-        values: list[Any] = self._ring.read(self._row)
-        self._ring = None
-        if not self._has_loss:
-            values.insert(3, None)
-        return _split(values, self._payloads)
-
-
-# (scale after the update, growth tracker, found_inf, loss or None, payload words per optimizer)
-Values = tuple[float, int, float, float | None, list[list[float]]]
-
-
-def _split(values: list[Any], payloads: int) -> Values:
-    """A step's values as ``read()`` returns them: the words after the first four, per
-    payload."""
-    flags = values[4:]
-    if not payloads:
-        return values[0], int(values[1]), values[2], values[3], []
-    width = len(flags) // payloads
-    rows = [flags[start : start + width] for start in range(0, len(flags), width)]
-    return values[0], int(values[1]), values[2], values[3], rows
 
 
 @dataclass(slots=True)
@@ -371,7 +301,7 @@ def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample
         tracker = int(captured[1])
     else:
         count = (len(captured) - 4) // _payload.words(snap.world_size)
-        scale_after, tracker, found, loss, payloads = _split(captured, count)
+        scale_after, tracker, found, loss, payloads = split_values(captured, count)
     overflow = found > 0
     scale_used = fold.add(snap.scale_used, scale_after, overflow, snap.stepped, snap.scale_set)
     if not sample:

@@ -8,16 +8,16 @@ from _twin import INJECT, mlp, sgd, train
 
 import scaler
 from scaler import _pinned
+from scaler._captured import split_values
 from scaler._pinned import PinnedRing, PinnedRings
-from scaler._recorder import _split
 
 
 def test_split_gives_each_optimizers_payload_words() -> None:
     # scale, tracker, found, loss, then two payloads of two words each
     values = [1024.0, 3.0, 1.0, 0.25, 2.0, 0.0, 1.5, 4.0]
-    assert _split(values, 2) == (1024.0, 3, 1.0, 0.25, [[2.0, 0.0], [1.5, 4.0]])
-    assert _split(values[:6], 1) == (1024.0, 3, 1.0, 0.25, [[2.0, 0.0]])
-    assert _split([*values[:3], None], 0) == (1024.0, 3, 1.0, None, [])
+    assert split_values(values, 2) == (1024.0, 3, 1.0, 0.25, [[2.0, 0.0], [1.5, 4.0]])
+    assert split_values(values[:6], 1) == (1024.0, 3, 1.0, 0.25, [[2.0, 0.0]])
+    assert split_values([*values[:3], None], 0) == (1024.0, 3, 1.0, None, [])
 
 
 DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.cuda)]
