@@ -49,6 +49,9 @@ WRITER_GOAL_RECORDS_PER_S = 100_000
 WRITER_GOAL_RATIO = 0.5
 TRAINING_GOAL_US = 5.0
 WARM_UP_S = 0.3  # untimed steps of the on variant before its round: one write cadence
+# Each round starts from this scale. Left to grow every 100 steps, a float32 model's scale
+# reaches inf after ~11,000 steps and every later step overflows, which no run does.
+INIT_SCALE = 2.0**16
 
 _RAW_PRAGMAS = (
     f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}",
@@ -201,7 +204,7 @@ def _variants(kind: str, url: str, device: str) -> dict[str, Any]:
     "off again" is a second scaler with telemetry off, timed the same way as "on": its
     difference to "off" is what the method reads when nothing differs (its noise floor).
     """
-    kwargs = {"device": device, "growth_interval": 100}
+    kwargs = {"device": device, "init_scale": INIT_SCALE, "growth_interval": 100}
     theirs, ours = (
         (torch.amp.GradScaler, scaler.GradScaler)
         if kind == "GradScaler"
@@ -328,6 +331,7 @@ def bench_training_thread(
                         # speeds up or slows down during a round favours none of them.
                         order = list(variants.items())
                         for name, gs in order[::-1] if round_no % 2 else order:
+                            gs.update(new_scale=INIT_SCALE)  # untimed: see INIT_SCALE
                             # None of the on variant's writes may land in another's round,
                             # and its own round starts with its writer in its usual cadence.
                             variants["on"].flush(60)
