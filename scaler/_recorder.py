@@ -292,43 +292,39 @@ def _run(ref: weakref.ref[Recorder], cond: threading.Condition) -> None:
 
 
 def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample | None:
-    """Fold ``snap`` into ``fold``; returns its sample, unless ``sample`` is False (no sink)."""
+    """Fold ``snap`` into ``fold``; returns its sample, unless ``sample`` is False (no sink).
+
+    Read on the recorder thread for every step: a clean step (the common one) takes the
+    shortest way, with no payload to split, since no rank's flag is set in it.
+    """
     captured = snap.captured
+    payloads: list[list[float]] = []
     if isinstance(captured, Captured):
         scale_after, tracker, found, loss, payloads = captured.read()
-    elif len(captured) == 4:  # no payload (GradScaler, or no process group)
-        scale_after, found, loss, payloads = captured[0], captured[2], captured[3], []
-        tracker = int(captured[1])
-    else:
-        count = (len(captured) - 4) // _payload.words(snap.world_size)
-        scale_after, tracker, found, loss, payloads = split_values(captured, count)
+    else:  # a cpu step's values as read: [scale, tracker, found_inf, loss, *payload words]
+        scale_after, tracker, found, loss = captured[0], int(captured[1]), captured[2], captured[3]
+        if found > 0 and snap.world_size > 0 and len(captured) > 4:
+            count = (len(captured) - 4) // _payload.words(snap.world_size)
+            payloads = split_values(captured, count)[4]
     overflow = found > 0
-    scale_used = fold.add(snap.scale_used, scale_after, overflow, snap.stepped, snap.scale_set)
+    stepped = snap.stepped
+    scale_used = fold.add(snap.scale_used, scale_after, overflow, stepped, snap.scale_set)
     if not sample:
         return None
-    if snap.world_size > 0 and payloads:
-        if len(payloads) == 1:
-            inf_ranks = overflowed_ranks(payloads[0])
-        else:  # several optimizers: a rank flagged by any of them
-            inf_ranks = tuple(sorted({r for row in payloads for r in overflowed_ranks(row)}))
-    elif snap.world_size < 0:
-        inf_ranks = ()
-    else:
-        inf_ranks = (0,) if overflow else ()
     record = StepRecord(
-        step=snap.step,
-        wall_time=snap.wall_time,
-        scale=scale_used,
-        overflow=overflow,
-        skipped=overflow and snap.stepped,
-        inf_ranks=inf_ranks,
-        scale_after=scale_after,
-        growth_tracker=tracker,
-        growth_interval=snap.growth_interval,
-        growth_factor=float(snap.growth_factor),  # an int as torch keeps it: stored as float
-        backoff_factor=float(snap.backoff_factor),
-        control_version=snap.control_version,
-        loss=loss,
+        snap.step,
+        snap.wall_time,
+        scale_used,
+        overflow,
+        overflow and stepped,
+        _inf_ranks(snap.world_size, overflow, payloads),
+        scale_after,
+        tracker,
+        snap.growth_interval,
+        float(snap.growth_factor),  # an int as torch keeps it: stored as float
+        float(snap.backoff_factor),
+        snap.control_version,
+        loss,
     )
     diagnosis = snap.diagnosis
     if diagnosis is not None:
@@ -339,3 +335,16 @@ def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample
             params_omitted=diagnosis.omitted,
         )
     return StepSample(record, snap.controls)
+
+
+def _inf_ranks(world_size: int, overflow: bool, payloads: list[list[float]]) -> tuple[int, ...]:
+    """The ranks whose gradients held inf/NaN; () where the ranks are not known
+    (``world_size`` -1: GradScaler in a process group)."""
+    if not overflow or world_size < 0:
+        return ()
+    if world_size == 0 or not payloads:
+        return (0,)
+    if len(payloads) == 1:
+        return overflowed_ranks(payloads[0])
+    # several optimizers: a rank flagged by any of them
+    return tuple(sorted({rank for row in payloads for rank in overflowed_ranks(row)}))
