@@ -223,16 +223,17 @@ class Instrumented(Watching, Controlled, Persisted):
         assert scale is not None and tracker is not None
         link = self._link
         recorder = link.recorder
-        if self._folded_clean(scale, found, stepped, scale_set):
+        # No sink reads a cpu step's record: counted as it comes, with no snapshot kept.
+        inline = recorder is not None and recorder.folds_inline and not scale.is_cuda
+        if inline and (found is None or not found.item() > 0) and self._watch.clean_step():
+            self._fold(scale.item(), False, stepped, scale_set)  # clean: nothing else to read
             return
         loss = self._watch.take_loss()
         # cpu tensors are memory: read at once, no sync (see _pinned.read_cpu)
         values = None if scale.is_cuda else read_cpu(scale, tracker, found, loss, flags)
         diagnosis = self._diagnose(values, width, loss)
-        if values is not None and recorder is not None and recorder.folds_inline:
-            overflow = values[2] > 0
-            recorder.fold(link.scale_host, values[0], overflow, stepped, scale_set)
-            link.scale_host = None
+        if inline and values is not None:
+            self._fold(values[0], values[2] > 0, stepped, scale_set)
             return
         snapshot = Snapshot(
             self._step_count,
@@ -256,20 +257,12 @@ class Instrumented(Watching, Controlled, Persisted):
         link.submit(self, snapshot, self._init_scale, self._make_sink)
         link.scale_host = None
 
-    def _folded_clean(
-        self, scale: torch.Tensor, found: torch.Tensor | None, stepped: bool, scale_set: bool
-    ) -> bool:
-        """Count a clean cpu step whose record no sink reads, keeping nothing else; False
-        if it is not one (cpu tensors are memory: reading them is no sync)."""
+    def _fold(self, scale_after: float, overflow: bool, stepped: bool, scale_set: bool) -> None:
+        """Count a cpu step that no sink reads (see ``Recorder.fold``)."""
         link = self._link
-        recorder = link.recorder
-        if recorder is None or not recorder.folds_inline or scale.is_cuda:
-            return False
-        if (found is not None and found.item() > 0) or not self._watch.clean_step():
-            return False
-        recorder.fold(link.scale_host, scale.item(), False, stepped, scale_set)
+        assert link.recorder is not None
+        link.recorder.fold(link.scale_host, scale_after, overflow, stepped, scale_set)
         link.scale_host = None
-        return True
 
     def _make_sink(self) -> Any:
         """The telemetry writer's intake on the reporting rank; None elsewhere or when off."""

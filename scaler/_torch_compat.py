@@ -129,27 +129,8 @@ def unscale_grads(
     allow_fp16: bool,
 ) -> dict[torch.device, torch.Tensor]:
     """torch.amp.GradScaler's ``_unscale_grads_``: the same checks, errors and numbers."""
-    grouped = _grouped()
     with torch.no_grad():
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                if not isinstance(param, torch.Tensor):
-                    raise AssertionError(
-                        f"expected param to be torch.Tensor, got {type(param).__name__}"
-                    )
-                grad = param.grad
-                if grad is None:
-                    continue
-                if (not allow_fp16) and grad.dtype == torch.float16:
-                    raise ValueError("Attempting to unscale FP16 gradients.")
-                if grad.is_sparse:
-                    # Coalescing may overflow scaled fp16 values: check the coalesced ones.
-                    if grad.dtype is torch.float16:
-                        param.grad = grad = grad.coalesce()
-                    to_unscale = grad._values()
-                else:
-                    to_unscale = grad
-                grouped[to_unscale.device][to_unscale.dtype].append(to_unscale)
+        grouped = _group_grads(optimizer, allow_fp16, sharded=False)
         return _check_grouped(grouped, inv_scale, found_inf, _MultiDeviceReplicator)
 
 
@@ -165,29 +146,44 @@ def unscale_local_grads(
     Returns found_inf per device; a rank that holds no gradient shard at all still gets
     one on ``fallback_device``, for it takes part in the all-reduce.
     """
-    grouped = _grouped()
     with torch.no_grad():
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                grad = param.grad
-                if grad is None:
-                    continue
-                if (not allow_fp16) and grad.dtype == torch.float16:
-                    raise ValueError("Attempting to unscale FP16 gradients.")
-                if grad.is_sparse:
-                    # Coalescing may overflow scaled fp16 values: check the coalesced ones.
-                    if grad.dtype is torch.float16:
-                        param_grad_fp32 = grad.type(torch.float32).coalesce()
-                        param.grad = grad = param_grad_fp32.type(torch.float16)
-                    to_unscale = grad._values()
-                elif type(grad) is torch.Tensor:  # the common case, without a call per grad
-                    to_unscale = grad
-                else:
-                    to_unscale = local_tensor(grad)
-                grouped[to_unscale.device][to_unscale.dtype].append(to_unscale)
+        grouped = _group_grads(optimizer, allow_fp16, sharded=True)
         return _check_grouped(
             grouped, inv_scale, found_inf, _GeneralMultiDeviceReplicator, fallback_device
         )
+
+
+def _group_grads(optimizer: torch.optim.Optimizer, allow_fp16: bool, sharded: bool) -> Grouped:
+    """``optimizer``'s gradients to check, by device and dtype, as torch's GradScaler
+    groups them, or (``sharded``) its ShardedGradScaler: a DTensor's local shard, no check
+    that each param is a tensor, and a sparse fp16 gradient coalesced in float32."""
+    grouped = _grouped()
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if not sharded and not isinstance(param, torch.Tensor):
+                raise AssertionError(
+                    f"expected param to be torch.Tensor, got {type(param).__name__}"
+                )
+            grad = param.grad
+            if grad is None:
+                continue
+            if (not allow_fp16) and grad.dtype == torch.float16:
+                raise ValueError("Attempting to unscale FP16 gradients.")
+            if grad.is_sparse:
+                # Coalescing may overflow scaled fp16 values: check the coalesced ones.
+                if grad.dtype is torch.float16:
+                    if sharded:
+                        grad = grad.type(torch.float32).coalesce().type(torch.float16)
+                    else:
+                        grad = grad.coalesce()
+                    param.grad = grad
+                to_unscale = grad._values()
+            elif not sharded or type(grad) is torch.Tensor:  # no call per plain grad
+                to_unscale = grad
+            else:
+                to_unscale = local_tensor(grad)
+            grouped[to_unscale.device][to_unscale.dtype].append(to_unscale)
+    return grouped
 
 
 def _check_grouped(
