@@ -26,7 +26,7 @@ part() {
 part cuda-tests "$PY" -m pytest -q -m cuda -p no:cacheprovider tests
 part multirank-tests "$PY" -m pytest -q -p no:cacheprovider tests/scaler/test_multirank.py \
     tests/scaler/test_scaler_diagnosis_multirank.py
-part bench-multirank-gloo-cuda "$PY" bench/multirank.py --device cuda --worlds 2 --rounds 9
+part bench-multirank-gloo-cuda "$PY" bench/multirank.py --device cuda --worlds 2 --rounds 12
 part bench-scaler-overhead "$PY" bench/scaler_overhead.py --device cuda --reps 21
 part bench-telemetry "$PY" bench/telemetry.py --device cuda --training-rounds 15
 part bench-diagnosis "$PY" bench/diagnosis.py --device cuda --reps 21

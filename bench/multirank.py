@@ -5,7 +5,8 @@ Real ranks (``torch.multiprocessing``, gloo on 127.0.0.1, one thread each; NCCL 
 ranks share one GPU), world sizes 2 and 4, a DDP and an FSDP2 model of a
 small MLP. In every rank torch's scaler and ours (telemetry off, and on: rank 0 writes to a
 store in a temporary file) train identical model copies in the same group, one after the
-other, in rounds of ``--steps`` steps, every other round in reverse order. Rank 0 times each
+other, in rounds of ``--steps`` steps, in an order that turns every round and is reversed
+every three (see ``round_order``: no variant keeps a place). Rank 0 times each
 round: the whole training step, the scaler's calls alone (``scale``, ``step``,
 ``update``: the found_inf all-reduce and its host read are in ``step``), and the training
 thread's CPU time in those calls (``scaler cpu``: what the scaler itself costs, without
@@ -53,11 +54,25 @@ VARIANTS = ("torch", "ours, telemetry off", "ours, telemetry on")
 MODELS = ("ddp", "fsdp2")
 STEPS = {"ddp": 60, "fsdp2": 30}  # a round's steps: FSDP2's step on cpu is ~5x DDP's
 # DDP's rounds are short and its scaler's share of the step small: more of them narrow the
-# interval, for the same minutes FSDP2's take
-ROUNDS = {"ddp": 61, "fsdp2": 21}
+# interval, for the same minutes FSDP2's take. Multiples of six: see round_order.
+ROUNDS = {"ddp": 60, "fsdp2": 18}
 WORKLOADS = ("train step", "scaler calls", "scaler cpu")  # the last: the thread's CPU time
 WIDTH = 256
 BATCH = 32
+
+
+def round_order(r: int) -> tuple[str, ...]:
+    """The variants' order in round ``r``: turned by one place every round, reversed every
+    three. Over six rounds each variant runs as often in each place and right after each
+    other one: a place that favours its variant (the middle one, between two others, or
+    the one after ours with telemetry on flushed its store) favours none.
+
+    >>> [round_order(r).index("torch") for r in range(6)]
+    [0, 2, 1, 2, 0, 1]
+    """
+    turn = r % len(VARIANTS)
+    order = VARIANTS[turn:] + VARIANTS[:turn]
+    return order if (r // len(VARIANTS)) % 2 == 0 else order[::-1]
 
 
 def mlp(seed: int) -> nn.Module:
@@ -154,8 +169,7 @@ def rank_main(
         rounds: dict[str, list[tuple[float, float, float]]] = {v: [] for v in VARIANTS}
         threads: dict[str, int] = {}  # scalewatch's threads in the rank (all its scalers)
         for r in range(args["rounds"] or ROUNDS[kind]):
-            order = VARIANTS if r % 2 == 0 else VARIANTS[::-1]
-            for variant in order:
+            for variant in round_order(r):
                 dist.barrier()
                 rounds[variant].append(cases[variant].run(args["steps"] or STEPS[kind]))
                 threads[variant] = sum(
@@ -228,7 +242,7 @@ def free_port() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--rounds", type=int, help="rounds (default: ddp 61, fsdp2 21)")
+    parser.add_argument("--rounds", type=int, help="rounds (default: ddp 60, fsdp2 18)")
     parser.add_argument("--steps", type=int, help="steps a round (default: ddp 60, fsdp2 30)")
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
