@@ -31,9 +31,10 @@ log = logging.getLogger("scaler")
 
 MAX_PENDING = 65536
 POLL_S = 0.05
-# Snapshots read between hand-offs of the GIL (~0.5 ms of reading): each hand-off is a
-# context switch of the training thread, which then runs on with colder caches.
-YIELD_EVERY = 256
+# Snapshots read between hand-offs of the GIL (~0.1 ms of reading). Every 256 switched the
+# training thread out less often but measured worse with telemetry on (bench/telemetry.py,
+# bench/multirank.py's scaler cpu rows): it waited longer for the GIL each time.
+YIELD_EVERY = 32
 INLINE_BATCH = 256  # steps a recorder without a thread folds at once
 
 
