@@ -88,7 +88,9 @@ def test_a_hanging_receiver_times_out_and_holds_up_no_other(sender: list[Webhook
         wait_for(lambda: one.counts["delivered"] == 1, what="the other receiver's delivery")
         assert one.counts["failed"] == 0  # the hanging one is still being tried
         wait_for(lambda: one.counts["failed"] == 1, what="the hanging one to time out")
-    assert hanging.attempts == 3 and fine.bodies == [payload(ALERT)]
+        # A timed-out POST may reach the receiver's handler only after the sender gave up.
+        wait_for(lambda: hanging.attempts == 3, what="the hanging one's three POSTs")
+    assert fine.bodies == [payload(ALERT)]
     assert "ReadTimeout" not in str(one.deliveries)  # outcomes, not exceptions
 
 
@@ -125,7 +127,8 @@ def test_the_service_posts_firing_and_resolved_while_a_hanging_hook_times_out(
             write_steps(store, run, simulate(1, set(), first=14))
             alerts.tick()
             wait_for(lambda: len(hook.bodies) == 2, what="firing and resolved")
-            assert hanging.attempts >= 1  # held, and the service answers meanwhile
+            # Held; on a loaded machine its handler may see the POST only after the timeout.
+            wait_for(lambda: hanging.attempts >= 1, what="the hanging hook's POST")
             assert client.get("/api/alerts").status_code == 200
             metrics = client.get("/metrics").text
     assert 'scalewatch_webhook_deliveries_total{outcome="delivered"} 2.0' in metrics
