@@ -24,13 +24,18 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _figures import figure  # noqa: E402
 
 TEST = "tests/reliability/test_load.py"
+SECONDS = 60  # the loaded phase the goals are stated for (the test suite runs 20 s)
 
 
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "figures.json"
-        env = {**os.environ, "SCALEWATCH_LOAD_FIGURES": str(out)}
-        print(f"load: running {TEST} (about 2 minutes)", flush=True)
+        env = {
+            **os.environ,
+            "SCALEWATCH_LOAD_FIGURES": str(out),
+            "SCALEWATCH_LOAD_SECONDS": str(SECONDS),
+        }
+        print(f"load: running {TEST} for {SECONDS} s of load (about 2 minutes)", flush=True)
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", TEST],
             cwd=ROOT,
@@ -47,7 +52,7 @@ def main() -> int:
     errors = f["chart_errors"] + f["sse_errors"] + f["sse_gaps"]
     delivered = f"{f['sse_events']:,} of {f['sse_events_expected']:,} SSE events delivered"
     figure(
-        "load: chart p99 (writer 10k records/s, 50 SSE clients, 20 charts/s, 60 s)",
+        f"load: chart p99 (writer 10k records/s, 50 SSE clients, 20 charts/s, {SECONDS} s)",
         f"{f['chart_p99_ms']:.0f} ms (p50 {f['chart_p50_ms']:.0f} ms)",
         "< 250 ms, no errors",
         f["chart_p99_ms"] < 250 and not f["chart_errors"],

@@ -33,7 +33,8 @@ from scaler import ShardedGradScaler
 VOCAB = 128
 SEQ = 32
 NOISE_EVERY = 250
-RANK_STOP_S = 20.0  # for the ranks to close their scalers after a Ctrl-C
+RANK_STOP_S = 20.0  # for the ranks to close their scalers after a Ctrl-C (default)
+RANK_STOP_ENV = "SCALEWATCH_RANK_STOP_S"  # another value for it, in seconds
 STOP_CHECK_EVERY = 5  # steps between the ranks' checks for a Ctrl-C (each reads a flag)
 
 _WORDS = [
@@ -123,7 +124,7 @@ def train(rank: int, args: argparse.Namespace, stop: Any, launcher: int) -> None
     # the ranks agree on it at a step boundary (_stop_agreed), so that none leaves while
     # another waits for it in a collective, and every scaler closes. So do they when the
     # launcher is gone.
-    _end_with_launcher(RANK_STOP_S)
+    _end_with_launcher(rank_stop_s())
     use_cuda = torch.cuda.is_available() and torch.cuda.device_count() >= args.world_size
     device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")
     if use_cuda:
@@ -203,6 +204,17 @@ def _end_with_launcher(grace_s: float) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
+def rank_stop_s() -> float:
+    """Seconds the ranks get to close their scalers once stopped (or their launcher gone):
+    ``RANK_STOP_S``, or ``$SCALEWATCH_RANK_STOP_S`` where that is a positive number."""
+    raw = os.environ.get(RANK_STOP_ENV, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return RANK_STOP_S
+    return value if 0 < value < float("inf") else RANK_STOP_S
 
 
 def max_world_size() -> tuple[int, int]:
@@ -334,7 +346,7 @@ def _interrupt(*_: object) -> None:
 
 def _stop_ranks(ranks: Sequence[Any], stop: Any) -> None:
     """Ask the ranks to stop at a step and close their scalers, and give them
-    ``RANK_STOP_S`` for it. Another Ctrl-C (or SIGTERM) meanwhile terminates them at once."""
+    ``rank_stop_s()`` for it. Another Ctrl-C (or SIGTERM) meanwhile terminates them at once."""
 
     def terminate(*_: object) -> None:
         for rank in ranks:
@@ -344,7 +356,7 @@ def _stop_ranks(ranks: Sequence[Any], stop: Any) -> None:
     signal.signal(signal.SIGINT, terminate)
     signal.signal(signal.SIGTERM, terminate)
     stop.set()
-    deadline = time.monotonic() + RANK_STOP_S
+    deadline = time.monotonic() + rank_stop_s()
     for rank in ranks:
         rank.join(max(0.0, deadline - time.monotonic()))
     terminate()

@@ -107,7 +107,9 @@ class _Demo:
     it comes, and every process it starts marked in its environment, so that none is
     missed at the end."""
 
-    def __init__(self, tmp_path: Path, steps: int = 100_000) -> None:
+    def __init__(
+        self, tmp_path: Path, steps: int = 100_000, rank_stop_s: float | None = None
+    ) -> None:
         self.db = f"sqlite:///{tmp_path / 'demo.db'}"
         self.port = free_port()
         self.mark = uuid.uuid4().hex
@@ -117,6 +119,8 @@ class _Demo:
             "HOME": str(tmp_path),
             "SCALEWATCH_TEST_MARK": self.mark,
         }
+        if rank_stop_s is not None:
+            env["SCALEWATCH_RANK_STOP_S"] = str(rank_stop_s)
         command = [sys.executable, "-m", "app", "demo", "--steps", str(steps), "--db", self.db]
         self.process = subprocess.Popen(
             [*command, "--port", str(self.port)],
@@ -328,7 +332,7 @@ def test_a_rank_stuck_in_a_collective_ends_when_its_launcher_is_killed(
     started, in a collective with a rank that does not answer: here one stopped) ran on
     after its trainer was killed outright, for as long as torch's 30-minute timeout; with a
     demo of 500 ranks, 341 of them did. A killed demo's trainer still ends its ranks."""
-    demo = _Demo(tmp_path)
+    demo = _Demo(tmp_path, rank_stop_s=3)  # the grace, shorter than the default 20 s
     stopped: list[int] = []
     try:
         wait_for(demo.training, 240, "the ranks to train")
@@ -449,3 +453,20 @@ def test_a_ctrl_c_while_the_trainer_is_being_started_stops_it_as_any_other(
     with socket_module.socket() as sock:
         code = demo_module.run(settings, sock, steps=1, world_size=1, run_name="x")
     assert (code, stopped) == (0, [trainer])
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [(None, 20.0), ("3", 3.0), ("0.5", 0.5), ("0", 20.0), ("-1", 20.0), ("nan", 20.0),
+     ("inf", 20.0), ("soon", 20.0)],
+)  # fmt: skip
+def test_the_ranks_grace_is_the_default_unless_the_environment_names_a_positive_one(
+    monkeypatch: pytest.MonkeyPatch, raw: str | None, expected: float
+) -> None:
+    from scaler.examples import tiny_lm
+
+    if raw is None:
+        monkeypatch.delenv(tiny_lm.RANK_STOP_ENV, raising=False)
+    else:
+        monkeypatch.setenv(tiny_lm.RANK_STOP_ENV, raw)
+    assert tiny_lm.rank_stop_s() == expected

@@ -37,8 +37,8 @@ load_all_checks()
 # Every check schemathesis has (``--checks all``): the OpenAPI document says what the
 # service does, valid requests accepted and invalid ones refused included.
 CHECKS = REGISTERED_CHECKS.get_all()
-# Per operation, run id choice and generation mode; about 60 s here in all.
-EXAMPLES = 25
+# Per operation, run id choice and generation mode; about 25 s here in all.
+EXAMPLES = 20
 # What JSON Schema cannot say of a control request: min_scale <= scale <= max_scale, the
 # values in effect standing in for those not sent (ControlRequest's description); of an
 # autopilot's: min_growth_interval <= max_growth_interval (AutopilotIn's).
@@ -105,6 +105,8 @@ def test_schema_fuzzing_finds_no_5xx_and_no_undocumented_answer(
         for mode, run_id in plans:
             fixed = {"run": run_id} if run_id is not None else None
             strategy = operation.as_strategy(generation_mode=mode, path_parameters=fixed)
+            if label.endswith("/stream"):  # nor a drawn id that is the running run's
+                strategy = strategy.filter(lambda case: _run_of(case) != str(running))
 
             @settings(
                 max_examples=EXAMPLES,
@@ -137,6 +139,11 @@ def test_schema_fuzzing_finds_no_5xx_and_no_undocumented_answer(
     assert not [code for code in statuses if code >= 500]
     assert total >= 1000
     assert statuses[202] > 0 and statuses[404] > 0 and statuses[422] > 0
+
+
+def _run_of(case: Any) -> str:
+    """The run id in ``case``'s path, as text ('' where it has none)."""
+    return str((case.path_parameters or {}).get("run", ""))
 
 
 # ------------------------------------------------------------ control values against a live scaler

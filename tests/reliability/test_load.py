@@ -1,5 +1,6 @@
-"""Load: a writer at 10k records/s, 50 SSE clients and 20 chart requests/s for 60 s against a
-real ``scalewatch serve`` on 127.0.0.1.
+"""Load: a writer at 10k records/s, 50 SSE clients and 20 chart requests/s against a real
+``scalewatch serve`` on 127.0.0.1, for ``SCALEWATCH_LOAD_SECONDS`` (20 s in the test suite;
+``bench/load.py`` runs the minute the design's goals are stated for).
 
 The test asserts what must hold on any machine: every chart request answered 200, every step
 delivered to every stream in order, the writer keeping its pace. The latency goals (chart p99,
@@ -27,8 +28,8 @@ from tests.app.conftest import CONTROL
 from tests.reliability._load import BATCH, records, serving
 
 RATE = 10_000  # records/s, in batches of _load.BATCH
-SECONDS = 60
-SOLO_SECONDS = 10
+SECONDS = int(os.environ.get("SCALEWATCH_LOAD_SECONDS", "20"))  # the loaded phase
+SOLO_SECONDS = max(5, SECONDS // 6)  # the paced writer alone
 UNPACED_SECONDS = 3
 SSE_CLIENTS = 50  # all in one process, one event loop
 CHART_RATE = 20
@@ -162,7 +163,7 @@ def test_under_load_every_step_reaches_every_stream_and_every_chart_is_answered(
         "sse_lag_p50_ms": 1000 * statistics.median(lags) if lags else None,
         "sse_lag_p99_ms": 1000 * percentile(lags, 0.99) if lags else None,
         "sse_lag_max_ms": 1000 * max(lags) if lags else None,
-        # CPU seconds over the loaded phase (the writer's 60 s): who used the 2 cores.
+        # CPU seconds over the loaded phase (the writer's SECONDS): who used the 2 cores.
         "cpu_s_server": server1 - server0,
         "cpu_s_writer": under_load["cpu_s"],
         "cpu_s_sse_clients": sse["cpu_s"],
