@@ -7,12 +7,14 @@ small MLP. In every rank torch's scaler and ours (telemetry off, and on: rank 0 
 store in a temporary file) train identical model copies in the same group, one after the
 other, in rounds of ``--steps`` steps, in an order that turns every round and is reversed
 every three (see ``round_order``: no variant keeps a place). Rank 0 times each
-round: the whole training step, the scaler's calls alone (``scale``, ``step``,
-``update``: the found_inf all-reduce and its host read are in ``step``), and the training
-thread's CPU time in those calls (``scaler cpu``: what the scaler itself costs, without
-the wait for the other ranks, which is most of a DDP step's scaler time on gloo and
-swings with the machine's load). After each round of ours, untimed, its telemetry is
-flushed, so that no variant's round runs beside the tail of another's writes.
+round: the whole training step, and the training thread's CPU time in it (``train cpu``:
+the step's work without its waits for the other ranks), the scaler's calls alone
+(``scale``, ``step``, ``update``: the found_inf all-reduce and its host read are in
+``step``), and the training thread's CPU time in those calls (``scaler cpu``: what the
+scaler itself costs, without the wait for the other ranks, which is most of a DDP step's
+scaler time on gloo and swings with the machine's load). After each round of ours,
+untimed, its telemetry is flushed, so that no variant's round runs beside the tail of
+another's writes.
 
 The goal is judged on the median of the per-round ratios ours/torch (which cancels the
 machine's drift between rounds), with a seeded bootstrap 95% interval in brackets.
@@ -56,7 +58,8 @@ STEPS = {"ddp": 60, "fsdp2": 30}  # a round's steps: FSDP2's step on cpu is ~5x 
 # DDP's rounds are short and its scaler's share of the step small: more of them narrow the
 # interval, for the same minutes FSDP2's take. Multiples of six: see round_order.
 ROUNDS = {"ddp": 60, "fsdp2": 18}
-WORKLOADS = ("train step", "scaler calls", "scaler cpu")  # the last: the thread's CPU time
+# "... cpu": the training thread's CPU time in the step, and in the scaler's calls
+WORKLOADS = ("train step", "train cpu", "scaler calls", "scaler cpu")
 WIDTH = 256
 BATCH = 32
 
@@ -113,14 +116,14 @@ class Case:
         self.rank = rank
         self.batches = [torch.randn(BATCH, WIDTH, device=device) for _ in range(4)]
 
-    def run(self, steps: int) -> tuple[float, float, float]:
-        """(seconds per step, seconds per step in the scaler's calls, the training thread's
-        CPU seconds per step in them)."""
+    def run(self, steps: int) -> tuple[float, float, float, float]:
+        """Per step: (seconds, the training thread's CPU seconds, seconds in the scaler's
+        calls, the training thread's CPU seconds in them)."""
         gs, opt, model = self.gs, self.opt, self.model
         in_scaler = cpu = 0.0
         clock, thread_clock = time.perf_counter, time.thread_time
         self.sync()
-        began = clock()
+        began, began_cpu = clock(), thread_clock()
         for i in range(steps):
             opt.zero_grad(set_to_none=True)
             loss = model(self.batches[i % 4]).float().pow(2).mean()
@@ -134,7 +137,8 @@ class Case:
             in_scaler += (t1 - t0) + (clock() - t2)
             cpu += (c1 - c0) + (thread_clock() - c2)
         self.sync()
-        timed = (clock() - began) / steps, in_scaler / steps, cpu / steps
+        step_cpu = thread_clock() - began_cpu
+        timed = (clock() - began) / steps, step_cpu / steps, in_scaler / steps, cpu / steps
         if isinstance(gs, scaler.ShardedGradScaler):
             # Untimed: what its threads still have to write would otherwise run into the
             # next variant's round (torch's never follows telemetry on: ours off does).
@@ -166,7 +170,7 @@ def rank_main(
         cases = {v: Case(kind, v, device, args["store_url"], rank) for v in VARIANTS}
         for case in cases.values():
             case.run(args["warmup"])
-        rounds: dict[str, list[tuple[float, float, float]]] = {v: [] for v in VARIANTS}
+        rounds: dict[str, list[tuple[float, float, float, float]]] = {v: [] for v in VARIANTS}
         threads: dict[str, int] = {}  # scalewatch's threads in the rank (all its scalers)
         for r in range(args["rounds"] or ROUNDS[kind]):
             for variant in round_order(r):
