@@ -10,6 +10,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -117,17 +120,52 @@ def _missing_trainer(block: str) -> str | None:
     return None
 
 
+TEST = "test_readme_example_runs_and_records"
+RUNNING_AT_ONCE = 2  # examples: one a core here, the multi-rank ones two ranks each
+
+
+@dataclass
+class Started:
+    db: str
+    done: Future[subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="module")
+def started(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Started]]:
+    """The examples this session runs, started in turn, RUNNING_AT_ONCE at a time: each
+    is mostly one process importing torch, and one after the other they left a core idle."""
+    chosen = [
+        item.callspec.id
+        for item in request.session.items
+        if isinstance(item, pytest.Function) and item.originalname == TEST
+    ]
+    pool = ThreadPoolExecutor(RUNNING_AT_ONCE, thread_name_prefix="readme-example")
+    runs: dict[str, Started] = {}
+    for name, block in zip(EXPECTED, BLOCKS, strict=True):
+        if name not in chosen or _missing_trainer(block):
+            continue
+        folder = tmp_path_factory.mktemp(name)
+        script = folder / "example.py"
+        script.write_text(block, encoding="utf-8")
+        db = f"sqlite:///{folder / 'readme.db'}"
+        env = {**os.environ, "SCALEWATCH_DB": db, "MASTER_PORT": str(free_port())}
+        runs[name] = Started(db, pool.submit(run_example, script, env))
+    yield runs
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("block", BLOCKS, ids=list(EXPECTED))
-def test_readme_example_runs_and_records(block: str, tmp_path: Path) -> None:
+def test_readme_example_runs_and_records(
+    block: str, request: pytest.FixtureRequest, started: dict[str, Started]
+) -> None:
     missing = _missing_trainer(block)
     if missing:
         pytest.skip(f"{missing} is not installed: pip install -c constraints.txt '.[integrations]'")
-    script = tmp_path / "example.py"
-    script.write_text(block, encoding="utf-8")
-    db = f"sqlite:///{tmp_path / 'readme.db'}"
-    env = {**os.environ, "SCALEWATCH_DB": db, "MASTER_PORT": str(free_port())}
-    done = run_example(script, env)
+    mine = started[request.node.callspec.id]
+    done = mine.done.result()
     if done.returncode != 0 and TORCH_TEARDOWN_ABORT in done.stderr and "fsdp" in block:
         # torch's own (2.13, FSDP on gloo): a rank now and then aborts in its teardown,
         # after the training, with torch's scaler as with ours (README). The run must
@@ -135,7 +173,8 @@ def test_readme_example_runs_and_records(block: str, tmp_path: Path) -> None:
         pass
     else:
         assert done.returncode == 0, done.stderr[-3000:]
-    with open_store(db) as store:
+    with open_store(mine.db) as store:
         (run,) = list_runs(store)
     steps, world_size = EXPECTED[run.name]
+    assert run.name == request.node.callspec.id
     assert (run.status, run.steps, run.world_size) == ("finished", steps, world_size)
