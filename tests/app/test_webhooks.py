@@ -81,7 +81,8 @@ def test_a_refusal_is_not_retried_and_spent_retries_give_up(sender: list[Webhook
 
 def test_a_hanging_receiver_times_out_and_holds_up_no_other(sender: list[WebhookSender]) -> None:
     with receiver(hang=True) as hanging, receiver() as fine:
-        one = _sender(sender, hanging.url, fine.url, timeout_s=0.2)
+        # 3 attempts of 0.5 s: the hanging one is still being tried while the other is sent
+        one = _sender(sender, hanging.url, fine.url, timeout_s=0.5)
         started = time.monotonic()
         one.send(ALERT)
         assert time.monotonic() - started < 0.1  # send never waits for a receiver
