@@ -33,7 +33,12 @@ def _private_default_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 @pytest.fixture
 def db_url(tmp_path: Path) -> str:
     """A fresh file store in the test's own directory."""
-    return f"sqlite:///{tmp_path / 'scalewatch.db'}"
+    return f"sqlite:///{_own_file(tmp_path)}"
+
+
+def _own_file(tmp_path: Path) -> Path:
+    """The file of a test's own store (``db_url``)."""
+    return tmp_path / "scalewatch.db"
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +52,7 @@ def _migrated_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def store(db_url: str, tmp_path: Path, _migrated_file: Path) -> Iterator[Store]:
-    own = tmp_path / "scalewatch.db"
+    own = _own_file(tmp_path)
     if db_url == f"sqlite:///{own}" and not own.exists():
         shutil.copyfile(_migrated_file, own)
     with open_store(db_url) as opened:

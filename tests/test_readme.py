@@ -120,7 +120,6 @@ def _missing_trainer(block: str) -> str | None:
     return None
 
 
-TEST = "test_readme_example_runs_and_records"
 RUNNING_AT_ONCE = 2  # examples: one a core here, the multi-rank ones two ranks each
 
 
@@ -139,7 +138,8 @@ def started(
     chosen = [
         item.callspec.id
         for item in request.session.items
-        if isinstance(item, pytest.Function) and item.originalname == TEST
+        if isinstance(item, pytest.Function)
+        and item.originalname == test_readme_example_runs_and_records.__name__
     ]
     pool = ThreadPoolExecutor(RUNNING_AT_ONCE, thread_name_prefix="readme-example")
     runs: dict[str, Started] = {}

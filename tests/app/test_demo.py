@@ -120,7 +120,9 @@ class _Demo:
             "SCALEWATCH_TEST_MARK": self.mark,
         }
         if rank_stop_s is not None:
-            env["SCALEWATCH_RANK_STOP_S"] = str(rank_stop_s)
+            from scaler.examples import tiny_lm
+
+            env[tiny_lm.RANK_STOP_ENV] = str(rank_stop_s)
         command = [sys.executable, "-m", "app", "demo", "--steps", str(steps), "--db", self.db]
         self.process = subprocess.Popen(
             [*command, "--port", str(self.port)],
