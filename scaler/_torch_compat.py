@@ -139,7 +139,7 @@ def unscale_local_grads(
     inv_scale: torch.Tensor,
     found_inf: torch.Tensor,
     allow_fp16: bool,
-    fallback_device: torch.device,
+    fallback_device: torch.device | None,
 ) -> dict[torch.device, torch.Tensor]:
     """torch's ShardedGradScaler._unscale_grads_, each rank checking only its local shard.
 

@@ -106,9 +106,13 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         found_inf: torch.Tensor,
         allow_fp16: bool = True,
     ) -> dict[torch.device, torch.Tensor]:
-        assert self._scale is not None
+        # torch's needs the scale only where no gradient names a device, as here.
+        fallback = None if self._scale is None else self._scale.device
         self._watch.optimizers.append(optimizer)
-        return unscale_local_grads(optimizer, inv_scale, found_inf, allow_fp16, self._scale.device)
+        found = unscale_local_grads(optimizer, inv_scale, found_inf, allow_fp16, fallback)
+        if not found:
+            raise AssertionError("Expected _scale to be initialized, got None")
+        return found
 
     def _unscaled(self, state: dict[str, Any]) -> None:
         self._agree_found_inf(state)

@@ -166,3 +166,24 @@ def twin_run(
 
 # inf and nan on chosen steps and parameters, with clean runs between to let the scale grow.
 INJECT: Injection = {2: [(0, float("inf"))], 3: [(3, float("nan"))], 7: [(1, float("-inf"))]}
+
+
+def observable(value: Any) -> Any:
+    """``value`` as a caller can compare it: tensors as (dtype, values), containers inside out."""
+    if isinstance(value, torch.Tensor):
+        dense = value.to_dense() if value.is_sparse else value
+        return (str(value.dtype), str(value.device), dense.tolist())
+    if isinstance(value, dict):
+        return {str(key): observable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [observable(item) for item in value]
+    return value
+
+
+def outcome(call: Callable[[], Any]) -> Any:
+    """What ``call`` shows its caller: its value, observable, or its error's class and text."""
+    try:
+        value = call()
+    except Exception as error:
+        return ("raised", type(error).__name__, str(error))
+    return ("returned", observable(value))
