@@ -1,7 +1,5 @@
-"""``make bench``: run every script in bench/ and write docs/BENCHMARKS.md.
-
-The README's benchmark table (between its ``bench:start``/``bench:end`` markers) is
-rewritten from the same figures. ``run_all.py SCRIPT...`` (``make bench ONLY=...``) runs
+"""``make bench``: run every script in bench/ and write docs/BENCHMARKS.md, its summary
+table first. ``run_all.py SCRIPT...`` (``make bench ONLY=...``) runs
 those scripts alone and keeps the other scripts' sections and figures as the file has
 them, from their last run.
 """
@@ -134,14 +132,6 @@ def main() -> int:
         f"{summary}\n\n" + "\n".join(sections) + by_hand
     )
     out.write_text(doc, encoding="utf-8")
-    readme = ROOT / "README.md"
-    text = readme.read_text(encoding="utf-8")
-    start, end = "<!-- bench:start -->", "<!-- bench:end -->"
-    if start in text and end in text:
-        head, rest = text.split(start, 1)
-        tail = rest.split(end, 1)[1]
-        note = f"Measured {when} on {machine()} (details in docs/BENCHMARKS.md)."
-        readme.write_text(f"{head}{start}\n{note}\n\n{summary}\n{end}{tail}", encoding="utf-8")
     print(summary)
     return 1 if failed else 0
 

@@ -1,4 +1,4 @@
-"""The README's Python examples run as written and record their runs."""
+"""The Python examples of the README and of docs/ run as written and record their runs."""
 
 from __future__ import annotations
 
@@ -21,17 +21,24 @@ from scaler.store.engine import open_store
 from scaler.store.queries import list_runs
 from tests._net import free_port
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
-EXPECTED = {  # run name -> (steps, world size)
-    "quickstart": (50, 1),
-    "ddp-example": (30, 2),
-    "fsdp2-example": (30, 2),
-    "fsdp1-example": (30, 2),
-    "fabric-example": (20, 1),
-    "lightning-example": (30, 1),
-    "accelerate-example": (20, 1),
-    "hf-trainer-example": (20, 1),
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("docs/*.md"))]
+# Every ```python block of every page, in reading order, with the page it is on.
+FOUND = [
+    (page, block)
+    for page in PAGES
+    for block in re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(encoding="utf-8"), re.S)
+]
+BLOCKS = [block for _, block in FOUND]
+EXPECTED = {  # run name -> (page, steps, world size)
+    "quickstart": ("README.md", 50, 1),
+    "ddp-example": ("docs/TRAINING.md", 30, 2),
+    "fsdp2-example": ("docs/TRAINING.md", 30, 2),
+    "fsdp1-example": ("docs/TRAINING.md", 30, 2),
+    "fabric-example": ("docs/TRAINING.md", 20, 1),
+    "lightning-example": ("docs/TRAINING.md", 30, 1),
+    "accelerate-example": ("docs/TRAINING.md", 20, 1),
+    "hf-trainer-example": ("docs/TRAINING.md", 20, 1),
 }
 # The trainers of the integrations extra: an example that imports one is skipped without it.
 TRAINERS = ("lightning", "accelerate", "transformers")
@@ -106,9 +113,11 @@ def _abort(pid: int, timeout: float = 5.0) -> None:
 TORCH_TEARDOWN_ABORT = "terminate called without an active exception"
 
 
-def test_the_readme_has_its_examples() -> None:
-    names = [re.search(r'run_name="([^"]+)"', block) for block in BLOCKS]
-    assert [m.group(1) for m in names if m] == list(EXPECTED)
+def test_the_pages_have_their_examples_and_nothing_else_in_python() -> None:
+    names = [(page, re.search(r'run_name="([^"]+)"', block)) for page, block in FOUND]
+    assert [(page, m.group(1) if m else None) for page, m in names] == [
+        (page, name) for name, (page, *_) in EXPECTED.items()
+    ]
 
 
 def _missing_trainer(block: str) -> str | None:
@@ -168,13 +177,13 @@ def test_readme_example_runs_and_records(
     done = mine.done.result()
     if done.returncode != 0 and TORCH_TEARDOWN_ABORT in done.stderr and "fsdp" in block:
         # torch's own (2.13, FSDP on gloo): a rank now and then aborts in its teardown,
-        # after the training, with torch's scaler as with ours (README). The run must
+        # after the training, with torch's scaler as with ours (docs/TRAINING.md). The run must
         # still be whole: every step recorded and the run finished, which is checked below.
         pass
     else:
         assert done.returncode == 0, done.stderr[-3000:]
     with open_store(mine.db) as store:
         (run,) = list_runs(store)
-    steps, world_size = EXPECTED[run.name]
+    _, steps, world_size = EXPECTED[run.name]
     assert run.name == request.node.callspec.id
     assert (run.status, run.steps, run.world_size) == ("finished", steps, world_size)

@@ -119,7 +119,7 @@ class Kind:
     name: str
     params: type[Params]
     watch: Callable[[Any, RunView], Watch[Any]]
-    condition: str  # when it fires, for the README's table and ``--help``
+    condition: str  # when it fires, for docs/ALERTS.md's table and ``--help``
     applies: Callable[[RunView], bool]
     default: bool  # in the default rule set
 

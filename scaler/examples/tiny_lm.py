@@ -175,7 +175,7 @@ def train(rank: int, args: argparse.Namespace, stop: Any, launcher: int) -> None
                 progress.show(step, loss.item(), scaler.get_scale())
         scaler.close()
         # Every rank's run written before any group goes: a rank that aborts in torch's
-        # gloo teardown (2.13, FSDP) makes the launcher end the others (README).
+        # gloo teardown (2.13, FSDP) makes the launcher end the others (docs/TRAINING.md).
         dist.barrier()
     finally:
         scaler.close()

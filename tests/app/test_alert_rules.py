@@ -1,4 +1,4 @@
-"""The rules file: what it takes, what it refuses (with the line), and the README's account."""
+"""The rules file: what it takes, what it refuses (with the line), and docs/ALERTS.md's account."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from app.alerts.webhooks import payload
 from scaler.store.alerts import AlertRow
 from scaler.store.states import AlertState
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-SECTION = README.split("## Alerts\n", 1)[1].split("\n## ", 1)[0]
+PAGE = (Path(__file__).resolve().parents[2] / "docs" / "ALERTS.md").read_text(encoding="utf-8")
 
 
 def _run(name: str, world_size: int = 2) -> RunView:
@@ -72,21 +71,21 @@ def test_a_missing_file_is_refused_by_name(tmp_path: Path) -> None:
         load_rules(tmp_path / "nope.toml")
 
 
-def test_the_readmes_example_file_reads_as_it_says() -> None:
-    (example,) = re.findall(r"```toml\n(.*?)```", SECTION, re.S)
+def test_the_pages_example_file_reads_as_it_says() -> None:
+    (example,) = re.findall(r"```toml\n(.*?)```", PAGE, re.S)
     config = parse_rules(example)
     assert [(r.name, r.kind, r.run) for r in config.rules] == [
         ("skips", "skip_rate", "*"), ("bert-floor", "scale_below", "bert-*"),
     ]  # fmt: skip
-    refusal = re.search(r"alert rules: (rules\.toml, line .*)", SECTION)
+    refusal = re.search(r"alert rules: (rules\.toml, line .*)", PAGE)
     assert refusal is not None
     with pytest.raises(RulesFileError) as refused:
         parse_rules(example.replace("window = 50", "window = 0"), source="rules.toml")
     assert str(refused.value) == refusal.group(1)
 
 
-def test_the_readmes_table_gives_every_default_rule_and_its_parameters() -> None:
-    rows = re.findall(r"^\| `(\w+)` \| (.*) \| (.*) \|$", SECTION, re.M)
+def test_the_pages_table_gives_every_default_rule_and_its_parameters() -> None:
+    rows = re.findall(r"^\| `(\w+)` \| (.*) \| (.*) \|$", PAGE, re.M)
     table = {name: defaults for name, _, defaults in rows}
     for rule in default_rules():
         shown = dict(re.findall(r"`(\w+) = ([\d.]+)`", table.pop(rule.name)))
@@ -98,8 +97,8 @@ def test_the_readmes_table_gives_every_default_rule_and_its_parameters() -> None
     assert table == {}
 
 
-def test_the_readmes_webhook_body_has_the_fields_sent() -> None:
-    (body,) = re.findall(r"```json\n(.*?)```", SECTION, re.S)
+def test_the_pages_webhook_body_has_the_fields_sent() -> None:
+    (body,) = re.findall(r"```json\n(.*?)```", PAGE, re.S)
     shown = json.loads(body)
     alert = AlertRow(7, 3, "bert-large", "skips", "skip_rate", AlertState.FIRING, 0.2, 0.22, "",
                      1200, 1764590400.0, None, None, None)  # fmt: skip

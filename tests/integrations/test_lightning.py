@@ -125,7 +125,7 @@ def test_the_scaler_lightning_builds_is_ours_under_instrument(
 @pytest.mark.parametrize("plugins", ["lightning.fabric.plugins", "lightning.pytorch.plugins"])
 def test_fsdp_precision_takes_our_scaler_only_afterwards_or_instrumented(plugins: str) -> None:
     """Lightning 2.6's FSDPPrecision("16-mixed", scaler=...) raises for any scaler (it checks
-    the precision before it sets it), as the README says; ``precision.scaler = ...`` after
+    the precision before it sets it), as docs/TRAINING.md says; ``precision.scaler = ...`` after
     it, or ``instrument``, is the way in. Its FSDP needs CUDA: the training is below."""
     fsdp_precision = importlib.import_module(plugins).FSDPPrecision
     with pytest.raises(ValueError, match="does not use a scaler"):

@@ -1,4 +1,4 @@
-"""DDP on gloo, freed before its process group as the README shows: no hang at exit.
+"""DDP on gloo, freed before its process group as docs/TRAINING.md shows: no hang at exit.
 
 Freed after ``destroy_process_group()``, a DDP model destroys the group itself while
 holding the GIL, and the group joins a worker thread that may need the GIL to let go of
@@ -24,7 +24,7 @@ CYCLES = 40
 
 
 def _job(rank: int, world: int, store: str) -> None:
-    """The README's DDP example, shortened: its locals are freed as it returns."""
+    """docs/TRAINING.md's DDP example, shortened: its locals are freed as it returns."""
     from torch.nn.parallel import DistributedDataParallel
 
     dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world)

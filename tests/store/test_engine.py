@@ -178,7 +178,7 @@ def test_many_opening_a_new_postgresql_store_at_once_all_succeed(
 def test_a_postgresql_store_through_a_libpq_service_file(
     postgres_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The README's way to keep connection settings (and a password) out of the URL."""
+    """docs/POSTGRES.md's way to keep connection settings (and a password) out of the URL."""
     name = postgres_cluster.new_database()
     services = tmp_path / "pg_service.conf"
     services.write_text(

@@ -1,4 +1,4 @@
-"""The README's command-line synopsis is the click command tree: every command it shows
+"""docs/SERVICE.md's command-line synopsis is the click command tree: every command it shows
 exists and answers ``--help``, with exactly the options, choices, value names and defaults
 the synopsis gives, and every command of the tree is in it."""
 
@@ -13,13 +13,13 @@ from click.testing import CliRunner
 from app.cli import cli
 from app.settings import Settings
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-SYNOPSIS = re.search(r"## Command line\n\n```sh\n(.*?)```", README.read_text(), re.S)
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "SERVICE.md"
+SYNOPSIS = re.search(r"## Command line\n\n```sh\n(.*?)```", PAGE.read_text(), re.S)
 OPTION = re.compile(r"\[(-[-\w]+)(?: ([^\]]+))?\]")
 
 
 def _lines() -> list[list[str]]:
-    assert SYNOPSIS is not None, "README has no '## Command line' block"
+    assert SYNOPSIS is not None, "docs/SERVICE.md has no '## Command line' block"
     return [line.split()[1:] for line in SYNOPSIS.group(1).splitlines() if line.strip()]
 
 
@@ -92,3 +92,28 @@ def test_the_synopsis_gives_each_commands_options_arguments_and_defaults() -> No
             assert [a.metavar for a in arguments] == ["-- COMMAND [ARGS...]"]
         else:
             assert positional == [(a.metavar or a.name or "").upper() for a in arguments], path
+
+
+ROOT = PAGE.parents[1]
+COMMAND_LINE = re.compile(r"^(?:\.venv/bin/)?scalewatch (.+?)(?:\s+#.*)?$", re.M)
+
+
+def _shown_command_lines() -> list[tuple[str, list[str]]]:
+    """Each ``scalewatch ...`` line of a ```sh block of the README and docs/, but the
+    synopsis, with the page it is on."""
+    shown = []
+    for page in [ROOT / "README.md", *sorted(ROOT.glob("docs/*.md"))]:
+        for block in re.findall(r"```sh\n(.*?)```", page.read_text(encoding="utf-8"), re.S):
+            if SYNOPSIS is not None and block == SYNOPSIS.group(1):
+                continue
+            shown += [(page.name, line.split()) for line in COMMAND_LINE.findall(block)]
+    return shown
+
+
+def test_the_command_lines_the_pages_show_parse() -> None:
+    shown = _shown_command_lines()
+    assert {"control", "export", "serve"} <= {words[0] for _, words in shown}
+    for page, words in shown:
+        path, command = _command(list(words))
+        assert not isinstance(command, click.Group), (page, words)
+        command.make_context(path[-1], words[len(path) :])  # raises on what click refuses
