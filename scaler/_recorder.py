@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from . import _payload
+from ._agreement import payload as _payload
+from ._agreement.payload import overflowed_ranks
 from ._captured import Captured, split_values
-from ._payload import overflowed_ranks
 from .stats import ScalerStats
 from .store.records import StepRecord
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import torch
 
-from . import _payload
+from ._agreement import payload as _payload
 from ._diagnosis import LIMIT, Diagnosis, Report, combine, loss_nonfinite, scan
 from ._gather import gather_reports
 from ._names import Names

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _payload
 from ._agreement import Agreement
+from ._agreement import payload as _payload
 from ._config import Options
 from ._control import ControlUpdate
 from ._core import Instrumented
