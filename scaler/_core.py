@@ -18,6 +18,7 @@ import torch
 from ._captured import Captured
 from ._config import Options
 from ._controlled import Controlled
+from ._diagnosis import StepWatch, Watching
 from ._extras import Extras
 from ._link import RunLink
 from ._persisted import Persisted
@@ -28,7 +29,6 @@ from ._torch_compat import (
     _refresh_per_optimizer_state,
     process_group_info,
 )
-from ._watching import StepWatch, Watching
 from .stats import ScalerStats
 
 

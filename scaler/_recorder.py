@@ -25,7 +25,7 @@ from .stats import ScalerStats
 from .store.records import StepRecord
 
 if TYPE_CHECKING:
-    from ._diagnosis import Diagnosis
+    from ._diagnosis.findings import Diagnosis
 
 log = logging.getLogger("scaler")
 
