@@ -13,8 +13,8 @@ from . import _control
 from ._config import not_an_integer, refusal
 from ._control import ControlState, ControlUpdate
 from ._extras import Extras
-from ._link import RunLink
-from ._recorder import ControlOutcome, ControlSource
+from ._recording import RunLink
+from ._recording.recorder import ControlOutcome, ControlSource
 
 if TYPE_CHECKING:
     from ._torch_compat import TorchGradScaler as _Base

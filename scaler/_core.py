@@ -15,15 +15,15 @@ from typing import Any, cast
 
 import torch
 
-from ._captured import Captured
 from ._config import Options
 from ._controlled import Controlled
 from ._diagnosis import StepWatch, Watching
 from ._extras import Extras
-from ._link import RunLink
 from ._persisted import Persisted
-from ._pinned import read_cpu
-from ._recorder import ControlOutcome, Snapshot
+from ._recording import RunLink
+from ._recording.pinned_rows import read_cpu
+from ._recording.recorder import ControlOutcome, Snapshot
+from ._recording.step_values import Captured
 from ._torch_compat import (
     OptState,
     _refresh_per_optimizer_state,
@@ -229,7 +229,7 @@ class Instrumented(Watching, Controlled, Persisted):
             self._fold(scale.item(), False, stepped, scale_set)  # clean: nothing else to read
             return
         loss = self._watch.take_loss()
-        # cpu tensors are memory: read at once, no sync (see _pinned.read_cpu)
+        # cpu tensors are memory: read at once, no sync (see pinned_rows.read_cpu)
         values = None if scale.is_cuda else read_cpu(scale, tracker, found, loss, flags)
         diagnosis = self._diagnose(values, width, loss)
         if inline and values is not None:

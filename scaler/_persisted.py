@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._extras import Extras
-from ._link import RunLink
+from ._recording import RunLink
 from .stats import ScalerCheckpoint
 
 if TYPE_CHECKING:

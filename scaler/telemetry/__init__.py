@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._control import ControlUpdate
-from .._recorder import StepSample
+from .._recording.recorder import StepSample
 from ..store import runs as store_runs
 from ..store.engine import Store
 from ._poller import Poller

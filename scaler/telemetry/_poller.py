@@ -13,7 +13,7 @@ import time
 from collections import deque
 
 from .._control import ControlUpdate
-from .._recorder import ControlOutcome, ControlSource
+from .._recording.recorder import ControlOutcome, ControlSource
 from ..store import control as store_control
 from ..store.records import ControlRequestRow
 from ..store.rules import check

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from test_scaler_diagnosis import INF, NAN, PLAN, Net, run
 
 import scaler
-from scaler._recorder import StepSample
+from scaler._recording.recorder import StepSample
 from scaler.store import Store, open_store
 from scaler.store import runs as store_runs
 from scaler.store.diagnosis import overflow_detail

@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from ._agreement import payload as _payload
-from ._agreement.payload import overflowed_ranks
-from ._captured import Captured, split_values
-from .stats import ScalerStats
-from .store.records import StepRecord
+from .._agreement import payload as _payload
+from .._agreement.payload import overflowed_ranks
+from ..stats import ScalerStats
+from ..store.records import StepRecord
+from .step_values import Captured, split_values
 
 if TYPE_CHECKING:
-    from ._diagnosis.findings import Diagnosis
+    from .._diagnosis.findings import Diagnosis
 
 log = logging.getLogger("scaler")
 
