@@ -16,7 +16,7 @@ from typing import Any, cast
 import torch
 
 from ._config import Options
-from ._controlled import Controlled
+from ._control.changes import Controlled
 from ._diagnosis import StepWatch, Watching
 from ._extras import Extras
 from ._persisted import Persisted

@@ -1,7 +1,14 @@
 """Runtime control on the scaler side: what a request carries (its rules: ``store.rules``).
 
-A request rides in the float64 payload of the all-reduce that agrees found_inf:
-``[request id, field mask, value of each field in FIELDS]``; unset fields are 0.
+Runs on the training thread of every rank. A request reaches the scaler's inbox from the
+reporting rank's poller (:mod:`scaler.telemetry`), and a ``ShardedGradScaler`` hands it
+to its other ranks in the broadcast of ``_agreement``; a setter is called by the training
+script. Every change goes through ``apply`` (the pure rule over a :class:`ControlState`),
+then the scaler adopts it (``changes``).
+
+A request travels in float64 words, in the broadcast that follows an all-reduce whose
+payload flags it: ``[request id, field mask, value of each field in FIELDS]``; unset
+fields are 0.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # The rules live in the store, which the service uses without the scaler; re-exported here.
-from .store.rules import (
+from ..store.rules import (
     EMPTY,
     FIELDS,
     FLOAT32_MAX,
