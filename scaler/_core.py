@@ -16,13 +16,14 @@ from typing import Any, cast
 import torch
 
 from ._config import Options
+from ._control import ControlOutcome
 from ._control.changes import Controlled
 from ._diagnosis import StepWatch, Watching
 from ._extras import Extras
 from ._persisted import Persisted
 from ._recording import RunLink
 from ._recording.pinned_rows import read_cpu
-from ._recording.recorder import ControlOutcome, Snapshot
+from ._recording.recorder import Snapshot
 from ._recording.step_values import Captured
 from ._torch_compat import (
     OptState,

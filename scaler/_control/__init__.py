@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 # The rules live in the store, which the service uses without the scaler; re-exported here.
@@ -43,6 +44,8 @@ __all__ = [
     "RULES",
     "SLOTS",
     "UNKNOWN",
+    "ControlOutcome",
+    "ControlSource",
     "ControlUpdate",
     "bounds_problems",
     "check",
@@ -60,6 +63,33 @@ class ControlUpdate:
 
     request_id: int
     values: Mapping[str, float | int]
+
+
+class ControlSource(StrEnum):
+    """Where a control change came from."""
+
+    REQUEST = "request"  # a request in the store (the API or the CLI), ``request_id`` its id
+    CODE = "code"  # a setter called by the training script: no request
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class ControlOutcome:
+    """What happened to a control change at a step; ``request_id`` is None for ``CODE``."""
+
+    source: ControlSource
+    request_id: int | None
+    values: dict[str, float | int]
+    applied: bool
+    reason: str | None
+    state: dict[str, float | int | None]
+    version: int
+
+    def __post_init__(self) -> None:
+        if (self.request_id is None) != (self.source is ControlSource.CODE):
+            raise ValueError(f"a {self.source} change has request_id {self.request_id!r}")
 
 
 def encode(update: ControlUpdate) -> list[float]:

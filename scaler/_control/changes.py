@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING
 
 from .. import _control
 from .._config import not_an_integer, refusal
-from .._control import ControlState, ControlUpdate
+from .._control import ControlOutcome, ControlSource, ControlState, ControlUpdate
 from .._extras import Extras
 from .._recording import RunLink
-from .._recording.recorder import ControlOutcome, ControlSource
 
 if TYPE_CHECKING:
     from .._torch_compat import TorchGradScaler as _Base

@@ -24,10 +24,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._control import ControlUpdate
+from .._control import ControlOutcome, ControlUpdate
 from ..stats import ScalerStats
 from .pinned_rows import PinnedRings
-from .recorder import ControlOutcome, Recorder, Sink, Snapshot
+from .recorder import Recorder, Sink, Snapshot
 
 if TYPE_CHECKING:
     import torch

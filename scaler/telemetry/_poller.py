@@ -12,8 +12,7 @@ import threading
 import time
 from collections import deque
 
-from .._control import ControlUpdate
-from .._recording.recorder import ControlOutcome, ControlSource
+from .._control import ControlOutcome, ControlSource, ControlUpdate
 from ..store import control as store_control
 from ..store.records import ControlRequestRow
 from ..store.rules import check

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy.exc import OperationalError, StatementError
 
-from .._recording.recorder import ControlSource
+from .._control import ControlSource
 from ..store import control as store_control
 from ..store import runs as store_runs
 from ..store.engine import Store, open_store

@@ -31,7 +31,8 @@ from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
 import scaler
-from scaler._recording.recorder import ControlOutcome, ControlSource, StepSample
+from scaler._control import ControlOutcome, ControlSource
+from scaler._recording.recorder import StepSample
 from scaler.store import StepRecord, Store, open_store
 from scaler.store import runs as store_runs
 from scaler.store.runs import HEARTBEAT_TIMEOUT_S, effective_status
