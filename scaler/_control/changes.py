@@ -22,7 +22,7 @@ else:
 
 
 class Controlled(_Base):
-    """The control half of :class:`scaler._core.Instrumented`."""
+    """The control half of :class:`scaler._scaler.Instrumented`."""
 
     _extras: Extras
     _link: RunLink

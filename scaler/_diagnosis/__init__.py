@@ -83,7 +83,7 @@ class StepWatch:
 
 
 class Watching(_Base):
-    """The diagnosis half of :class:`scaler._core.Instrumented`."""
+    """The diagnosis half of :class:`scaler._scaler.Instrumented`."""
 
     _watch: StepWatch
 

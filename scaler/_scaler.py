@@ -1,9 +1,10 @@
 """What GradScaler and ShardedGradScaler add to torch's classes, written once.
 
-The torch-facing overrides live here; the parts they use are each a module of their
-own: the added scale rules (``_extras``), the link to the run (``_link``), the control
-rules and their pure application (``_control``), the constructor's checks (``_config``),
-the state and checkpoints (``_persisted``).
+Runs on the training thread of every rank. The torch-facing overrides live here; the
+parts they use are each a module or package of their own: the added scale rules
+(``_extras``), the link to the run and the device-to-host path (``_recording``), runtime
+control (``_control``), overflow diagnosis (``_diagnosis``), the constructor's checks
+(``_config``), the state and checkpoints (``_state``).
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from ._control import ControlOutcome
 from ._control.changes import Controlled
 from ._diagnosis import StepWatch, Watching
 from ._extras import Extras
-from ._persisted import Persisted
 from ._recording import RunLink
 from ._recording.pinned_rows import read_cpu
 from ._recording.recorder import Snapshot
 from ._recording.step_values import Captured
+from ._state import Persisted
 from ._torch_compat import (
     OptState,
     _refresh_per_optimizer_state,

@@ -22,7 +22,7 @@ STATE_KEY = "scalewatch"
 
 
 class Persisted(_Base):
-    """The persistence half of :class:`scaler._core.Instrumented`."""
+    """The persistence half of :class:`scaler._scaler.Instrumented`."""
 
     _extras: Extras
     _link: RunLink
