@@ -196,7 +196,7 @@ def rank_main(
 # The handles of the collectives on tensors of Python's, kept to the end of the process. A
 # gloo worker that dropped the last reference to one would free its tensors, which needs
 # the GIL, while the training thread, holding it, frees the process group and waits for
-# that worker (as scaler/_agreement.py keeps its all-reduces).
+# that worker (as scaler/_agreement/ keeps its all-reduces).
 _HELD: list[Any] = []
 
 

@@ -9,7 +9,7 @@ import torch
 
 from ._config import Options
 from ._control import ControlUpdate
-from ._core import Instrumented
+from ._scaler import Instrumented
 from ._torch_compat import (
     CUDA_UNAVAILABLE,
     TorchGradScaler,

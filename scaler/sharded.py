@@ -7,11 +7,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _payload
 from ._agreement import Agreement
+from ._agreement import payload as _payload
 from ._config import Options
 from ._control import ControlUpdate
-from ._core import Instrumented
+from ._scaler import Instrumented
 from ._torch_compat import (
     TorchShardedGradScaler,
     amp_update_scale_,

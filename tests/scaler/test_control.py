@@ -50,7 +50,7 @@ def _controlled(
 
     model = DistributedDataParallel(mlp(seed=0).to(device))
     # fused Adam steps on the device: no host read of the payload, so the request's flag
-    # and then the request itself reach the host one update later (scaler/_lagged.py)
+    # and then the request itself reach the host one update later (scaler/_agreement/host_copies.py)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True) if fused else sgd(model)[0]
     gs = scaler.ShardedGradScaler(
         device, init_scale=INIT, growth_interval=1000, telemetry=url, run_name=f"control-{world}"

@@ -16,10 +16,10 @@ from _dist import wait_for
 from _twin import GradScaler, ShardedGradScaler, mlp, sgd, train_step
 from sqlalchemy import select
 
-from scaler import _recorder, _writer
+from scaler._recording import recorder as _recorder
 from scaler.store import open_store
 from scaler.store.schema import runs, steps
-from scaler.telemetry import TelemetrySettings
+from scaler.telemetry import TelemetrySettings, _writer
 
 ROOT = Path(__file__).resolve().parents[2]
 

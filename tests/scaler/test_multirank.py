@@ -252,7 +252,7 @@ def test_only_the_reporting_rank_runs_threads(tmp_path: Any) -> None:
 def worker_float64(rank: int, world: int, kinds: list[str]) -> dict[str, Any]:
     """``worker`` with the payload a float64 copy of found_inf, as past 23 ranks, on
     several devices and on cuda (on cpu, up to 23 ranks, found_inf is agreed in place)."""
-    from scaler import _payload
+    from scaler._agreement import payload as _payload
 
     _payload.IN_PLACE_RANKS = 0
     return worker(rank, world, kinds)

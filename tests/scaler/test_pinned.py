@@ -7,9 +7,9 @@ import torch
 from _twin import INJECT, mlp, sgd, train
 
 import scaler
-from scaler import _pinned
-from scaler._captured import split_values
-from scaler._pinned import PinnedRing, PinnedRings
+from scaler._recording import pinned_rows as _pinned
+from scaler._recording.pinned_rows import PinnedRing, PinnedRings
+from scaler._recording.step_values import split_values
 
 
 def test_split_gives_each_optimizers_payload_words() -> None:

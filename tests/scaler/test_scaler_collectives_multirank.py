@@ -15,7 +15,7 @@ issues inside the unscale kernel (found_inf of sharded gradients, a functional
 all-reduce). Ours checks local shards, and folds every rank's own flag and the
 control-request flag into its one all-reduce: a clean step issues exactly that one,
 watched or not, on either model. An overflow step adds exactly one ``gather`` (every
-rank's findings to rank 0, see ``scaler._gather``), however many optimizers overflowed.
+rank's findings to rank 0, see ``scaler._diagnosis.gather``), however many optimizers overflowed.
 Diagnosis runs without ``watch`` too (positional names), so an unwatched scaler gathers
 as well. A fused optimizer's found_inf is agreed by the same all-reduce (torch's is not),
 so the DDP replicas stay equal. (A step that carries a control request adds a broadcast,

@@ -17,8 +17,8 @@ from _twin import world1
 from torch import nn
 
 import scaler
-from scaler import _gather
-from scaler._diagnosis import LIMIT, Report
+from scaler._diagnosis import gather as _gather
+from scaler._diagnosis.findings import LIMIT, Report
 from scaler.store.records import ParamFinding, StepRecord
 
 INF, NAN = float("inf"), float("nan")
@@ -294,12 +294,12 @@ def test_the_gather_encoding_is_fixed_size_and_cuts_long_names() -> None:
 def test_a_scan_that_fails_is_logged_and_training_goes_on(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from scaler import _watching
+    from scaler import _diagnosis
 
     def broken(*args: Any) -> Any:
         raise RuntimeError("no")
 
-    monkeypatch.setattr(_watching, "scan", broken)
+    monkeypatch.setattr(_diagnosis, "scan", broken)
     gs = recorded("plain")
     run(gs, Net(), PLAN, steps=3)
     assert [r.overflow for r in gs.records] == [False, True, False]

@@ -13,13 +13,13 @@ from sqlalchemy import select
 from test_scaler_diagnosis import INF, NAN, PLAN, Net, run
 
 import scaler
-from scaler._queue import Diagnosed, RecordQueue, findings_of
-from scaler._recorder import StepSample
+from scaler._recording.recorder import StepSample
 from scaler.store import Store, open_store
 from scaler.store import runs as store_runs
 from scaler.store.diagnosis import overflow_detail
 from scaler.store.records import ParamFinding, StepRecord
 from scaler.store.schema import overflow_params, steps
+from scaler.telemetry._queue import Diagnosed, RecordQueue, findings_of
 
 
 def stored(url: str, run_id: int) -> tuple[list[Any], list[tuple[Any, ...]]]:

@@ -31,13 +31,14 @@ from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
 import scaler
-from scaler._recorder import ControlOutcome, ControlSource, StepSample
-from scaler._writer import one_line
+from scaler._control import ControlOutcome, ControlSource
+from scaler._recording.recorder import StepSample
 from scaler.store import StepRecord, Store, open_store
 from scaler.store import runs as store_runs
 from scaler.store.runs import HEARTBEAT_TIMEOUT_S, effective_status
 from scaler.store.schema import runs, steps, telemetry_gaps
 from scaler.telemetry import Telemetry, TelemetrySettings
+from scaler.telemetry._writer import one_line
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,13 +12,12 @@ import threading
 import time
 from collections import deque
 
-from ._control import ControlUpdate
+from .._control import ControlOutcome, ControlSource, ControlUpdate
+from ..store import control as store_control
+from ..store.records import ControlRequestRow
+from ..store.rules import check
 from ._queue import QueuedOutcome, RecordQueue
-from ._recorder import ControlOutcome, ControlSource
 from ._writer import Writer
-from .store import control as store_control
-from .store.records import ControlRequestRow
-from .store.rules import check
 
 log = logging.getLogger("scaler.telemetry")
 

@@ -18,11 +18,11 @@ from typing import Any
 
 from sqlalchemy.exc import OperationalError, StatementError
 
+from .._control import ControlSource
+from ..store import control as store_control
+from ..store import runs as store_runs
+from ..store.engine import Store, open_store
 from ._queue import Gap, QueuedOutcome, RecordQueue, findings_of
-from ._recorder import ControlSource
-from .store import control as store_control
-from .store import runs as store_runs
-from .store.engine import Store, open_store
 
 log = logging.getLogger("scaler.telemetry")
 

@@ -1,10 +1,14 @@
-"""The reporting rank's link to the store: a bounded queue, a writer thread, a control poller.
+"""Telemetry, on the reporting rank: a bounded queue, a writer thread, a control poller.
 
-Training never waits for the store. Samples queue in memory (:mod:`scaler._queue`);
-while the store is slow, locked or unwritable they wait, and past ``max_pending``
-records the oldest are dropped and counted, then recorded as a gap once the store takes
-writes again. The writer (:mod:`scaler._writer`) writes them in batches; the poller
-(:mod:`scaler._poller`) hands pending control requests to the training thread.
+Runs on the reporting rank only (rank 0 of the scaler's group; a single process reports
+too), made by its scaler at the first ``update()``. The recorder thread hands samples in
+(``Telemetry.submit``); the writer thread (``_writer``), which owns the store, writes them;
+the poller thread (``_poller``) hands pending control requests to the training thread
+through the scaler's inbox. The training thread only flushes and closes.
+
+Training never waits for the store. Samples queue in memory (``_queue``); while the store
+is slow, locked or unwritable they wait, and past ``max_pending`` records the oldest are
+dropped and counted, then recorded as a gap once the store takes writes again.
 """
 
 from __future__ import annotations
@@ -20,13 +24,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._control import ControlUpdate
+from .._control import ControlUpdate
+from .._recording.recorder import StepSample
+from ..store import runs as store_runs
+from ..store.engine import Store
 from ._poller import Poller
 from ._queue import RecordQueue
-from ._recorder import StepSample
 from ._writer import RunSpec, Writer, one_line
-from .store import runs as store_runs
-from .store.engine import Store
 
 __all__ = ["Telemetry", "TelemetrySettings"]
 

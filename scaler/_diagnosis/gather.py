@@ -2,7 +2,7 @@
 
 Every rank knows from the agreed found_inf that a step overflowed, so every rank enters
 the gather at the same point. Each sends a fixed-size encoding of its
-:class:`~scaler._diagnosis.Report` (a size agreed beforehand would cost a collective of
+:class:`~scaler._diagnosis.findings.Report` (a size agreed beforehand would cost a collective of
 its own), so one ``dist.gather`` is the whole exchange:
 
 >>> report = Report(1, (("layers.0.weight", "inf", 3),), 0, True)
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._diagnosis import LIMIT, NAME_BYTES, Report, cut_name
+from .findings import LIMIT, NAME_BYTES, Report, cut_name
 
 _HEAD = struct.Struct("<iiB")  # params kept, params omitted, loss non-finite
 _PARAM = struct.Struct("<BqH")  # kind, count, name length (then the name's bytes)

@@ -15,17 +15,17 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from . import _payload
-from ._captured import Captured, split_values
-from ._payload import overflowed_ranks
-from .stats import ScalerStats
-from .store.records import StepRecord
+from .._agreement import payload as _payload
+from .._agreement.payload import overflowed_ranks
+from .._control import ControlOutcome
+from ..stats import ScalerStats
+from ..store.records import StepRecord
+from .step_values import Captured, split_values
 
 if TYPE_CHECKING:
-    from ._diagnosis import Diagnosis
+    from .._diagnosis.findings import Diagnosis
 
 log = logging.getLogger("scaler")
 
@@ -36,33 +36,6 @@ POLL_S = 0.05
 # bench/multirank.py's scaler cpu rows): it waited longer for the GIL each time.
 YIELD_EVERY = 32
 INLINE_BATCH = 256  # steps a recorder without a thread folds at once
-
-
-class ControlSource(StrEnum):
-    """Where a control change came from."""
-
-    REQUEST = "request"  # a request in the store (the API or the CLI), ``request_id`` its id
-    CODE = "code"  # a setter called by the training script: no request
-
-    def __str__(self) -> str:
-        return self.value
-
-
-@dataclass(frozen=True, slots=True)
-class ControlOutcome:
-    """What happened to a control change at a step; ``request_id`` is None for ``CODE``."""
-
-    source: ControlSource
-    request_id: int | None
-    values: dict[str, float | int]
-    applied: bool
-    reason: str | None
-    state: dict[str, float | int | None]
-    version: int
-
-    def __post_init__(self) -> None:
-        if (self.request_id is None) != (self.source is ControlSource.CODE):
-            raise ValueError(f"a {self.source} change has request_id {self.request_id!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,11 @@
 """Overflow diagnosis in a scaler: ``watch(model)``, the loss seen by ``scale()``, and the
 findings of an overflow step.
 
+Runs on the training thread of every rank, and costs nothing but on overflow steps: a
+rank whose own gradients hold inf/NaN scans them (``findings``) and names the parameters
+(``names``, as ``watch()`` registered them); with ``ShardedGradScaler`` on several ranks,
+every rank then enters one gather to the reporting rank (``gather``).
+
 A clean step costs a reference to the loss, one to each optimizer stepped, and a test
 of values the host holds already (a cpu step's values, or found_inf as ``step()`` read
 it). ``GradScaler`` learns of an optimizer from ``step()`` (``_maybe_opt_step``, or the
@@ -10,7 +15,7 @@ every optimizer in its own ``_unscale_grads_``.
 
 Only a step the host knows overflowed is explained: each rank that saw inf/NaN in its
 own gradients scans them once, and with ``ShardedGradScaler`` on several ranks the
-reporting rank gathers every rank's findings in one collective (see ``_gather``). The
+reporting rank gathers every rank's findings in one collective (see ``gather``). The
 scan runs in ``step()``, right after torch's own read of found_inf synchronised (on cuda
 ``update()`` then reads nothing); only a cpu fused optimizer, whose overflow the host
 learns from the step's values, is scanned in ``update()``.
@@ -24,14 +29,14 @@ from typing import TYPE_CHECKING, Any, overload
 
 import torch
 
-from . import _payload
-from ._diagnosis import LIMIT, Diagnosis, Report, combine, loss_nonfinite, scan
-from ._gather import gather_reports
-from ._names import Names
-from ._torch_compat import opt_step_unless_inf
+from .._agreement import payload as _payload
+from .._torch_compat import opt_step_unless_inf
+from .findings import LIMIT, Diagnosis, Report, combine, loss_nonfinite, scan
+from .gather import gather_reports
+from .names import Names
 
 if TYPE_CHECKING:
-    from ._torch_compat import TorchGradScaler as _Base
+    from .._torch_compat import TorchGradScaler as _Base
 else:
     _Base = object
 
@@ -78,7 +83,7 @@ class StepWatch:
 
 
 class Watching(_Base):
-    """The diagnosis half of :class:`scaler._core.Instrumented`."""
+    """The diagnosis half of :class:`scaler._scaler.Instrumented`."""
 
     _watch: StepWatch
 

@@ -1,9 +1,10 @@
 """What GradScaler and ShardedGradScaler add to torch's classes, written once.
 
-The torch-facing overrides live here; the parts they use are each a module of their
-own: the added scale rules (``_extras``), the link to the run (``_link``), the control
-rules and their pure application (``_control``), the constructor's checks (``_config``),
-the state and checkpoints (``_persisted``).
+Runs on the training thread of every rank. The torch-facing overrides live here; the
+parts they use are each a module or package of their own: the added scale rules
+(``_extras``), the link to the run and the device-to-host path (``_recording``), runtime
+control (``_control``), overflow diagnosis (``_diagnosis``), the constructor's checks
+(``_config``), the state and checkpoints (``_state``).
 """
 
 from __future__ import annotations
@@ -15,20 +16,21 @@ from typing import Any, cast
 
 import torch
 
-from ._captured import Captured
 from ._config import Options
-from ._controlled import Controlled
+from ._control import ControlOutcome
+from ._control.changes import Controlled
+from ._diagnosis import StepWatch, Watching
 from ._extras import Extras
-from ._link import RunLink
-from ._persisted import Persisted
-from ._pinned import read_cpu
-from ._recorder import ControlOutcome, Snapshot
+from ._recording import RunLink
+from ._recording.pinned_rows import read_cpu
+from ._recording.recorder import Snapshot
+from ._recording.step_values import Captured
+from ._state import Persisted
 from ._torch_compat import (
     OptState,
     _refresh_per_optimizer_state,
     process_group_info,
 )
-from ._watching import StepWatch, Watching
 from .stats import ScalerStats
 
 
@@ -229,7 +231,7 @@ class Instrumented(Watching, Controlled, Persisted):
             self._fold(scale.item(), False, stepped, scale_set)  # clean: nothing else to read
             return
         loss = self._watch.take_loss()
-        # cpu tensors are memory: read at once, no sync (see _pinned.read_cpu)
+        # cpu tensors are memory: read at once, no sync (see pinned_rows.read_cpu)
         values = None if scale.is_cuda else read_cpu(scale, tracker, found, loss, flags)
         diagnosis = self._diagnose(values, width, loss)
         if inline and values is not None:

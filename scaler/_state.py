@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._extras import Extras
-from ._link import RunLink
+from ._recording import RunLink
 from .stats import ScalerCheckpoint
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ STATE_KEY = "scalewatch"
 
 
 class Persisted(_Base):
-    """The persistence half of :class:`scaler._core.Instrumented`."""
+    """The persistence half of :class:`scaler._scaler.Instrumented`."""
 
     _extras: Extras
     _link: RunLink

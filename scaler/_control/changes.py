@@ -1,7 +1,7 @@
-"""Runtime control of a scaler: requests and setters, applied through one rule.
+"""A scaler's changes of its factors, by request or by setter, applied through one rule.
 
-Every change, by a request or a setter, goes through ``_control.apply`` (the pure rule
-over a :class:`ControlState`) and then ``_adopt``, which makes it hold on the tensors.
+Every change goes through ``_control.apply`` (the pure rule over a :class:`ControlState`)
+and then ``_adopt``, which makes it hold on the tensors.
 """
 
 from __future__ import annotations
@@ -9,21 +9,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from . import _control
-from ._config import not_an_integer, refusal
-from ._control import ControlState, ControlUpdate
-from ._extras import Extras
-from ._link import RunLink
-from ._recorder import ControlOutcome, ControlSource
+from .. import _control
+from .._config import not_an_integer, refusal
+from .._control import ControlOutcome, ControlSource, ControlState, ControlUpdate
+from .._extras import Extras
+from .._recording import RunLink
 
 if TYPE_CHECKING:
-    from ._torch_compat import TorchGradScaler as _Base
+    from .._torch_compat import TorchGradScaler as _Base
 else:
     _Base = object
 
 
 class Controlled(_Base):
-    """The control half of :class:`scaler._core.Instrumented`."""
+    """The control half of :class:`scaler._scaler.Instrumented`."""
 
     _extras: Extras
     _link: RunLink

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ._names import Names, Segment, positional
-from ._torch_compat import foreach_l2_norm, local_tensor
-from .store.records import ParamFinding
+from .._torch_compat import foreach_l2_norm, local_tensor
+from ..store.records import ParamFinding
+from .names import Names, Segment, positional
 
 LIMIT = 32  # parameters kept per rank and step; the rest are counted
 NAME_BYTES = 500  # of a name, in UTF-8, as the store keeps one (overflow_params.name)

@@ -1,9 +1,9 @@
 """One cuda step's values on their way to the host, without a sync.
 
 The training thread copies [scale, growth tracker, found_inf, loss (if seen), *payload
-words] asynchronously into a reused pinned row (``_pinned``); the recorder thread reads
+words] asynchronously into a reused pinned row (``pinned_rows``); the recorder thread reads
 the row once its copy has arrived. (A cpu step's values are read at once:
-``_pinned.read_cpu``.)
+``pinned_rows.read_cpu``.)
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
-from ._pinned import PinnedRing, PinnedRings
+from .pinned_rows import PinnedRing, PinnedRings
 
 
 class Captured:
     """Values of one cuda step: [scale, growth tracker, found_inf, loss (if seen), *payload
     words], copied asynchronously to a pinned row of ``rings``. (A cpu step's values are
-    read at once: ``_pinned.read_cpu``.)"""
+    read at once: ``pinned_rows.read_cpu``.)"""
 
     __slots__ = ("_has_loss", "_payloads", "_ring", "_row")
 

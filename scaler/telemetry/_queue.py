@@ -12,8 +12,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from ._recorder import ControlOutcome, StepSample
-from .store.runs import finding_rows, step_values
+from .._control import ControlOutcome
+from .._recording.recorder import StepSample
+from ..store.runs import finding_rows, step_values
 
 Gap = tuple[int, int, int]  # (first step, last step, records dropped): a whole range
 

@@ -1,8 +1,13 @@
 """How the ranks of a ShardedGradScaler agree on found_inf, and on a control request.
 
-Per optimizer and step, one all-reduce of the ``_payload`` (one element up to 52 ranks,
+Runs on the training thread of every rank of a ``ShardedGradScaler``'s group (a
+``GradScaler`` agrees nothing): the all-reduce in ``unscale_()`` (or, for a fused
+optimizer, ``_check_inf_per_device()``), the broadcast in ``update()``.
+
+Per optimizer and step, one all-reduce of the ``payload`` (one element up to 52 ranks,
 as torch's found_inf). On the steps where rank 0 flags a request in it, a broadcast of
-the request follows at ``update()``; every rank does the same at the same boundary.
+the request follows at ``update()``; every rank does the same at the same boundary. On
+cuda, what the host reads of them one update later waits in ``host_copies``.
 """
 
 from __future__ import annotations
@@ -13,9 +18,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _control, _payload
-from ._control import ControlUpdate
-from ._lagged import Lagged
+from .. import _control
+from .._control import ControlUpdate
+from . import payload as _payload
+from .host_copies import Lagged
 
 KEEP_REDUCED = 4  # all-reduce handles kept alive after they complete (see Agreement)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from . import _payload
+from . import payload as _payload
 
 
 class Lagged:

@@ -1,7 +1,14 @@
 """Runtime control on the scaler side: what a request carries (its rules: ``store.rules``).
 
-A request rides in the float64 payload of the all-reduce that agrees found_inf:
-``[request id, field mask, value of each field in FIELDS]``; unset fields are 0.
+Runs on the training thread of every rank. A request reaches the scaler's inbox from the
+reporting rank's poller (:mod:`scaler.telemetry`), and a ``ShardedGradScaler`` hands it
+to its other ranks in the broadcast of ``_agreement``; a setter is called by the training
+script. Every change goes through ``apply`` (the pure rule over a :class:`ControlState`),
+then the scaler adopts it (``changes``).
+
+A request travels in float64 words, in the broadcast that follows an all-reduce whose
+payload flags it: ``[request id, field mask, value of each field in FIELDS]``; unset
+fields are 0.
 """
 
 from __future__ import annotations
@@ -9,10 +16,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 # The rules live in the store, which the service uses without the scaler; re-exported here.
-from .store.rules import (
+from ..store.rules import (
     EMPTY,
     FIELDS,
     FLOAT32_MAX,
@@ -36,6 +44,8 @@ __all__ = [
     "RULES",
     "SLOTS",
     "UNKNOWN",
+    "ControlOutcome",
+    "ControlSource",
     "ControlUpdate",
     "bounds_problems",
     "check",
@@ -53,6 +63,33 @@ class ControlUpdate:
 
     request_id: int
     values: Mapping[str, float | int]
+
+
+class ControlSource(StrEnum):
+    """Where a control change came from."""
+
+    REQUEST = "request"  # a request in the store (the API or the CLI), ``request_id`` its id
+    CODE = "code"  # a setter called by the training script: no request
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class ControlOutcome:
+    """What happened to a control change at a step; ``request_id`` is None for ``CODE``."""
+
+    source: ControlSource
+    request_id: int | None
+    values: dict[str, float | int]
+    applied: bool
+    reason: str | None
+    state: dict[str, float | int | None]
+    version: int
+
+    def __post_init__(self) -> None:
+        if (self.request_id is None) != (self.source is ControlSource.CODE):
+            raise ValueError(f"a {self.source} change has request_id {self.request_id!r}")
 
 
 def encode(update: ControlUpdate) -> list[float]:

@@ -1,7 +1,15 @@
-"""A scaler's link to its run: what it holds only while it trains, never pickled.
+"""Each step's values from the device to the host, on every rank; a scaler's link to its run.
 
-The recorder that reads each step's values, the telemetry they feed on the reporting
-rank, the finalizer that closes both, the control requests waiting for a step, and the
+On every rank the training thread snapshots a step at ``update()``: a cpu step's values
+are read at once (``pinned_rows.read_cpu``: no sync), a cuda step's copied asynchronously
+into a reused pinned row (``step_values``, ``pinned_rows``). On the reporting rank with
+telemetry on, the recorder thread (``recorder``) reads the rows, folds ``stats()`` and
+hands the samples to :mod:`scaler.telemetry`; elsewhere there is no thread, and the
+training thread folds the steps in batches.
+
+``RunLink``, here, is what a scaler holds only while it trains, never pickled: the
+recorder that reads each step's values, the telemetry they feed on the reporting rank,
+the finalizer that closes both, the control requests waiting for a step, and the
 host-side values of the step in progress. A copy of a scaler (pickle, deepcopy) gets a
 new link, and so a run of its own.
 """
@@ -16,15 +24,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._control import ControlUpdate
-from ._pinned import PinnedRings
-from ._recorder import ControlOutcome, Recorder, Sink, Snapshot
-from .stats import ScalerStats
+from .._control import ControlOutcome, ControlUpdate
+from ..stats import ScalerStats
+from .pinned_rows import PinnedRings
+from .recorder import Recorder, Sink, Snapshot
 
 if TYPE_CHECKING:
     import torch
 
-    from .telemetry import Telemetry
+    from ..telemetry import Telemetry
 
 
 class RunLink:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ._torch_compat import clean_parameter_name, flat_param_parts
+from .._torch_compat import clean_parameter_name, flat_param_parts
 
 # A flat parameter's originals in this rank's shard: (name, offset in shard, elements).
 Segment = tuple[str, int, int]
