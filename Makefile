@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint venv clean demo bench cuda-check lowest
+.PHONY: test lint venv clean demo bench cuda-check lowest torch-lanes
 
 venv: $(STAMP)
 
@@ -36,6 +36,13 @@ lowest: $(STAMP)
 		> "$$($(LOWEST)/bin/python -c '$(PURELIB)')/zz_scalewatch_venv.pth"
 	$(LOWEST)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests/app tests/store \
 		tests/test_dependencies.py tests/reliability/test_hostile.py
+
+# The scaler beside torch's own class on the oldest and the newest torch pyproject admits,
+# each in a cached venv of its own (.ci/torch-lane says what it runs).
+TORCH_LANES := 2.4.1 2.15.0
+
+torch-lanes:
+	for version in $(TORCH_LANES); do .ci/torch-lane $$version || exit 1; done
 
 clean:
 	rm -rf $(VENV) $(LOWEST) build *.egg-info

@@ -1,8 +1,9 @@
 """Every use of torch internals lives here, pinned by ``tests/scaler/test_torch_compat.py``.
 
-That includes the bodies of our overrides of torch's private methods, and the signatures
-of the private methods we override or call (``PINNED``): a torch whose privates changed
-fails those tests, rather than training on with a scaler that half-works.
+That includes the bodies of our overrides of torch's private methods. What they rely on
+(the signatures in ``PINNED``, the shapes of torch's state and returns) is checked when a
+scaler is made (``_torch_check``): a torch whose privates changed refuses the scaler in one
+line, rather than training on with a scaler that half-works.
 """
 
 from __future__ import annotations
@@ -15,17 +16,37 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.amp.grad_scaler import GradScaler as TorchGradScaler
-from torch.amp.grad_scaler import OptState, _MultiDeviceReplicator, _refresh_per_optimizer_state
-from torch.distributed.fsdp._common_utils import clean_tensor_name
 from torch.distributed.fsdp.sharded_grad_scaler import (
     ShardedGradScaler as TorchShardedGradScaler,
 )
-from torch.distributed.fsdp.sharded_grad_scaler import _GeneralMultiDeviceReplicator
+
+from ._torch_check import (
+    PINNED,
+    UnsupportedTorchError,
+    mismatched_signatures,
+    require_supported_torch,
+    step_shape,
+    unsupported,
+)
+
+try:
+    from torch.amp.grad_scaler import (
+        OptState,
+        _MultiDeviceReplicator,
+        _refresh_per_optimizer_state,
+    )
+    from torch.distributed.fsdp._common_utils import clean_tensor_name
+    from torch.distributed.fsdp.sharded_grad_scaler import _GeneralMultiDeviceReplicator
+except ImportError as missing:  # one line naming the torch, not an import traceback
+    raise unsupported(str(missing)) from None
 
 __all__ = [
+    "CUDA_WARNING_AT_CALLER",
+    "PINNED",
     "OptState",
     "TorchGradScaler",
     "TorchShardedGradScaler",
+    "UnsupportedTorchError",
     "_GeneralMultiDeviceReplicator",
     "_MultiDeviceReplicator",
     "_refresh_per_optimizer_state",
@@ -35,71 +56,30 @@ __all__ = [
     "deprecation_of",
     "flat_param_parts",
     "foreach_l2_norm",
+    "fsdp2",
+    "gather_to_group_rank0",
     "local_tensor",
     "maybe_opt_step_result",
     "mismatched_signatures",
     "non_finite_check_and_unscale_",
     "opt_step_unless_inf",
     "process_group_info",
+    "require_supported_torch",
     "unscale_grads",
     "unscale_local_grads",
 ]
 
-# (class, method) -> its parameters, for every torch private we override or call.
-PINNED: dict[tuple[type, str], tuple[str, ...]] = {
-    (TorchGradScaler, "_maybe_opt_step"): (
-        "self",
-        "optimizer",
-        "optimizer_state",
-        "args",
-        "kwargs",
-    ),
-    (TorchGradScaler, "_check_inf_per_device"): ("self", "optimizer"),
-    (TorchGradScaler, "_check_scale_growth_tracker"): ("self", "funcname"),
-    (TorchGradScaler, "_get_growth_tracker"): ("self",),
-    (TorchGradScaler, "_unscale_grads_"): (
-        "self",
-        "optimizer",
-        "inv_scale",
-        "found_inf",
-        "allow_fp16",
-    ),
-    (TorchGradScaler, "unscale_"): ("self", "optimizer"),
-    (TorchGradScaler, "update"): ("self", "new_scale"),
-    (TorchShardedGradScaler, "_unscale_grads_"): (
-        "self",
-        "optimizer",
-        "inv_scale",
-        "found_inf",
-        "allow_fp16",
-    ),
-    (TorchShardedGradScaler, "unscale_"): ("self", "optimizer"),
-    (TorchShardedGradScaler, "update"): ("self", "new_scale"),
-}
 
-
-def mismatched_signatures() -> list[str]:
-    """The pinned methods whose parameters in this torch differ from ``PINNED``."""
-    wrong = []
-    for (cls, name), expected in PINNED.items():
-        found = tuple(inspect.signature(getattr(cls, name)).parameters)
-        if found != expected:
-            wrong.append(f"{cls.__name__}.{name}{found}, expected {expected}")
-    return wrong
-
-
-# torch 2.13's _maybe_opt_step returns the optimizer's return value; a later torch returns
-# (retval, found_inf). What our override returns follows the torch it runs on.
-_STEP_RETURNS_PAIR = (
-    "tuple" in str(inspect.signature(TorchGradScaler._maybe_opt_step).return_annotation).lower()
-)
-
-
-def maybe_opt_step_result(retval: Any, optimizer_state: dict[str, Any]) -> Any:
-    """What torch's ``_maybe_opt_step`` would return for ``retval``."""
-    if _STEP_RETURNS_PAIR:
-        return retval, optimizer_state["found_inf_per_device"]
-    return retval
+def maybe_opt_step_result(retval: Any, found: float) -> Any:
+    """What this torch's ``_maybe_opt_step`` would return for ``retval``, found_inf summed to
+    ``found``: ``retval``, or ``(retval, found_inf)`` where torch returns the pair (what
+    ``step(..., return_found_inf=True)`` hands back)."""
+    shape = step_shape()
+    if isinstance(shape, str) or not shape.pair:  # an unknown shape: construction refused it
+        return retval
+    if shape.found_type is torch.Tensor:
+        return retval, torch.tensor(float(found))
+    return retval, bool(found)
 
 
 def opt_step_unless_inf(
@@ -112,7 +92,7 @@ def opt_step_unless_inf(
     as torch does. Returns (what torch's returns, the found_inf sum read on the host)."""
     found = sum(v.item() for v in optimizer_state["found_inf_per_device"].values())
     retval = None if found else optimizer.step(*args, **kwargs)
-    return maybe_opt_step_result(retval, optimizer_state), float(found)
+    return maybe_opt_step_result(retval, found), float(found)
 
 
 Grouped = dict[torch.device, dict[torch.dtype, list[torch.Tensor]]]
@@ -224,6 +204,20 @@ def non_finite_check_and_unscale_(
 CUDA_UNAVAILABLE = "torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling."
 
 
+def _warns_at_the_caller() -> bool:
+    """Whether torch's GradScaler names its caller's line in that warning (from torch 2.5;
+    torch 2.4's names its own)."""
+    try:
+        source = inspect.getsource(TorchGradScaler.__init__)
+    except (OSError, TypeError):  # no source installed: as the newest torch does
+        return True
+    call = source.partition(repr(CUDA_UNAVAILABLE)[1:-1])[2].partition(")")[0]
+    return "stacklevel" in call
+
+
+CUDA_WARNING_AT_CALLER = _warns_at_the_caller()
+
+
 def cuda_amp_unavailable(device: str) -> bool:
     """Whether torch's GradScaler on ``device`` would disable itself: cuda, and none here."""
     if device != "cuda":
@@ -257,6 +251,22 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
 
 
 _DIST_AVAILABLE = dist.is_available()
+
+
+_GATHER_TAKES_GROUP_DST = "group_dst" in inspect.signature(dist.gather).parameters
+
+
+def gather_to_group_rank0(
+    tensor: torch.Tensor, slots: list[torch.Tensor] | None, group: Any
+) -> None:
+    """``dist.gather`` of ``tensor`` into ``slots`` on the group's rank 0 (``group_dst``
+    from torch 2.6; before it, that rank's global rank)."""
+    if _GATHER_TAKES_GROUP_DST:
+        dist.gather(tensor, slots, group=group, group_dst=0)
+    else:
+        named: Any = group if group is not None else dist.group.WORLD
+        dst = dist.get_global_rank(named, 0)
+        dist.gather(tensor, slots, dst=dst, group=group)
 
 
 def process_group_info(group: Any) -> tuple[int, int] | None:
@@ -313,3 +323,12 @@ def flat_param_parts(param: torch.Tensor) -> list[tuple[str, int, int]] | None:
         for fqn, info in zip(fqns, infos, strict=True)
         if info.in_shard
     ]
+
+
+def fsdp2() -> Any:
+    """FSDP2's module (``fully_shard``, ``MixedPrecisionPolicy``): ``torch.distributed.fsdp``
+    from torch 2.6, ``torch.distributed._composable.fsdp`` before it."""
+    public = importlib.import_module("torch.distributed.fsdp")
+    if hasattr(public, "fully_shard"):
+        return public
+    return importlib.import_module("torch.distributed._composable.fsdp")

@@ -12,9 +12,11 @@ from ._control import ControlUpdate
 from ._scaler import Instrumented
 from ._torch_compat import (
     CUDA_UNAVAILABLE,
+    CUDA_WARNING_AT_CALLER,
     TorchGradScaler,
     amp_update_scale_,
     cuda_amp_unavailable,
+    require_supported_torch,
     unscale_grads,
 )
 
@@ -67,13 +69,15 @@ class GradScaler(Instrumented, TorchGradScaler):
         telemetry: Any = None,
         run_name: str | None = None,
     ) -> None:
+        require_supported_torch()
         options = Options(min_scale, max_scale, hysteresis, telemetry, run_name)
         init_scale, growth_factor, backoff_factor, growth_interval = options.torch_arguments(
             init_scale, growth_factor, backoff_factor, growth_interval
         )
-        if enabled and cuda_amp_unavailable(device):
+        if enabled and cuda_amp_unavailable(device) and CUDA_WARNING_AT_CALLER:
             # torch's own warning, said here so that it names the caller's line as torch's
-            # does (said by torch's __init__, it would name this file).
+            # does (said by torch's __init__, it would name this file). torch 2.4's names
+            # its own line: its __init__ says it.
             warnings.warn(CUDA_UNAVAILABLE, stacklevel=2)
             enabled = False
         super().__init__(

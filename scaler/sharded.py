@@ -16,6 +16,7 @@ from ._torch_compat import (
     TorchShardedGradScaler,
     amp_update_scale_,
     maybe_opt_step_result,
+    require_supported_torch,
     unscale_local_grads,
 )
 
@@ -78,6 +79,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         telemetry: Any = None,
         run_name: str | None = None,
     ) -> None:
+        require_supported_torch()
         options = Options(min_scale, max_scale, hysteresis, telemetry, run_name)
         init_scale, growth_factor, backoff_factor, growth_interval = options.torch_arguments(
             init_scale, growth_factor, backoff_factor, growth_interval
@@ -152,12 +154,13 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
             # One read of the payload replaces torch's read of each found_inf.
             host = optimizer_state["host"] = payload.tolist()
         self._watch.host_rows.append((optimizer, host))
-        if _payload.any_overflow(host):
+        overflow = _payload.any_overflow(host)
+        if overflow:
             retval = None
             self._overflowed_at_step(optimizer, host, optimizer_state["world"])
         else:
             retval = optimizer.step(*args, **kwargs)
-        return maybe_opt_step_result(retval, optimizer_state)
+        return maybe_opt_step_result(retval, float(overflow))
 
     # ------------------------------------------------------------ update
 

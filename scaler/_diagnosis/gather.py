@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from .findings import LIMIT, NAME_BYTES, Report, cut_name
+from .._torch_compat import gather_to_group_rank0
 
 _HEAD = struct.Struct("<iiB")  # params kept, params omitted, loss non-finite
 _PARAM = struct.Struct("<BqH")  # kind, count, name length (then the name's bytes)
@@ -58,7 +59,7 @@ def gather_reports(
     device = _device_for(process_group)
     mine = torch.frombuffer(bytearray(encode(report)), dtype=torch.uint8).to(device)
     slots = [torch.empty_like(mine) for _ in range(world)] if rank == 0 else None
-    dist.gather(mine, slots, group=process_group, group_dst=0)
+    gather_to_group_rank0(mine, slots, process_group)
     if slots is None:
         return None
     return [decode(slot.cpu().numpy().tobytes(), r) for r, slot in enumerate(slots)]

@@ -26,9 +26,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from scaler import ShardedGradScaler
+from scaler._torch_compat import fsdp2
 
 VOCAB = 128
 SEQ = 32
@@ -139,10 +139,11 @@ def train(rank: int, args: argparse.Namespace, stop: Any, launcher: int) -> None
     )
     torch.manual_seed(args.seed)
     model = TinyLM().to(device)
-    policy = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
+    fsdp = fsdp2()
+    policy = fsdp.MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
     for block in model.blocks:
-        fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+        fsdp.fully_shard(block, mp_policy=policy)
+    fsdp.fully_shard(model, mp_policy=policy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scaler = ShardedGradScaler(
         device.type,

@@ -22,8 +22,9 @@ class Net(nn.Module):
 
 def fully_shard_net(net: Net) -> nn.Module:
     """``net`` under FSDP2: each linear layer a unit of its own, then the whole."""
-    from torch.distributed.fsdp import fully_shard
+    from scaler._torch_compat import fsdp2
 
+    fully_shard = fsdp2().fully_shard
     fully_shard(net.encoder)
     fully_shard(net.decoder)
     return fully_shard(net)

@@ -17,11 +17,23 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from _twin import INJECT, batch, make_pair, mlp, poison, sgd, train, twin_run, world1
+from _twin import (
+    INJECT,
+    batch,
+    make_pair,
+    mlp,
+    poison,
+    sgd,
+    skip_unless_torchs_sharded_steps_fused_overflows,
+    train,
+    twin_run,
+    world1,
+)
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
 import scaler
+from scaler import _torch_compat as compat
 
 FACTORS = {"init_scale": 2.0**10, "growth_factor": 1.7, "backoff_factor": 0.3}
 
@@ -123,6 +135,8 @@ def test_fused_adam(kind: str, device: str, unscale_first: bool) -> None:
         assert messages[0] == messages[1]
         assert "doesn't match the broadcast shape" in messages[0]
         return
+    if kind == "sharded" and device == "cpu":
+        skip_unless_torchs_sharded_steps_fused_overflows()
     reference, ours = twin_run(
         kind,
         steps=12,
@@ -159,11 +173,13 @@ def test_legacy_grad_scaler_kwarg_keeps_torchs_future_warning(kind: str) -> None
         opt = LegacyScalingSGD(model.parameters(), lr=0.05)
         with pytest.warns(FutureWarning, match="stop passing itself as a keyword argument") as w:
             traces.append(train(gs, model, [opt], steps=6, inject=INJECT))
-        sites.append({(Path(r.filename).name, r.lineno) for r in w if r.category is FutureWarning})
+        sites.append({(r.filename, r.lineno) for r in w if r.category is FutureWarning})
     traces[1].assert_same(traces[0])
-    # It names the caller's line (train()'s step call), as torch's does: not scalewatch's
-    # code, so a filter for the caller's module matches it and each call site warns once.
-    assert sites[1] == sites[0] and {name for name, _ in sites[0]} == {"_twin.py"}
+    # It names the line torch's does (train()'s step call; torch 2.4's own line): not
+    # scalewatch's code, so a filter for the caller's module matches it as with torch's.
+    assert sites[1] == sites[0]
+    if compat.CUDA_WARNING_AT_CALLER:  # a torch that names its callers
+        assert {Path(name).name for name, _ in sites[0]} == {"_twin.py"}
 
 
 def test_the_cuda_unavailable_warning_names_the_callers_line() -> None:
@@ -175,7 +191,9 @@ def test_the_cuda_unavailable_warning_names_the_callers_line() -> None:
             gs = cls("cuda")  # one line for both: the warning names it
         assert not gs.is_enabled()
         records.append([(str(r.message), r.filename, r.lineno) for r in w])
-    assert records[1] == records[0] and records[0][0][1] == __file__
+    assert records[1] == records[0]
+    # torch 2.4 names its own line, where it warns; later releases the caller's
+    assert (records[0][0][1] == __file__) is compat.CUDA_WARNING_AT_CALLER
 
 
 def embedding_model() -> nn.Module:

@@ -49,9 +49,10 @@ def wrap(kind: str, module: nn.Module, device: str) -> nn.Module:
         # on cuda every rank shares the one GPU: gloo all-reduces cuda tensors too
         return nn.parallel.DistributedDataParallel(module.to(device))
     if kind == "fsdp2":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from scaler._torch_compat import fsdp2
 
-        policy = MixedPrecisionPolicy(param_dtype=torch.float16)
+        fully_shard = fsdp2().fully_shard
+        policy = fsdp2().MixedPrecisionPolicy(param_dtype=torch.float16)
         for layer in (module[0], module[2]):
             fully_shard(layer, mp_policy=policy)
         return fully_shard(module, mp_policy=policy)
