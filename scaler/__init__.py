@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._config import ScalerConfigError
+    from ._torch_check import UnsupportedTorchError
     from .grad_scaler import GradScaler
     from .sharded import ShardedGradScaler
     from .stats import ScalerCheckpoint, ScalerStats
@@ -21,6 +22,7 @@ __all__ = [
     "ScalerConfigError",
     "ScalerStats",
     "ShardedGradScaler",
+    "UnsupportedTorchError",
 ]
 
 _HOMES = {
@@ -29,6 +31,7 @@ _HOMES = {
     "ScalerConfigError": "._config",
     "ScalerStats": ".stats",
     "ShardedGradScaler": ".sharded",
+    "UnsupportedTorchError": "._torch_check",
 }
 
 

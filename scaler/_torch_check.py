@@ -12,13 +12,20 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
+import logging
 from typing import Any, NamedTuple
 
 import torch
 from torch.amp import grad_scaler as amp_grad_scaler
+from torch.distributed import fsdp
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as _TorchSharded
 
 _TorchPlain = torch.amp.GradScaler
+
+log = logging.getLogger("scaler")
+
+# FSDP2's fully_shard is public (torch.distributed.fsdp) from torch 2.6.
+FSDP2_PUBLIC = hasattr(fsdp, "fully_shard")
 
 
 class UnsupportedTorchError(RuntimeError):
@@ -161,3 +168,16 @@ def forget_checks() -> None:
     """Check again at the next construction (for tests that stand in another torch)."""
     _checked.cache_clear()
     step_shape.cache_clear()
+    note_older_torch.cache_clear()
+
+
+@functools.cache
+def note_older_torch() -> None:
+    """Say once a process, in one line, what this torch lacks that the sharded scaler's
+    tests use: FSDP2 before torch 2.6 is tested with neither this scaler nor torch's."""
+    if not FSDP2_PUBLIC:
+        log.warning(
+            "scalewatch: torch %s predates FSDP2's public fully_shard (torch 2.6):"
+            " ShardedGradScaler is tested on it with DDP and FSDP1, not FSDP2",
+            torch.__version__,
+        )

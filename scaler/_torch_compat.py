@@ -21,9 +21,11 @@ from torch.distributed.fsdp.sharded_grad_scaler import (
 )
 
 from ._torch_check import (
+    FSDP2_PUBLIC,
     PINNED,
     UnsupportedTorchError,
     mismatched_signatures,
+    note_older_torch,
     require_supported_torch,
     step_shape,
     unsupported,
@@ -42,6 +44,7 @@ except ImportError as missing:  # one line naming the torch, not an import trace
 
 __all__ = [
     "CUDA_WARNING_AT_CALLER",
+    "FSDP2_PUBLIC",
     "PINNED",
     "OptState",
     "TorchGradScaler",
@@ -62,6 +65,7 @@ __all__ = [
     "maybe_opt_step_result",
     "mismatched_signatures",
     "non_finite_check_and_unscale_",
+    "note_older_torch",
     "opt_step_unless_inf",
     "process_group_info",
     "require_supported_torch",
@@ -328,7 +332,6 @@ def flat_param_parts(param: torch.Tensor) -> list[tuple[str, int, int]] | None:
 def fsdp2() -> Any:
     """FSDP2's module (``fully_shard``, ``MixedPrecisionPolicy``): ``torch.distributed.fsdp``
     from torch 2.6, ``torch.distributed._composable.fsdp`` before it."""
-    public = importlib.import_module("torch.distributed.fsdp")
-    if hasattr(public, "fully_shard"):
-        return public
+    if FSDP2_PUBLIC:
+        return importlib.import_module("torch.distributed.fsdp")
     return importlib.import_module("torch.distributed._composable.fsdp")

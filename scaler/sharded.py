@@ -16,6 +16,7 @@ from ._torch_compat import (
     TorchShardedGradScaler,
     amp_update_scale_,
     maybe_opt_step_result,
+    note_older_torch,
     require_supported_torch,
     unscale_local_grads,
 )
@@ -80,6 +81,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         run_name: str | None = None,
     ) -> None:
         require_supported_torch()
+        note_older_torch()
         options = Options(min_scale, max_scale, hysteresis, telemetry, run_name)
         init_scale, growth_factor, backoff_factor, growth_interval = options.torch_arguments(
             init_scale, growth_factor, backoff_factor, growth_interval

@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
+
+from scaler._torch_compat import FSDP2_PUBLIC
+
+# torch's FSDP2 before 2.6 (torch.distributed._composable.fsdp) makes CUDA streams at its
+# first forward: on cpu ranks only the public one (torch 2.6 and newer) runs.
+FSDP2_HERE = FSDP2_PUBLIC or torch.cuda.is_available()
+NO_FSDP2 = f"torch {torch.__version__}'s FSDP2 (before torch 2.6) needs CUDA"
+
+
+def skip_unless_fsdp2_here() -> None:
+    """For a test of FSDP2 alone: a skip that says why, rather than a pass."""
+    if not FSDP2_HERE:
+        pytest.skip(NO_FSDP2)
 
 
 class Net(nn.Module):

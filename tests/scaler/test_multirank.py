@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from _dist import run_ranks
+from _nets import FSDP2_HERE, skip_unless_fsdp2_here
 from _twin import world1
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
@@ -144,7 +145,7 @@ def worker(rank: int, world: int, kinds: list[str], device: str = "cpu") -> dict
     return results
 
 
-KINDS = ["ddp", "fsdp2", "fsdp1", "fsdp1-offload"]
+KINDS = ["ddp", *(["fsdp2"] if FSDP2_HERE else []), "fsdp1", "fsdp1-offload"]
 
 
 def check(world: int, per_rank: list[dict[str, Any]]) -> None:
@@ -156,11 +157,15 @@ def check(world: int, per_rank: list[dict[str, Any]]) -> None:
     offload = [r["fsdp1-offload"] for r in per_rank]
     assert all(r.get("ours_error") == r.get("unsupported") is not None for r in offload), offload
     if not torch.cuda.is_available():
-        assert {r["unsupported"] for r in offload} == {
-            "RuntimeError: Cannot access accelerator device when none is available."
-        }
-    fsdp2 = per_rank[0]["fsdp2"]["ours"]
-    assert fsdp2["grad_dtype"] == "torch.float32"  # fp16 compute, fp32 sharded grads
+        (refusal,) = {r["unsupported"] for r in offload}
+        assert refusal in (
+            "RuntimeError: Cannot access accelerator device when none is available.",  # cpu build
+            "RuntimeError: Found no NVIDIA driver on your system. Please check that you have an"
+            " NVIDIA GPU and installed a driver from http://www.nvidia.com/Download/index.aspx",
+        )
+    if FSDP2_HERE:
+        fsdp2 = per_rank[0]["fsdp2"]["ours"]
+        assert fsdp2["grad_dtype"] == "torch.float32"  # fp16 compute, fp32 sharded grads
 
 
 def check_kind(kind: str, world: int, per_rank: list[dict[str, Any]]) -> None:
@@ -262,6 +267,14 @@ def worker_float64(rank: int, world: int, kinds: list[str]) -> dict[str, Any]:
 @pytest.mark.slow
 def test_the_float64_payload_agrees_as_the_in_place_one() -> None:
     world = 2
-    per_rank = run_ranks(worker_float64, world, ["ddp", "fsdp2"], timeout=150.0)
-    for kind in ("ddp", "fsdp2"):
+    kinds = ["ddp", "fsdp2"] if FSDP2_HERE else ["ddp"]
+    per_rank = run_ranks(worker_float64, world, kinds, timeout=150.0)
+    for kind in kinds:
         check_kind(kind, world, per_rank)
+
+
+def test_fsdp2_is_compared_on_real_ranks() -> None:
+    """The tests above leave FSDP2 out where torch's does not run on these ranks: a skip
+    says so here."""
+    skip_unless_fsdp2_here()
+    assert "fsdp2" in KINDS

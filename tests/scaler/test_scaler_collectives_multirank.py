@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from _dist import run_ranks
-from _nets import Net, fully_shard_net
+from _nets import FSDP2_HERE, Net, fully_shard_net
 from torch import nn
 from torch.distributed import distributed_c10d
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -54,9 +54,10 @@ KINDS: dict[str, tuple[str, str, bool, int, bool]] = {
     "watched": ("ddp", "ours", True, 1, False),
     "two-optimizers": ("ddp", "ours", True, 2, False),
     "fused": ("ddp", "ours", True, 1, True),
-    "fsdp2-torch": ("fsdp2", "torch", False, 1, False),
-    "fsdp2-watched": ("fsdp2", "ours", True, 1, False),
 }
+if FSDP2_HERE:
+    KINDS["fsdp2-torch"] = ("fsdp2", "torch", False, 1, False)
+    KINDS["fsdp2-watched"] = ("fsdp2", "ours", True, 1, False)
 COLLECTIVES = (
     "all_gather",
     "all_gather_coalesced",

@@ -4,6 +4,7 @@ is made, in one line; both shapes of ``_maybe_opt_step``'s return train as torch
 from __future__ import annotations
 
 import importlib.util
+import logging
 import re
 import tomllib
 from collections.abc import Iterator
@@ -32,7 +33,7 @@ def _checked_afresh() -> Iterator[None]:
 
 
 def refusal(make: Any) -> str:
-    with pytest.raises(check.UnsupportedTorchError) as caught:
+    with pytest.raises(scaler.UnsupportedTorchError) as caught:
         make()
     message = str(caught.value)
     assert "\n" not in message
@@ -208,3 +209,27 @@ def test_the_declared_torch_range_is_the_tested_range() -> None:
         if "==" in line and not line.startswith("#")
     )
     assert low <= minor(pins["torch"]) <= high
+
+
+def test_an_older_torch_without_public_fsdp2_is_told_once_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(check, "FSDP2_PUBLIC", False)
+    with caplog.at_level(logging.WARNING, logger="scaler"):
+        scaler.GradScaler("cpu", telemetry=False)  # FSDP2 is the sharded scaler's
+        assert caplog.messages == []
+        scaler.ShardedGradScaler("cpu", telemetry=False)
+        scaler.ShardedGradScaler("cpu", telemetry=False)
+    assert caplog.messages == [
+        f"scalewatch: torch {torch.__version__} predates FSDP2's public fully_shard"
+        " (torch 2.6): ShardedGradScaler is tested on it with DDP and FSDP1, not FSDP2"
+    ]
+
+
+def test_this_torchs_public_fsdp2_is_found(caplog: pytest.LogCaptureFixture) -> None:
+    from torch.distributed import fsdp
+
+    assert check.FSDP2_PUBLIC is hasattr(fsdp, "fully_shard")
+    with caplog.at_level(logging.WARNING, logger="scaler"):
+        scaler.ShardedGradScaler("cpu", telemetry=False)
+    assert (caplog.messages == []) is check.FSDP2_PUBLIC
