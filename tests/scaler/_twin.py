@@ -37,6 +37,10 @@ def world1(backend: str = "gloo") -> Iterator[None]:
         try:
             yield
         finally:
+            # torch 2.4's gloo destroys its group holding the GIL, joining worker threads; one
+            # still letting go of a tensor a collective used needs the GIL: a hang. A barrier
+            # first waits (GIL released) for the work before it to be done with.
+            dist.barrier()
             dist.destroy_process_group()
 
 
