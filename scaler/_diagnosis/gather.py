@@ -18,8 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .findings import LIMIT, NAME_BYTES, Report, cut_name
 from .._torch_compat import gather_to_group_rank0
+from .findings import LIMIT, NAME_BYTES, Report, cut_name
 
 _HEAD = struct.Struct("<iiB")  # params kept, params omitted, loss non-finite
 _PARAM = struct.Struct("<BqH")  # kind, count, name length (then the name's bytes)
