@@ -27,7 +27,7 @@ def scalewatch(*argv: str) -> Result:
 
 def test_commands_are_registered() -> None:
     assert set(cli.commands) == {
-        "serve", "runs", "export", "control", "alerts", "db", "demo", "instrument",
+        "serve", "runs", "export", "control", "alerts", "db", "demo", "instrument", "tokens",
     }  # fmt: skip
     assert app.cli.__all__ == ["cli", "main"]
 

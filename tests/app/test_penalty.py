@@ -54,6 +54,6 @@ def test_wrong_tokens_on_any_guarded_route_count_alike(client: TestClient, store
     wrong = auth("sw_" + "0" * 16 + "_" + "x" * 43)
     urls = ["/api/runs", "/api/tokens", "/api/whoami", "/api/runs/1/stream?ticket=forged"]
     codes = [client.get(url, headers=wrong if "ticket" not in url else {}).status_code
-             for url in urls + ["/api/tokens"]]  # fmt: skip
+             for url in [*urls, "/api/tokens"]]  # fmt: skip
     assert codes == [401, 401, 401, 401, 429]
     assert client.get("/api/runs").status_code == 200  # an open read presents nothing
