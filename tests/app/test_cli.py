@@ -71,7 +71,8 @@ def test_db_comes_from_the_option_or_scalewatch_db(
     assert result.exit_code == 1
     assert result.stderr.startswith("scalewatch runs: no store at /no/such/dir/x.db")
     assert result.stderr.count("\n") == 1
-    for command in [[name] for name in cli.commands if name != "db"] + [["db", "upgrade"]]:
+    groups = [["db", "upgrade"], ["tokens", "create"], ["tokens", "list"], ["tokens", "revoke"]]
+    for command in [[name] for name in cli.commands if name not in ("db", "tokens")] + groups:
         shown = " ".join(scalewatch(*command, "--help").stdout.split())
         assert "--db URL store URL, or the path of its SQLite file" in shown, command
         assert "[env var: SCALEWATCH_DB]" in shown, command
