@@ -21,6 +21,7 @@ import base64
 import hashlib
 import hmac
 import ipaddress
+import re
 import secrets
 import threading
 import time
@@ -31,6 +32,7 @@ from scaler.store.identities import Role, TokenRefusal, check_token, proxy_ident
 
 __all__ = [
     "BOOTSTRAP_NAME",
+    "DURATION_PATTERN",
     "TICKET_S",
     "Identity",
     "Tickets",
@@ -49,6 +51,7 @@ TOUCH_EVERY_S = 60.0
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+DURATION_PATTERN = r"^[1-9][0-9]{0,5}[smhdw]$"
 
 
 def parse_duration(text: str) -> float:
@@ -57,10 +60,9 @@ def parse_duration(text: str) -> float:
     >>> parse_duration("30d"), parse_duration("90s")
     (2592000.0, 90.0)
     """
-    number, unit = text.strip()[:-1], text.strip()[-1:].lower()
-    if unit not in _UNITS or not number.isdigit() or int(number) <= 0:
+    if not re.fullmatch(DURATION_PATTERN, text):
         raise ValueError(f"{text!r} is no duration: a whole number and s, m, h, d or w (30d)")
-    return float(int(number) * _UNITS[unit])
+    return float(int(text[:-1]) * _UNITS[text[-1]])
 
 
 @dataclass(frozen=True)

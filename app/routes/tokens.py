@@ -6,12 +6,14 @@ import time
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Request, status
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 
 from app.deps import ActorDep, StoreDep
-from app.identity import TICKET_S, Identity, parse_duration
+from app.identity import DURATION_PATTERN, TICKET_S, Identity, parse_duration
 from app.models import ErrorMessage
+from app.routes.writes import WRITE_RESPONSES
 from scaler.store.identities import (
+    NAME_PATTERN,
     IdentityExists,
     IdentityNotFound,
     IdentityRow,
@@ -25,7 +27,7 @@ __all__ = ["IdentityOut", "NewToken", "TokenRequest", "WhoAmI", "router"]
 
 router = APIRouter(prefix="/api", tags=["identities"])
 
-Name = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\s/][^/]*$")]
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 
 
 class TokenRequest(BaseModel):
@@ -33,14 +35,9 @@ class TokenRequest(BaseModel):
 
     name: Name
     role: Role
-    expires: str | None = Field(default=None, description="30d, 12h, 45m, 90s, 2w; none: never")
-
-    @field_validator("expires")
-    @classmethod
-    def _duration(cls, text: str | None) -> str | None:
-        if text is not None:
-            parse_duration(text)
-        return text
+    expires: str | None = Field(
+        default=None, pattern=DURATION_PATTERN, description="30d, 12h, 45m, 90s, 2w; none: never"
+    )
 
 
 class IdentityOut(BaseModel):
@@ -126,7 +123,10 @@ def tokens(store: StoreDep, _actor: ActorDep) -> list[IdentityOut]:
 @router.post(
     "/tokens",
     status_code=status.HTTP_201_CREATED,
-    responses={409: {"model": ErrorMessage, "description": "the name is in use"}},
+    responses={
+        **{code: answer for code, answer in WRITE_RESPONSES.items() if code != 404},
+        409: {"model": ErrorMessage, "description": "the name is in use"},
+    },
 )
 def new_token(store: StoreDep, actor: ActorDep, body: TokenRequest) -> NewToken:
     expires_at = time.time() + parse_duration(body.expires) if body.expires else None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from scaler.store.engine import Store
 from scaler.store.schema import identities, identity_events
 
 __all__ = [
+    "NAME_PATTERN",
     "IdentityEvent",
     "IdentityExists",
     "IdentityNotFound",
@@ -52,6 +54,9 @@ __all__ = [
     "touch_identity",
 ]
 
+# What a token's identity may be called: no spaces, slashes or control characters (the
+# name is in URLs, audit trails and command lines).
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,199}$"
 PREFIX = "sw_"
 KEY_HEX = 16
 
@@ -176,11 +181,13 @@ def create_identity(
 ) -> NewIdentity:
     """A new identity with a new token (a revoked one of the same name is replaced).
 
-    Raises :class:`IdentityExists` when ``name`` is in use, or ValueError for an empty name.
+    Raises :class:`IdentityExists` when ``name`` is in use, or ValueError for a name
+    outside ``NAME_PATTERN``.
     """
-    name = name.strip()
-    if not name:
-        raise ValueError("an identity needs a name")
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise ValueError(
+            f"{name!r} is no identity name: letters, digits and . _ @ + - (not first), 200 at most"
+        )
     now = time.time() if now is None else now
     key, secret, salt = (
         secrets.token_hex(KEY_HEX // 2),
