@@ -37,8 +37,9 @@ __all__ = ["serve"]
 )
 @click.option(
     "--trust-proxy",
-    metavar="CIDR[,CIDR]",
-    help="addresses of an authenticating proxy whose --proxy-user-header names the user",
+    metavar="CIDRS",
+    help="addresses of an authenticating proxy, comma-separated CIDRs (10.0.0.5/32), whose"
+    " --proxy-user-header names the user",
 )
 @click.option("--proxy-user-header", metavar="NAME", help="e.g. X-Forwarded-User")
 @click.option(

@@ -37,7 +37,13 @@ def tokens() -> None:
     help="Create an identity and print its token, once: the store keeps only a hash of it.",
 )
 @click.argument("name")
-@click.option("--role", type=click.Choice(ROLES), required=True, help="what it may do")
+@click.option(
+    "--role",
+    type=click.Choice(ROLES),
+    default="viewer",
+    show_default=True,
+    help="what it may do: read; also change runs; also manage identities",
+)
 @click.option("--expires", metavar="DURATION", help="30d, 12h, 45m, 2w (default: never)")
 @db_option
 def create(name: str, role: str, expires: str | None, db: str | None) -> None:
