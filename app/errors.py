@@ -13,7 +13,6 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.deps import app_settings, require_token
 from app.head import allowed_methods
 from app.health import store_unavailable
 from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning, StoreDamaged
@@ -60,9 +59,6 @@ def _json_safe(value: Any) -> Any:
 
 
 async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
-    refused = _unauthorised(request)
-    if refused is not None:
-        return refused
     if _body_not_json(request):
         detail = [{"loc": ["body"], "msg": NOT_JSON, "type": "content_type"}]
         return JSONResponse({"detail": detail}, status.HTTP_422_UNPROCESSABLE_CONTENT)
@@ -87,29 +83,8 @@ def _body_not_json(request: Request) -> bool:
     return not (media_type == "application/json" or media_type.endswith("+json"))
 
 
-def _unauthorised(request: Request) -> JSONResponse | None:
-    """The 401 of a token-guarded route, when its token is wrong: FastAPI reads the body
-    before it checks the token, and a client without the token learns nothing of it."""
-    dependant = getattr(request.scope.get("route"), "dependant", None)
-    if dependant is None or all(dep.call is not require_token for dep in dependant.dependencies):
-        return None
-    try:
-        require_token(
-            request, app_settings(request), authorization=request.headers.get("authorization")
-        )
-    except HTTPException as refused:
-        return JSONResponse(
-            {"detail": refused.detail}, refused.status_code, headers=refused.headers
-        )
-    return None
-
-
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
-    # A body that is no UTF-8 is FastAPI's 400, raised before the token is checked too.
-    refused = _unauthorised(request) if exc.status_code == 400 else None
-    if refused is not None:
-        return refused
     if exc.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
         allow = ", ".join(allowed_methods(request.app.router.routes, request.scope))
         exc = StarletteHTTPException(

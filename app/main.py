@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 import anyio
 from fastapi import FastAPI
 
+from app.access import Access
 from app.alerts.rules import AlertConfig, default_rules, load_rules
 from app.alerts.service import watching
 from app.autopilot import AutopilotLoop, run_loop
@@ -18,9 +19,11 @@ from app.head import HeadAsGet
 from app.headers import SecurityHeaders
 from app.health import StorageGuard, StoreHealth
 from app.hubs import Hubs
+from app.identity import Tickets
 from app.limits import BodyLimit
 from app.openapi import install_openapi
 from app.penalty import FailurePenalty
+from app.roles import undeclared
 from app.routes import router
 from app.routes.metrics import metrics_registry
 from app.security import LoopbackHost, is_loopback
@@ -40,7 +43,8 @@ def create_app(settings: Settings | None = None, alerts: AlertConfig | None = No
     the alert rules ``alerts`` (default: the file ``settings.alerts``, else the default
     rules).
 
-    Without a token in the settings every mutating request is refused with 401. A rules
+    Every route needs the role :mod:`app.roles` gives it (:mod:`app.access`): a route
+    without one makes this raise RuntimeError. A rules
     file that cannot be used raises :class:`app.alerts.RulesFileError` here.
     """
     settings = settings if settings is not None else get_settings()
@@ -84,8 +88,11 @@ def create_app(settings: Settings | None = None, alerts: AlertConfig | None = No
     app.state.settings = settings  # what the routes' SettingsDep gives
     app.state.health = StoreHealth()
     app.state.penalty = FailurePenalty()  # wrong tokens per client
+    app.state.tickets = Tickets()  # the streams' and exports' tickets (app.identity)
+    app.state.reads_open = is_loopback(settings.host) or settings.public_read
     install_error_handlers(app)
     app.add_middleware(BodyLimit)
+    app.add_middleware(Access, settings=settings)  # before the body
     app.add_middleware(HeadAsGet)
     if is_loopback(settings.host):
         app.add_middleware(LoopbackHost, allowed=settings.allowed_hosts)
@@ -95,4 +102,6 @@ def create_app(settings: Settings | None = None, alerts: AlertConfig | None = No
     install_docs(app)
     install_openapi(app)
     mount_dashboard(app)
+    if missing := undeclared(app.openapi()):
+        raise RuntimeError(f"routes without a role in app.roles: {', '.join(missing)}")
     return app

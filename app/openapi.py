@@ -1,6 +1,7 @@
-"""The OpenAPI document, as FastAPI writes it, less what the wire cannot carry: an optional
-query or header parameter (``int | None``) is absent, never ``null``, yet FastAPI writes
-its schema as ``anyOf: [integer, null]``, and a client sending ``?after=null`` is refused.
+"""The OpenAPI document, as FastAPI writes it, with the role each operation needs and the
+refusals it brings, less what the wire cannot carry: an optional query or header
+parameter (``int | None``) is absent, never ``null``, yet FastAPI writes its schema as
+``anyOf: [integer, null]``, and a client sending ``?after=null`` is refused.
 """
 
 from __future__ import annotations
@@ -9,7 +10,10 @@ from typing import Any
 
 from fastapi import FastAPI
 
-__all__ = ["install_openapi", "without_null_parameters"]
+from app.roles import ROUTE_ROLES
+from scaler.store.identities import Role
+
+__all__ = ["install_openapi", "with_roles", "without_null_parameters"]
 
 
 def without_null_parameters(document: dict[str, Any]) -> dict[str, Any]:
@@ -31,11 +35,51 @@ def without_null_parameters(document: dict[str, Any]) -> dict[str, Any]:
     return document
 
 
+REFUSALS: dict[str, dict[str, Any]] = {
+    "401": {
+        "description": "no token, or an unknown, revoked or expired one (the detail says which)",
+    },
+    "403": {"description": "the identity has not the role this needs"},
+    "429": {
+        "description": "too many wrong tokens from this client lately: refused, whatever"
+        " the token, for the seconds in Retry-After",
+        "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+    },
+}
+
+
+def with_roles(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` with the role each operation needs (``app.roles``) in its description
+    and ``x-role``, and the refusals that role brings among its responses."""
+    error = {
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorMessage"}}}
+    }
+    for path, operations in document.get("paths", {}).items():
+        for method, operation in operations.items():
+            need = ROUTE_ROLES.get((method.upper(), path))
+            if need is None:
+                continue
+            operation["x-role"] = need.value
+            words = f"Needs the role **{need.value}**" + (
+                " (open to anyone on a service bound to loopback, or started --public-read)."
+                if need is Role.VIEWER
+                else "."
+            )
+            said = operation.get("description", "")
+            if words not in said:
+                operation["description"] = f"{said}\n\n{words}".strip()
+            responses = operation.setdefault("responses", {})
+            for code, refusal in REFUSALS.items():
+                responses.setdefault(code, {**refusal, **error})
+    return document
+
+
 def install_openapi(app: FastAPI) -> None:
-    """Serve :func:`without_null_parameters` of FastAPI's document at ``/openapi.json``."""
+    """Serve :func:`without_null_parameters` and :func:`with_roles` of FastAPI's document
+    at ``/openapi.json``."""
     write = app.openapi
 
     def openapi() -> dict[str, Any]:
-        return without_null_parameters(write())  # in place, on FastAPI's cached document
+        return with_roles(without_null_parameters(write()))  # in place, on FastAPI's cached one
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -20,6 +20,7 @@ __all__ = [
     "SWITCH_INTERVAL_S",
     "BindRefused",
     "CannotServe",
+    "access_line",
     "freeze_startup_heap",
     "listen",
     "make_server",
@@ -136,6 +137,25 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
+def access_line(settings: Settings) -> str:
+    """Who may read, as ``serve`` says it at start.
+
+    >>> access_line(Settings(host="0.0.0.0", public_read=True))
+    'reads are public (--public-read); writes need an operator token'
+    """
+    if settings.public_read:
+        reads = "reads are public (--public-read)"
+    elif is_loopback(settings.host):
+        reads = "reads are open on loopback"
+    else:
+        reads = "reads need a viewer token (bound beyond loopback)"
+    proxy = ""
+    if settings.trust_proxy:
+        trusted = ", ".join(settings.trust_proxy)
+        proxy = f"; {settings.proxy_user_header} names the user from {trusted}"
+    return f"{reads}; writes need an operator token{proxy}"
+
+
 def make_server(app: Any, settings: Settings, sock: socket.socket, **config: Any) -> uvicorn.Server:
     """A server for ``app`` on ``sock``, which waits ``SHUTDOWN_GRACE_S`` at most for open
     responses. Live streams end as it stops: sse-starlette ends them on uvicorn's exit.
@@ -147,6 +167,8 @@ def make_server(app: Any, settings: Settings, sock: socket.socket, **config: Any
             host=settings.host.strip("[]"),
             port=sock.getsockname()[1],
             timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+            ssl_certfile=settings.ssl_certfile,
+            ssl_keyfile=settings.ssl_keyfile,
             **config,
         )
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
@@ -31,6 +32,16 @@ class Settings(BaseSettings):
     # proxy's name); "*" for any. NoDecode: the environment gives them comma-separated,
     # not as the JSON list pydantic-settings reads for a list by default.
     allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
+    # Reads need a viewer's token beyond loopback, unless this says they are public.
+    public_read: bool = False
+    # Addresses (CIDR) of an authenticating proxy, whose header proxy_user_header names
+    # the user (and proxy_role_header, when set, the role); from elsewhere both are ignored.
+    trust_proxy: Annotated[tuple[str, ...], NoDecode] = ()
+    proxy_user_header: str | None = None
+    proxy_role_header: str | None = None
+    # TLS served by uvicorn itself (else: none, or at the proxy).
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
     # Seconds between two polls of the store by a live stream, and between keep-alives.
     stream_poll_s: float = Field(default=0.05, gt=0)
     stream_keepalive_s: float = Field(default=15.0, gt=0)
@@ -46,13 +57,20 @@ class Settings(BaseSettings):
     def _path_is_a_sqlite_file(cls, db: str) -> str:
         return store_url(db)
 
-    @field_validator("allowed_hosts", mode="before")
+    @field_validator("allowed_hosts", "trust_proxy", mode="before")
     @classmethod
     def _comma_separated(cls, names: object) -> object:
         """``"proxy.example, *"`` -> ``("proxy.example", "*")``; ``""`` -> ``()``."""
         if isinstance(names, str):
             return tuple(name.strip() for name in names.split(",") if name.strip())
         return names
+
+    @field_validator("trust_proxy")
+    @classmethod
+    def _networks(cls, cidrs: tuple[str, ...]) -> tuple[str, ...]:
+        for cidr in cidrs:
+            ipaddress.ip_network(cidr, strict=False)  # ValueError: not a network
+        return cidrs
 
     @field_validator("token")
     @classmethod

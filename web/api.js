@@ -18,8 +18,34 @@ async function readDetail(response) {
   }
 }
 
+// The bearer token kept for this browser session ("" when none): sent with every request,
+// so reads work where the service guards them (bound beyond loopback).
+export const TOKEN_KEY = "scalewatch.token";
+
+export function storedToken() {
+  try {
+    return sessionStorage.getItem(TOKEN_KEY) || "";
+  } catch {
+    return "";
+  }
+}
+
+export function storeToken(token) {
+  try {
+    if (token) sessionStorage.setItem(TOKEN_KEY, token);
+    else sessionStorage.removeItem(TOKEN_KEY);
+  } catch {
+    // Storage disabled: the token is asked for on every change instead.
+  }
+}
+
+function readHeaders() {
+  const token = storedToken();
+  return token ? { Accept: "application/json", Authorization: `Bearer ${token}` } : { Accept: "application/json" };
+}
+
 export async function getJSON(url, { signal } = {}) {
-  const response = await fetch(url, { signal, headers: { Accept: "application/json" } });
+  const response = await fetch(url, { signal, headers: readHeaders() });
   if (!response.ok) throw new ApiError(response.status, await readDetail(response));
   return response.json();
 }
@@ -39,6 +65,21 @@ export async function sendJSON(method, url, body, token) {
 
 export function postJSON(url, body, token) {
   return sendJSON("POST", url, body, token);
+}
+
+// Who the service takes this browser for: {name, role, source, reads_open}.
+export function whoami() {
+  return getJSON("api/whoami");
+}
+
+// ``url`` (a stream's or an export's) with a short-lived ticket for the kept token: an
+// EventSource or a download link cannot send the token as a header, and a token in a
+// URL would stay in access logs. Without a kept token, ``url`` as it is.
+export async function withTicket(url) {
+  const token = storedToken();
+  if (!token) return url;
+  const { ticket } = await postJSON("api/tickets", undefined, token);
+  return `${url}${url.includes("?") ? "&" : "?"}ticket=${encodeURIComponent(ticket)}`;
 }
 
 const enc = encodeURIComponent;

@@ -40,11 +40,18 @@ export class AutopilotPanel {
     this.switch.addEventListener("click", () => this.toggle());
   }
 
+  // The identity's role changes no run: the switch stays off whatever the run's status.
+  setReadOnly() {
+    this.readOnly = true;
+    this.switch.disabled = true;
+    this.target.disabled = true;
+  }
+
   setRunStatus(status) {
     const was = this.open;
     this.open = status === "running";
-    this.switch.disabled = !this.open;
-    this.target.disabled = !this.open;
+    this.switch.disabled = !this.open || Boolean(this.readOnly);
+    this.target.disabled = !this.open || Boolean(this.readOnly);
     // A run that ended (or resumed) changes the state shown; polling stops while ended.
     if (was !== this.open && this.view) this.refresh().catch((e) => this.onError(e));
   }
@@ -63,7 +70,7 @@ export class AutopilotPanel {
     const on = Boolean(view.enabled);
     this.node.dataset.state = view.state;
     // Ended: the run is over, though the run's status may not have been polled yet.
-    const closed = !this.open || view.state === "ended";
+    const closed = !this.open || view.state === "ended" || Boolean(this.readOnly);
     this.switch.disabled = closed;
     this.target.disabled = closed;
     this.switch.setAttribute("aria-checked", on ? "true" : "false");
@@ -110,7 +117,7 @@ export class AutopilotPanel {
     } catch (error) {
       this.showRefusal(error, token);
     } finally {
-      this.switch.disabled = !this.open;
+      this.switch.disabled = !this.open || Boolean(this.readOnly);
     }
   }
 

@@ -1,33 +1,15 @@
 // The control panel: values in effect, the change form, the request history.
 
-import { ApiError, fieldErrors, getJSON, paths, postJSON } from "./api.js";
+import { ApiError, fieldErrors, getJSON, paths, postJSON, storedToken, storeToken } from "./api.js";
 import { badge, displayName, el, formatTime, formatValue, formatValues, setText, showAlert } from "./dom.js";
 import { ruleProblem } from "./rules.js";
 
-const TOKEN_KEY = "scalewatch.token";
 const PENDING_POLL_MS = 1000;
 
 const DECIMAL = /^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$/;
 
 // A value in effect as the panel shows it: as the run's header and the chart do.
 const stateText = formatValue;
-
-function storedToken() {
-  try {
-    return sessionStorage.getItem(TOKEN_KEY) || "";
-  } catch {
-    return "";
-  }
-}
-
-function storeToken(token) {
-  try {
-    if (token) sessionStorage.setItem(TOKEN_KEY, token);
-    else sessionStorage.removeItem(TOKEN_KEY);
-  } catch {
-    // Storage disabled: the token is asked for on every change instead.
-  }
-}
 
 // A change on the chart says who made it when the autopilot did, and why.
 export function markerLabel(row) {
@@ -110,11 +92,21 @@ export class ControlPanel {
   // Only a running run takes changes: otherwise the form is disabled and says why.
   setRunStatus(status) {
     this.open = status === "running";
-    for (const input of [...Object.values(this.inputs), this.tokenInput]) input.disabled = !this.open;
-    this.submitButton.disabled = !this.open;
-    this.closedNote.hidden = this.open;
-    setText(this.closedNote, this.open ? "" : `This run is ${status}: it takes no changes.`);
+    this.status = status;
+    const writable = this.open && !this.readOnly;
+    for (const input of [...Object.values(this.inputs), this.tokenInput]) input.disabled = !writable;
+    this.submitButton.disabled = !writable;
+    this.closedNote.hidden = writable;
+    const why = this.readOnly || (this.open ? "" : `This run is ${status}: it takes no changes.`);
+    setText(this.closedNote, why);
     this.onStatus(status);
+  }
+
+  // The identity's role changes no run: the form stays disabled and says why.
+  setReadOnly(message) {
+    this.readOnly = message;
+    this.tokenBox.hidden = true;
+    this.setRunStatus(this.status || "running");
   }
 
   // The token to send a write with (the one kept, else the one typed); "" after asking

@@ -1,13 +1,14 @@
 // Run page: facts, charts (live over server-sent events), control, export.
 
 import { AlertsView } from "./alerts.js";
-import { ApiError, getJSON, paths } from "./api.js";
+import { ApiError, getJSON, paths, storedToken, withTicket } from "./api.js";
 import { RunChart } from "./chart.js";
 import { AutopilotPanel } from "./autopilot.js";
 import { ControlPanel } from "./control.js";
 import { OverflowDetail, ParamsPanel } from "./diagnosis.js";
 import { LiveFacts } from "./facts.js";
 import { controlFields } from "./rules.js";
+import { canWrite, showIdentity } from "./who.js";
 import {
   badge,
   displayName,
@@ -116,14 +117,27 @@ function renderExports() {
           text: `${what[0].toUpperCase()}${what.slice(1)} · ${format.toUpperCase()}`,
         }),
       );
+      box.lastChild.addEventListener("click", (event) => {
+        if (!storedToken() || event.currentTarget.dataset.ticketed) return;
+        event.preventDefault();
+        const link = event.currentTarget;
+        withTicket(paths.exportFile(runId, what, format)).then((href) => {
+          link.href = href;
+          link.dataset.ticketed = "1";
+          link.click();
+          delete link.dataset.ticketed;
+        }, reportError);
+      });
     }
   }
 }
 
 // EventSource resumes by itself with Last-Event-ID after a dropped connection;
 // a stream the server refused outright is reopened here after a pause.
-function openStream(chart, panel, after) {
-  stream = new EventSource(paths.stream(runId, after));
+async function openStream(chart, panel, after) {
+  // A new ticket each time: one is good for a minute, and the EventSource's own
+  // reconnection with a stale one is refused, which lands here again.
+  stream = new EventSource(await withTicket(paths.stream(runId, after)));
   stream.addEventListener("open", () => setLive("live", "live"));
   stream.addEventListener("step", (event) => {
     const step = JSON.parse(event.data);
@@ -147,7 +161,10 @@ function openStream(chart, panel, after) {
     if (stream.readyState === EventSource.CLOSED) {
       if (live.dataset.state === "ended" || runMissing) return;
       setLive("offline", "disconnected; retrying");
-      setTimeout(() => openStream(chart, panel, chart.lastStep >= 0 ? chart.lastStep : undefined), RECONNECT_MS);
+      setTimeout(
+        () => openStream(chart, panel, chart.lastStep >= 0 ? chart.lastStep : undefined).catch(reportError),
+        RECONNECT_MS,
+      );
     } else {
       setLive("reconnecting", "reconnecting");
     }
@@ -169,6 +186,8 @@ async function main() {
     showAlert(errorBox, "The charting library (vendor/plotly.min.js) did not load.");
     return;
   }
+  const who = await showIdentity();
+  if (who === null) return; // the sign-in box asks for a token
   renderExports();
   const chartNode = document.getElementById("chart");
   const info = document.getElementById("chart-info");
@@ -193,6 +212,10 @@ async function main() {
     onChange: () => autopilot && autopilot.refresh().catch(reportError),
   });
   autopilot = new AutopilotPanel(runId, panel, { onError: reportError });
+  if (!canWrite(who)) {
+    panel.setReadOnly(`Signed in as ${who.name}, a ${who.role}: only an operator or an admin changes runs.`);
+    autopilot.setReadOnly();
+  }
   pollDetail(panel);
   new AlertsView(runId, { onMarks: (marks) => chart.setAlertMarkers(marks), onError: reportError }).poll();
   try {
@@ -200,7 +223,7 @@ async function main() {
   } finally {
     // From the last step the chart drew: a stream opened before would start after the
     // last step when the server took it, and miss the steps written in between.
-    openStream(chart, panel, chart.lastStep >= 0 ? chart.lastStep : -1);
+    openStream(chart, panel, chart.lastStep >= 0 ? chart.lastStep : -1).catch(reportError);
   }
 }
 

@@ -3,6 +3,7 @@
 // and the runs ticked for comparison, both kept in the URL.
 
 import { getJSON, paths } from "./api.js";
+import { showIdentity } from "./who.js";
 import { Comparison } from "./compare.js";
 import { MAX_COMPARED, choiceQuery, matches, parseChoice } from "./compare_figure.js";
 import {
@@ -205,4 +206,6 @@ async function refresh() {
   }
 }
 
-refresh();
+showIdentity().then((who) => {
+  if (who !== null) refresh(); // else the sign-in box asks for a token first
+}, (error) => showAlert(document.getElementById("error"), `Could not reach the service: ${error.message}`));

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from app.autopilot.models import AutopilotIn, AutopilotOut
-from app.deps import StoreDep, TokenDep
+from app.deps import ActorDep, StoreDep
 from app.routes.runs import NOT_FOUND, RunId
 from app.routes.writes import WRITE_RESPONSES
 from scaler.store.autopilot import AutopilotRow, disable_autopilot, get_autopilot, set_autopilot
@@ -31,14 +31,14 @@ def get_run_autopilot(store: StoreDep, run: RunId) -> AutopilotOut:
     responses=WRITE_RESPONSES,
 )
 def put_run_autopilot(
-    store: StoreDep, _token: TokenDep, run: RunId, body: AutopilotIn
+    store: StoreDep, _actor: ActorDep, run: RunId, body: AutopilotIn
 ) -> AutopilotOut:
     """Turn the autopilot on (again, after it gave up) or off, with these settings."""
     return _out(run, set_autopilot(store, run, body.model_dump(exclude_none=True)))
 
 
 @router.delete("/{run}/autopilot", responses={k: v for k, v in WRITE_RESPONSES.items() if k != 409})
-def delete_run_autopilot(store: StoreDep, _token: TokenDep, run: RunId) -> AutopilotOut:
+def delete_run_autopilot(store: StoreDep, _actor: ActorDep, run: RunId) -> AutopilotOut:
     """Turn the autopilot off at once: it files nothing more (a request it filed already
     applies as any other)."""
     return _out(run, disable_autopilot(store, run))

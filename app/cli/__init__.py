@@ -1,7 +1,7 @@
 """The ``scalewatch`` command line, on click: one module per command (group).
 
 >>> sorted(cli.commands)
-['alerts', 'control', 'db', 'demo', 'export', 'instrument', 'runs', 'serve']
+['alerts', 'control', 'db', 'demo', 'export', 'instrument', 'runs', 'serve', 'tokens']
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import click
 
-from app.cli import alerts, control, db, demo, export, instrument, runs, serve
+from app.cli import alerts, control, db, demo, export, instrument, runs, serve, tokens
 
 __all__ = ["cli", "main"]
 
@@ -28,6 +28,7 @@ cli = click.Group(
         db.db,
         demo.demo,
         instrument.instrument,
+        tokens.tokens,
     ],
 )
 

@@ -28,12 +28,43 @@ __all__ = ["serve"]
     help="alert rules, webhooks and autopilots, a TOML file (default: $SCALEWATCH_ALERTS,"
     " else the default rules and no webhooks)",
 )
-def serve(db: str | None, host: str | None, port: int | None, alerts: str | None) -> None:
+@click.option(
+    "--public-read",
+    is_flag=True,
+    default=None,
+    help="bound beyond loopback, let anyone read (runs, steps, streams, exports) without a"
+    " token; writes still need one",
+)
+@click.option(
+    "--trust-proxy",
+    metavar="CIDRS",
+    help="addresses of an authenticating proxy, comma-separated CIDRs (10.0.0.5/32), whose"
+    " --proxy-user-header names the user",
+)
+@click.option("--proxy-user-header", metavar="NAME", help="e.g. X-Forwarded-User")
+@click.option(
+    "--proxy-role-header",
+    metavar="NAME",
+    help="the trusted proxy's header naming the role (default: a new user is a viewer)",
+)
+@click.option("--ssl-certfile", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
+@click.option("--ssl-keyfile", metavar="FILE", help="the certificate's private key (PEM)")
+def serve(
+    db: str | None,
+    host: str | None,
+    port: int | None,
+    alerts: str | None,
+    **access: str | bool | None,
+) -> None:
     from app.alerts.rules import RulesFileError, load_rules
     from app.main import create_app
-    from app.serving import BindRefused, CannotServe, make_server, ready_to_serve
+    from app.serving import BindRefused, CannotServe, access_line, make_server, ready_to_serve
 
-    chosen = settings(host=host, port=port, alerts=alerts)
+    chosen = settings(host=host, port=port, alerts=alerts, **access)
+    if (chosen.ssl_certfile is None) != (chosen.ssl_keyfile is None):
+        raise Refused("--ssl-certfile and --ssl-keyfile go together")
+    if chosen.trust_proxy and not chosen.proxy_user_header:
+        raise Refused("--trust-proxy needs --proxy-user-header")
     try:
         rules = load_rules(chosen.alerts) if chosen.alerts is not None else None
     except RulesFileError as refused:  # before anything else: nothing bound, no token
@@ -47,7 +78,9 @@ def serve(db: str | None, host: str | None, port: int | None, alerts: str | None
     with sock:
         server = make_server(create_app(served, rules), served, sock)
         bound, bound_port = sock.getsockname()[:2]
-        url = f"http://{f'[{bound}]' if ':' in bound else bound}:{bound_port}/"
+        scheme = "https" if served.ssl_certfile else "http"
+        url = f"{scheme}://{f'[{bound}]' if ':' in bound else bound}:{bound_port}/"
+        click.echo(f"scalewatch: {access_line(served)}")
         click.echo(f"scalewatch: serving {url} (Ctrl-C to stop)")
         with contextlib.suppress(KeyboardInterrupt):  # uvicorn hands Ctrl-C back once stopped
             server.run(sockets=[sock])

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from app.autopilot import routes as autopilot
 from app.models import ErrorMessage
-from app.routes import alerts, control, diagnosis, export, metrics, rules, runs, stream
+from app.routes import alerts, control, diagnosis, export, metrics, rules, runs, stream, tokens
 
 __all__ = ["STORE_UNAVAILABLE", "router"]
 
@@ -15,5 +15,5 @@ STORE_UNAVAILABLE: dict[int | str, dict[str, object]] = {
 }
 
 router = APIRouter()
-for module in (runs, diagnosis, alerts, control, autopilot, rules, export, stream, metrics):
+for module in (runs, diagnosis, alerts, control, autopilot, rules, export, stream, metrics, tokens):
     router.include_router(module.router, responses=STORE_UNAVAILABLE)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, status
+from fastapi import APIRouter, Query, status
 
-from app.deps import StoreDep, TokenDep
+from app.deps import ActorDep, StoreDep
 from app.models import ControlRequest, ControlRequestOut, ControlView
 from app.routes.runs import NOT_FOUND, RunId, require_run
 from app.routes.writes import WRITE_RESPONSES
@@ -43,11 +43,9 @@ def get_control(
     responses=WRITE_RESPONSES,
 )
 def post_control(
-    store: StoreDep, _token: TokenDep, run: RunId, body: ControlRequest, request: Request
+    store: StoreDep, actor: ActorDep, run: RunId, body: ControlRequest
 ) -> ControlRequestOut:
-    """Request a change; the reporting rank applies it at the next step boundary."""
-    client = request.client.host if request.client else "unknown"
-    row = request_control(
-        store, run, body.model_dump(exclude_unset=True), requested_by=f"api@{client}"
-    )
+    """Request a change; the reporting rank applies it at the next step boundary. The audit
+    trail names the identity that asked."""
+    row = request_control(store, run, body.model_dump(exclude_unset=True), requested_by=actor.name)
     return request_out(row)

@@ -207,3 +207,34 @@ Index(
     sqlite_where=alerts.c.state == "firing",
     postgresql_where=alerts.c.state == "firing",
 )
+
+# Who may use the service (app/access): a name, a role, and for a bearer token the salted
+# hash of its secret part, never the token (scaler.store.identities). An identity named by
+# a trusted proxy has no token.
+identities = Table(
+    "identities",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("role", String(16), nullable=False),  # viewer | operator | admin
+    Column("key", String(32), nullable=True, unique=True),  # the token's public part
+    Column("salt", String(32), nullable=True),
+    Column("token_hash", String(64), nullable=True),  # sha256(salt + secret), hex
+    Column("created_at", Float, nullable=False),
+    Column("created_by", String(200), nullable=False),
+    Column("expires_at", Float, nullable=True),
+    Column("revoked_at", Float, nullable=True),
+    Column("last_used_at", Float, nullable=True),
+)
+
+# The audit trail of the identities: created, revoked, by whom.
+identity_events = Table(
+    "identity_events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(200), nullable=False),
+    Column("action", String(16), nullable=False),  # created | revoked
+    Column("role", String(16), nullable=False),
+    Column("by", String(200), nullable=False),
+    Column("at", Float, nullable=False),
+)

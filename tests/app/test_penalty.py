@@ -46,3 +46,14 @@ def test_a_flood_from_many_addresses_keeps_the_table_bounded() -> None:
     assert len(penalty) == 500
     assert penalty.locked_for("10.1.134.159", now=2.0) > 0  # the newest are kept
     assert penalty.locked_for("10.0.0.0", now=2.0) == 0.0  # the oldest went first
+
+
+def test_wrong_tokens_on_any_guarded_route_count_alike(client: TestClient, store: Store) -> None:
+    """Reads, streams' tickets and the identities' routes are guessing grounds too."""
+    client.app.state.penalty = FailurePenalty(free_failures=3, base_s=30.0)
+    wrong = auth("sw_" + "0" * 16 + "_" + "x" * 43)
+    urls = ["/api/runs", "/api/tokens", "/api/whoami", "/api/runs/1/stream?ticket=forged"]
+    codes = [client.get(url, headers=wrong if "ticket" not in url else {}).status_code
+             for url in [*urls, "/api/tokens"]]  # fmt: skip
+    assert codes == [401, 401, 401, 401, 429]
+    assert client.get("/api/runs").status_code == 200  # an open read presents nothing

@@ -21,6 +21,7 @@ from app.main import create_app
 from app.settings import Settings
 from app.sse import sse_event
 from scaler.store.engine import Store, open_store
+from scaler.store.identities import Role, create_identity
 from scaler.store.runs import end_run
 from tests.app.conftest import TestClient, add_run, simulate
 
@@ -270,3 +271,21 @@ def test_bad_last_event_id_is_422(client: TestClient, store: Store) -> None:
 def test_sse_event_format() -> None:
     assert sse_event("end", {"status": "finished"}) == 'event: end\ndata: {"status":"finished"}\n\n'
     assert sse_event("step", {"step": 7}, 7) == 'id: 7\nevent: step\ndata: {"step":7}\n\n'
+
+
+def test_a_control_event_names_who_asked(server: str, store: Store) -> None:
+    run = add_run(store, simulate(5, set()))
+    token = create_identity(store, "olga", Role.OPERATOR, by="test").token
+    url = f"/api/runs/{run}/control"
+    with (
+        httpx.Client(base_url=server, timeout=5) as http,
+        http.stream("GET", f"/api/runs/{run}/stream") as response,
+    ):
+        stream = events(response)
+        asked = http.post(
+            url, json={"growth_interval": 9}, headers={"Authorization": f"Bearer {token}"}
+        )
+        assert asked.status_code == 202
+        event = next(e for e in stream if e.event == "control")
+        body = json.loads(event.data)
+        assert (body["requested_by"], body["source"]) == ("olga", "api")

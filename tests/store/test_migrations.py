@@ -27,6 +27,8 @@ TABLES = {
     "overflow_params",
     "control_requests",
     "telemetry_gaps",
+    "identities",
+    "identity_events",
     "autopilots",
     "alerts",
 }

@@ -47,3 +47,23 @@ test("fieldErrors of any other body shows it whole, on no field", () => {
   // The service sends no such body; one from elsewhere is not read as per-field messages.
   assert.deepEqual(fieldErrors({ scale: "bad" }, ["scale"]), [{}, ['{"scale":"bad"}']]);
 });
+
+test("a stream's URL gets a ticket for the kept token, never the token", async () => {
+  const kept = new Map();
+  globalThis.sessionStorage = { getItem: (k) => kept.get(k) ?? null, setItem: (k, v) => kept.set(k, v), removeItem: (k) => kept.delete(k) };
+  const asked = [];
+  globalThis.fetch = async (url, init) => {
+    asked.push([url, init.headers.Authorization]);
+    return { ok: true, json: async () => ({ ticket: "123.viewer.dmVyYQ.sig+/", expires_in: 60 }) };
+  };
+  const { storeToken, withTicket } = await import("../api.js");
+  assert.equal(await withTicket("api/runs/1/stream?after=3"), "api/runs/1/stream?after=3");
+  assert.deepEqual(asked, []); // no token kept: the URL as it is
+  storeToken("sw_0123456789abcdef_secret");
+  const url = await withTicket("api/runs/1/stream?after=3");
+  assert.equal(url, "api/runs/1/stream?after=3&ticket=123.viewer.dmVyYQ.sig%2B%2F");
+  assert.ok(!url.includes("secret"));
+  assert.deepEqual(asked, [["api/tickets", "Bearer sw_0123456789abcdef_secret"]]);
+  delete globalThis.sessionStorage;
+  delete globalThis.fetch;
+});

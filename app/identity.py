@@ -1,0 +1,149 @@
+"""Who a request comes from: the bootstrap token, a token of the store, a trusted proxy's
+header, a stream ticket, or nobody.
+
+A stream ticket is what a browser puts in the URL of an EventSource or a download link,
+which cannot carry an ``Authorization`` header: ``<expiry>.<role>.<name>.<signature>``,
+HMAC-SHA256 under a key this process drew at start, good for ``TICKET_S`` seconds and
+only on the routes of ``app.roles.TICKET_PATHS``. A URL lands in access logs; a ticket
+there is of no use a minute later, where a token would be.
+
+>>> tickets = Tickets(key=b"k" * 32)
+>>> ticket = tickets.issue(Identity("ada", Role.VIEWER, "token"), now=100.0)
+>>> tickets.check(ticket, now=101.0)
+Identity(name='ada', role=<Role.VIEWER: 'viewer'>, source='ticket')
+>>> tickets.check(ticket, now=100.0 + TICKET_S) is None
+True
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import ipaddress
+import re
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+
+from scaler.store.engine import Store
+from scaler.store.identities import Role, TokenRefusal, check_token, proxy_identity, touch_identity
+
+__all__ = [
+    "BOOTSTRAP_NAME",
+    "DURATION_PATTERN",
+    "TICKET_S",
+    "Identity",
+    "Tickets",
+    "UsageClock",
+    "from_proxy",
+    "from_token",
+    "in_networks",
+    "parse_duration",
+]
+
+# The name of the holder of SCALEWATCH_TOKEN, in the audit trail.
+BOOTSTRAP_NAME = "admin"
+TICKET_S = 60.0
+# The last-used time of an identity is written at most once a minute: not a write a request.
+TOUCH_EVERY_S = 60.0
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+DURATION_PATTERN = r"^[1-9][0-9]{0,5}[smhdw]$"
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of ``30d``, ``12h``, ``45m``, ``90s``, ``2w``.
+
+    >>> parse_duration("30d"), parse_duration("90s")
+    (2592000.0, 90.0)
+    """
+    if not re.fullmatch(DURATION_PATTERN, text):
+        raise ValueError(f"{text!r} is no duration: a whole number and s, m, h, d or w (30d)")
+    return float(int(text[:-1]) * _UNITS[text[-1]])
+
+
+@dataclass(frozen=True)
+class Identity:
+    name: str
+    role: Role
+    source: str  # token | proxy | ticket | bootstrap
+
+
+def from_token(store: Store, token: str, clock: UsageClock) -> Identity | TokenRefusal:
+    """The identity of a bearer ``token`` of the store (not ``SCALEWATCH_TOKEN``'s)."""
+    found = check_token(store, token)
+    if isinstance(found, TokenRefusal):
+        return found
+    clock.used(store, found.id)
+    return Identity(found.name, found.role, "token")
+
+
+def from_proxy(store: Store, user: str, role: str | None) -> Identity | TokenRefusal:
+    """The identity a trusted proxy's header names (a role header naming no role: none)."""
+    known = {r.value: r for r in Role}
+    found = proxy_identity(store, user.strip(), known.get((role or "").strip().lower()))
+    if isinstance(found, TokenRefusal):
+        return found
+    return Identity(found.name, found.role, "proxy")
+
+
+def in_networks(
+    address: str, networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+) -> bool:
+    """Whether ``address`` is in one of ``networks``.
+
+    >>> in_networks("10.0.0.7", (ipaddress.ip_network("10.0.0.0/8"),))
+    True
+    """
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in network for network in networks)
+
+
+class UsageClock:
+    """Writes an identity's last-used time at most every ``TOUCH_EVERY_S`` seconds."""
+
+    def __init__(self) -> None:
+        self._written: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    def used(self, store: Store, identity_id: int) -> None:
+        now = time.time()
+        with self._lock:
+            if now - self._written.get(identity_id, float("-inf")) < TOUCH_EVERY_S:
+                return
+            self._written[identity_id] = now
+        touch_identity(store, identity_id, now)
+
+
+class Tickets:
+    """Short-lived signed tickets for the streams and exports of a browser."""
+
+    def __init__(self, key: bytes | None = None) -> None:
+        self._key = key if key is not None else secrets.token_bytes(32)
+
+    def _sign(self, body: str) -> str:
+        digest = hmac.new(self._key, body.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+    def issue(self, identity: Identity, now: float | None = None) -> str:
+        expiry = int((time.time() if now is None else now) + TICKET_S)
+        name = base64.urlsafe_b64encode(identity.name.encode()).decode().rstrip("=")
+        body = f"{expiry}.{identity.role.value}.{name}"
+        return f"{body}.{self._sign(body)}"
+
+    def check(self, ticket: str, now: float | None = None) -> Identity | None:
+        """The identity of a ticket this process issued and that has not expired; else None."""
+        body, _, signature = ticket.rpartition(".")
+        if not hmac.compare_digest(signature.encode(), self._sign(body).encode()):
+            return None
+        expiry, role, name = body.split(".", 2)  # signed by us: well formed
+        if int(expiry) <= (time.time() if now is None else now):
+            return None
+        padded = name + "=" * (-len(name) % 4)
+        return Identity(base64.urlsafe_b64decode(padded).decode(), Role(role), "ticket")

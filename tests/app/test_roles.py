@@ -1,0 +1,114 @@
+"""Every operation of the OpenAPI document against every kind of caller: let through,
+401 or 403, as the role the operation needs says. A route added without a role in
+app.roles makes create_app refuse to start, and this matrix with it."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from app.main import create_app
+from app.penalty import FailurePenalty
+from app.roles import ROUTE_ROLES, undeclared
+from app.settings import Settings
+from scaler.store.engine import Store
+from scaler.store.identities import Role, create_identity, revoke_identity
+from scaler.store.runs import end_run
+from tests.app.conftest import LOCAL, TOKEN, add_run, auth, simulate
+
+CALLERS = ("anonymous", "viewer", "operator", "admin", "revoked", "expired", "bootstrap")
+THROUGH = "through"  # any answer of the route itself: 2xx, or its own 404, 409, 422
+
+
+def tokens(store: Store) -> dict[str, str]:
+    made = {
+        role.value: create_identity(store, f"the-{role.value}", role, by="test").token
+        for role in Role
+    }
+    made["revoked"] = create_identity(store, "gone", Role.ADMIN, by="test").token
+    revoke_identity(store, "gone", by="test")
+    past = time.time() - 1.0
+    made["expired"] = create_identity(store, "old", Role.ADMIN, by="test", expires_at=past).token
+    made["bootstrap"] = TOKEN
+    return made
+
+
+def expected(caller: str, need: Role | None, reads_open: bool) -> int | str:
+    if need is None:
+        return THROUGH
+    if caller == "anonymous":
+        return THROUGH if need is Role.VIEWER and reads_open else 401
+    if caller in ("revoked", "expired"):
+        return 401
+    role = Role.ADMIN if caller == "bootstrap" else Role(caller)
+    return THROUGH if role.allows(need) else 403
+
+
+def operations(document: dict[str, object]) -> Iterator[tuple[str, str]]:
+    paths = document["paths"]
+    assert isinstance(paths, dict)
+    for path, methods in paths.items():
+        for method in methods:
+            yield method.upper(), path
+
+
+def concrete(path: str, run: int) -> str:
+    return re.sub(r"\{(\w+)\}", lambda m: {"run": str(run), "step": "3"}.get(m[1], "nobody"), path)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_every_operation_answers_every_caller_as_its_role_says(
+    db_url: str, store: Store, tmp_path: Path, host: str
+) -> None:
+    settings = Settings(db=db_url, host=host, token=SecretStr(TOKEN), token_file=tmp_path / "t")
+    run = add_run(store, simulate(10, {3}))
+    end_run(store, run)  # its stream ends by itself; writes to it are the route's 409
+    made = tokens(store)
+    reads_open = host == "127.0.0.1"
+    seen = []
+    with TestClient(create_app(settings), base_url=LOCAL) as client:
+        client.app.state.penalty = FailurePenalty(free_failures=10**6)  # type: ignore[attr-defined]
+        document = client.get("/openapi.json").json()
+        for method, path in operations(document):
+            need = ROUTE_ROLES[method, path]
+            for caller in CALLERS:
+                headers = {} if caller == "anonymous" else auth(made[caller])
+                body = {} if method in ("POST", "PUT") else None
+                answer = client.request(method, concrete(path, run), json=body, headers=headers)
+                want = expected(caller, need, reads_open)
+                got = answer.status_code if answer.status_code in (401, 403) else THROUGH
+                assert got == want, (method, path, caller, answer.status_code, answer.text)
+                if got != THROUGH:
+                    detail = answer.json()["detail"]
+                    assert "\n" not in detail and detail, detail
+                    assert made.get(caller, "-") not in answer.text
+                    which = {"anonymous": "required", "revoked": "revoked", "expired": "expired"}
+                    assert which.get(caller, "needs" if got == 403 else "") in detail
+                seen.append((method, path, caller))
+    assert len(seen) == len(ROUTE_ROLES) * len(CALLERS)
+
+
+def test_no_write_is_open_to_a_viewer_and_identities_are_an_admins() -> None:
+    for (method, path), need in ROUTE_ROLES.items():
+        if method != "GET" and path != "/api/tickets":
+            assert need in (Role.OPERATOR, Role.ADMIN), (method, path)
+        if path.startswith("/api/tokens"):
+            assert need is Role.ADMIN, (method, path)
+
+
+def test_a_route_without_a_role_is_named(db_url: str) -> None:
+    app = create_app(Settings(db=db_url))
+    assert undeclared(app.openapi()) == []
+
+    @app.get("/api/extra")
+    def extra() -> dict[str, str]:
+        return {}
+
+    app.openapi_schema = None
+    assert undeclared(app.openapi()) == ["GET /api/extra"]

@@ -1,0 +1,48 @@
+// Who the service takes this browser for, shown in the page's header; where reads need a
+// token, a box that asks for it once (kept for the browser session).
+
+import { ApiError, storeToken, whoami } from "./api.js";
+import { el } from "./dom.js";
+
+// The roles that may change a run (app/roles.py).
+const WRITERS = new Set(["operator", "admin"]);
+
+export function canWrite(who) {
+  return !who || who.role === null || WRITERS.has(who.role);
+}
+
+function signInBox() {
+  const input = el("input", { id: "signin-token", type: "password", autocomplete: "off" });
+  const form = el(
+    "form",
+    { id: "signin", class: "signin" },
+    el("label", { for: "signin-token", text: "Access token" }),
+    input,
+    el("button", { type: "submit", text: "Sign in" }),
+  );
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    storeToken(input.value.trim());
+    window.location.reload();
+  });
+  return form;
+}
+
+// {name, role, source, reads_open}, or null where the service wants a token first (the
+// sign-in box then shows).
+export async function showIdentity() {
+  const header = document.querySelector("header.top");
+  let who;
+  try {
+    who = await whoami();
+  } catch (error) {
+    if (!(error instanceof ApiError) || error.status !== 401) throw error;
+    storeToken("");
+    header.append(signInBox());
+    return null;
+  }
+  const label = who.name ? `${who.name} · ${who.role}` : "anonymous · read-only";
+  header.append(el("span", { id: "whoami", class: "whoami", dataset: { role: who.role || "" }, text: label }));
+  document.body.dataset.role = who.role || "";
+  return who;
+}
