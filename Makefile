@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint venv clean demo bench cuda-check lowest
+.PHONY: test lint venv clean demo bench cuda-check lowest wheel-check
 
 venv: $(STAMP)
 
@@ -36,6 +36,12 @@ lowest: $(STAMP)
 		> "$$($(LOWEST)/bin/python -c '$(PURELIB)')/zz_scalewatch_venv.pth"
 	$(LOWEST)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests/app tests/store \
 		tests/test_dependencies.py tests/reliability/test_hostile.py
+
+# The distribution as users install it: the sdist and the wheel built from the tracked tree,
+# the wheel installed (not editable) into a fresh venv beside torch as pinned, then trained,
+# migrated and served from outside the checkout (tests/test_wheel.py; a few minutes).
+wheel-check: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --wheel tests/test_wheel.py
 
 clean:
 	rm -rf $(VENV) $(LOWEST) build *.egg-info
