@@ -24,7 +24,7 @@ lint: $(STAMP)
 
 # The service and the store against the lowest release of each runtime dependency that
 # pyproject.toml admits (constraints-lowest.txt), in a venv of their own that finds torch
-# and the test tools in $(VENV) behind them.
+# and the test tools in $(VENV) behind them; and the charts drawn in Chromium with that plotly.
 LOWEST := .venv-lowest
 PURELIB := import sysconfig; print(sysconfig.get_paths()["purelib"])
 
@@ -35,7 +35,7 @@ lowest: $(STAMP)
 	echo "import site; site.addsitedir('$$($(BIN)/python -c '$(PURELIB)')')" \
 		> "$$($(LOWEST)/bin/python -c '$(PURELIB)')/zz_scalewatch_venv.pth"
 	$(LOWEST)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests/app tests/store \
-		tests/test_dependencies.py tests/reliability/test_hostile.py
+		tests/test_dependencies.py tests/reliability/test_hostile.py tests/web/test_browser_plotly.py
 
 # The distribution as users install it: the sdist and the wheel built from the tracked tree,
 # the wheel installed (not editable) into a fresh venv beside torch as pinned, then trained,
