@@ -37,10 +37,19 @@ def _served_plotly_js(tab: Tab) -> str:
     return found[1]
 
 
+def _wait_drawn(tab: Tab, chart: str) -> None:
+    """Wait for plotly's first trace in ``chart``; if none comes, say what the page said."""
+    try:
+        tab.page.locator(f"{chart} .main-svg .scatterlayer .trace").first.wait_for()
+    except Exception as error:
+        shown = tab.page.locator(".alert:not([hidden])").all_inner_texts()
+        raise AssertionError(f"{chart} not drawn; the page said {shown}, {tab.errors}") from error
+
+
 def test_the_run_chart_draws(strict_tab: Tab, served: Served) -> None:
     page = strict_tab.page
     page.goto(f"/run.html?run={served.run_id}")
-    page.locator("#chart .main-svg .scatterlayer .trace").first.wait_for()
+    _wait_drawn(strict_tab, "#chart")
     assert page.locator("#chart:not([data-points='0'])").count() == 1
     assert page.locator("#error").is_hidden()
     assert _served_plotly_js(strict_tab) == _installed_plotly_js()
@@ -48,10 +57,7 @@ def test_the_run_chart_draws(strict_tab: Tab, served: Served) -> None:
 
 
 def test_the_comparison_chart_draws(strict_tab: Tab, served: Served) -> None:
-    page = strict_tab.page
     ended = served.other_runs[HOSTILE_NAME]
-    page.goto(f"/?status=finished&compare={ended}")
-    page.locator(
-        f"#compare-chart[data-runs='{ended}'] .main-svg .scatterlayer .trace"
-    ).first.wait_for()
+    strict_tab.page.goto(f"/?status=finished&compare={ended}")
+    _wait_drawn(strict_tab, f"#compare-chart[data-runs='{ended}']")
     assert strict_tab.unexpected_errors() == [] and strict_tab.dialogs == []
