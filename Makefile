@@ -2,15 +2,23 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# What the demo needs: the package and its runtime dependencies, none of the dev tools or the
+# integrations' trainers (make venv installs those too, and marks this done as well).
+DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: test lint venv clean demo bench cuda-check lowest torch-lanes
+.PHONY: test lint venv clean demo bench cuda-check lowest torch-lanes wheel-check
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,integrations]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+$(DEMO_STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e .
+	touch $(DEMO_STAMP)
 
 # The dashboard's pure functions first (Node's own runner, no packages): seconds, no browser.
 test: $(STAMP)
@@ -24,7 +32,7 @@ lint: $(STAMP)
 
 # The service and the store against the lowest release of each runtime dependency that
 # pyproject.toml admits (constraints-lowest.txt), in a venv of their own that finds torch
-# and the test tools in $(VENV) behind them.
+# and the test tools in $(VENV) behind them; and the charts drawn in Chromium with that plotly.
 LOWEST := .venv-lowest
 PURELIB := import sysconfig; print(sysconfig.get_paths()["purelib"])
 
@@ -35,7 +43,13 @@ lowest: $(STAMP)
 	echo "import site; site.addsitedir('$$($(BIN)/python -c '$(PURELIB)')')" \
 		> "$$($(LOWEST)/bin/python -c '$(PURELIB)')/zz_scalewatch_venv.pth"
 	$(LOWEST)/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests/app tests/store \
-		tests/test_dependencies.py tests/reliability/test_hostile.py
+		tests/test_dependencies.py tests/reliability/test_hostile.py tests/web/test_browser_plotly.py
+
+# The distribution as users install it: the sdist and the wheel built from the tracked tree,
+# the wheel installed (not editable) into a fresh venv beside torch as pinned, then trained,
+# migrated and served from outside the checkout (tests/test_wheel.py; a few minutes).
+wheel-check: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --wheel tests/test_wheel.py
 
 # The scaler beside torch's own class on the oldest and the newest torch pyproject admits,
 # each in a cached venv of its own (.ci/torch-lane says what it runs).
@@ -47,7 +61,7 @@ torch-lanes:
 clean:
 	rm -rf $(VENV) $(LOWEST) build *.egg-info
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/scalewatch demo
 
 bench: $(STAMP)

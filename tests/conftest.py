@@ -13,16 +13,26 @@ from scaler.store import Store, open_store
 from tests import _postgres
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--wheel", action="store_true", help="run the tests marked wheel (make wheel-check)"
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test marked ``cuda`` is skipped on a machine without a CUDA GPU."""
+    """A test marked ``cuda`` is skipped on a machine without a CUDA GPU; one marked
+    ``wheel`` unless ``--wheel`` is given."""
     import torch
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    skips = {}
+    if not torch.cuda.is_available():
+        skips["cuda"] = pytest.mark.skip(reason="needs a CUDA GPU")
+    if not config.getoption("--wheel"):
+        skips["wheel"] = pytest.mark.skip(reason="builds and installs the wheel: make wheel-check")
     for item in items:
-        if item.get_closest_marker("cuda") is not None:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

@@ -105,7 +105,7 @@ function throttle(fn, ms) {
 }
 
 function renderExports() {
-  const box = document.getElementById("exports");
+  const box = document.getElementById("export-links");
   for (const what of ["overflows", "steps"]) {
     for (const format of ["csv", "jsonl"]) {
       box.append(
