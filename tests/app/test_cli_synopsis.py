@@ -106,7 +106,8 @@ def _shown_command_lines() -> list[tuple[str, list[str]]]:
         for block in re.findall(r"```sh\n(.*?)```", page.read_text(encoding="utf-8"), re.S):
             if SYNOPSIS is not None and block == SYNOPSIS.group(1):
                 continue
-            shown += [(page.name, line.split()) for line in COMMAND_LINE.findall(block)]
+            joined = re.sub(r"\\\n\s*", " ", block)  # a line continued with a backslash
+            shown += [(page.name, line.split()) for line in COMMAND_LINE.findall(joined)]
     return shown
 
 
