@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, Security, status
 from fastapi.security import HTTPBearer
 
-from app.identity import Identity
+from app.middleware.identity import Identity
 from app.settings import Settings
 from scaler.store.engine import Store
 
@@ -26,12 +26,12 @@ def get_store(request: Request) -> Store:
 
 
 # Declares the bearer scheme in the OpenAPI document (Swagger UI's "Authorize"); the
-# check itself is app.access's, before the route runs.
+# check itself is app.middleware.access's, before the route runs.
 _BEARER = HTTPBearer(auto_error=False, description="a token of `scalewatch tokens create`")
 
 
 def who(request: Request, _scheme: Annotated[object, Security(_BEARER)] = None) -> Identity:
-    """The identity app.access let through to a route that needs one."""
+    """The identity app.middleware.access let through to a route that needs one."""
     identity: Identity | None = getattr(request.state, "identity", None)
     if identity is None:  # a route that needs a role is never reached anonymously
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "a bearer token is required")

@@ -8,25 +8,25 @@ from contextlib import asynccontextmanager
 import anyio
 from fastapi import FastAPI
 
-from app.access import Access
-from app.alerts.rules import AlertConfig, default_rules, load_rules
+from app.alerts.config import AlertConfig, default_rules, load_rules
 from app.alerts.service import watching
 from app.autopilot import AutopilotLoop, run_loop
 from app.dashboard import mount_dashboard
 from app.docs import install_docs
 from app.errors import install_error_handlers
-from app.head import HeadAsGet
-from app.headers import SecurityHeaders
-from app.health import StorageGuard, StoreHealth
-from app.hubs import Hubs
-from app.identity import Tickets
-from app.limits import BodyLimit
+from app.live.hubs import Hubs
+from app.middleware.access import Access
+from app.middleware.head import HeadAsGet
+from app.middleware.headers import SecurityHeaders
+from app.middleware.health import StorageGuard, StoreHealth
+from app.middleware.identity import Tickets
+from app.middleware.limits import BodyLimit
+from app.middleware.penalty import FailurePenalty
+from app.middleware.roles import undeclared
+from app.middleware.security import LoopbackHost, is_loopback
 from app.openapi import install_openapi
-from app.penalty import FailurePenalty
-from app.roles import undeclared
 from app.routes import router
 from app.routes.metrics import metrics_registry
-from app.security import LoopbackHost, is_loopback
 from app.settings import Settings, get_settings
 from scaler.store.engine import open_store
 
@@ -43,9 +43,9 @@ def create_app(settings: Settings | None = None, alerts: AlertConfig | None = No
     the alert rules ``alerts`` (default: the file ``settings.alerts``, else the default
     rules).
 
-    Every route needs the role :mod:`app.roles` gives it (:mod:`app.access`): a route
-    without one makes this raise RuntimeError. A rules
-    file that cannot be used raises :class:`app.alerts.RulesFileError` here.
+    Every route needs the role :mod:`app.middleware.roles` gives it
+    (:mod:`app.middleware.access`): a route without one makes this raise RuntimeError. A
+    rules file that cannot be used raises :class:`app.alerts.RulesFileError` here.
     """
     settings = settings if settings is not None else get_settings()
     if alerts is None:
@@ -88,7 +88,7 @@ def create_app(settings: Settings | None = None, alerts: AlertConfig | None = No
     app.state.settings = settings  # what the routes' SettingsDep gives
     app.state.health = StoreHealth()
     app.state.penalty = FailurePenalty()  # wrong tokens per client
-    app.state.tickets = Tickets()  # the streams' and exports' tickets (app.identity)
+    app.state.tickets = Tickets()  # the streams' and exports' tickets (app.middleware.identity)
     app.state.reads_open = is_loopback(settings.host) or settings.public_read
     install_error_handlers(app)
     app.add_middleware(BodyLimit)
@@ -103,5 +103,5 @@ def create_app(settings: Settings | None = None, alerts: AlertConfig | None = No
     install_openapi(app)
     mount_dashboard(app)
     if missing := undeclared(app.openapi()):
-        raise RuntimeError(f"routes without a role in app.roles: {', '.join(missing)}")
+        raise RuntimeError(f"routes without a role in app.middleware.roles: {', '.join(missing)}")
     return app

@@ -19,8 +19,8 @@ from typing import Any
 
 from sqlalchemy import and_, case, func, select
 
+from app.alerts.config import Rule
 from app.alerts.kinds import KINDS, Reading, RunView, StepView, Watch
-from app.alerts.rules import Rule
 from scaler.store.alerts import (
     AlertRow,
     Firing,

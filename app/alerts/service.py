@@ -8,8 +8,8 @@ from contextlib import asynccontextmanager
 
 import anyio
 
+from app.alerts.config import AlertConfig
 from app.alerts.evaluate import Evaluator
-from app.alerts.rules import AlertConfig
 from app.alerts.webhooks import WebhookSender
 from scaler.store.engine import Store, storage_failure
 

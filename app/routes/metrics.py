@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 
 from app.alerts.webhooks import WebhookSender
 from app.deps import StoreDep
-from app.health import StoreHealth
+from app.middleware.health import StoreHealth
 from app.models import Health, Unhealthy
 from scaler.store import queries
 from scaler.store.alerts import firing_alerts

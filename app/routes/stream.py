@@ -13,9 +13,9 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
 from app.deps import SettingsDep, StoreDep
-from app.hubs import Hub, Hubs
+from app.live.hubs import Hub, Hubs
+from app.live.sse import opening, sse_event
 from app.routes.runs import NOT_FOUND, After, RunId, require_run_exists
-from app.sse import opening, sse_event
 from scaler.store import queries
 
 __all__ = ["router"]

@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Path, Request, status
 from pydantic import BaseModel, Field
 
 from app.deps import ActorDep, StoreDep
-from app.identity import DURATION_PATTERN, TICKET_S, Identity, parse_duration
+from app.middleware.identity import DURATION_PATTERN, TICKET_S, Identity, parse_duration
 from app.models import ErrorMessage
 from app.routes.writes import WRITE_RESPONSES
 from scaler.store.identities import (

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from app.alerts import evaluate
+from app.alerts.config import default_rules, parse_rules
 from app.alerts.evaluate import Evaluator
-from app.alerts.rules import default_rules, parse_rules
 from scaler.store import alerts as alerts_store
 from scaler.store.alerts import AlertRow, alert_page
 from scaler.store.autopilot import disable_autopilot, save_decision, set_autopilot

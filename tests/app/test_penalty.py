@@ -3,7 +3,7 @@ and the table that counts them stays small under a flood from many addresses."""
 
 from __future__ import annotations
 
-from app.penalty import FailurePenalty
+from app.middleware.penalty import FailurePenalty
 from scaler.store.engine import Store
 from tests.app.conftest import TOKEN, TestClient, add_run, auth, simulate
 

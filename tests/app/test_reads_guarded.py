@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from app.identity import TICKET_S, Identity
 from app.main import create_app
+from app.middleware.identity import TICKET_S, Identity
 from app.settings import Settings
 from scaler.store.engine import Store
 from scaler.store.identities import Role, create_identity

@@ -1,6 +1,6 @@
 """Every operation of the OpenAPI document against every kind of caller: let through,
 401 or 403, as the role the operation needs says. A route added without a role in
-app.roles makes create_app refuse to start, and this matrix with it."""
+app.middleware.roles makes create_app refuse to start, and this matrix with it."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from app.main import create_app
-from app.penalty import FailurePenalty
-from app.roles import ROUTE_ROLES, undeclared
+from app.middleware.penalty import FailurePenalty
+from app.middleware.roles import ROUTE_ROLES, undeclared
 from app.settings import Settings
 from scaler.store.engine import Store
 from scaler.store.identities import Role, create_identity, revoke_identity

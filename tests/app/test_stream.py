@@ -16,10 +16,10 @@ import pytest
 import uvicorn
 from pydantic import SecretStr
 
-import app.hubs as hubs_module
+import app.live.hubs as hubs_module
+from app.live.sse import sse_event
 from app.main import create_app
 from app.settings import Settings
-from app.sse import sse_event
 from scaler.store.engine import Store, open_store
 from scaler.store.identities import Role, create_identity
 from scaler.store.runs import end_run

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.alerts.rules import Webhook
+from app.alerts.config import Webhook
 from app.alerts.webhooks import WebhookSender, payload
 from app.main import create_app
 from app.settings import Settings

@@ -24,7 +24,7 @@ from torch import nn
 
 import scaler
 from app.main import create_app
-from app.penalty import FailurePenalty
+from app.middleware.penalty import FailurePenalty
 from app.settings import Settings
 from scaler.store.autopilot import get_autopilot
 from scaler.store.control import control_history

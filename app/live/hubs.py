@@ -17,8 +17,8 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
+from app.live.sse import sse_event, step_events
 from app.models import ControlRequestOut
-from app.sse import sse_event, step_events
 from scaler.store import notify, queries
 from scaler.store.control import control_history
 from scaler.store.engine import Store, storage_failure

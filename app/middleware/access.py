@@ -1,8 +1,8 @@
 """Who may do what: every request to a guarded route is let through, or refused (401,
 403, 429), before its body is read or its route runs.
 
-The role a route needs is :mod:`app.roles`'s; who the request comes from is
-:mod:`app.identity`'s; the identity let through is in ``request.state.identity`` (None:
+The role a route needs is :mod:`app.middleware.roles`'s; who the request comes from is
+:mod:`app.middleware.identity`'s; the identity let through is in ``request.state.identity`` (None:
 an anonymous read, open on a service bound to loopback or started ``--public-read``).
 """
 
@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.identity import (
+from app.middleware.identity import (
     BOOTSTRAP_NAME,
     Identity,
     UsageClock,
@@ -27,9 +27,9 @@ from app.identity import (
     from_token,
     in_networks,
 )
-from app.penalty import FailurePenalty
-from app.roles import TICKET_PATHS, needed
-from app.security import is_loopback
+from app.middleware.penalty import FailurePenalty
+from app.middleware.roles import TICKET_PATHS, needed
+from app.middleware.security import is_loopback
 from app.settings import Settings
 from scaler.store.identities import Role, TokenRefusal
 
