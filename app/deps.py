@@ -8,10 +8,20 @@ from fastapi import Depends, HTTPException, Request, Security, status
 from fastapi.security import HTTPBearer
 
 from app.middleware.identity import Identity
+from app.services import Services, services_of
 from app.settings import Settings
 from scaler.store.engine import Store
 
-__all__ = ["ActorDep", "SettingsDep", "StoreDep", "app_settings", "get_store", "who"]
+__all__ = [
+    "ActorDep",
+    "ServicesDep",
+    "SettingsDep",
+    "StoreDep",
+    "app_services",
+    "app_settings",
+    "get_store",
+    "who",
+]
 
 
 def app_settings(request: Request) -> Settings:
@@ -20,9 +30,17 @@ def app_settings(request: Request) -> Settings:
     return settings
 
 
-def get_store(request: Request) -> Store:
-    store: Store = request.app.state.store
-    return store
+def app_services(request: Request) -> Services:
+    """The services of the serving app (:mod:`app.services`)."""
+    return services_of(request.app)
+
+
+ServicesDep = Annotated[Services, Depends(app_services)]
+
+
+def get_store(services: ServicesDep) -> Store:
+    """The store of the serving app: the service most routes need alone."""
+    return services.store
 
 
 # Declares the bearer scheme in the OpenAPI document (Swagger UI's "Authorize"); the

@@ -27,6 +27,7 @@ from app.middleware.security import LoopbackHost, is_loopback
 from app.openapi import install_openapi
 from app.routes import router
 from app.routes.metrics import metrics_registry
+from app.services import Services
 from app.settings import Settings, get_settings
 from scaler.store.engine import open_store
 
@@ -38,10 +39,16 @@ __all__ = ["CHART_THREADS", "create_app"]
 CHART_THREADS = {"sqlite": 4, "postgresql": 16}
 
 
-def create_app(settings: Settings | None = None, alerts: AlertConfig | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    alerts: AlertConfig | None = None,
+    *,
+    penalty: FailurePenalty | None = None,
+) -> FastAPI:
     """The service over the store at ``settings.db`` (default: ``get_settings()``), with
     the alert rules ``alerts`` (default: the file ``settings.alerts``, else the default
-    rules).
+    rules). ``penalty``: the lockout of clients whose tokens are wrong (default:
+    :class:`~app.middleware.penalty.FailurePenalty`'s).
 
     Every route needs the role :mod:`app.middleware.roles` gives it
     (:mod:`app.middleware.access`): a route without one makes this raise RuntimeError. A
@@ -56,21 +63,32 @@ def create_app(settings: Settings | None = None, alerts: AlertConfig | None = No
         )
     config = alerts
 
+    health, tickets = StoreHealth(), Tickets()
+    penalty = penalty if penalty is not None else FailurePenalty()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = open_store(settings.db)
-        app.state.store = store
-        app.state.chart_limiter = anyio.CapacityLimiter(CHART_THREADS[store.engine.dialect.name])
-        app.state.autopilot = AutopilotLoop(store, rules=config.autopilots)
-        app.state.hubs = hubs = Hubs(store, settings.stream_poll_s)  # the live streams' pollers
+        autopilot = AutopilotLoop(store, rules=config.autopilots)
+        hubs = Hubs(store, settings.stream_poll_s)
         try:
             async with (
                 watching(store, config, settings.alerts_interval_s) as watched,
                 anyio.create_task_group() as tasks,
             ):
-                app.state.alerts = watched
-                app.state.metrics = metrics_registry(store, watched.sender)
-                tasks.start_soon(run_loop, app.state.autopilot, settings.autopilot_interval_s)
+                app.state.services = Services(
+                    store=store,
+                    chart_limiter=anyio.CapacityLimiter(CHART_THREADS[store.engine.dialect.name]),
+                    hubs=hubs,
+                    alerts=watched,
+                    metrics=metrics_registry(store, watched.sender),
+                    autopilot=autopilot,
+                    health=health,
+                    penalty=penalty,
+                    tickets=tickets,
+                    reads_open=is_loopback(settings.host) or settings.public_read,
+                )
+                tasks.start_soon(run_loop, autopilot, settings.autopilot_interval_s)
                 yield
                 tasks.cancel_scope.cancel()
         finally:
@@ -86,10 +104,6 @@ def create_app(settings: Settings | None = None, alerts: AlertConfig | None = No
         redoc_url=None,
     )
     app.state.settings = settings  # what the routes' SettingsDep gives
-    app.state.health = StoreHealth()
-    app.state.penalty = FailurePenalty()  # wrong tokens per client
-    app.state.tickets = Tickets()  # the streams' and exports' tickets (app.middleware.identity)
-    app.state.reads_open = is_loopback(settings.host) or settings.public_read
     install_error_handlers(app)
     app.add_middleware(BodyLimit)
     app.add_middleware(Access, settings=settings)  # before the body

@@ -19,7 +19,7 @@ log = logging.getLogger("app.alerts")
 
 
 class Alerts:
-    """The service's evaluator and webhook sender (``app.state.alerts``)."""
+    """The service's evaluator and webhook sender (``Services.alerts``)."""
 
     def __init__(self, store: Store, config: AlertConfig) -> None:
         self.config = config

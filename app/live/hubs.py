@@ -2,8 +2,8 @@
 
 A hub reads a run's new steps and control changes once and encodes each poll's steps
 once, into chunks of bytes that every stream of the run sends as they are. The app's
-:class:`Hubs` is made in its lifespan and held on ``app.state.hubs``; a hub starts with the
-first stream of its run and stops when the last one leaves.
+:class:`Hubs` is made in its lifespan (one of its :class:`~app.services.Services`); a hub
+starts with the first stream of its run and stops when the last one leaves.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def test_every_operation_answers_every_caller_as_its_role_says(
     reads_open = host == "127.0.0.1"
     seen = []
     with TestClient(create_app(settings), base_url=LOCAL) as client:
-        client.app.state.penalty = FailurePenalty(free_failures=10**6)  # type: ignore[attr-defined]
+        client.app.state.services.penalty = FailurePenalty(free_failures=10**6)  # type: ignore[attr-defined]
         document = client.get("/openapi.json").json()
         for method, path in operations(document):
             need = ROUTE_ROLES[method, path]
