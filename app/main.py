@@ -14,7 +14,7 @@ from app.autopilot import AutopilotLoop, run_loop
 from app.dashboard import mount_dashboard
 from app.docs import install_docs
 from app.errors import install_error_handlers
-from app.live.hubs import Hubs
+from app.live.hubs import Hubs, Pacing
 from app.middleware.access import Access
 from app.middleware.head import HeadAsGet
 from app.middleware.headers import SecurityHeaders
@@ -70,7 +70,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = open_store(settings.db)
         autopilot = AutopilotLoop(store, rules=config.autopilots)
-        hubs = Hubs(store, settings.stream_poll_s)
+        hubs = Hubs(store, Pacing.of(settings))
         try:
             async with (
                 watching(store, config, settings.alerts_interval_s) as watched,
