@@ -7,11 +7,21 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, Security, status
 from fastapi.security import HTTPBearer
 
-from app.identity import Identity
+from app.middleware.identity import Identity
+from app.services import Services, services_of
 from app.settings import Settings
 from scaler.store.engine import Store
 
-__all__ = ["ActorDep", "SettingsDep", "StoreDep", "app_settings", "get_store", "who"]
+__all__ = [
+    "ActorDep",
+    "ServicesDep",
+    "SettingsDep",
+    "StoreDep",
+    "app_services",
+    "app_settings",
+    "get_store",
+    "who",
+]
 
 
 def app_settings(request: Request) -> Settings:
@@ -20,18 +30,26 @@ def app_settings(request: Request) -> Settings:
     return settings
 
 
-def get_store(request: Request) -> Store:
-    store: Store = request.app.state.store
-    return store
+def app_services(request: Request) -> Services:
+    """The services of the serving app (:mod:`app.services`)."""
+    return services_of(request.app)
+
+
+ServicesDep = Annotated[Services, Depends(app_services)]
+
+
+def get_store(services: ServicesDep) -> Store:
+    """The store of the serving app: the service most routes need alone."""
+    return services.store
 
 
 # Declares the bearer scheme in the OpenAPI document (Swagger UI's "Authorize"); the
-# check itself is app.access's, before the route runs.
+# check itself is app.middleware.access's, before the route runs.
 _BEARER = HTTPBearer(auto_error=False, description="a token of `scalewatch tokens create`")
 
 
 def who(request: Request, _scheme: Annotated[object, Security(_BEARER)] = None) -> Identity:
-    """The identity app.access let through to a route that needs one."""
+    """The identity app.middleware.access let through to a route that needs one."""
     identity: Identity | None = getattr(request.state, "identity", None)
     if identity is None:  # a route that needs a role is never reached anonymously
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "a bearer token is required")

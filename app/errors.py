@@ -13,8 +13,8 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.head import allowed_methods
-from app.health import store_unavailable
+from app.middleware.head import allowed_methods
+from app.middleware.health import store_unavailable
 from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning, StoreDamaged
 
 __all__ = ["install_error_handlers", "unprocessable"]

@@ -8,25 +8,26 @@ from contextlib import asynccontextmanager
 import anyio
 from fastapi import FastAPI
 
-from app.access import Access
-from app.alerts.rules import AlertConfig, default_rules, load_rules
+from app.alerts.config import AlertConfig, default_rules, load_rules
 from app.alerts.service import watching
 from app.autopilot import AutopilotLoop, run_loop
 from app.dashboard import mount_dashboard
 from app.docs import install_docs
 from app.errors import install_error_handlers
-from app.head import HeadAsGet
-from app.headers import SecurityHeaders
-from app.health import StorageGuard, StoreHealth
-from app.hubs import Hubs
-from app.identity import Tickets
-from app.limits import BodyLimit
+from app.live.hubs import Hubs, Pacing
+from app.middleware.access import Access
+from app.middleware.head import HeadAsGet
+from app.middleware.headers import SecurityHeaders
+from app.middleware.health import StorageGuard, StoreHealth
+from app.middleware.identity import Tickets
+from app.middleware.limits import BodyLimit
+from app.middleware.penalty import FailurePenalty
+from app.middleware.roles import undeclared
+from app.middleware.security import LoopbackHost, is_loopback
 from app.openapi import install_openapi
-from app.penalty import FailurePenalty
-from app.roles import undeclared
 from app.routes import router
 from app.routes.metrics import metrics_registry
-from app.security import LoopbackHost, is_loopback
+from app.services import Services
 from app.settings import Settings, get_settings
 from scaler.store.engine import open_store
 
@@ -38,14 +39,20 @@ __all__ = ["CHART_THREADS", "create_app"]
 CHART_THREADS = {"sqlite": 4, "postgresql": 16}
 
 
-def create_app(settings: Settings | None = None, alerts: AlertConfig | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None,
+    alerts: AlertConfig | None = None,
+    *,
+    penalty: FailurePenalty | None = None,
+) -> FastAPI:
     """The service over the store at ``settings.db`` (default: ``get_settings()``), with
     the alert rules ``alerts`` (default: the file ``settings.alerts``, else the default
-    rules).
+    rules). ``penalty``: the lockout of clients whose tokens are wrong (default:
+    :class:`~app.middleware.penalty.FailurePenalty`'s).
 
-    Every route needs the role :mod:`app.roles` gives it (:mod:`app.access`): a route
-    without one makes this raise RuntimeError. A rules
-    file that cannot be used raises :class:`app.alerts.RulesFileError` here.
+    Every route needs the role :mod:`app.middleware.roles` gives it
+    (:mod:`app.middleware.access`): a route without one makes this raise RuntimeError. A
+    rules file that cannot be used raises :class:`app.alerts.RulesFileError` here.
     """
     settings = settings if settings is not None else get_settings()
     if alerts is None:
@@ -56,21 +63,32 @@ def create_app(settings: Settings | None = None, alerts: AlertConfig | None = No
         )
     config = alerts
 
+    health, tickets = StoreHealth(), Tickets()
+    penalty = penalty if penalty is not None else FailurePenalty()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = open_store(settings.db)
-        app.state.store = store
-        app.state.chart_limiter = anyio.CapacityLimiter(CHART_THREADS[store.engine.dialect.name])
-        app.state.autopilot = AutopilotLoop(store, rules=config.autopilots)
-        app.state.hubs = hubs = Hubs(store, settings.stream_poll_s)  # the live streams' pollers
+        autopilot = AutopilotLoop(store, rules=config.autopilots)
+        hubs = Hubs(store, Pacing.of(settings))
         try:
             async with (
                 watching(store, config, settings.alerts_interval_s) as watched,
                 anyio.create_task_group() as tasks,
             ):
-                app.state.alerts = watched
-                app.state.metrics = metrics_registry(store, watched.sender)
-                tasks.start_soon(run_loop, app.state.autopilot, settings.autopilot_interval_s)
+                app.state.services = Services(
+                    store=store,
+                    chart_limiter=anyio.CapacityLimiter(CHART_THREADS[store.engine.dialect.name]),
+                    hubs=hubs,
+                    alerts=watched,
+                    metrics=metrics_registry(store, watched.sender),
+                    autopilot=autopilot,
+                    health=health,
+                    penalty=penalty,
+                    tickets=tickets,
+                    reads_open=is_loopback(settings.host) or settings.public_read,
+                )
+                tasks.start_soon(run_loop, autopilot, settings.autopilot_interval_s)
                 yield
                 tasks.cancel_scope.cancel()
         finally:
@@ -86,10 +104,6 @@ def create_app(settings: Settings | None = None, alerts: AlertConfig | None = No
         redoc_url=None,
     )
     app.state.settings = settings  # what the routes' SettingsDep gives
-    app.state.health = StoreHealth()
-    app.state.penalty = FailurePenalty()  # wrong tokens per client
-    app.state.tickets = Tickets()  # the streams' and exports' tickets (app.identity)
-    app.state.reads_open = is_loopback(settings.host) or settings.public_read
     install_error_handlers(app)
     app.add_middleware(BodyLimit)
     app.add_middleware(Access, settings=settings)  # before the body
@@ -103,5 +117,5 @@ def create_app(settings: Settings | None = None, alerts: AlertConfig | None = No
     install_openapi(app)
     mount_dashboard(app)
     if missing := undeclared(app.openapi()):
-        raise RuntimeError(f"routes without a role in app.roles: {', '.join(missing)}")
+        raise RuntimeError(f"routes without a role in app.middleware.roles: {', '.join(missing)}")
     return app

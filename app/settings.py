@@ -45,6 +45,15 @@ class Settings(BaseSettings):
     # Seconds between two polls of the store by a live stream, and between keep-alives.
     stream_poll_s: float = Field(default=0.05, gt=0)
     stream_keepalive_s: float = Field(default=15.0, gt=0)
+    # Seconds between two polls of a stream that PostgreSQL tells of new steps: for the
+    # run's end and control changes, which are not announced.
+    stream_listen_fallback_s: float = Field(default=1.0, gt=0)
+    # Step events a run's hub keeps for streams a little behind (a slow client, a resume);
+    # streams further behind read aligned pages of stream_behind_page steps, each read and
+    # encoded once for all of them, the stream_behind_pages most recently used kept.
+    stream_buffered_steps: int = Field(default=50_000, gt=0)
+    stream_behind_page: int = Field(default=5000, gt=0)
+    stream_behind_pages: int = Field(default=8, gt=0)
     # Seconds between two evaluations of the runs whose autopilot is on.
     autopilot_interval_s: float = Field(default=2.0, gt=0)
     # The alert rules file (``serve --alerts``); None: the default rules, no webhooks.

@@ -35,11 +35,11 @@ def _exported(tmp_path: Path) -> dict[str, set[str]]:
     url = f"sqlite:///{tmp_path / 'sw.db'}"
     app = create_app(Settings(db=url, token_file=tmp_path / "token"))
     with TestClient(app, base_url="http://127.0.0.1") as client:
-        store = client.app.state.store  # type: ignore[attr-defined]
+        store = client.app.state.services.store  # type: ignore[attr-defined]
         run = create_run(store, name="bert", world_size=1, config={}, control={})
         low = StepRecord(1, time.time(), 0.5, False, False, (), 0.5, 0, 2000, 2.0, 0.5, 0)
         write_steps(store, run.id, [low])
-        client.app.state.alerts.tick()  # type: ignore[attr-defined]
+        client.app.state.services.alerts.tick()  # type: ignore[attr-defined]
         text = client.get("/metrics").text
     exported: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(text):

@@ -4,7 +4,7 @@
 import { ApiError, storeToken, whoami } from "./api.js";
 import { el } from "./dom.js";
 
-// The roles that may change a run (app/roles.py).
+// The roles that may change a run (app/middleware/roles.py).
 const WRITERS = new Set(["operator", "admin"]);
 
 export function canWrite(who) {

@@ -17,25 +17,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import and_, case, func, select
-
+from app.alerts.config import Rule
 from app.alerts.kinds import KINDS, Reading, RunView, StepView, Watch
-from app.alerts.rules import Rule
-from scaler.store.alerts import (
-    AlertRow,
-    Firing,
-    fire_alert,
-    firing_alerts,
-    new_steps,
-    resolve_alert,
-)
+from scaler.store.alerts import AlertRow, Firing, fire_alert, firing_alerts, resolve_alert
 from scaler.store.engine import Store
 from scaler.store.queries import parse_ranks
-from scaler.store.schema import autopilots, runs
-from scaler.store.states import AutopilotState, RunStatus
+from scaler.store.states import RunStatus
+from scaler.store.watched import RUNS_PER_READ, new_steps, recorded_last_step, watched_runs
 
 __all__ = ["BATCH_STEPS", "TICK_STEPS", "Evaluator"]
 
+# The defaults of Evaluator's batch_steps and tick_steps.
 BATCH_STEPS = 1000  # steps read of a run at once (of many runs in one statement)
 TICK_STEPS = 50_000  # steps fed per run and tick at most: a long backlog spreads over ticks
 
@@ -81,7 +73,9 @@ class Evaluator:
     """Evaluates ``rules`` over ``store``; each stored change is handed to ``on_change``.
 
     :meth:`tick` does one round (the service calls it every second or so, off the event
-    loop); ticks from several threads take turns.
+    loop); ticks from several threads take turns. Each round reads up to ``batch_steps``
+    steps of each run a statement, ``runs_per_read`` runs a statement, and feeds at most
+    ``tick_steps`` steps a run.
     """
 
     def __init__(
@@ -91,8 +85,13 @@ class Evaluator:
         *,
         on_change: Callable[[AlertRow], None] = lambda alert: None,
         clock: Callable[[], float] = time.time,
+        batch_steps: int = BATCH_STEPS,
+        tick_steps: int = TICK_STEPS,
+        runs_per_read: int = RUNS_PER_READ,
     ) -> None:
         self.store = store
+        self.batch_steps, self.tick_steps = batch_steps, tick_steps
+        self.runs_per_read = runs_per_read
         self.rules = tuple(rules)
         self.on_change = on_change
         self.clock = clock
@@ -123,23 +122,7 @@ class Evaluator:
             return changes
 
     def _runs(self) -> list[RunView]:
-        stopped = and_(autopilots.c.enabled, autopilots.c.state == AutopilotState.GAVE_UP)
-        query = (
-            select(
-                runs.c.id,
-                runs.c.name,
-                runs.c.status,
-                runs.c.world_size,
-                runs.c.started_at,
-                case((stopped, func.coalesce(autopilots.c.reason, "")), else_=None).label(
-                    "gave_up"
-                ),
-            )
-            .outerjoin(autopilots, autopilots.c.run_id == runs.c.id)
-            .order_by(runs.c.id)
-        )
-        with self.store.read() as conn:
-            rows = conn.execute(query).all()
+        rows = watched_runs(self.store)
         present = {row.id for row in rows}
         for gone in set(self._watched) - present:
             del self._watched[gone]
@@ -152,7 +135,7 @@ class Evaluator:
                 started_at=row.started_at,
                 last_step=0,
                 last_wall_time=None,
-                autopilot_gave_up=row.gave_up,
+                autopilot_gave_up=row.autopilot_gave_up,
             )
             for row in rows
         ]
@@ -200,22 +183,22 @@ class Evaluator:
             if rule.applies_to(view)
         ]
         history = max((entry.watch.history for entry in entries), default=1)
-        with self.store.read() as conn:
-            last = conn.execute(select(runs.c.last_step).where(runs.c.id == view.id)).scalar()
-        start = max(-1, int(last or 0) - history)
+        start = max(-1, recorded_last_step(self.store, view.id) - history)
         # A run without steps is at step 0 for the clock side (the cursor reads from -1).
         watched = _Watched(_with(view, last_step=max(0, start)), entries, fed=start)
         self._watched[view.id] = watched
         return watched
 
     def _feed(self, watched: Sequence[_Watched]) -> None:
-        """Feed every watched run the steps stored since its cursor: up to ``BATCH_STEPS``
-        of each run a statement (many runs in one), at most ``TICK_STEPS`` a run a tick."""
+        """Feed every watched run the steps stored since its cursor: up to ``batch_steps``
+        of each run a statement (many runs in one), at most ``tick_steps`` a run a tick."""
         pending = {entry.run.id: entry for entry in watched}
         fed = dict.fromkeys(pending, 0)
         while pending:
             cursors = {run_id: entry.fed for run_id, entry in pending.items()}
-            rows = new_steps(self.store, cursors, per_run=BATCH_STEPS)
+            rows = new_steps(
+                self.store, cursors, per_run=self.batch_steps, runs_per_read=self.runs_per_read
+            )
             read = dict.fromkeys(pending, 0)
             try:
                 for row in rows:
@@ -230,7 +213,7 @@ class Evaluator:
                         )
             for run_id, count in read.items():
                 fed[run_id] += count
-                if count < BATCH_STEPS or fed[run_id] >= TICK_STEPS:  # read to its end
+                if count < self.batch_steps or fed[run_id] >= self.tick_steps:  # read to its end
                     del pending[run_id]
 
     def _step(self, watched: _Watched, step: StepView) -> None:
@@ -319,10 +302,9 @@ class Evaluator:
         left = firing_alerts(self.store, view.id)
         if not left:
             return
-        with self.store.read() as conn:
-            last = conn.execute(select(runs.c.last_step).where(runs.c.id == view.id)).scalar()
+        last = recorded_last_step(self.store, view.id)
         for alert in left:
-            step = max(alert.fired_step, int(last or 0))
+            step = max(alert.fired_step, last)
             resolved = resolve_alert(
                 self.store, alert.id, step=step, at=self.clock(), value=alert.value
             )

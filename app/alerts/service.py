@@ -8,8 +8,8 @@ from contextlib import asynccontextmanager
 
 import anyio
 
+from app.alerts.config import AlertConfig
 from app.alerts.evaluate import Evaluator
-from app.alerts.rules import AlertConfig
 from app.alerts.webhooks import WebhookSender
 from scaler.store.engine import Store, storage_failure
 
@@ -19,7 +19,7 @@ log = logging.getLogger("app.alerts")
 
 
 class Alerts:
-    """The service's evaluator and webhook sender (``app.state.alerts``)."""
+    """The service's evaluator and webhook sender (``Services.alerts``)."""
 
     def __init__(self, store: Store, config: AlertConfig) -> None:
         self.config = config

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from app.alerts.rules import Webhook
+from app.alerts.config import Webhook
 from scaler.store.alerts import AlertRow
 
 __all__ = ["QUEUE_SIZE", "Delivery", "WebhookSender", "payload"]

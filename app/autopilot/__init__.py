@@ -1,6 +1,6 @@
 """The service's autopilot: a policy over a run's recent steps (:mod:`app.autopilot.policy`),
 a loop that files its changes as control requests (:mod:`app.autopilot.loop`), and the
-endpoints that switch it (:mod:`app.autopilot.routes`)."""
+endpoints that switch it (:mod:`app.routes.autopilot`)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 
-from app.alerts.rules import AutopilotRule
+from app.alerts.config import AutopilotRule
 from app.autopilot.policy import Action, Control, Decision, Memory, Settings, Window, decide
 from scaler.store.autopilot import (
     REQUESTED_BY,

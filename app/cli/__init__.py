@@ -1,4 +1,8 @@
-"""The ``scalewatch`` command line, on click: one module per command (group).
+"""The ``scalewatch`` command line, on click: one module per command (group), in the
+command's own process. What the commands share is in private modules: ``_common``
+(options, the store a command opens), ``_serving`` (the token and the bind checks of
+``serve`` and ``demo``), ``_demo`` (what ``demo`` runs) and ``_store_files`` (which
+SQLite file a command may open).
 
 >>> sorted(cli.commands)
 ['alerts', 'control', 'db', 'demo', 'export', 'instrument', 'runs', 'serve', 'tokens']

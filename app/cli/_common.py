@@ -130,7 +130,7 @@ def refused(error: ValidationError, given: set[str]) -> str:
 
 def existing_store() -> str:
     """The store URL of this command, when it names a store that is there to be read."""
-    from app.store_files import existing_store
+    from app.cli._store_files import existing_store
 
     return existing_store(settings().db)
 
@@ -140,7 +140,7 @@ def user_error(error: Exception) -> str | None:
     from alembic.util.exc import CommandError
     from sqlalchemy.exc import ArgumentError, DBAPIError
 
-    from app.alerts.rules import RulesFileError
+    from app.alerts.config import RulesFileError
     from scaler.store.errors import NotAStoreURL, StoreDamaged
 
     if isinstance(error, RulesFileError):  # $SCALEWATCH_ALERTS, read where the app is built

@@ -17,7 +17,7 @@ def db() -> None:
 @db.command("upgrade", cls=Command, help="Migrate the store to the head revision.")
 @db_option
 def upgrade_command(db: str | None) -> None:
-    from app.store_files import refuse_foreign
+    from app.cli._store_files import refuse_foreign
     from scaler.store.engine import shown_url, upgrade
 
     url = settings().db

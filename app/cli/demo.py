@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from app import demo as demo_run
+import app.cli._demo as demo_run
 from app.cli._common import Failed, Refused, command, db_option, settings
 
 __all__ = ["demo"]
@@ -26,7 +26,7 @@ __all__ = ["demo"]
 @db_option
 @click.option("--port", type=int, help="dashboard port (default 8765)")
 def demo(steps: int, world_size: int, run_name: str, db: str | None, port: int | None) -> None:
-    from app.serving import BindRefused, CannotServe, ready_to_serve
+    from app.cli._serving import BindRefused, CannotServe, ready_to_serve
     from scaler.examples.tiny_lm import world_size_refused
 
     too_many = world_size_refused(world_size)

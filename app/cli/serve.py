@@ -56,9 +56,9 @@ def serve(
     alerts: str | None,
     **access: str | bool | None,
 ) -> None:
-    from app.alerts.rules import RulesFileError, load_rules
+    from app.alerts.config import RulesFileError, load_rules
+    from app.cli._serving import BindRefused, CannotServe, access_line, make_server, ready_to_serve
     from app.main import create_app
-    from app.serving import BindRefused, CannotServe, access_line, make_server, ready_to_serve
 
     chosen = settings(host=host, port=port, alerts=alerts, **access)
     if (chosen.ssl_certfile is None) != (chosen.ssl_keyfile is None):

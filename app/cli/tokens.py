@@ -47,7 +47,7 @@ def tokens() -> None:
 @click.option("--expires", metavar="DURATION", help="30d, 12h, 45m, 2w (default: never)")
 @db_option
 def create(name: str, role: str, expires: str | None, db: str | None) -> None:
-    from app.identity import parse_duration
+    from app.middleware.identity import parse_duration
     from scaler.store.engine import open_store
     from scaler.store.identities import IdentityExists, Role, create_identity
 

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.autopilot import routes as autopilot
 from app.models import ErrorMessage
-from app.routes import alerts, control, diagnosis, export, metrics, rules, runs, stream, tokens
+from app.routes import (
+    alerts,
+    autopilot,
+    control,
+    diagnosis,
+    export,
+    metrics,
+    rules,
+    runs,
+    stream,
+    tokens,
+)
 
 __all__ = ["STORE_UNAVAILABLE", "router"]
 

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fastapi import APIRouter, Request, Response, status
+from fastapi import APIRouter, Response, status
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from app.alerts.webhooks import WebhookSender
-from app.deps import StoreDep
-from app.health import StoreHealth
+from app.deps import ServicesDep, StoreDep
 from app.models import Health, Unhealthy
 from scaler.store import queries
 from scaler.store.alerts import firing_alerts
@@ -94,9 +93,8 @@ def metrics_registry(store: Store, sender: WebhookSender | None = None) -> Colle
 
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
-def metrics(request: Request) -> Response:
-    registry: CollectorRegistry = request.app.state.metrics
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+def metrics(services: ServicesDep) -> Response:
+    return Response(generate_latest(services.metrics), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get(
@@ -106,10 +104,10 @@ def metrics(request: Request) -> Response:
         503: {"model": Unhealthy, "description": "the store cannot be used (damaged, unreadable)"}
     },
 )
-def healthz(request: Request, store: StoreDep) -> Health | JSONResponse:
+def healthz(services: ServicesDep, store: StoreDep) -> Health | JSONResponse:
     """ok when a probe of the store reads and (SQLite) no request met a storage failure
     lately."""
-    health: StoreHealth = request.app.state.health
+    health = services.health
     # SQLite's damaged pages, met by a request, may be missed by the probe: remembered for
     # a while. A server's failures (down, unreachable) are its state, which a probe sees,
     # so on PostgreSQL /healthz is ok again as soon as the server is back.

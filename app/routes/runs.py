@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
+from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
-from app.deps import StoreDep
+from app.deps import ServicesDep, StoreDep
 from app.models import (
     ErrorMessage,
     OverflowItem,
@@ -78,7 +78,7 @@ def chart_json(
 
 @router.get("/{run}/steps", response_model=StepSeries, responses=NOT_FOUND)
 async def get_steps(
-    request: Request,
+    services: ServicesDep,
     store: StoreDep,
     run: RunId,
     start: NonNegative = None,
@@ -89,9 +89,8 @@ async def get_steps(
     ``end`` below ``start`` is an empty range."""
     # A few chart queries at a time: more would only share the same cores, and a busy
     # service must still leave the event loop (the live streams) its turn.
-    limiter: anyio.CapacityLimiter = request.app.state.chart_limiter
     return await anyio.to_thread.run_sync(
-        chart_json, store, run, start, end, max_points, limiter=limiter
+        chart_json, store, run, start, end, max_points, limiter=services.chart_limiter
     )
 
 

@@ -8,14 +8,14 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Header
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
-from app.deps import SettingsDep, StoreDep
-from app.hubs import Hub, Hubs
+from app.deps import ServicesDep, SettingsDep, StoreDep
+from app.live.hubs import Hub, Hubs
+from app.live.sse import opening, sse_event
 from app.routes.runs import NOT_FOUND, After, RunId, require_run_exists
-from app.sse import opening, sse_event
 from scaler.store import queries
 
 __all__ = ["router"]
@@ -79,7 +79,7 @@ def _keep_alive() -> ServerSentEvent:
     responses={200: {"content": {"text/event-stream": {}}}, **NOT_FOUND},
 )
 async def stream(
-    request: Request,
+    services: ServicesDep,
     store: StoreDep,
     settings: SettingsDep,
     run: RunId,
@@ -98,7 +98,7 @@ async def stream(
     start = newest if resume is None else min(resume, newest)
     stopping = anyio.Event()
     return EventSourceResponse(
-        _events(request.app.state.hubs, run, start, stopping),
+        _events(services.hubs, run, start, stopping),
         headers={"Cache-Control": "no-cache"},
         ping=settings.stream_keepalive_s,
         ping_message_factory=_keep_alive,

@@ -8,8 +8,8 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Path, Request, status
 from pydantic import BaseModel, Field
 
-from app.deps import ActorDep, StoreDep
-from app.identity import DURATION_PATTERN, TICKET_S, Identity, parse_duration
+from app.deps import ActorDep, ServicesDep, StoreDep
+from app.middleware.identity import DURATION_PATTERN, TICKET_S, Identity, parse_duration
 from app.models import ErrorMessage
 from app.routes.writes import WRITE_RESPONSES
 from scaler.store.identities import (
@@ -96,9 +96,9 @@ NO_IDENTITY: dict[int | str, dict[str, object]] = {
 
 
 @router.get("/whoami")
-def whoami(request: Request) -> WhoAmI:
+def whoami(request: Request, services: ServicesDep) -> WhoAmI:
     identity: Identity | None = getattr(request.state, "identity", None)
-    reads_open = bool(request.app.state.reads_open)
+    reads_open = services.reads_open
     if identity is None:
         return WhoAmI(name=None, role=None, source="anonymous", reads_open=reads_open)
     return WhoAmI(
@@ -107,12 +107,12 @@ def whoami(request: Request) -> WhoAmI:
 
 
 @router.post("/tickets")
-def ticket(request: Request) -> Ticket:
+def ticket(request: Request, services: ServicesDep) -> Ticket:
     """A ticket for the streams and exports of who asks (an anonymous viewer where reads
     are open: the dashboard asks alike either way)."""
     identity: Identity | None = getattr(request.state, "identity", None)
     holder = identity or Identity(ANONYMOUS, Role.VIEWER, "anonymous")
-    return Ticket(ticket=request.app.state.tickets.issue(holder), expires_in=TICKET_S)
+    return Ticket(ticket=services.tickets.issue(holder), expires_in=TICKET_S)
 
 
 @router.get("/tokens")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.limits import MAX_BODY_BYTES
+from app.middleware.limits import MAX_BODY_BYTES
 from app.models import ErrorMessage
 
 __all__ = ["WRITE_RESPONSES"]

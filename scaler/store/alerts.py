@@ -16,7 +16,6 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -24,17 +23,14 @@ from sqlalchemy import RowMapping, exc, select, update
 
 from scaler.store.engine import Store
 from scaler.store.schema import alerts, runs
-from scaler.store.sql import driver_sql
 from scaler.store.states import AlertState
 
 __all__ = [
-    "WATCHED_COLUMNS",
     "AlertRow",
     "Firing",
     "alert_page",
     "fire_alert",
     "firing_alerts",
-    "new_steps",
     "resolve_alert",
 ]
 
@@ -184,53 +180,3 @@ def alert_page(
     with store.read() as conn:
         rows = [_row(row._mapping) for row in conn.execute(query)]
     return rows[:limit], rows[limit - 1].id if len(rows) > limit else None
-
-
-# What the rules read of a step, and its run.
-WATCHED_COLUMNS: tuple[str, ...] = (
-    "run_id",
-    "step",
-    "wall_time",
-    "scale",
-    "scale_after",
-    "overflow",
-    "skipped",
-    "inf_ranks",
-)
-# Runs asked for in one statement (a sub-select each).
-RUNS_PER_READ = 50
-
-
-def new_steps(store: Store, cursors: Mapping[int, int], *, per_run: int) -> list[tuple[Any, ...]]:
-    """The steps after each run's cursor (``run id -> last step read``), at most
-    ``per_run`` of each, as tuples of ``WATCHED_COLUMNS``, by run and step: one statement
-    for up to ``RUNS_PER_READ`` runs (a statement a run costs a round trip each on a
-    server store), read through the driver's cursor (a tuple a row, nothing more).
-
-    Each run is its own sub-select on the primary key, as a chart's read is: one filter
-    over all the runs, ordered and limited, lets a planner walk the whole index instead.
-    """
-    wanted = sorted(cursors.items())
-    dialect = store.engine.dialect.name
-    rows: list[tuple[Any, ...]] = []
-    raw = store.engine.raw_connection()
-    try:
-        cursor = raw.cursor()
-        for first in range(0, len(wanted), RUNS_PER_READ):
-            part = wanted[first : first + RUNS_PER_READ]
-            params: dict[str, int] = {"limit": per_run}
-            for i, (run, after) in enumerate(part):
-                params[f"run{i}"], params[f"after{i}"] = run, after
-            sql = " UNION ALL ".join(_ONE_RUN.format(i=i) for i in range(len(part)))
-            cursor.execute(driver_sql(f"{sql} ORDER BY run_id, step", dialect), params)
-            rows += cursor.fetchall()
-        cursor.close()
-    finally:
-        raw.close()
-    return rows
-
-
-_ONE_RUN = (
-    f"SELECT * FROM (SELECT {', '.join(WATCHED_COLUMNS)} FROM steps"
-    " WHERE run_id = :run{i} AND step > :after{i} ORDER BY step LIMIT :limit) AS r{i}"
-)

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from itertools import chain
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alembic import command
 from alembic.config import Config
@@ -32,13 +32,16 @@ from sqlalchemy import URL, Connection, Engine, create_engine, event, exc, make_
 import migrations
 from scaler.store import postgres
 from scaler.store.errors import NotAStoreURL, StoreDamaged
+from scaler.store.timeouts import DEFAULTS, Timeouts
+
+if TYPE_CHECKING:
+    from scaler.store.notify import Listener
 
 log = logging.getLogger("scaler.store")
 
 ENV_VAR = "SCALEWATCH_DB"
 DEFAULT_URL = "sqlite:///scalewatch.db"
-BUSY_TIMEOUT_MS = 30_000
-MIGRATION_WAIT_S = 900.0  # how long opening a store waits for another process's upgrade
+BUSY_TIMEOUT_MS = DEFAULTS.busy_ms  # the default (bench/telemetry.py's raw connections)
 # Connections an engine on a file keeps open, and the most it opens beyond those.
 POOL_SIZE, POOL_OVERFLOW = 10, 30
 
@@ -159,6 +162,9 @@ class Store:
     def __init__(self, url: str, engine: Engine) -> None:
         self.url = url
         self.engine = engine
+        # PostgreSQL: the LISTEN connection of this store's live streams, while any wait
+        # (scaler.store.notify).
+        self.listener: Listener | None = None
 
     def __repr__(self) -> str:
         return f"Store({shown_url(self.url)!r})"
@@ -204,8 +210,9 @@ class Store:
         self.close()
 
 
-def make_engine(url: str) -> Engine:
-    """An engine on a SQLite ``url`` whose every connection has the store's pragmas.
+def make_engine(url: str, *, timeouts: Timeouts = DEFAULTS) -> Engine:
+    """An engine on a SQLite ``url`` whose every connection has the store's pragmas (a
+    PostgreSQL one: :func:`scaler.store.postgres.make_engine`), waiting as ``timeouts`` say.
 
     Transactions are begun by SQLAlchemy itself (the driver's implicit BEGIN skips DDL),
     as ``BEGIN`` or, with the execution option ``sqlite_begin="IMMEDIATE"``, ``BEGIN
@@ -214,7 +221,7 @@ def make_engine(url: str) -> Engine:
     url = store_url(url)
     parsed = parse_store_url(url)
     if postgres.is_postgres(parsed):
-        return postgres.make_engine(parsed)
+        return postgres.make_engine(parsed, timeouts=timeouts)
     database = parsed.database or ""
     if database and database != ":memory:" and not database.startswith("file:"):
         parent = Path(database).expanduser().absolute().parent
@@ -229,16 +236,16 @@ def make_engine(url: str) -> Engine:
         # (anyio runs sync routes in up to 40 threads) instead of queueing on 5 + 10.
         pool = {"pool_size": POOL_SIZE, "max_overflow": POOL_OVERFLOW}
     engine = create_engine(url, **pool)
-    event.listen(engine, "connect", _on_connect)
+    event.listen(engine, "connect", functools.partial(_on_connect, busy_ms=timeouts.busy_ms))
     event.listen(engine, "begin", _on_begin)
     return engine
 
 
-def _on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
+def _on_connect(dbapi_connection: sqlite3.Connection, _record: Any, *, busy_ms: int) -> None:
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     try:
-        cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        cursor.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
         _use_wal(cursor)
         for pragma in _PRAGMAS:
             cursor.execute(pragma)
@@ -350,15 +357,15 @@ def _migration_lock(engine: Engine) -> Iterator[Connection]:
             yield conn
 
 
-def upgrade_engine(engine: Engine) -> str:
+def upgrade_engine(engine: Engine, *, wait_s: float = DEFAULTS.migration_wait_s) -> str:
     """Upgrade the database behind ``engine`` to the head revision; return the head.
 
     Another process upgrading a big store holds the write lock longer than the busy
     timeout: while the store is not at the head, the lock is asked for again, for up to
-    ``MIGRATION_WAIT_S``, with a warning once.
+    ``wait_s``, with a warning once.
     """
     head = head_revision()
-    deadline = time.monotonic() + MIGRATION_WAIT_S
+    deadline = time.monotonic() + wait_s
     warned = False
     while True:
         with engine.connect() as conn:
@@ -384,7 +391,7 @@ def upgrade_engine(engine: Engine) -> str:
                 log.warning(
                     "scalewatch: another process holds the store's write lock (an upgrade?);"
                     " waiting up to %.0f s for it",
-                    MIGRATION_WAIT_S,
+                    wait_s,
                 )
                 warned = True
 
@@ -412,18 +419,21 @@ def downgrade(url: str | None = None, revision: str = "base") -> None:
         engine.dispose()
 
 
-def open_store(url: str | None = None, *, check: bool = False) -> Store:
+def open_store(
+    url: str | None = None, *, check: bool = False, timeouts: Timeouts = DEFAULTS
+) -> Store:
     """Open the store at ``url`` (default: :func:`default_url`), upgrading it to the head;
-    with ``check``, first refuse a damaged one (:func:`check_integrity`).
+    with ``check``, first refuse a damaged one (:func:`check_integrity`). ``timeouts``: how
+    long it waits for locks, another process's upgrade and a server.
 
     Safe when several processes open the same new file at the same moment.
     """
     resolved = store_url(url or default_url())
-    engine = make_engine(resolved)
+    engine = make_engine(resolved, timeouts=timeouts)
     try:
         if check:
             check_integrity(engine)
-        upgrade_engine(engine)
+        upgrade_engine(engine, wait_s=timeouts.migration_wait_s)
     except BaseException:
         engine.dispose()
         raise

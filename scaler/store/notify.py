@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from scaler.store.engine import Store
 from scaler.store.postgres import STEPS_CHANNEL
 
-__all__ = ["Waiter", "subscribe", "unsubscribe"]
+__all__ = ["Listener", "Waiter", "subscribe", "unsubscribe"]
 # How often the listening thread looks whether it should stop, and waits after losing
 # its connection before it connects again.
 _TICK_S = 0.5
@@ -52,7 +52,7 @@ class Waiter:
         return True
 
 
-class _Listener:
+class Listener:
     """One LISTEN connection of a store's engine, while it has waiters."""
 
     def __init__(self, engine: Engine, first: Waiter) -> None:
@@ -96,19 +96,22 @@ class _Listener:
         return self._thread.is_alive()
 
 
+# Guards every store's listener and its waiters: taken briefly, by the event loops that
+# subscribe and by the listening threads that wake them.
 _LOCK = threading.Lock()
-_LISTENERS: dict[Engine, _Listener] = {}
 
 
 def subscribe(store: Store, run_id: int) -> Waiter | None:
-    """A waiter for new steps of ``run_id`` on the running event loop; None on SQLite."""
+    """A waiter for new steps of ``run_id`` on the running event loop; None on SQLite.
+
+    The store holds its one listener (``store.listener``) while any waiter does."""
     if store.engine.dialect.name != "postgresql":
         return None
     waiter = Waiter(run_id, asyncio.get_running_loop())
     with _LOCK:
-        listener = _LISTENERS.get(store.engine)
+        listener = store.listener
         if listener is None or not listener.alive():
-            _LISTENERS[store.engine] = _Listener(store.engine, waiter)
+            store.listener = Listener(store.engine, waiter)
         else:
             listener.waiters.setdefault(run_id, set()).add(waiter)
     return waiter
@@ -119,7 +122,7 @@ def unsubscribe(store: Store, waiter: Waiter | None) -> None:
     if waiter is None:
         return
     with _LOCK:
-        listener = _LISTENERS.get(store.engine)
+        listener = store.listener
         if listener is None:
             return
         group = listener.waiters.get(waiter.run_id)
@@ -128,4 +131,4 @@ def unsubscribe(store: Store, waiter: Waiter | None) -> None:
             if not group:
                 del listener.waiters[waiter.run_id]
         if not listener.waiters:
-            del _LISTENERS[store.engine]
+            store.listener = None

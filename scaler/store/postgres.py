@@ -8,6 +8,7 @@ one store with one service over it. Both run the same schema and Alembic revisio
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ from typing import Any
 from sqlalchemy import URL, Connection, Engine, create_engine, event, exc, text
 
 from scaler.store.errors import UnsupportedDriver
+from scaler.store.timeouts import DEFAULTS, Timeouts
 
 DRIVER = "psycopg"
 # pg_advisory_xact_lock's key: "scalewatch" in ASCII, truncated to 63 bits. Any key would
@@ -25,11 +27,6 @@ POOL_SIZE, POOL_OVERFLOW = 10, 30
 # Where a step transaction announces its run's new steps (scaler.store.notify listens).
 STEPS_CHANNEL = "scalewatch_steps"
 NOTIFY_STEPS = f"SELECT pg_notify('{STEPS_CHANNEL}', %s)"
-# Seconds a new connection waits for the server before it gives up with an error.
-CONNECT_TIMEOUT_S = 10
-# A pooled connection idle this long is pinged before use (a server restart leaves dead
-# ones behind); one back in use within it is not: under load every trip counts.
-PING_IDLE_S = 1.0
 # Reads autocommit (one round trip a statement, where a transaction adds BEGIN and
 # ROLLBACK: under READ COMMITTED each statement has its own snapshot either way); writes
 # and migrations run in transactions of this level.
@@ -52,13 +49,15 @@ def check_driver(url: URL) -> None:
         ) from error
 
 
-def make_engine(url: URL) -> Engine:
+def make_engine(url: URL, *, timeouts: Timeouts = DEFAULTS) -> Engine:
     """An engine on a PostgreSQL ``url``; its pool as large as a SQLite file store's, so
-    every worker thread of the service can hold a connection at once."""
+    every worker thread of the service can hold a connection at once. A connection waits
+    ``timeouts.connect_s`` for the server (unless the URL says), and one idle in the pool
+    over ``timeouts.ping_idle_s`` is pinged at checkout."""
     check_driver(url)
     args: dict[str, Any] = {}
     if "connect_timeout" not in url.query:
-        args["connect_timeout"] = CONNECT_TIMEOUT_S
+        args["connect_timeout"] = math.ceil(timeouts.connect_s)  # libpq takes whole seconds
     engine = create_engine(
         url,
         pool_size=POOL_SIZE,
@@ -67,7 +66,7 @@ def make_engine(url: URL) -> Engine:
         connect_args=args,
     )
     event.listen(engine, "checkin", _on_checkin)
-    event.listen(engine, "checkout", _on_checkout)
+    event.listen(engine, "checkout", functools.partial(_on_checkout, idle_s=timeouts.ping_idle_s))
     return engine
 
 
@@ -84,11 +83,12 @@ def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
     record.info["idle_since"] = time.monotonic()
 
 
-def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
-    """Ping a connection that sat in the pool for a while; a dead one is replaced (the pool
-    retries on ``DisconnectionError``), so a restarted server costs no request an error."""
+def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any, *, idle_s: float) -> None:
+    """Ping a connection that sat in the pool ``idle_s`` or longer; a dead one is replaced
+    (the pool retries on ``DisconnectionError``), so a restarted server costs no request an
+    error."""
     since = record.info.get("idle_since")
-    if since is None or time.monotonic() - since < PING_IDLE_S:
+    if since is None or time.monotonic() - since < idle_s:
         return
     import psycopg
 

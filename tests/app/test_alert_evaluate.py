@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from app.alerts import evaluate
+from app.alerts.config import default_rules, parse_rules
 from app.alerts.evaluate import Evaluator
-from app.alerts.rules import default_rules, parse_rules
-from scaler.store import alerts as alerts_store
+from scaler.store import watched as watched_store
 from scaler.store.alerts import AlertRow, alert_page
 from scaler.store.autopilot import disable_autopilot, save_decision, set_autopilot
 from scaler.store.engine import Store, open_store
@@ -60,8 +60,8 @@ def _records(first: int, last: int, skipped: set[int]) -> list[StepRecord]:
     ]  # fmt: skip
 
 
-def _evaluator(store: Store, clock: Clock, changes: list[AlertRow]) -> Evaluator:
-    return Evaluator(store, RULES, on_change=changes.append, clock=clock)
+def _evaluator(store: Store, clock: Clock, changes: list[AlertRow], **batches: int) -> Evaluator:
+    return Evaluator(store, RULES, on_change=changes.append, clock=clock, **batches)
 
 
 def _alerts(store: Store) -> list[AlertRow]:
@@ -160,7 +160,6 @@ def test_two_services_over_one_store_fire_it_once(any_store: Store) -> None:
 def test_a_write_that_fails_is_made_at_the_next_tick_with_its_steps(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.alerts.evaluate as evaluate
 
     store, clock, changes = open_store(db_url), Clock(), []
     run = create_run(store, name="bert", world_size=1, config={}, control={})
@@ -267,13 +266,10 @@ def test_many_runs_are_read_a_batch_at_a_time_and_each_step_fed_once(
     """The steps of every run come from a few statements per tick (not one per run), in
     batches across the runs; a backlog larger than a batch and than a tick's share is fed
     over ticks, every step once and in order, each alert at its own step."""
-    monkeypatch.setattr(evaluate, "BATCH_STEPS", 7)
-    monkeypatch.setattr(evaluate, "TICK_STEPS", 12)
-    monkeypatch.setattr(alerts_store, "RUNS_PER_READ", 4)
     store, clock, changes = any_store, Clock(), []
     ids = [create_run(store, name=f"r{i}", world_size=1, config={}, control={}).id
            for i in range(10)]  # fmt: skip
-    evaluator = _evaluator(store, clock, changes)
+    evaluator = _evaluator(store, clock, changes, batch_steps=7, tick_steps=12, runs_per_read=4)
     evaluator.tick()  # watched from step 0
     streak_at = {run: 3 + 2 * i for i, run in enumerate(ids)}  # skipped from here on 3 steps
     for run in ids:
@@ -288,13 +284,13 @@ def test_many_runs_are_read_a_batch_at_a_time_and_each_step_fed_once(
 
     monkeypatch.setattr(Evaluator, "_step", step)
     reads: list[str] = []
-    real_sql = alerts_store.driver_sql
+    real_sql = watched_store.driver_sql
 
     def driver_sql(sql: str, dialect: str) -> str:
         reads.append(sql)
         return real_sql(sql, dialect)
 
-    monkeypatch.setattr(alerts_store, "driver_sql", driver_sql)  # new_steps' statements
+    monkeypatch.setattr(watched_store, "driver_sql", driver_sql)  # new_steps' statements
     evaluator.tick()
     # 10 runs, 7 steps each a batch: two batches reach the tick's share of 12, each batch
     # three statements (runs by fours); one statement a run would be 20.

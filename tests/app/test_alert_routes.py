@@ -42,7 +42,7 @@ def alerting(settings: Settings, store: Store, rules_file: Path) -> Iterator[Tes
 
 
 def _tick(client: TestClient) -> None:
-    client.app.state.alerts.tick()  # type: ignore[attr-defined]
+    client.app.state.services.alerts.tick()  # type: ignore[attr-defined]
 
 
 def _firing_run(client: TestClient, store: Store, name: str = "bert") -> int:
@@ -85,7 +85,7 @@ def test_the_background_evaluator_fires_without_being_asked(
 ) -> None:
     run = add_run(store, simulate(10, set()), name="bert")
     deadline = time.monotonic() + 10
-    while alerting.app.state.alerts.ticks < 2:  # type: ignore[attr-defined]
+    while alerting.app.state.services.alerts.ticks < 2:  # type: ignore[attr-defined]
         assert time.monotonic() < deadline, "the evaluator did not tick"
         time.sleep(0.01)
     write_steps(store, run, simulate(5, {11, 12, 13, 14, 15}, first=11))

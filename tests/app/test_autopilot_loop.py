@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Connection
 
-from app.alerts.rules import RulesFileError, parse_rules
+from app.alerts.config import RulesFileError, parse_rules
 from app.autopilot import AutopilotLoop, run_loop
 from scaler.store.autopilot import (
     disable_autopilot,

@@ -151,7 +151,7 @@ def test_with_the_autopilot_off_nothing_changes(
     assert response.status_code == 200 and response.json()["state"] == "watching"
     response = client.delete(f"/api/runs/{run}/autopilot", headers=auth())
     assert response.status_code == 200 and response.json()["state"] == "off"
-    loop = client.app.state.autopilot  # type: ignore[attr-defined]
+    loop = client.app.state.services.autopilot  # type: ignore[attr-defined]
     ticks = loop.ticks
     trainer.run_until(
         lambda: trainer.steps >= 2000 and loop.ticks >= ticks + 5,

@@ -358,7 +358,7 @@ def test_the_demo_refuses_more_ranks_than_the_machine_runs_before_it_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``demo --world-size 500`` started 500 ranks on a 24 GB machine and exhausted it."""
-    from app import demo
+    from app.cli import _demo as demo
     from app.cli import main
     from scaler.examples import tiny_lm
 
@@ -429,7 +429,7 @@ def test_a_ctrl_c_while_the_trainer_is_being_started_stops_it_as_any_other(
     trainer, without its handle, was never told to stop."""
     import socket as socket_module
 
-    import app.demo as demo_module
+    import app.cli._demo as demo_module
     from app.settings import Settings
 
     class Trainer:

@@ -3,7 +3,7 @@ and the table that counts them stays small under a flood from many addresses."""
 
 from __future__ import annotations
 
-from app.penalty import FailurePenalty
+from app.middleware.penalty import FailurePenalty
 from scaler.store.engine import Store
 from tests.app.conftest import TOKEN, TestClient, add_run, auth, simulate
 
@@ -12,7 +12,7 @@ def test_repeated_wrong_tokens_lock_the_client_out(client: TestClient, store: St
     """300 wrong-token POSTs got 300 401s within a second: guessing was free."""
     run = add_run(store, simulate(10, set()))
     url = f"/api/runs/{run}/control"
-    client.app.state.penalty = FailurePenalty(free_failures=3, base_s=30.0)
+    client.app.state.services.penalty = FailurePenalty(free_failures=3, base_s=30.0)
     codes = [client.post(url, json={"scale": 2.0}, headers=auth("x" * 20)).status_code
              for _ in range(6)]  # fmt: skip
     assert codes == [401, 401, 401, 401, 429, 429]
@@ -50,7 +50,7 @@ def test_a_flood_from_many_addresses_keeps_the_table_bounded() -> None:
 
 def test_wrong_tokens_on_any_guarded_route_count_alike(client: TestClient, store: Store) -> None:
     """Reads, streams' tickets and the identities' routes are guessing grounds too."""
-    client.app.state.penalty = FailurePenalty(free_failures=3, base_s=30.0)
+    client.app.state.services.penalty = FailurePenalty(free_failures=3, base_s=30.0)
     wrong = auth("sw_" + "0" * 16 + "_" + "x" * 43)
     urls = ["/api/runs", "/api/tokens", "/api/whoami", "/api/runs/1/stream?ticket=forged"]
     codes = [client.get(url, headers=wrong if "ticket" not in url else {}).status_code

@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from app.identity import TICKET_S, Identity
 from app.main import create_app
+from app.middleware.identity import TICKET_S, Identity
 from app.settings import Settings
 from scaler.store.engine import Store
 from scaler.store.identities import Role, create_identity
@@ -70,6 +70,6 @@ def test_a_stream_and_an_export_open_with_a_ticket(exposed: TestClient, store: S
     assert exposed.get(f"/api/runs?ticket={ticket}").status_code == 401
     forged = ticket[:-2] + ("AA" if not ticket.endswith("AA") else "BB")
     assert exposed.get(f"/api/runs/{run}/stream?ticket={forged}").status_code == 401
-    stale = exposed.app.state.tickets.issue(Identity("v", Role.VIEWER, "token"), now=0.0)  # type: ignore[attr-defined]
+    stale = exposed.app.state.services.tickets.issue(Identity("v", Role.VIEWER, "token"), now=0.0)  # type: ignore[attr-defined]
     refused = exposed.get(f"/api/runs/{run}/export?ticket={stale}")
     assert refused.status_code == 401 and "ticket" in refused.json()["detail"]

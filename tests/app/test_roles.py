@@ -1,6 +1,6 @@
 """Every operation of the OpenAPI document against every kind of caller: let through,
 401 or 403, as the role the operation needs says. A route added without a role in
-app.roles makes create_app refuse to start, and this matrix with it."""
+app.middleware.roles makes create_app refuse to start, and this matrix with it."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from app.main import create_app
-from app.penalty import FailurePenalty
-from app.roles import ROUTE_ROLES, undeclared
+from app.middleware.penalty import FailurePenalty
+from app.middleware.roles import ROUTE_ROLES, undeclared
 from app.settings import Settings
 from scaler.store.engine import Store
 from scaler.store.identities import Role, create_identity, revoke_identity
@@ -73,7 +73,7 @@ def test_every_operation_answers_every_caller_as_its_role_says(
     reads_open = host == "127.0.0.1"
     seen = []
     with TestClient(create_app(settings), base_url=LOCAL) as client:
-        client.app.state.penalty = FailurePenalty(free_failures=10**6)  # type: ignore[attr-defined]
+        client.app.state.services.penalty = FailurePenalty(free_failures=10**6)  # type: ignore[attr-defined]
         document = client.get("/openapi.json").json()
         for method, path in operations(document):
             need = ROUTE_ROLES[method, path]

@@ -18,9 +18,7 @@ import pytest
 from pydantic import SecretStr
 
 from app.cli import main
-from app.main import create_app
-from app.security import check_token, host_name, is_loopback
-from app.serving import (
+from app.cli._serving import (
     MIN_TOKEN_CHARS,
     SHUTDOWN_GRACE_S,
     BindRefused,
@@ -29,6 +27,8 @@ from app.serving import (
     prepare,
     ready_to_serve,
 )
+from app.main import create_app
+from app.middleware.security import check_token, host_name, is_loopback
 from app.settings import Settings
 from scaler.store.engine import open_store
 from scaler.store.runs import write_steps

@@ -72,7 +72,7 @@ def test_a_store_that_breaks_while_serving_is_a_503_with_its_reason(
     with store.engine.connect() as conn:
         conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
     damage(Path(store.engine.url.database or ""))
-    client.app.state.store.engine.dispose()  # pooled connections keep pages they read
+    client.app.state.services.store.engine.dispose()  # pooled connections keep pages they read
     caplog.set_level(logging.WARNING)
     for path in (f"/api/runs/{run}/steps", f"/api/runs/{run}/overflows", "/api/runs", "/metrics"):
         response = client.get(path)
@@ -94,7 +94,7 @@ def test_healthz_probes_the_store(client: TestClient, store: Store) -> None:
     path = Path(store.engine.url.database or "")
     with path.open("r+b") as file:
         file.write(b"\0" * 100)  # the header: no longer a database
-    client.app.state.store.engine.dispose()
+    client.app.state.services.store.engine.dispose()
     response = client.get("/healthz")
     assert response.status_code == 503, response.text
     assert "not a database" in response.json()["detail"]

@@ -16,10 +16,10 @@ import pytest
 import uvicorn
 from pydantic import SecretStr
 
-import app.hubs as hubs_module
+import app.live.hubs as hubs_module
+from app.live.sse import sse_event
 from app.main import create_app
 from app.settings import Settings
-from app.sse import sse_event
 from scaler.store.engine import Store, open_store
 from scaler.store.identities import Role, create_identity
 from scaler.store.runs import end_run
@@ -109,8 +109,8 @@ def server(db_url: str, store: Store) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def _serve(db_url: str, poll_s: float) -> Iterator[str]:
-    settings = Settings(db=db_url, token=SecretStr("t"), stream_poll_s=poll_s)
+def _serve(db_url: str, poll_s: float, **stream: float) -> Iterator[str]:
+    settings = Settings(db=db_url, token=SecretStr("t"), stream_poll_s=poll_s, **stream)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -165,13 +165,12 @@ def test_postgresql_tells_a_stream_of_new_steps_without_a_poll(
 ) -> None:
     """LISTEN/NOTIFY: a step another process writes reaches the stream within a second,
     though the stream would poll the store only every 30 s."""
-    monkeypatch.setattr(hubs_module, "LISTEN_FALLBACK_S", 30.0)
     with open_store(postgres_url) as store:
         run = add_run(store, simulate(5, set()))
     writer = Writer(postgres_url, run)
     try:
         with (
-            _serve(postgres_url, poll_s=30.0) as server,
+            _serve(postgres_url, poll_s=30.0, stream_listen_fallback_s=30.0) as server,
             httpx.Client(base_url=server, timeout=5) as http,
             http.stream("GET", f"/api/runs/{run}/stream") as response,
         ):
@@ -187,13 +186,10 @@ def test_postgresql_tells_a_stream_of_new_steps_without_a_poll(
 
 
 def test_streams_far_behind_share_each_page_and_miss_nothing(
-    server: str, store: Store, monkeypatch: pytest.MonkeyPatch
+    db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Streams behind what the hub keeps read aligned pages that are read and encoded once,
     whatever the number of streams: falling behind must not multiply the service's work."""
-    monkeypatch.setattr(hubs_module, "BUFFERED_STEPS", 100)
-    monkeypatch.setattr(hubs_module, "BEHIND_PAGE", 64)
-    monkeypatch.setattr(hubs_module, "BEHIND_PAGES", 100)  # nothing evicted: exact count
     reads: list[tuple[int, int]] = []
     read_page = hubs_module._read_page
 
@@ -204,6 +200,15 @@ def test_streams_far_behind_share_each_page_and_miss_nothing(
     monkeypatch.setattr(hubs_module, "_read_page", counted)
     run = add_run(store, simulate(1000, {10, 500}))
     with contextlib.ExitStack() as stack:
+        server = stack.enter_context(
+            _serve(
+                db_url,
+                poll_s=0.05,
+                stream_buffered_steps=100,
+                stream_behind_page=64,
+                stream_behind_pages=100,  # nothing evicted: exact count
+            )
+        )
         http = stack.enter_context(httpx.Client(base_url=server, timeout=10))
         # The first stream starts the hub at the last step; the others resume from the start.
         stack.enter_context(http.stream("GET", f"/api/runs/{run}/stream"))

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from app.sse import sse_event, step_events
+from app.live.sse import sse_event, step_events
 from scaler.store.queries import step_dict
 
 

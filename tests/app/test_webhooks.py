@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.alerts.rules import Webhook
+from app.alerts.config import Webhook
 from app.alerts.webhooks import WebhookSender, payload
 from app.main import create_app
 from app.settings import Settings
@@ -120,7 +120,7 @@ def test_the_service_posts_firing_and_resolved_while_a_hanging_hook_times_out(
         )
         settings = settings.model_copy(update={"alerts": rules, "alerts_interval_s": 0.02})
         with TestClient(create_app(settings), base_url=LOCAL) as client:
-            alerts = client.app.state.alerts  # type: ignore[attr-defined]
+            alerts = client.app.state.services.alerts  # type: ignore[attr-defined]
             run = add_run(store, simulate(10, set()), name="bert")
             alerts.tick()
             write_steps(store, run, simulate(3, {11, 12, 13}, first=11))

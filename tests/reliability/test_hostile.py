@@ -24,7 +24,7 @@ from torch import nn
 
 import scaler
 from app.main import create_app
-from app.penalty import FailurePenalty
+from app.middleware.penalty import FailurePenalty
 from app.settings import Settings
 from scaler.store.autopilot import get_autopilot
 from scaler.store.control import control_history
@@ -87,9 +87,8 @@ def test_schema_fuzzing_finds_no_5xx_and_no_undocumented_answer(
         token_file=tmp_path / "token",
         allowed_hosts="testserver",  # the name schemathesis's ASGI client sends
     )
-    app = create_app(settings_)
     # Half the requests carry no token: a lockout would turn the rest into 429s.
-    app.state.penalty = FailurePenalty(free_failures=10**9)
+    app = create_app(settings_, penalty=FailurePenalty(free_failures=10**9))
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     statuses: Counter[int] = Counter()
     per_operation: Counter[str] = Counter()

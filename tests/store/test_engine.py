@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Connection, exc
 
-from scaler.store import Store, default_url, open_store, postgres
+from scaler.store import Store, default_url, open_store
 from scaler.store.engine import DEFAULT_URL, head_revision, make_engine, shown_url, storage_failure
 from scaler.store.errors import NotAStoreURL
 from scaler.store.runs import create_run
 from scaler.store.schema import runs
+from scaler.store.timeouts import Timeouts
 from tests._postgres import Cluster
 
 from ._workers import open_together
@@ -227,13 +228,12 @@ def test_postgresql_reads_autocommit_and_writes_are_transactions(postgres_url: s
 @pytest.mark.postgres
 @pytest.mark.parametrize("idle_s", [0.0, 3600.0])
 def test_a_pooled_connection_the_server_dropped_is_replaced_once_it_sat_idle(
-    postgres_url: str, monkeypatch: pytest.MonkeyPatch, idle_s: float
+    postgres_url: str, idle_s: float
 ) -> None:
-    """A connection idle in the pool longer than PING_IDLE_S is pinged at checkout and, if
+    """A connection idle in the pool longer than ping_idle_s is pinged at checkout and, if
     the server dropped it (a restart), replaced without an error; one back in use sooner
     is not pinged (a trip saved on every statement under load), so its next use fails."""
-    monkeypatch.setattr(postgres, "PING_IDLE_S", idle_s)
-    with open_store(postgres_url) as store:
+    with open_store(postgres_url, timeouts=Timeouts(ping_idle_s=idle_s)) as store:
         with store.read() as conn:
             dropped = _backend_pid(conn)
         killer = make_engine(postgres_url)  # as a restart would: not through the pool

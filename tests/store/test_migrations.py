@@ -19,6 +19,7 @@ from scaler.store import engine as engine_module
 from scaler.store.engine import head_revision, make_engine
 from scaler.store.runs import create_run
 from scaler.store.schema import metadata
+from scaler.store.timeouts import Timeouts
 
 TABLES = {
     "runs",
@@ -107,7 +108,7 @@ def test_migrations_ship_as_package_files() -> None:
 
 
 def test_opening_waits_out_another_process_upgrading_past_the_busy_timeout(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An upgrade of a big store holds the write lock longer than the busy timeout; a
     process opening the store meanwhile waits for it instead of failing 'locked'."""
@@ -115,11 +116,12 @@ def test_opening_waits_out_another_process_upgrading_past_the_busy_timeout(
     url = f"sqlite:///{path}"
     upgrade(url)
     downgrade(url, "base")  # an old store: opening it has an upgrade to do
-    monkeypatch.setattr(engine_module, "BUSY_TIMEOUT_MS", 100)
     upgrader = sqlite3.connect(path, isolation_level=None)
     upgrader.execute("BEGIN IMMEDIATE")  # the other process, mid-upgrade
     opened: list[object] = []
-    opener = threading.Thread(target=lambda: opened.append(open_store(url)))
+    opener = threading.Thread(
+        target=lambda: opened.append(open_store(url, timeouts=Timeouts(busy_ms=100)))
+    )
     with caplog.at_level(logging.WARNING, logger="scaler.store"):
         opener.start()
         deadline = time.monotonic() + 30

@@ -4,7 +4,7 @@ header, a stream ticket, or nobody.
 A stream ticket is what a browser puts in the URL of an EventSource or a download link,
 which cannot carry an ``Authorization`` header: ``<expiry>.<role>.<name>.<signature>``,
 HMAC-SHA256 under a key this process drew at start, good for ``TICKET_S`` seconds and
-only on the routes of ``app.roles.TICKET_PATHS``. A URL lands in access logs; a ticket
+only on the routes of ``app.middleware.roles.TICKET_PATHS``. A URL lands in access logs; a ticket
 there is of no use a minute later, where a token would be.
 
 >>> tickets = Tickets(key=b"k" * 32)

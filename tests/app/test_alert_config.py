@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from app.alerts.config import RulesFileError, default_rules, load_rules, parse_rules
 from app.alerts.kinds import KINDS, RunView
-from app.alerts.rules import RulesFileError, default_rules, load_rules, parse_rules
 from app.alerts.webhooks import payload
 from scaler.store.alerts import AlertRow
 from scaler.store.states import AlertState

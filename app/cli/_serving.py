@@ -10,7 +10,7 @@ from typing import Any, TextIO
 import uvicorn
 from pydantic import SecretStr
 
-from app.security import is_loopback, new_token, write_token_file
+from app.middleware.security import is_loopback, new_token, write_token_file
 from app.settings import Settings
 from scaler.store.engine import open_store
 

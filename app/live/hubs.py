@@ -2,8 +2,8 @@
 
 A hub reads a run's new steps and control changes once and encodes each poll's steps
 once, into chunks of bytes that every stream of the run sends as they are. The app's
-:class:`Hubs` is made in its lifespan and held on ``app.state.hubs``; a hub starts with the
-first stream of its run and stops when the last one leaves.
+:class:`Hubs` is made in its lifespan (one of its :class:`~app.services.Services`); a hub
+starts with the first stream of its run and stops when the last one leaves.
 """
 
 from __future__ import annotations
@@ -13,34 +13,48 @@ import bisect
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
+from app.live.sse import sse_event, step_events
 from app.models import ControlRequestOut
-from app.sse import sse_event, step_events
+from app.settings import Settings
 from scaler.store import notify, queries
 from scaler.store.control import control_history
 from scaler.store.engine import Store, storage_failure
 from scaler.store.states import RunStatus
 
-__all__ = ["Chunk", "Hub", "Hubs"]
+__all__ = ["Chunk", "Hub", "Hubs", "Pacing"]
 
 log = logging.getLogger("app.stream")
 
-# Seconds between polls of a stream that PostgreSQL tells of new steps: for the run's
-# end and control changes, which are not announced.
-LISTEN_FALLBACK_S = 1.0
 # Control requests change rarely; look at them every few polls of the steps.
 CONTROL_EVERY = 5
 STEP_PAGE = 1000
-# Steps older than what a hub keeps are read in aligned pages of this many steps, each read
-# and encoded once for all the streams that are that far behind.
-BEHIND_PAGE = 5000
-# Such pages a hub keeps, most recently used.
-BEHIND_PAGES = 8
-# Step events a hub keeps for streams that are a little behind (a slow client, a resume).
-BUFFERED_STEPS = 50_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pacing:
+    """How often a hub reads the store and how much it keeps: the app's settings
+    ``stream_*`` (:class:`~app.settings.Settings` says what each one is)."""
+
+    poll_s: float  # between polls of the store
+    listen_fallback_s: float  # between polls, where PostgreSQL tells of new steps
+    buffered_steps: int  # step events kept for streams a little behind
+    behind_page: int  # steps of an aligned page, for streams further behind
+    behind_pages: int  # such pages kept, most recently used
+
+    @classmethod
+    def of(cls, settings: Settings) -> Pacing:
+        return cls(
+            poll_s=settings.stream_poll_s,
+            listen_fallback_s=settings.stream_listen_fallback_s,
+            buffered_steps=settings.stream_buffered_steps,
+            behind_page=settings.stream_behind_page,
+            behind_pages=settings.stream_behind_pages,
+        )
 
 
 class Chunk:
@@ -101,8 +115,8 @@ class Hub:
     """The poller of one run and what it has read: the chunks of its latest steps, and the
     control events so far."""
 
-    def __init__(self, store: Store, run_id: int, after: int, poll_s: float) -> None:
-        self.store, self.run_id, self.poll_s = store, run_id, poll_s
+    def __init__(self, store: Store, run_id: int, after: int, pacing: Pacing) -> None:
+        self.store, self.run_id, self.pacing = store, run_id, pacing
         self.after = self.floor = after  # the chunks hold every step in (floor, after]
         self.chunks: list[Chunk] = []
         self.lasts: list[int] = []  # the last step of each chunk
@@ -144,9 +158,10 @@ class Hub:
                 self.wake()
                 if waiter is None:
                     woken = bool(chunks)
-                    await asyncio.sleep(self.poll_s)
+                    await asyncio.sleep(self.pacing.poll_s)
                 else:
-                    woken = await waiter.wait(max(self.poll_s, LISTEN_FALLBACK_S))
+                    pacing = self.pacing
+                    woken = await waiter.wait(max(pacing.poll_s, pacing.listen_fallback_s))
         except Exception as error:
             self.failed = True
             reason = storage_failure(error)
@@ -173,7 +188,7 @@ class Hub:
         self.lasts.append(chunk.steps[-1])
         self.buffered += len(chunk.steps)
         self.after = chunk.steps[-1]
-        while self.buffered - len(self.chunks[0].steps) >= BUFFERED_STEPS:
+        while self.buffered - len(self.chunks[0].steps) >= self.pacing.buffered_steps:
             dropped = self.chunks.pop(0)
             del self.lasts[0]
             self.buffered -= len(dropped.steps)
@@ -187,8 +202,9 @@ class Hub:
         pages: each is read and encoded once, so falling behind never multiplies the work
         by the number of streams.
         """
-        first = after // BEHIND_PAGE * BEHIND_PAGE
-        last = min(first + BEHIND_PAGE, self.floor)
+        size = self.pacing.behind_page
+        first = after // size * size
+        last = min(first + size, self.floor)
         key = (first, last)
         page = self.pages.get(key)
         if page is None:
@@ -198,7 +214,7 @@ class Hub:
             # Retrieved here, so a failed read nobody waits for any more is not logged.
             page.add_done_callback(lambda done: done.cancelled() or done.exception())
             self.pages[key] = page
-            while len(self.pages) > BEHIND_PAGES:
+            while len(self.pages) > self.pacing.behind_pages:
                 self.pages.popitem(last=False)
         else:
             self.pages.move_to_end(key)
@@ -229,8 +245,8 @@ class Hub:
 class Hubs:
     """The hubs of the live runs of one app's store, by run."""
 
-    def __init__(self, store: Store, poll_s: float) -> None:
-        self.store, self.poll_s = store, poll_s
+    def __init__(self, store: Store, pacing: Pacing) -> None:
+        self.store, self.pacing = store, pacing
         self._hubs: dict[int, Hub] = {}
 
     def __len__(self) -> int:
@@ -240,7 +256,7 @@ class Hubs:
         """The run's hub, started by its first stream (from ``after``)."""
         hub = self._hubs.get(run_id)
         if hub is None:
-            hub = self._hubs[run_id] = Hub(self.store, run_id, after, self.poll_s)
+            hub = self._hubs[run_id] = Hub(self.store, run_id, after, self.pacing)
             hub.start()
         hub.streams += 1
         return hub

@@ -13,6 +13,7 @@ from fastapi import Request, status
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.services import services_of
 from scaler.store.engine import storage_failure
 
 __all__ = ["FAILURE_MEMORY_S", "StorageGuard", "StoreHealth", "store_unavailable"]
@@ -44,8 +45,7 @@ async def store_unavailable(request: Request, exc: Exception) -> JSONResponse:
     reason = storage_failure(exc)
     if reason is None:
         raise exc
-    health: StoreHealth = request.app.state.health
-    health.failed(reason)
+    services_of(request.app).health.failed(reason)
     log.warning(
         "scalewatch: %s %s: the store cannot be used: %s", request.method, request.url.path, reason
     )
@@ -92,8 +92,7 @@ class StorageGuard:
             reason = _storage_reason(error)
             if reason is None or not started:
                 raise
-            health: StoreHealth = scope["app"].state.health
-            health.failed(reason)
+            services_of(scope["app"]).health.failed(reason)
             log.warning(
                 "scalewatch: %s cut short: the store cannot be used: %s", scope["path"], reason
             )

@@ -109,8 +109,8 @@ def _start_trainer(
 def _start_server(
     settings: Settings, sock: socket.socket
 ) -> tuple[uvicorn.Server, threading.Thread]:
+    from app.cli._serving import CannotServe, make_server
     from app.main import create_app
-    from app.serving import CannotServe, make_server
 
     server = make_server(create_app(settings), settings, sock, log_level="warning")
     thread = threading.Thread(

@@ -1,8 +1,8 @@
 """Who may do what: every request to a guarded route is let through, or refused (401,
 403, 429), before its body is read or its route runs.
 
-The role a route needs is :mod:`app.roles`'s; who the request comes from is
-:mod:`app.identity`'s; the identity let through is in ``request.state.identity`` (None:
+The role a route needs is :mod:`app.middleware.roles`'s; who the request comes from is
+:mod:`app.middleware.identity`'s; the identity let through is in ``request.state.identity`` (None:
 an anonymous read, open on a service bound to loopback or started ``--public-read``).
 """
 
@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.identity import (
+from app.middleware.identity import (
     BOOTSTRAP_NAME,
     Identity,
     UsageClock,
@@ -27,9 +27,9 @@ from app.identity import (
     from_token,
     in_networks,
 )
-from app.penalty import FailurePenalty
-from app.roles import TICKET_PATHS, needed
-from app.security import is_loopback
+from app.middleware.roles import TICKET_PATHS, needed
+from app.middleware.security import is_loopback
+from app.services import services_of
 from app.settings import Settings
 from scaler.store.identities import Role, TokenRefusal
 
@@ -82,7 +82,8 @@ class Access:
 
     async def _identify(self, scope: Scope, path: str, *, open_read: bool) -> Identity | None:
         client = scope["client"][0] if scope.get("client") else "unknown"
-        penalty: FailurePenalty = scope["app"].state.penalty  # wrong tokens per client
+        services = services_of(scope["app"])
+        penalty = services.penalty  # wrong tokens per client
         locked = penalty.locked_for(client)
         if locked > 0 and (_credentials(scope, path) or not (open_read and self.reads_open)):
             wait = str(math.ceil(locked))
@@ -92,7 +93,7 @@ class Access:
                 {"Retry-After": wait},
             )
         headers = Headers(scope=scope)
-        store = scope["app"].state.store
+        store = services.store
         found: Identity | TokenRefusal | None = None
         user = self.settings.proxy_user_header
         if user and self.trusted and in_networks(client, self.trusted) and headers.get(user):
@@ -112,7 +113,7 @@ class Access:
                     from_token, store, token, self.clock
                 )
         elif path in TICKET_PATHS and "ticket" in (query := _query(scope)):
-            found = scope["app"].state.tickets.check(query["ticket"])
+            found = services.tickets.check(query["ticket"])
             if found is None:
                 penalty.failed(client)
                 raise Refusal(401, "the stream ticket is wrong or has expired: get a new one")

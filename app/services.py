@@ -1,0 +1,53 @@
+"""The services of one app, typed, in one object.
+
+The app's lifespan (:func:`app.main.create_app`) builds a :class:`Services` in the event
+loop's thread and holds it on ``app.state.services`` while the app serves; routes reach
+it through :data:`app.deps.ServicesDep`, middleware through :func:`services_of`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+# Types alone: the middleware that reaches its services here is imported by them.
+if TYPE_CHECKING:
+    import anyio
+    from prometheus_client import CollectorRegistry
+    from starlette.applications import Starlette
+
+    from app.alerts.service import Alerts
+    from app.autopilot.loop import AutopilotLoop
+    from app.live.hubs import Hubs
+    from app.middleware.health import StoreHealth
+    from app.middleware.identity import Tickets
+    from app.middleware.penalty import FailurePenalty
+    from scaler.store.engine import Store
+
+__all__ = ["Services", "services_of"]
+
+
+@dataclass(kw_only=True)
+class Services:
+    """What the routes and the middleware of a serving app share.
+
+    ``health``, ``penalty`` and ``tickets`` are the app's, made once in ``create_app``;
+    the others are opened by each start of its lifespan and closed by its end.
+    """
+
+    store: Store
+    chart_limiter: anyio.CapacityLimiter  # chart queries that run at once
+    hubs: Hubs  # the live streams' pollers
+    alerts: Alerts  # the evaluator and the webhook sender
+    metrics: CollectorRegistry  # what /metrics serves
+    autopilot: AutopilotLoop
+    health: StoreHealth  # the last storage failure a request met
+    penalty: FailurePenalty  # wrong tokens per client
+    tickets: Tickets  # the streams' and exports' tickets
+    reads_open: bool  # anonymous reads allowed (loopback or --public-read)
+
+
+def services_of(app: Starlette) -> Services:
+    """The services of ``app`` while it serves (its lifespan has started)."""
+    services: Services = app.state.services
+    return services
