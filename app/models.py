@@ -90,6 +90,10 @@ class SeriesColumns(BaseModel):
     loss_min: list[float | None]
     loss_max: list[float | None]
     loss_last: list[float | None]
+    # Of the learning rates of each bucket (that of its last step); null when not recorded.
+    lr_min: list[float | None]
+    lr_max: list[float | None]
+    lr_last: list[float | None]
 
 
 class StepSeries(BaseModel):

@@ -22,6 +22,7 @@ from ._control.changes import Controlled
 from ._diagnosis import StepWatch, Watching
 from ._extras import Extras
 from ._recording import RunLink
+from ._recording.learning_rates import group_rates, step_rates
 from ._recording.pinned_rows import read_cpu
 from ._recording.recorder import Snapshot
 from ._recording.step_values import Captured
@@ -172,6 +173,10 @@ class Instrumented(Watching, Controlled, Persisted):
         state["stage"] = OptState.UNSCALED
         self._unscaled(state)
 
+    def _seen(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer`` is unscaled or checked, once a step on every path, before it steps."""
+        self._link.rates.append(group_rates(optimizer))
+
     def _unscaled(self, state: dict[str, Any]) -> None:
         """An optimizer's gradients were just checked and unscaled (``state``: its state)."""
 
@@ -224,6 +229,8 @@ class Instrumented(Watching, Controlled, Persisted):
         scale, tracker = self._scale, self._growth_tracker
         assert scale is not None and tracker is not None
         link = self._link
+        lr, lr_groups = step_rates(link.rates)
+        link.rates.clear()
         recorder = link.recorder
         # No sink reads a cpu step's record: counted as it comes, with no snapshot kept.
         inline = recorder is not None and recorder.folds_inline and not scale.is_cuda
@@ -255,6 +262,8 @@ class Instrumented(Watching, Controlled, Persisted):
             scale_set,
             outcomes,
             diagnosis,
+            lr,
+            lr_groups,
         )
         link.submit(self, snapshot, self._init_scale, self._make_sink)
         link.scale_host = None

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._control import ControlOutcome, ControlUpdate
 from ..stats import ScalerStats
+from .learning_rates import Rates
 from .pinned_rows import PinnedRings
 from .recorder import Recorder, Sink, Snapshot
 
@@ -52,6 +53,7 @@ class RunLink:
         self.closed_dropped = 0  # records that earlier telemetry of this scaler lost
         # (scale, its version, 1/scale): the inverse kept while the scale is unchanged
         self.inverse: tuple[torch.Tensor, int, torch.Tensor] | None = None
+        self.rates: list[Rates] = []  # this step's learning rates, optimizer by optimizer
 
     def submit(
         self, owner: object, snapshot: Snapshot, init_scale: float, make_sink: Callable[[], Any]
