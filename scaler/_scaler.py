@@ -69,11 +69,9 @@ class Instrumented(Watching, Controlled, Persisted):
         scale, tracker = self._check_scale_growth_tracker("update")
         # torch's step() marks the optimizers it stepped (or skipped for inf/NaN). step() is
         # not overridden: torch's warnings in it name the caller's line, as with torch's.
-        stepped = False
+        stepped_count = 0
         for state in self._per_optimizer_states.values():
-            if state["stage"] is OptState.STEPPED:
-                stepped = True
-                break
+            stepped_count += state["stage"] is OptState.STEPPED
         flags = self._step_flags()
         # Read before _controls_for_step(), which forgets this step's payloads.
         width = self._attribution_width()
@@ -103,7 +101,7 @@ class Instrumented(Watching, Controlled, Persisted):
                 scale_set = scale_set or (outcome.applied and "scale" in update.values)
                 outcomes += (outcome,)
         link.last_found = found
-        self._snapshot(found, flags, width, stepped, scale_set, outcomes)
+        self._snapshot(found, flags, width, stepped_count, scale_set, outcomes)
 
     def _combined_found_inf(
         self, scale: torch.Tensor, required: bool = True, in_place: bool = True
@@ -222,7 +220,7 @@ class Instrumented(Watching, Controlled, Persisted):
         found: torch.Tensor | None,
         flags: list[torch.Tensor] | list[list[float]],
         width: int,
-        stepped: bool,
+        stepped_count: int,
         scale_set: bool,
         outcomes: tuple[ControlOutcome, ...],
     ) -> None:
@@ -231,15 +229,18 @@ class Instrumented(Watching, Controlled, Persisted):
         link = self._link
         lr, lr_groups = step_rates(link.rates)
         link.rates.clear()
+        stepped = stepped_count > 0
         recorder = link.recorder
         # No sink reads a cpu step's record: counted as it comes, with no snapshot kept.
         inline = recorder is not None and recorder.folds_inline and not scale.is_cuda
         if inline and (found is None or not found.item() > 0) and self._watch.clean_step():
+            link.skips.settle(stepped_count, found, 0.0)
             self._fold(scale.item(), False, stepped, scale_set)  # clean: nothing else to read
             return
         loss = self._watch.take_loss()
         # cpu tensors are memory: read at once, no sync (see pinned_rows.read_cpu)
         values = None if scale.is_cuda else read_cpu(scale, tracker, found, loss, flags)
+        link.skips.settle(stepped_count, found, None if values is None else values[2])
         diagnosis = self._diagnose(values, width, loss)
         if inline and values is not None:
             self._fold(values[0], values[2] > 0, stepped, scale_set)
@@ -333,6 +334,19 @@ class Instrumented(Watching, Controlled, Persisted):
         return self._link.run_id
 
     # ------------------------------------------------------------------ extras
+
+    @property
+    def last_step_skipped(self) -> bool | None:
+        """Whether the last ``update()``'s step skipped its optimizers for inf/NaN gradients
+        (on every rank of a sharded job alike): ``None`` before the first ``update()``.
+
+        Costs no sync: it is what torch's ``step()`` already read on the host, or a CPU
+        value. Where the host cannot know without a sync, a fused optimizer (which decides
+        on the device) with the scale on a GPU, it is ``None`` until the GPU is past the
+        step (asked without waiting; by the next ``update()`` it almost always is), never a
+        wrong ``False``.
+        """
+        return self._link.skips.value
 
     def had_overflow(self) -> bool:
         """Whether the last ``update()`` saw inf/NaN gradients on any rank.

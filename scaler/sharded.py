@@ -158,6 +158,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
             host = optimizer_state["host"] = payload.tolist()
         self._watch.host_rows.append((optimizer, host))
         overflow = _payload.any_overflow(host)
+        self._link.skips.decided(overflow)
         if overflow:
             retval = None
             self._overflowed_at_step(optimizer, host, optimizer_state["world"])
