@@ -29,7 +29,8 @@ def export_filename(run_name: str, run_id: int, what: str, fmt: str) -> str:
 
 _ROW = ",".join(["%s"] * len(EXPORT_COLUMNS)) + "\n"
 _RANKS = (EXPORT_COLUMNS.index("inf_ranks"), EXPORT_COLUMNS.index("loss_nonfinite_ranks"))
-_LOSS = EXPORT_COLUMNS.index("loss")
+_MAYBE = (EXPORT_COLUMNS.index("loss"), EXPORT_COLUMNS.index("lr"))  # floats or None
+_LR_GROUPS = EXPORT_COLUMNS.index("lr_groups")  # JSON text (commas: quoted) or None
 # Float columns that hold few distinct values a page: each repr is computed once.
 _REPEATING = tuple(
     EXPORT_COLUMNS.index(name)
@@ -40,17 +41,22 @@ _REPEATING = tuple(
 def csv_page(rows: Sequence[Sequence[Any]]) -> str:
     """Rows as CSV text, exactly what ``csv.writer(f, lineterminator="\\n")`` writes.
 
-    ``csv_page([(2, 0.5, 1.0, 1, 1, "0,3", 0.5, 0, 2, 2.0, 0.5, 0, None, "1", 0)])`` is
-    ``'2,0.5,1.0,1,1,"0,3",0.5,0,2,2.0,0.5,0,,1,0\\n'``.
+    ``csv_page([(2, 0.5, 1.0, 1, 1, "0,3", 0.5, 0, 2, 2.0, 0.5, 0, None, "1", 0, 0.1, None)])``
+    is ``'2,0.5,1.0,1,1,"0,3",0.5,0,2,2.0,0.5,0,,1,0,0.1,\\n'``.
 
-    A step row is numbers, ranks strings and a loss that may be None, so one ``%`` over
-    the whole page does what csv.writer does field by field (``str`` of a float is its
-    ``repr``, None is empty) at about twice the speed. Only ranks with a comma need
-    quotes; any other field that would need quoting, or is None, shows in the counts
-    checked below and sends the page to csv.writer.
+    A step row is numbers, ranks strings, a loss and a learning rate that may be None and
+    (mostly) no learning rates by group, so one ``%`` over the whole page does what
+    csv.writer does field by field (``str`` of a float is its ``repr``, None is empty) at
+    about twice the speed. Only ranks with a comma need quotes; any other field that would
+    need quoting, or is None, shows in the counts checked below and sends the page to
+    csv.writer, as does a page with learning rates by group.
     """
     width = len(EXPORT_COLUMNS)
     values = list(chain.from_iterable(rows))
+    groups = values[_LR_GROUPS::width]
+    if groups.count(None) != len(rows):
+        return _csv_writer_page(rows)
+    values[_LR_GROUPS::width] = [""] * len(rows)
     commas = quoted = 0
     for column in _RANKS:
         ranks = values[column::width]
@@ -64,9 +70,10 @@ def csv_page(rows: Sequence[Sequence[Any]]) -> str:
             commas += joined.count(",")
             values[column::width] = [f'"{r}"' if "," in r else r for r in ranks]
             quoted += sum(1 for r in ranks if "," in r)
-    losses = values[_LOSS::width]
-    if None in losses:
-        values[_LOSS::width] = ["" if loss is None else loss for loss in losses]
+    for column in _MAYBE:
+        maybe = values[column::width]
+        if None in maybe:
+            values[column::width] = ["" if v is None else v for v in maybe]
     for column in _REPEATING:
         values[column::width] = _float_reprs(values[column::width])
     text = (_ROW * len(rows)) % tuple(values)

@@ -90,6 +90,10 @@ class SeriesColumns(BaseModel):
     loss_min: list[float | None]
     loss_max: list[float | None]
     loss_last: list[float | None]
+    # Of the learning rates of each bucket (that of its last step); null when not recorded.
+    lr_min: list[float | None]
+    lr_max: list[float | None]
+    lr_last: list[float | None]
 
 
 class StepSeries(BaseModel):
@@ -270,7 +274,13 @@ class AlertOut(BaseModel):
     run: AlertRun
     threshold: float
     value: float = Field(description="the value compared with the threshold when it fired")
-    detail: str = Field(description='more about it ("rank 3"); "" for most kinds')
+    detail: str = Field(
+        description='what the value was taken over ("last 11 overflows on rank 1"); "" for some'
+    )
+    says: str = Field(
+        description="the value as it fired, in words with its unit and the threshold:"
+        ' "64% of the last 11 overflows on rank 1 (threshold 60%)"'
+    )
     text: str = Field(description="one line, as webhooks send it")
     fired_step: int
     fired_at: float

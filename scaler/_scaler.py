@@ -22,6 +22,7 @@ from ._control.changes import Controlled
 from ._diagnosis import StepWatch, Watching
 from ._extras import Extras
 from ._recording import RunLink
+from ._recording.learning_rates import group_rates, step_rates
 from ._recording.pinned_rows import read_cpu
 from ._recording.recorder import Snapshot
 from ._recording.step_values import Captured
@@ -68,11 +69,9 @@ class Instrumented(Watching, Controlled, Persisted):
         scale, tracker = self._check_scale_growth_tracker("update")
         # torch's step() marks the optimizers it stepped (or skipped for inf/NaN). step() is
         # not overridden: torch's warnings in it name the caller's line, as with torch's.
-        stepped = False
+        stepped_count = 0
         for state in self._per_optimizer_states.values():
-            if state["stage"] is OptState.STEPPED:
-                stepped = True
-                break
+            stepped_count += state["stage"] is OptState.STEPPED
         flags = self._step_flags()
         # Read before _controls_for_step(), which forgets this step's payloads.
         width = self._attribution_width()
@@ -102,7 +101,7 @@ class Instrumented(Watching, Controlled, Persisted):
                 scale_set = scale_set or (outcome.applied and "scale" in update.values)
                 outcomes += (outcome,)
         link.last_found = found
-        self._snapshot(found, flags, width, stepped, scale_set, outcomes)
+        self._snapshot(found, flags, width, stepped_count, scale_set, outcomes)
 
     def _combined_found_inf(
         self, scale: torch.Tensor, required: bool = True, in_place: bool = True
@@ -172,6 +171,10 @@ class Instrumented(Watching, Controlled, Persisted):
         state["stage"] = OptState.UNSCALED
         self._unscaled(state)
 
+    def _seen(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer`` is unscaled or checked, once a step on every path, before it steps."""
+        self._link.rates.append(group_rates(optimizer))
+
     def _unscaled(self, state: dict[str, Any]) -> None:
         """An optimizer's gradients were just checked and unscaled (``state``: its state)."""
 
@@ -217,22 +220,27 @@ class Instrumented(Watching, Controlled, Persisted):
         found: torch.Tensor | None,
         flags: list[torch.Tensor] | list[list[float]],
         width: int,
-        stepped: bool,
+        stepped_count: int,
         scale_set: bool,
         outcomes: tuple[ControlOutcome, ...],
     ) -> None:
         scale, tracker = self._scale, self._growth_tracker
         assert scale is not None and tracker is not None
         link = self._link
+        lr, lr_groups = step_rates(link.rates)
+        link.rates.clear()
+        stepped = stepped_count > 0
         recorder = link.recorder
         # No sink reads a cpu step's record: counted as it comes, with no snapshot kept.
         inline = recorder is not None and recorder.folds_inline and not scale.is_cuda
         if inline and (found is None or not found.item() > 0) and self._watch.clean_step():
+            link.skips.settle(stepped_count, found, 0.0)
             self._fold(scale.item(), False, stepped, scale_set)  # clean: nothing else to read
             return
         loss = self._watch.take_loss()
         # cpu tensors are memory: read at once, no sync (see pinned_rows.read_cpu)
         values = None if scale.is_cuda else read_cpu(scale, tracker, found, loss, flags)
+        link.skips.settle(stepped_count, found, None if values is None else values[2])
         diagnosis = self._diagnose(values, width, loss)
         if inline and values is not None:
             self._fold(values[0], values[2] > 0, stepped, scale_set)
@@ -255,6 +263,8 @@ class Instrumented(Watching, Controlled, Persisted):
             scale_set,
             outcomes,
             diagnosis,
+            lr,
+            lr_groups,
         )
         link.submit(self, snapshot, self._init_scale, self._make_sink)
         link.scale_host = None
@@ -324,6 +334,19 @@ class Instrumented(Watching, Controlled, Persisted):
         return self._link.run_id
 
     # ------------------------------------------------------------------ extras
+
+    @property
+    def last_step_skipped(self) -> bool | None:
+        """Whether the last ``update()``'s step skipped its optimizers for inf/NaN gradients
+        (on every rank of a sharded job alike): ``None`` before the first ``update()``.
+
+        Costs no sync: it is what torch's ``step()`` already read on the host, or a CPU
+        value. Where the host cannot know without a sync, a fused optimizer (which decides
+        on the device) with the scale on a GPU, it is ``None`` until the GPU is past the
+        step (asked without waiting; by the next ``update()`` it almost always is), never a
+        wrong ``False``.
+        """
+        return self._link.skips.value
 
     def had_overflow(self) -> bool:
         """Whether the last ``update()`` saw inf/NaN gradients on any rank.

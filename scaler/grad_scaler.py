@@ -9,6 +9,7 @@ import torch
 
 from ._config import Options
 from ._control import ControlUpdate
+from ._diagnosis.preflight import TORCHS_REFUSAL, fp16_refusal
 from ._scaler import Instrumented
 from ._torch_compat import (
     CUDA_UNAVAILABLE,
@@ -92,7 +93,14 @@ class GradScaler(Instrumented, TorchGradScaler):
         found_inf: torch.Tensor,
         allow_fp16: bool,
     ) -> dict[torch.device, torch.Tensor]:
-        return unscale_grads(optimizer, inv_scale, found_inf, allow_fp16)
+        self._seen(optimizer)
+        try:
+            return unscale_grads(optimizer, inv_scale, found_inf, allow_fp16)
+        except ValueError as error:
+            if str(error) != TORCHS_REFUSAL:
+                raise
+            names = self._watch.names
+            raise ValueError(fp16_refusal(optimizer, names.lookup)) from None
 
     def _torch_update(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor

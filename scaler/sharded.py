@@ -113,6 +113,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         # torch's needs the scale only where no gradient names a device, as here.
         fallback = None if self._scale is None else self._scale.device
         self._watch.optimizers.append(optimizer)
+        self._seen(optimizer)
         found = unscale_local_grads(optimizer, inv_scale, found_inf, allow_fp16, fallback)
         if not found:
             raise AssertionError("Expected _scale to be initialized, got None")
@@ -157,6 +158,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
             host = optimizer_state["host"] = payload.tolist()
         self._watch.host_rows.append((optimizer, host))
         overflow = _payload.any_overflow(host)
+        self._link.skips.decided(overflow)
         if overflow:
             retval = None
             self._overflowed_at_step(optimizer, host, optimizer_state["world"])

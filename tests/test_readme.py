@@ -39,6 +39,7 @@ EXPECTED = {  # run name -> (page, steps, world size)
     "lightning-example": ("docs/TRAINING.md", 30, 1),
     "accelerate-example": ("docs/TRAINING.md", 20, 1),
     "hf-trainer-example": ("docs/TRAINING.md", 20, 1),
+    "skipped-example": ("docs/TRAINING.md", 20, 1),
 }
 # The trainers of the integrations extra: an example that imports one is skipped without it.
 TRAINERS = ("lightning", "accelerate", "transformers")

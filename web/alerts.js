@@ -5,13 +5,10 @@ import { el, formatNumber, setText } from "./dom.js";
 
 const POLL_MS = 2000;
 
-// One line for the banner: "skip_streak (skip_streak) since step 13: value 3, threshold 3".
+// One line for the banner: "streak (skip_streak) since step 13: 12 skipped steps in a row
+// (threshold 10)", the value in its kind's words as the service says it.
 export function firingLine(alert) {
-  const detail = alert.detail ? ` (${alert.detail})` : "";
-  return (
-    `${alert.rule} (${alert.kind}) since step ${formatNumber(alert.fired_step)}: ` +
-    `value ${formatNumber(alert.value)}, threshold ${formatNumber(alert.threshold)}${detail}`
-  );
+  return `${alert.rule} (${alert.kind}) since step ${formatNumber(alert.fired_step)}: ${alert.says}`;
 }
 
 // The chart's hover text: no run name (Plotly reads its text as markup).

@@ -1,4 +1,4 @@
-// The run's charts: loss scale (log axis) over the loss, the growth tracker and
+// The run's charts: loss scale (log axis) over the loss, the learning rate, the growth tracker and
 // the rolling skipped-step rate, one shared step axis. Buckets come from
 // /steps (min, max, last per bucket, so no spike is ever averaged away); live
 // steps are appended with Plotly.extendTraces; zoom re-queries finer buckets.
@@ -156,6 +156,9 @@ export class RunChart {
         loss_min: s.loss_min ? s.loss_min[i] : null,
         loss_max: s.loss_max ? s.loss_max[i] : null,
         loss_last: s.loss_last ? s.loss_last[i] : null,
+        lr_min: s.lr_min ? s.lr_min[i] : null,
+        lr_max: s.lr_max ? s.lr_max[i] : null,
+        lr_last: s.lr_last ? s.lr_last[i] : null,
       });
     }
     // Live steps after the last bucket still append, also beyond a zoomed view.
@@ -201,21 +204,24 @@ export class RunChart {
       tracker: Math.max(1, ...cols.trMax),
       rate: Math.max(0.01, ...cols.rate),
       losses: lossExtent([...cols.lossMin, ...cols.lossMax]),
+      rates: lossExtent([...cols.lrMin, ...cols.lrMax]),
     };
   }
 
   shownLayout() {
-    const { scales, tracker, rate, losses } = this.shown;
+    const { scales, tracker, rate, losses, rates } = this.shown;
     if (!(scales[0] > 0)) return { ...AUTORANGE_Y, ...powerTicks(this.scaleExtent) };
     const lo = Math.log10(scales[0]);
     const hi = Math.log10(scales[1]);
     const pad = Math.max(0.1, (hi - lo) * 0.06);
     const lossPad = losses ? Math.max(1e-6, (losses[1] - losses[0]) * 0.06) : 0;
+    const ratePad = rates ? Math.max(rates[1] * 0.06, (rates[1] - rates[0]) * 0.06, 1e-12) : 0;
     return {
       "yaxis.range": [lo - pad, hi + pad],
       "yaxis2.range": [0, tracker * 1.08],
       "yaxis3.range": [0, rate * 1.08],
       ...(losses ? { "yaxis4.range": [losses[0] - lossPad, losses[1] + lossPad] } : { "yaxis4.autorange": true }),
+      ...(rates ? { "yaxis5.range": [rates[0] - ratePad, rates[1] + ratePad] } : { "yaxis5.autorange": true }),
       ...powerTicks(scales),
     };
   }
@@ -230,11 +236,12 @@ export class RunChart {
     const tracker = Math.max(before.tracker, ...inside.map((i) => cols.trMax[i]));
     const rate = Math.max(before.rate, ...inside.map((i) => cols.rate[i]));
     const losses = lossExtent(inside.flatMap((i) => [cols.lossMin[i], cols.lossMax[i]]), before.losses);
-    const sameLoss = String(losses) === String(before.losses);
+    const rates = lossExtent(inside.flatMap((i) => [cols.lrMin[i], cols.lrMax[i]]), before.rates);
+    const sameLoss = String(losses) === String(before.losses) && String(rates) === String(before.rates);
     if (scales[0] === before.scales[0] && scales[1] === before.scales[1] && tracker === before.tracker && rate === before.rate && sameLoss) {
       return;
     }
-    this.shown = { ...before, scales, tracker, rate, losses };
+    this.shown = { ...before, scales, tracker, rate, losses, rates };
     Plotly.relayout(this.node, this.shownLayout());
   }
 
@@ -253,6 +260,9 @@ export class RunChart {
     cols.lossMin.push(b.loss_min);
     cols.lossMax.push(b.loss_max);
     cols.lossLast.push(b.loss_last);
+    cols.lrMin.push(b.lr_min);
+    cols.lrMax.push(b.lr_max);
+    cols.lrLast.push(b.lr_last);
   }
 
   async loadOverflows() {
@@ -301,12 +311,15 @@ export class RunChart {
     Plotly.extendTraces(
       this.node,
       {
-        x: [cols.xFirst, cols.xFirst, cols.xNext, cols.x, cols.x, cols.x, cols.x, cols.x, cols.x, cols.x],
+        x: [cols.xFirst, cols.xFirst, cols.xNext, cols.x, cols.x, cols.x, cols.x, cols.x, cols.x, cols.x, cols.x, cols.x, cols.x],
         y: [
           cols.scaleMax, cols.scaleMin, cols.scaleLast, cols.trMax, cols.trMin, cols.trLast, cols.rate,
-          cols.lossMax, cols.lossMin, cols.lossLast,
+          cols.lossMax, cols.lossMin, cols.lossLast, cols.lrMax, cols.lrMin, cols.lrLast,
         ],
-        customdata: [none(), none(), cols.cdScale, none(), none(), cols.cdTracker, none(), none(), none(), none()],
+        customdata: [
+          none(), none(), cols.cdScale, none(), none(), cols.cdTracker, none(), none(), none(), none(),
+          none(), none(), none(),
+        ],
       },
       LINE_TRACES,
     );

@@ -1,7 +1,7 @@
 // What the run's charts look like: traces, layout, axis ticks, and the
 // per-bucket values they are built from. No data flow here; see chart.js.
-// Top to bottom, on one step axis: the loss scale (y), the loss (y4), the growth
-// tracker (y2) and the skipped-step rate (y3).
+// Top to bottom, on one step axis: the loss scale (y), the loss (y4), the learning
+// rate (y5), the growth tracker (y2) and the skipped-step rate (y3).
 
 import { formatNumber, formatScale } from "./dom.js";
 
@@ -17,6 +17,9 @@ export const T = {
   lossMax: 8,
   lossMin: 9,
   lossLast: 10,
+  lrMax: 11,
+  lrMin: 12,
+  lrLast: 13,
 };
 export const LINE_TRACES = [
   T.scaleMax,
@@ -29,12 +32,16 @@ export const LINE_TRACES = [
   T.lossMax,
   T.lossMin,
   T.lossLast,
+  T.lrMax,
+  T.lrMin,
+  T.lrLast,
 ];
 export const AUTORANGE_Y = {
   "yaxis.autorange": true,
   "yaxis2.autorange": true,
   "yaxis3.autorange": true,
   "yaxis4.autorange": true,
+  "yaxis5.autorange": true,
 };
 // Skipped steps over the last `window` steps, fed bucket by bucket.
 export class RollingRate {
@@ -112,6 +119,9 @@ export function emptyColumns() {
     lossMin: [],
     lossMax: [],
     lossLast: [],
+    lrMin: [],
+    lrMax: [],
+    lrLast: [],
     cdScale: [],
     cdTracker: [],
   };
@@ -187,6 +197,9 @@ export function stepAsBucket(row) {
     loss_min: finiteOrNull(row.loss),
     loss_max: finiteOrNull(row.loss),
     loss_last: finiteOrNull(row.loss),
+    lr_min: finiteOrNull(row.lr),
+    lr_max: finiteOrNull(row.lr),
+    lr_last: finiteOrNull(row.lr),
   };
 }
 
@@ -237,6 +250,7 @@ export function bandPair({ x, max, min, yaxis, name, minName = `${name} min–ma
 const BLUE = "11,87,208";
 const GREEN = "26,127,55";
 const PURPLE = "110,64,201";
+const TEAL = "10,124,134";
 
 export function figureTraces(cols, overflows) {
   return [
@@ -316,6 +330,18 @@ export function figureTraces(cols, overflows) {
       line: { color: "#6e40c9", width: 1.4 },
       hovertemplate: "step %{x}<br>loss %{y}<extra></extra>",
     },
+    ...bandPair({ x: cols.x, max: cols.lrMax, min: cols.lrMin, yaxis: "y5", name: "learning rate", rgb: TEAL }),
+    {
+      type: "scatter",
+      mode: "lines",
+      name: "learning rate",
+      x: cols.x.slice(),
+      y: cols.lrLast,
+      yaxis: "y5",
+      customdata: [],
+      line: { color: "#0a7c86", width: 1.4, shape: "hv" },
+      hovertemplate: "step %{x}<br>learning rate %{y:.4~g}<extra></extra>",
+    },
   ];
 }
 
@@ -329,10 +355,11 @@ export function figureLayout(narrow) {
     showlegend: !narrow,
     legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", traceorder: "normal" },
     xaxis: { title: { text: "step" }, anchor: "y3", showspikes: true, spikemode: "across", spikethickness: 1 },
-    yaxis: { type: "log", title: { text: "loss scale" }, domain: [0.52, 1], fixedrange: true, anchor: "x" },
-    yaxis4: { title: { text: "loss" }, domain: [0.3, 0.48], fixedrange: true, anchor: "x" },
-    yaxis2: { title: { text: "tracker" }, domain: [0.15, 0.26], fixedrange: true, rangemode: "tozero", anchor: "x" },
-    yaxis3: { title: { text: "skipped" }, domain: [0, 0.11], fixedrange: true, rangemode: "tozero", tickformat: ".1~%", anchor: "x" },
+    yaxis: { type: "log", title: { text: "loss scale" }, domain: [0.56, 1], fixedrange: true, anchor: "x" },
+    yaxis4: { title: { text: "loss" }, domain: [0.39, 0.53], fixedrange: true, anchor: "x" },
+    yaxis5: { title: { text: "lr" }, domain: [0.25, 0.36], fixedrange: true, exponentformat: "e", anchor: "x" },
+    yaxis2: { title: { text: "tracker" }, domain: [0.13, 0.22], fixedrange: true, rangemode: "tozero", anchor: "x" },
+    yaxis3: { title: { text: "skipped" }, domain: [0, 0.1], fixedrange: true, rangemode: "tozero", tickformat: ".1~%", anchor: "x" },
     shapes: [],
     annotations: [],
   };

@@ -8,7 +8,8 @@ it compared. A new kind is a parameters model and a watch class, registered with
     class Floor(Params):
         threshold: float = 1.0
 
-    @kind("scale_below", Floor, "the scale after a step under the threshold")
+    @kind("scale_below", Floor, "the scale after a step under the threshold",
+          unit=Unit.SCALE, says="scale {value}")
     class ScaleBelow(Watch):
         def step(self, row: StepView) -> Reading:
             return Reading(row.scale_after < self.params.threshold, row.scale_after)
@@ -22,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from app.alerts.units import Unit
 
 __all__ = [
     "KINDS",
@@ -122,6 +125,8 @@ class Kind:
     condition: str  # when it fires, for docs/ALERTS.md's table and ``--help``
     applies: Callable[[RunView], bool]
     default: bool  # in the default rule set
+    unit: Unit  # of its value and threshold
+    says: str  # its value in words: "{value} skipped steps in a row", with the reading's {detail}
 
 
 KINDS: dict[str, Kind] = {}
@@ -134,14 +139,17 @@ def kind(
     params: type[Params],
     condition: str,
     *,
+    unit: Unit = Unit.NUMBER,
+    says: str = "value {value}",
     applies: Callable[[RunView], bool] = lambda run: True,
     default: bool = True,
 ) -> Callable[[W], W]:
     """Register a watch class as the rule kind ``name`` with its parameters model (whose
-    defaults are those of the default rule of that kind when ``default``)."""
+    defaults are those of the default rule of that kind when ``default``). ``says`` puts
+    an alert's value (in ``unit``) and its reading's ``{detail}`` in words."""
 
     def register(watch: W) -> W:
-        KINDS[name] = Kind(name, params, watch, condition, applies, default)
+        KINDS[name] = Kind(name, params, watch, condition, applies, default, unit, says)
         return watch
 
     return register
@@ -151,7 +159,13 @@ class Floor(Params):
     threshold: float = Field(default=1.0, gt=0, description="the lowest healthy scale")
 
 
-@kind("scale_below", Floor, "the scale after a step is under `threshold`")
+@kind(
+    "scale_below",
+    Floor,
+    "the scale after a step is under `threshold`",
+    unit=Unit.SCALE,
+    says="scale {value}",
+)
 class ScaleBelow(Watch[Floor]):
     def step(self, row: StepView) -> Reading:
         return Reading(row.scale_after < self.params.threshold, row.scale_after)
@@ -190,11 +204,22 @@ class _Windowed(Watch[P]):
         return self.first is not None and row.step - self.first + 1 >= self.window
 
 
-@kind("scale_drop", Drops, "`threshold` backoffs or more within `window` steps")
+@kind(
+    "scale_drop",
+    Drops,
+    "`threshold` backoffs or more within `window` steps",
+    unit=Unit.COUNT,
+    says="{value} backoffs {detail}",
+)
 class ScaleDrop(_Windowed[Drops]):
+    def __init__(self, params: Drops, run: RunView) -> None:
+        super().__init__(params, run)
+        self.within = f"within {self.window} steps"
+
     def step(self, row: StepView) -> Reading:
         self.slide(row, True if row.scale_after < row.scale else None)
-        return Reading(len(self.items) >= self.params.threshold, float(len(self.items)))
+        count = len(self.items)
+        return Reading(count >= self.params.threshold, float(count), self.within)
 
 
 class Skips(Params):
@@ -207,6 +232,8 @@ class Skips(Params):
     Skips,
     "the share of skipped steps over the last `window` steps is above `threshold`"
     " (once the run has `window` steps)",
+    unit=Unit.SHARE,
+    says="{value} of the {detail} skipped",
 )
 class SkipRate(_Windowed[Skips]):
     def __init__(self, params: Skips, run: RunView) -> None:
@@ -219,14 +246,21 @@ class SkipRate(_Windowed[Skips]):
         while self.seen[0] <= row.step - self.window:
             self.seen.popleft()
         rate = len(self.items) / len(self.seen)
-        return Reading(self.full(row) and rate > self.params.threshold, rate)
+        on = self.full(row) and rate > self.params.threshold
+        return Reading(on, rate, f"last {len(self.seen)} steps" if on else "")
 
 
 class Streak(Params):
     threshold: float = Field(default=10, ge=1, description="skipped steps in a row")
 
 
-@kind("skip_streak", Streak, "`threshold` skipped steps in a row or more")
+@kind(
+    "skip_streak",
+    Streak,
+    "`threshold` skipped steps in a row or more",
+    unit=Unit.COUNT,
+    says="{value} skipped steps in a row",
+)
 class SkipStreak(Watch[Streak]):
     def __init__(self, params: Streak, run: RunView) -> None:
         super().__init__(params, run)
@@ -250,6 +284,8 @@ class Silence(Params):
     Silence,
     "a running run has had no new step (or, before its first, no start) for `threshold`"
     " seconds: a hung or dead job",
+    unit=Unit.SECONDS,
+    says="no new step for {value}",
 )
 class Stalled(Watch[Silence]):
     def __init__(self, params: Silence, run: RunView) -> None:
@@ -279,6 +315,8 @@ class Hotspot(Params):
     Hotspot,
     "one rank is in more than `threshold` of the inf/NaN reports of the overflows within"
     " `window` steps (`min_overflows` of them at least; runs of 2 ranks or more)",
+    unit=Unit.SHARE,
+    says="{value} of the {detail}",
     applies=lambda run: run.world_size > 1,
 )
 class RankHotspot(_Windowed[Hotspot]):
@@ -306,7 +344,8 @@ class RankHotspot(_Windowed[Hotspot]):
             return Reading(False, 0.0)
         rank, count = max(self.reports.items(), key=lambda item: (item[1], -item[0]))
         share = count / self.total
-        return Reading(share > self.params.threshold, share, detail=f"rank {rank}")
+        detail = f"last {len(self.items)} overflows on rank {rank}"
+        return Reading(share > self.params.threshold, share, detail=detail)
 
 
 class Stopped(Params):
@@ -320,6 +359,8 @@ class Stopped(Params):
     Stopped,
     "the run's autopilot stopped itself, its changes not helping (value 1 while it stays"
     " stopped; the reason in the alert's detail)",
+    unit=Unit.FLAG,
+    says="the autopilot stopped: {detail}",
 )
 class AutopilotGaveUp(Watch[Stopped]):
     def clock(self, run: RunView, now: float) -> Reading:

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from app.alerts.config import Webhook
+from app.alerts.text import alert_text, said
 from scaler.store.alerts import AlertRow
 
 __all__ = ["QUEUE_SIZE", "Delivery", "WebhookSender", "payload"]
@@ -37,7 +38,8 @@ def payload(alert: AlertRow) -> dict[str, Any]:
         "step": alert.step,
         "value": alert.current_value,
         "threshold": alert.threshold,
-        "text": alert.text,
+        "text": alert_text(alert),
+        "says": said(alert.kind, alert.value, alert.threshold, alert.detail),
         "detail": alert.detail,
         "alert_id": alert.id,
         "fired_step": alert.fired_step,

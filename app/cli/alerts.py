@@ -14,6 +14,13 @@ __all__ = ["alerts"]
 COLUMNS = ["ID", "RUN", "RULE", "STATE", "STEP", "FIRED", "RESOLVED", "VALUE", "THRESHOLD"]
 
 
+def _said(kind: str, value: float) -> str:
+    from app.alerts.text import unit_of
+
+    unit = unit_of(kind)
+    return f"{value:.4g}" if unit is None else unit.say(value).replace(" ", "")
+
+
 def _when(at: float | None) -> str:
     return "-" if at is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
@@ -25,6 +32,7 @@ def _when(at: float | None) -> str:
 @click.option("--jsonl", is_flag=True, help="one JSON object a line")
 @db_option
 def alerts(run: int | None, firing: bool, limit: int, jsonl: bool, db: str | None) -> None:
+    from app.alerts.text import alert_text
     from scaler.store.alerts import alert_page
     from scaler.store.engine import open_store
     from scaler.store.queries import run_status
@@ -39,7 +47,7 @@ def alerts(run: int | None, firing: bool, limit: int, jsonl: bool, db: str | Non
         rows, _ = alert_page(store, run_id=run, state=state, limit=limit)
     if jsonl:
         for row in rows:
-            click.echo(json.dumps(row.to_dict()))
+            click.echo(json.dumps({**row.to_dict(), "text": alert_text(row)}))
         return
     table = [COLUMNS]
     for row in rows:
@@ -53,8 +61,8 @@ def alerts(run: int | None, firing: bool, limit: int, jsonl: bool, db: str | Non
                 f"{row.fired_step}-{resolved}",
                 _when(row.fired_at),
                 _when(row.resolved_at),
-                f"{row.value:.4g}",
-                f"{row.threshold:.4g}",
+                _said(row.kind, row.value),
+                _said(row.kind, row.threshold),
             ]
         )
     for line in aligned(table):

@@ -42,7 +42,7 @@ _STEP_EVENT = (
     '{"step":%d,"wall_time":%r,"scale":%r,"overflow":%s,"skipped":%s,"inf_ranks":[%s],'
     '"scale_after":%r,"growth_tracker":%d,"growth_interval":%d,"growth_factor":%r,'
     '"backoff_factor":%r,"control_version":%d,"loss":%s,"loss_nonfinite_ranks":[%s],'
-    '"params_omitted":%d}\n\n'
+    '"params_omitted":%d,"lr":%s,"lr_groups":%s}\n\n'
 )
 _COLUMN = {name: i for i, name in enumerate(queries.EXPORT_COLUMNS)}
 _INTS = tuple(
@@ -55,7 +55,8 @@ _FLOATS = tuple(
 )
 _BOOLS = (_COLUMN["overflow"], _COLUMN["skipped"])
 _RANKS = (_COLUMN["inf_ranks"], _COLUMN["loss_nonfinite_ranks"])
-_LOSS = _COLUMN["loss"]
+_MAYBE_FLOATS = (_COLUMN["loss"], _COLUMN["lr"])  # finite floats or None
+_LR_GROUPS = _COLUMN["lr_groups"]
 _JSON_BOOL = {False: "false", True: "true"}.__getitem__
 _RANK = r"(?:0|[1-9][0-9]*)"
 # Ranks strings of a page joined by ";": "1,3;;0" (what write_steps stores).
@@ -66,24 +67,26 @@ def step_events(rows: Sequence[Sequence[Any]]) -> str:
     """The ``event: step`` events of raw step rows (``EXPORT_COLUMNS`` order): for each,
     exactly ``sse_event("step", step_dict(row), step)``.
 
-    A step row is ints, finite floats, 0/1 flags, ranks strings like ``"1,3"`` and a loss
-    that is a finite float or None, so one ``%`` over the whole page writes what the JSON
-    encoder would (``repr`` of a float is its JSON) several times faster; a page with
-    anything else (a non-finite float, a value of another type, ranks not in canonical
-    form) goes through the JSON encoder.
+    A step row is ints, finite floats, 0/1 flags, ranks strings like ``"1,3"``, a loss and
+    a learning rate that are finite floats or None and (mostly) no ``lr_groups``, so one
+    ``%`` over the whole page writes what the JSON encoder would (``repr`` of a float is
+    its JSON) several times faster; a page with anything else (a non-finite float, a value
+    of another type, ranks not in canonical form, learning rates by group) goes through
+    the JSON encoder.
     """
     if not rows:
         return ""
     width = len(queries.EXPORT_COLUMNS)
     values = list(chain.from_iterable(rows))
-    columns = {i: values[i::width] for i in (*_INTS, *_FLOATS, *_RANKS, _LOSS)}
-    losses = [loss for loss in columns[_LOSS] if loss is not None]
+    columns = {i: values[i::width] for i in (*_INTS, *_FLOATS, *_RANKS, *_MAYBE_FLOATS)}
+    present = [v for i in _MAYBE_FLOATS for v in columns[i] if v is not None]
     if (
         all(set(map(type, columns[i])) == {int} for i in _INTS)
         and all(set(map(type, columns[i])) == {float} for i in _FLOATS)
         and all(all(map(isfinite, columns[i])) for i in _FLOATS)
-        and set(map(type, losses)) <= {float}
-        and all(map(isfinite, losses))
+        and set(map(type, present)) <= {float}
+        and all(map(isfinite, present))
+        and values[_LR_GROUPS::width].count(None) == len(rows)
         and all(set(map(type, columns[i])) == {str} for i in _RANKS)
         and all(_RANK_LISTS.fullmatch(";".join(columns[i])) is not None for i in _RANKS)
     ):
@@ -94,8 +97,10 @@ def step_events(rows: Sequence[Sequence[Any]]) -> str:
             column = columns[i] if i in columns else values[i::width]
             if i in _BOOLS:
                 column = list(map(_JSON_BOOL, map(bool, column)))
-            elif i == _LOSS:
-                column = ["null" if loss is None else repr(loss) for loss in column]
+            elif i in _MAYBE_FLOATS:
+                column = ["null" if v is None else repr(v) for v in column]
+            elif i == _LR_GROUPS:
+                column = ["null"] * len(rows)
             out[i + 1 :: width + 1] = column
         return (_STEP_EVENT * len(rows)) % tuple(out)
     return "".join(sse_event("step", queries.step_dict(row), row[0]) for row in rows)

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from app.alerts.text import alert_text, said
 from app.deps import StoreDep
 from app.models import AlertList, AlertOut, AlertRun
 from app.routes.runs import NOT_FOUND, RunId, require_run_exists
@@ -30,7 +31,8 @@ def alert_out(alert: AlertRow) -> AlertOut:
         threshold=alert.threshold,
         value=alert.value,
         detail=alert.detail,
-        text=alert.text,
+        text=alert_text(alert),
+        says=said(alert.kind, alert.value, alert.threshold, alert.detail),
         fired_step=alert.fired_step,
         fired_at=alert.fired_at,
         resolved_step=alert.resolved_step,

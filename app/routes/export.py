@@ -29,11 +29,13 @@ def export(
 ) -> StreamingResponse:
     """Columns: step, wall_time, scale, overflow, skipped, inf_ranks, scale_after,
     growth_tracker, growth_interval, growth_factor, backoff_factor, control_version, loss,
-    loss_nonfinite_ranks, params_omitted; an overflows export adds params, the parameters
+    loss_nonfinite_ranks, params_omitted, lr (the learning rate in effect at the step),
+    lr_groups (every param group's, ``[[0.001,0.0005],[0.01]]``, only when one differs from
+    lr); an overflows export adds params, the parameters
     found non-finite: in CSV ``rank:name:kind:count`` joined by ``;``
     (``1:fc.weight:inf:12;0:fc.bias:nan:3``), in JSON Lines a list of
     ``{"rank", "name", "kind", "count"}``. Ranks are ``"0,3"`` in CSV, lists in JSON; a
-    loss not recorded or not finite is empty (null).
+    loss or learning rate not recorded or not finite is empty (null).
 
     Everything is checked before the first byte: a bad request is a 4xx, never a broken 200.
     An ``end`` below ``start`` is an empty range.

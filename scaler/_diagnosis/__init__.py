@@ -36,6 +36,7 @@ from .gather import gather_reports
 from .names import Names
 
 if TYPE_CHECKING:
+    from .._recording import RunLink
     from .._torch_compat import TorchGradScaler as _Base
 else:
     _Base = object
@@ -86,6 +87,7 @@ class Watching(_Base):
     """The diagnosis half of :class:`scaler._scaler.Instrumented`."""
 
     _watch: StepWatch
+    _link: RunLink  # Instrumented's: where step()'s skip decisions are noted
 
     def watch(self, model: torch.nn.Module) -> int:
         """Name ``model``'s parameters in overflow reports; returns how many names it gave.
@@ -135,6 +137,7 @@ class Watching(_Base):
         **kwargs: Any,
     ) -> Any:
         result, found = opt_step_unless_inf(optimizer, optimizer_state, args, kwargs)
+        self._link.skips.decided(found > 0)
         watch = self._watch
         watch.optimizers.append(optimizer)
         watch.host_rows.append((optimizer, [found]))

@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from .._control import ControlOutcome, ControlUpdate
 from ..stats import ScalerStats
+from .learning_rates import Rates
 from .pinned_rows import PinnedRings
 from .recorder import Recorder, Sink, Snapshot
+from .skips import Skips
 
 if TYPE_CHECKING:
     import torch
@@ -52,6 +54,8 @@ class RunLink:
         self.closed_dropped = 0  # records that earlier telemetry of this scaler lost
         # (scale, its version, 1/scale): the inverse kept while the scale is unchanged
         self.inverse: tuple[torch.Tensor, int, torch.Tensor] | None = None
+        self.rates: list[Rates] = []  # this step's learning rates, optimizer by optimizer
+        self.skips = Skips()
 
     def submit(
         self, owner: object, snapshot: Snapshot, init_scale: float, make_sink: Callable[[], Any]

@@ -61,6 +61,8 @@ class Snapshot:
     scale_set: bool  # the scale was set this step (new_scale or control), not grown/backed off
     controls: tuple[ControlOutcome, ...] = ()
     diagnosis: Diagnosis | None = None  # an overflow explained (on the reporting rank)
+    lr: float | None = None  # in effect at step(): the first group of the first optimizer
+    lr_groups: tuple[tuple[float | None, ...], ...] | None = None  # all, when one differs
 
 
 Sink = Callable[[list[StepSample]], None]
@@ -301,6 +303,8 @@ def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample
         float(snap.backoff_factor),
         snap.control_version,
         loss,
+        lr=snap.lr,
+        lr_groups=snap.lr_groups,
     )
     diagnosis = snap.diagnosis
     if diagnosis is not None:

@@ -10,6 +10,7 @@ until it overflows again, and a rare batch of noise makes the loss spike.
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing
 import os
 import random
@@ -18,7 +19,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 import torch
@@ -119,6 +120,25 @@ def corpus(rank: int, seed: int) -> torch.Tensor:
     return torch.tensor(list(text), dtype=torch.long).clamp_(max=VOCAB - 1)
 
 
+def warmup_cosine(total: int, warmup: float = 0.05, floor: float = 0.1) -> Callable[[int], float]:
+    """The learning rate's factor at a step: linear up over the first ``warmup`` of the
+    ``total`` steps, then a cosine down to ``floor``.
+
+    >>> f = warmup_cosine(1000)
+    >>> round(f(0), 3), f(49), round(f(1000), 3)
+    (0.02, 1.0, 0.1)
+    """
+    ramp = max(1, int(total * warmup))
+
+    def factor(step: int) -> float:
+        if step < ramp:
+            return (step + 1) / ramp
+        done = min(1.0, (step - ramp) / max(1, total - ramp))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * done))
+
+    return factor
+
+
 def train(rank: int, args: argparse.Namespace, stop: Any, launcher: int) -> None:
     # A rank starts with Ctrl-C ignored (see main): the launcher sets ``stop`` instead, and
     # the ranks agree on it at a step boundary (_stop_agreed), so that none leaves while
@@ -145,6 +165,8 @@ def train(rank: int, args: argparse.Namespace, stop: Any, launcher: int) -> None
         fsdp.fully_shard(block, mp_policy=policy)
     fsdp.fully_shard(model, mp_policy=policy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    # As real jobs do: a linear warmup, then a cosine decay (the run page's lr panel).
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.steps))
     scaler = ShardedGradScaler(
         device.type,
         init_scale=2.0**20,
@@ -152,6 +174,7 @@ def train(rank: int, args: argparse.Namespace, stop: Any, launcher: int) -> None
         telemetry=args.db,
         run_name=args.run_name,
     )
+    scaler.watch(model)  # an overflow names its parameters ("blocks.0.mlp.0.weight")
     data = corpus(rank, args.seed)
     gen = torch.Generator().manual_seed(args.seed + rank)
     progress = Progress(args.steps) if rank == 0 else None
@@ -172,6 +195,8 @@ def train(rank: int, args: argparse.Namespace, stop: Any, launcher: int) -> None
             scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
             scaler.step(optimizer)
             scaler.update()
+            if not scaler.last_step_skipped:  # the weights did not move: nor does the schedule
+                schedule.step()
             if progress is not None and progress.due(step):
                 progress.show(step, loss.item(), scaler.get_scale())
         scaler.close()

@@ -83,19 +83,8 @@ class AlertRow:
             return self.resolved_value
         return self.value
 
-    @property
-    def text(self) -> str:
-        """One line: ``scalewatch: skips (skip_rate) firing on run 'bert' (#3) at step 1200:
-        value 0.08, threshold 0.05``."""
-        line = (
-            f"scalewatch: {self.rule} ({self.kind}) {self.state} on run {self.run_name!r}"
-            f" (#{self.run_id}) at step {self.step}: value {self.current_value:.4g},"
-            f" threshold {self.threshold:.4g}"
-        )
-        return f"{line} ({self.detail})" if self.detail else line
-
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "text": self.text}
+        return asdict(self)
 
 
 _SELECT = select(*alerts.c, runs.c.name.label("run_name")).join(runs, runs.c.id == alerts.c.run_id)

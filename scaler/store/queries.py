@@ -2,9 +2,9 @@
 their parameters: :mod:`scaler.store.diagnosis`).
 
 Chart series are spike-preserving: every bucket carries the min, max and last of the
-scale, the growth tracker and the loss (its finite values; null when the bucket has
-none) and the count of overflows, read from ``step_rollups`` when a
-bucket spans many steps and from ``steps`` when it spans few.
+scale, the growth tracker, the loss (its finite values; null when the bucket has none)
+and the learning rate (null when not recorded), and the count of overflows, read from
+``step_rollups`` when a bucket spans many steps and from ``steps`` when it spans few.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import Boolean, Connection, RowMapping, text
 
 from scaler.store.engine import Store
+from scaler.store.records import parse_lr_groups
 from scaler.store.runs import effective_status
 from scaler.store.schema import ROLLUP_LEVELS, runs, steps
 from scaler.store.sql import driver_sql
@@ -72,6 +73,9 @@ SERIES_KEYS: tuple[str, ...] = (
     "loss_min",
     "loss_max",
     "loss_last",
+    "lr_min",
+    "lr_max",
+    "lr_last",
 )
 
 
@@ -234,24 +238,25 @@ _RAW_PIECE = (
     " LEAST(scale, scale_after) AS scale_min, GREATEST(scale, scale_after) AS scale_max,"
     " growth_tracker AS tracker_min, growth_tracker AS tracker_max,"
     " CAST(overflow AS INTEGER) AS overflows, CAST(skipped AS INTEGER) AS skipped,"
-    " loss AS loss_min, loss AS loss_max"
+    " loss AS loss_min, loss AS loss_max, lr AS lr_min, lr AS lr_max"
     " FROM steps WHERE run_id = :run AND step BETWEEN :lo{i} AND :hi{i}"
 )
 _ROLLUP_PIECE = (
     "SELECT first_step, last_step, n, scale_min, scale_max, tracker_min, tracker_max,"
-    " overflows, skipped, loss_min, loss_max FROM step_rollups"
+    " overflows, skipped, loss_min, loss_max, lr_min, lr_max FROM step_rollups"
     " WHERE run_id = :run AND level = :level{i} AND bucket BETWEEN :lo{i} AND :hi{i}"
 )
 _GROUPED = (
     "WITH p AS ({pieces})"
     " SELECT g.first_step, g.last_step, g.n, g.scale_min, g.scale_max, s.scale_after,"
     " g.tracker_min, g.tracker_max, s.growth_tracker, g.overflows, g.skipped,"
-    " g.loss_min, g.loss_max, s.loss FROM ("
+    " g.loss_min, g.loss_max, s.loss, g.lr_min, g.lr_max, s.lr FROM ("
     "  SELECT first_step / :width AS ob, min(first_step) AS first_step,"
     "  max(last_step) AS last_step, sum(n) AS n, min(scale_min) AS scale_min,"
     "  max(scale_max) AS scale_max, min(tracker_min) AS tracker_min,"
     "  max(tracker_max) AS tracker_max, sum(overflows) AS overflows,"
-    "  sum(skipped) AS skipped, min(loss_min) AS loss_min, max(loss_max) AS loss_max"
+    "  sum(skipped) AS skipped, min(loss_min) AS loss_min, max(loss_max) AS loss_max,"
+    "  min(lr_min) AS lr_min, max(lr_max) AS lr_max"
     "  FROM p GROUP BY ob"
     " ) AS g JOIN steps AS s ON s.run_id = :run AND s.step = g.last_step ORDER BY g.ob"
 )
@@ -403,6 +408,7 @@ def step_dict(row: Sequence[Any]) -> dict[str, Any]:
     out["skipped"] = bool(out["skipped"])
     out["inf_ranks"] = parse_ranks(out["inf_ranks"])
     out["loss_nonfinite_ranks"] = parse_ranks(out["loss_nonfinite_ranks"])
+    out["lr_groups"] = parse_lr_groups(out["lr_groups"])
     return out
 
 

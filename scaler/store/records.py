@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
+from math import isfinite
 from typing import Any
 
 from scaler.store.states import RequestSource, RequestStatus
@@ -38,6 +40,8 @@ class StepRecord:
     loss_nonfinite_ranks: tuple[int, ...] = ()  # ranks whose loss was inf/NaN (overflow steps)
     params: tuple[ParamFinding, ...] = ()  # overflow steps only; at most 32 per rank
     params_omitted: int = 0  # non-finite parameters beyond the 32 kept per rank, all ranks
+    lr: float | None = None  # in effect at the step: first group of the first optimizer stepped
+    lr_groups: tuple[tuple[float | None, ...], ...] | None = None  # all groups', when one differs
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,25 @@ class ControlRequestRow:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: ``{"id": 1, "run_id": 1, "values": {"growth_interval": 500}, ...}``."""
         return asdict(self)
+
+
+def format_lr_groups(groups: tuple[tuple[float | None, ...], ...]) -> str:
+    """Every param group's learning rate, optimizer by optimizer, as compact JSON (a rate
+    not known or not finite as null).
+
+    >>> format_lr_groups(((0.001, 0.0005), (0.01,)))
+    '[[0.001,0.0005],[0.01]]'
+    """
+    return "[" + ",".join("[" + ",".join(map(_json_float, g)) + "]" for g in groups) + "]"
+
+
+def parse_lr_groups(text: str | None) -> list[list[float | None]] | None:
+    """:func:`format_lr_groups`'s text back (None stays None)."""
+    return None if text is None else json.loads(text)
+
+
+def _json_float(value: float | None) -> str:
+    return repr(float(value)) if value is not None and isfinite(value) else "null"
 
 
 def format_inf_ranks(ranks: tuple[int, ...]) -> str:

@@ -28,7 +28,8 @@ __all__ = ["contiguous", "refresh_rollups", "rollup_plan"]
 
 _COLUMNS = (
     "run_id, level, bucket, first_step, last_step, n, scale_min, scale_max, scale_last,"
-    " tracker_min, tracker_max, tracker_last, overflows, skipped, loss_min, loss_max"
+    " tracker_min, tracker_max, tracker_last, overflows, skipped, loss_min, loss_max,"
+    " lr_min, lr_max"
 )
 _COLUMN_NAMES = tuple(_COLUMNS.replace(" ", "").split(","))
 _KEY = ("run_id", "level", "bucket")
@@ -48,7 +49,7 @@ _FROM_STEPS = (
     " SELECT :run, :level, a.agg_bucket, a.agg_first, a.agg_last, a.agg_n,"
     " a.agg_scale_min, a.agg_scale_max, s.scale_after,"
     " a.agg_tracker_min, a.agg_tracker_max, s.growth_tracker, a.agg_overflows, a.agg_skipped,"
-    " a.agg_loss_min, a.agg_loss_max"
+    " a.agg_loss_min, a.agg_loss_max, a.agg_lr_min, a.agg_lr_max"
     " FROM (SELECT step / :width AS agg_bucket, min(step) AS agg_first,"
     " max(step) AS agg_last, count(*) AS agg_n,"
     " LEAST(min(scale), min(scale_after)) AS agg_scale_min,"
@@ -56,7 +57,8 @@ _FROM_STEPS = (
     " min(growth_tracker) AS agg_tracker_min, max(growth_tracker) AS agg_tracker_max,"
     " sum(CAST(overflow AS INTEGER)) AS agg_overflows,"
     " sum(CAST(skipped AS INTEGER)) AS agg_skipped,"
-    " min(loss) AS agg_loss_min, max(loss) AS agg_loss_max"
+    " min(loss) AS agg_loss_min, max(loss) AS agg_loss_max,"
+    " min(lr) AS agg_lr_min, max(lr) AS agg_lr_max"
     " FROM steps WHERE run_id = :run AND step >= :lo AND step < :hi"
     " GROUP BY step / :width) AS a"
     " JOIN steps AS s ON s.run_id = :run AND s.step = a.agg_last{conflict}"
@@ -66,13 +68,14 @@ _FROM_CHILD = (
     " SELECT :run, :level, a.agg_bucket, a.agg_first, a.agg_last, a.agg_n,"
     " a.agg_scale_min, a.agg_scale_max, c.scale_last,"
     " a.agg_tracker_min, a.agg_tracker_max, c.tracker_last, a.agg_overflows, a.agg_skipped,"
-    " a.agg_loss_min, a.agg_loss_max"
+    " a.agg_loss_min, a.agg_loss_max, a.agg_lr_min, a.agg_lr_max"
     " FROM (SELECT bucket / :ratio AS agg_bucket, min(first_step) AS agg_first,"
     " max(last_step) AS agg_last, sum(n) AS agg_n,"
     " min(scale_min) AS agg_scale_min, max(scale_max) AS agg_scale_max,"
     " min(tracker_min) AS agg_tracker_min, max(tracker_max) AS agg_tracker_max,"
     " sum(overflows) AS agg_overflows, sum(skipped) AS agg_skipped,"
-    " min(loss_min) AS agg_loss_min, max(loss_max) AS agg_loss_max"
+    " min(loss_min) AS agg_loss_min, max(loss_max) AS agg_loss_max,"
+    " min(lr_min) AS agg_lr_min, max(lr_max) AS agg_lr_max"
     " FROM step_rollups WHERE run_id = :run AND level = :child AND bucket >= :lo AND bucket < :hi"
     " GROUP BY bucket / :ratio) AS a"
     " JOIN step_rollups AS c ON c.run_id = :run AND c.level = :child"
@@ -152,9 +155,9 @@ def _recompute(cursor: Any, run_id: int, step_numbers: Sequence[int], plan: Plan
 
 # A rollup on the host: the columns of step_rollups after run_id and level.
 _BUCKET, _FIRST, _LAST, _N, _SMIN, _SMAX, _SLAST, _TMIN, _TMAX, _TLAST, _OVER, _SKIP = range(12)
-_LMIN, _LMAX = range(12, 14)
-# The loss column of a ``steps`` row (run_id first).
-_LOSS = 13
+_LMIN, _LMAX, _RMIN, _RMAX = range(12, 16)
+# The loss and learning rate columns of a ``steps`` row (run_id first).
+_LOSS, _LR = 13, 16
 
 
 def _fold(cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], plan: Plan) -> None:
@@ -186,9 +189,10 @@ def _fold(cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], plan: Plan)
 def _from_steps(columns: tuple[tuple[Any, ...], ...], width: int) -> list[list[Any]]:
     """The rollups of ``width``-step buckets of the ``steps`` columns, in step order."""
     _, numbers, _, scale, overflow, skipped, _, after, tracker, *_ = columns
-    loss = columns[_LOSS]
+    loss, lr = columns[_LOSS], columns[_LR]
     # Steps without a loss (NULL) are left out of its min and max, as SQL's min() does.
     losses = _loss_range if None in loss else _plain_range
+    rates = _loss_range if None in lr else _plain_range
     rollups: list[list[Any]] = []
     start = 0
     while start < len(numbers):
@@ -210,6 +214,7 @@ def _from_steps(columns: tuple[tuple[Any, ...], ...], width: int) -> list[list[A
                 sum(overflow[start:end]),
                 sum(skipped[start:end]),
                 *losses(loss[start:end]),
+                *rates(lr[start:end]),
             ]
         )
         start = end
@@ -262,6 +267,8 @@ def _merge(earlier: Sequence[Any], later: Sequence[Any]) -> list[Any]:
         earlier[_SKIP] + later[_SKIP],
         _least(earlier[_LMIN], later[_LMIN]),
         _greatest(earlier[_LMAX], later[_LMAX]),
+        _least(earlier[_RMIN], later[_RMIN]),
+        _greatest(earlier[_RMAX], later[_RMAX]),
     ]
 
 

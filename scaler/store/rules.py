@@ -60,6 +60,9 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "max_scale": _SCALE,
     "hysteresis": _INTEGER,
 }
+# The rules below say the float32 bounds as a person would; SCHEMAS has them exactly.
+_TINY_WORDS = "float32's smallest normal (about 1.2e-38)"
+_RANGE_WORDS = "float32's normal range, about 1.2e-38 to 3.4e38"
 # What each field does, for the CLI's help and the dashboard's hints.
 PURPOSES: dict[str, str] = {
     "growth_interval": "clean steps between two growths",
@@ -76,11 +79,10 @@ RULES: dict[str, str] = {
     "growth_interval": f"growth_interval must be an integer >= 1 and <= {INT32_MAX}",
     "hysteresis": f"hysteresis must be an integer >= 1 and <= {INT32_MAX}",
     "growth_factor": "growth_factor must be a finite number > 1",
-    "backoff_factor": f"backoff_factor must be a number < 1 and >= {FLOAT32_TINY!r} (float32's"
-    " smallest normal: a smaller one backs off a scale of 1 to 0 at the first overflow)",
+    "backoff_factor": f"backoff_factor must be a number < 1 and at least {_TINY_WORDS}: a"
+    " smaller one backs off a scale of 1 to 0 at the first overflow",
     **{
-        name: f"{name} must be a finite number > 0, from {FLOAT32_TINY!r} to {FLOAT32_MAX!r}"
-        " (float32's normal range)"
+        name: f"{name} must be a number in {_RANGE_WORDS}"
         for name in ("scale", "min_scale", "max_scale")
     },
 }

@@ -20,7 +20,7 @@ from sqlalchemy import Connection, RowMapping, exc, select, update
 from scaler.store import postgres
 from scaler.store.engine import Store, insert_rows
 from scaler.store.errors import RunNotFound
-from scaler.store.records import RunRef, StepRecord, format_inf_ranks
+from scaler.store.records import RunRef, StepRecord, format_inf_ranks, format_lr_groups
 from scaler.store.rollups import contiguous, refresh_rollups
 from scaler.store.schema import (
     PARAM_NAME_LENGTH,
@@ -220,6 +220,8 @@ def step_values(r: StepRecord) -> tuple[Any, ...]:
         loss if loss is None or isfinite(loss) else None,
         format_inf_ranks(r.loss_nonfinite_ranks) if r.loss_nonfinite_ranks else "",
         r.params_omitted,
+        r.lr,
+        None if r.lr_groups is None else format_lr_groups(r.lr_groups),
     )
 
 

@@ -75,6 +75,10 @@ steps = Table(
     Column("loss_nonfinite_ranks", String, nullable=False, server_default=""),  # as inf_ranks
     # Non-finite parameters found but not kept in overflow_params (beyond 32 a rank).
     Column("params_omitted", Integer, nullable=False, server_default="0"),
+    # The learning rate in effect at the step (first group of the first optimizer stepped);
+    # NULL when not known. lr_groups: every group's, as JSON, only when one differs.
+    Column("lr", Float, nullable=True),
+    Column("lr_groups", String, nullable=True),
     # Rows clustered on (run_id, step) on SQLite: a range of steps is one b-tree range, no
     # lookups. PostgreSQL has no such tables; its heap is in insert order, which is step order.
     sqlite_with_rowid=False,
@@ -109,6 +113,9 @@ step_rollups = Table(
     # Of the finite losses of the bucket's steps; NULL when it has none.
     Column("loss_min", Float, nullable=True),
     Column("loss_max", Float, nullable=True),
+    # Of the learning rates of the bucket's steps; NULL when it has none.
+    Column("lr_min", Float, nullable=True),
+    Column("lr_max", Float, nullable=True),
     sqlite_with_rowid=False,
 )
 

@@ -100,6 +100,6 @@ def test_the_pages_table_gives_every_default_rule_and_its_parameters() -> None:
 def test_the_pages_webhook_body_has_the_fields_sent() -> None:
     (body,) = re.findall(r"```json\n(.*?)```", PAGE, re.S)
     shown = json.loads(body)
-    alert = AlertRow(7, 3, "bert-large", "skips", "skip_rate", AlertState.FIRING, 0.2, 0.22, "",
-                     1200, 1764590400.0, None, None, None)  # fmt: skip
+    alert = AlertRow(7, 3, "bert-large", "skips", "skip_rate", AlertState.FIRING, 0.2, 0.22,
+                     "last 200 steps", 1200, 1764590400.0, None, None, None)  # fmt: skip
     assert shown == payload(alert)

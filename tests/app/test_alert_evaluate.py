@@ -10,6 +10,7 @@ import pytest
 from app.alerts import evaluate
 from app.alerts.config import default_rules, parse_rules
 from app.alerts.evaluate import Evaluator
+from app.alerts.text import alert_text
 from scaler.store import watched as watched_store
 from scaler.store.alerts import AlertRow, alert_page
 from scaler.store.autopilot import disable_autopilot, save_decision, set_autopilot
@@ -82,7 +83,10 @@ def test_an_alert_fires_once_and_resolves_once(any_store: Store) -> None:
     (resolved,) = evaluator.tick()
     assert (resolved.id, resolved.state) == (fired.id, AlertState.RESOLVED)
     assert (resolved.resolved_step, resolved.resolved_at, resolved.resolved_value) == (9, 2009.0, 0)
-    assert "streak (skip_streak) resolved on run 'bert'" in resolved.text
+    assert alert_text(resolved).startswith(
+        "scalewatch: streak (skip_streak) resolved on run 'bert' (#1) at step 9;"
+        " it fired at step 7: 3 skipped steps in a row (threshold 3)"
+    )
     write_steps(store, run.id, _records(11, 20, skipped={12, 13, 14, 16, 17, 18, 19, 20}))
     assert [(a.fired_step, a.resolved_step) for a in evaluator.tick()] == [
         (14, None), (14, 15), (18, None),

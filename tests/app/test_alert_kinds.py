@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import pytest
+
 from app.alerts.kinds import KINDS, Reading, RunView, StepView
+from app.alerts.text import said
+from app.alerts.units import Unit
 
 RUN = RunView(1, "bert", 4, True, 1000.0, 0, None)
 
@@ -84,9 +88,10 @@ def test_rank_hotspot_names_the_rank_in_most_overflow_reports() -> None:
     watch = spec.watch(spec.params.model_validate({"window": 100, "threshold": 0.6}), RUN)
     readings = {row.step: watch.step(row) for row in _steps(ranks=ranks, last=120)}
     assert not readings[49].on  # 4 overflows: under min_overflows (5)
-    assert readings[50] == Reading(True, 5 / 6, detail="rank 3")
+    assert readings[50] == Reading(True, 5 / 6, detail="last 5 overflows on rank 3")
     assert readings[60].on and readings[60].value == 5 / 7
-    assert readings[110] == Reading(True, 4 / 6, detail="rank 3")  # step 10 left the window
+    # step 10 left the window
+    assert readings[110] == Reading(True, 4 / 6, detail="last 5 overflows on rank 3")
     assert not readings[120].on  # step 20 too: 4 overflows in the window
     assert not spec.applies(RunView(2, "one rank", 1, True, 0.0, 0, None))
     assert spec.applies(RUN)
@@ -103,3 +108,33 @@ def test_stalled_counts_seconds_without_a_new_step_on_the_services_clock() -> No
     assert watch.clock(later, now=1100.0) == Reading(False, 0.0, at=1100.0)
     ended = RunView(1, "bert", 4, False, 1000.0, 8, 1081.0)
     assert not watch.clock(ended, now=9999.0).on  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "threshold", "detail", "words"),
+    [
+        ("scale_below", 0.5, 1.0, "", "scale 0.5 (threshold 1)"),
+        ("scale_drop", 9.0, 8.0, "within 100 steps", "9 backoffs within 100 steps (threshold 8)"),
+        ("skip_rate", 0.0812, 0.05, "last 200 steps",
+         "8.12% of the last 200 steps skipped (threshold 5%)"),
+        ("skip_streak", 12.0, 10.0, "", "12 skipped steps in a row (threshold 10)"),
+        ("stalled", 185.2, 120.0, "", "no new step for 3 min 5 s (threshold 2 min)"),
+        ("stalled", 7.25, 5.0, "", "no new step for 7.25 s (threshold 5 s)"),
+        ("rank_hotspot", 7 / 11, 0.6, "last 11 overflows on rank 1",
+         "63.6% of the last 11 overflows on rank 1 (threshold 60%)"),
+        ("autopilot", 1.0, 1.0, "no help", "the autopilot stopped: no help"),
+        ("rank_hotspot", 0.75, 0.6, "", "value 0.75, threshold 0.6"),  # a row from before details
+        ("newer_kind", 3.0, 2.0, "x", "value 3, threshold 2 (x)"),
+    ],
+)  # fmt: skip
+def test_each_kind_says_its_value_with_its_unit(
+    kind: str, value: float, threshold: float, detail: str, words: str
+) -> None:
+    assert said(kind, value, threshold, detail) == words
+
+
+def test_every_kind_has_words_that_fill_in() -> None:
+    for name, spec in KINDS.items():
+        words = said(name, 1.0, 1.0, "over the window")
+        assert "{" not in words and ("over the window" in words) == ("{detail}" in spec.says), name
+        assert spec.unit is Unit.FLAG or spec.unit.say(1.0) in words, name

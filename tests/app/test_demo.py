@@ -50,12 +50,21 @@ def test_demo_trains_serves_and_stops_cleanly(tmp_path: Path) -> None:
             (info,) = list_runs(store)
             with store.read() as conn:
                 rows = conn.exec_driver_sql(
-                    "SELECT step, overflow, scale, scale_after FROM steps ORDER BY step"
+                    "SELECT step, overflow, scale, scale_after, lr, skipped FROM steps"
+                    " ORDER BY step"
                 ).all()
+                names = [r[0] for r in conn.exec_driver_sql("SELECT name FROM overflow_params")]
         assert [r[0] for r in rows] == list(range(1, 61)), "one row per step"
         assert info.steps == 60
         assert any(r[1] for r in rows), "the high initial scale overflows"
         assert any(r[3] > r[2] for r in rows), "the scale grows at least once"
+        rates = [r[4] for r in rows]
+        peak = rates.index(max(rates))
+        assert rates[: peak + 1] == sorted(rates[: peak + 1]) and rates[-1] < rates[peak]
+        # the demo holds its schedule on a skipped step (last_step_skipped)
+        assert all(rates[i + 1] == rates[i] for i in range(len(rows) - 1) if rows[i][5])
+        assert len(set(rates)) > 10, "warmup, then decay"
+        assert names and not any(n.startswith("group ") for n in names), "watched: named"
         demo.process.send_signal(signal.SIGINT)
         assert demo.process.wait(60) == 0, demo.output
     finally:

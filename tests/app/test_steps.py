@@ -22,7 +22,8 @@ BIG = max(ROLLUP_LEVELS.values()) + 40_000  # every rollup level has whole bucke
 
 
 def with_losses(records: list[StepRecord], rng: random.Random) -> list[StepRecord]:
-    """A falling loss with spikes, a stretch never seen, and now and then an inf or NaN."""
+    """A falling loss with spikes, a stretch never seen, and now and then an inf or NaN;
+    a learning rate that warms up, decays and restarts, not recorded on a stretch."""
     out = []
     for r in records:
         roll = rng.random()
@@ -34,7 +35,9 @@ def with_losses(records: list[StepRecord], rng: random.Random) -> list[StepRecor
             loss = None
         else:
             loss = 5.0 / (1 + r.step / 1000) + rng.random() / 100
-        out.append(dataclasses.replace(r, loss=loss))
+        phase = r.step % 9000
+        lr = None if 4000 <= phase < 4500 else 1e-3 * min(1.0, (phase + 1) / 500) * 0.999**phase
+        out.append(dataclasses.replace(r, loss=loss, lr=lr))
     return out
 
 
@@ -80,6 +83,10 @@ def check_buckets(
         assert series["loss_min"][i] == (min(losses) if losses else None)
         assert series["loss_max"][i] == (max(losses) if losses else None)
         assert series["loss_last"][i] == _stored_loss(chunk[-1])
+        rates = [r.lr for r in chunk if r.lr is not None]
+        assert series["lr_min"][i] == (min(rates) if rates else None)
+        assert series["lr_max"][i] == (max(rates) if rates else None)
+        assert series["lr_last"][i] == chunk[-1].lr
     for r in inside:
         if r.overflow:
             i = bisect.bisect_right(first, r.step) - 1

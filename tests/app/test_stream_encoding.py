@@ -29,6 +29,8 @@ def row(step: int, **changes: Any) -> tuple[Any, ...]:
         "loss": 2.75,
         "loss_nonfinite_ranks": "",
         "params_omitted": 0,
+        "lr": 0.001,
+        "lr_groups": None,
     }
     values.update(changes)
     return tuple(values.values())
@@ -56,6 +58,7 @@ def test_a_random_page_is_the_json_encoders() -> None:
             loss=rng.choice([None, rng.uniform(-1e6, 1e6), rng.random() * 1e-300]),
             loss_nonfinite_ranks=",".join(map(str, sorted(rng.sample(range(8), step % 3)))),
             params_omitted=rng.choice([0, 0, rng.randint(1, 10**6)]),
+            lr=rng.choice([None, rng.uniform(1e-6, 1e-2)]),
         )
         for step in range(1000, 1500)
     ]
@@ -82,6 +85,11 @@ def test_a_random_page_is_the_json_encoders() -> None:
         {"loss": "2.5"},
         {"loss_nonfinite_ranks": "1,"},
         {"params_omitted": None},
+        {"lr": None},
+        {"lr": math.nan},
+        {"lr": 1},
+        {"lr_groups": "[[0.001,0.0005],[0.01]]"},
+        {"lr_groups": "[[0.001,null]]"},
     ],
 )
 def test_a_page_with_an_odd_value_is_still_the_json_encoders(change: dict[str, Any]) -> None:

@@ -21,8 +21,8 @@ from tests.app._receiver import receiver, wait_for
 from tests.app.conftest import LOCAL, add_run, simulate
 
 ALERT = AlertRow(
-    7, 3, "bert", "skips", "skip_rate", AlertState.FIRING, 0.05, 0.08, "", 1200, 1.7e9,
-    None, None, None,
+    7, 3, "bert", "skips", "skip_rate", AlertState.FIRING, 0.05, 0.08, "last 200 steps",
+    1200, 1.7e9, None, None, None,
 )  # fmt: skip
 
 
@@ -49,8 +49,9 @@ def test_the_payload_names_rule_state_run_step_value_threshold_and_a_line() -> N
     }  # fmt: skip
     assert body["text"] == (
         "scalewatch: skips (skip_rate) firing on run 'bert' (#3) at step 1200:"
-        " value 0.08, threshold 0.05"
+        " 8% of the last 200 steps skipped (threshold 5%)"
     )
+    assert body["says"] == "8% of the last 200 steps skipped (threshold 5%)"
 
 
 def test_a_webhook_is_posted_as_json(sender: list[WebhookSender]) -> None:

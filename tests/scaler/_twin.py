@@ -79,6 +79,7 @@ class Trace:
     skipped_per_optimizer: list[tuple[bool, ...]] = field(default_factory=list)
     params: list[torch.Tensor] = field(default_factory=list)
     returns: list[Any] = field(default_factory=list)
+    said_skipped: list[bool | None] = field(default_factory=list)  # ours: last_step_skipped
 
     def assert_same(self, other: Trace) -> None:
         assert self.scales == other.scales
@@ -131,6 +132,8 @@ def train(
                 all(torch.equal(b, p.detach()) for b, p in zip(before, own, strict=True))
             )
         gs.update()
+        if hasattr(gs, "last_step_skipped"):
+            trace.said_skipped.append(gs.last_step_skipped)
         trace.scales.append(gs.get_scale())
         trace.trackers.append(gs._get_growth_tracker())
         trace.skipped.append(all(per_optimizer))

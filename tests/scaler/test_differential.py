@@ -237,14 +237,24 @@ def test_sharded_accepts_fp16_gradients(group: None, device: str) -> None:
     assert reference.params[0].dtype == torch.float16
 
 
-def test_plain_refuses_fp16_gradients_as_torch(device: str) -> None:
+def test_plain_refuses_fp16_gradients_as_torch_naming_them_and_the_fixes(device: str) -> None:
     errors = []
     for gs in make_pair("plain", device=device):
         model = mlp(dtype=torch.float16).to(device)
+        if gs.__module__.startswith("scaler"):
+            gs.watch(model)
         with pytest.raises(ValueError) as caught:
             train(gs, model, sgd(model), steps=1, dtype=torch.float16)
         errors.append(str(caught.value))
-    assert errors == ["Attempting to unscale FP16 gradients."] * 2
+    torchs, ours = errors
+    assert torchs == "Attempting to unscale FP16 gradients."
+    assert ours.startswith(torchs)  # what torch's own tests match
+    assert "4 parameters have fp16 gradients: 0.weight, 0.bias, 2.weight and 1 more." in ours
+    assert "torch.autocast" in ours and "MixedPrecisionPolicy" in ours
+    model = mlp(dtype=torch.float16)
+    unwatched = make_pair("plain")[1]
+    with pytest.raises(ValueError, match=r"group 0 param 0 \(8, 4\), group 0 param 1 \(8\)"):
+        train(unwatched, model, sgd(model), steps=1, dtype=torch.float16)
 
 
 def run_with_new_scales(gs: Any, device: str) -> list[float]:

@@ -66,11 +66,13 @@ def expected_rollups(
     levels: Mapping[int, int] = ROLLUP_LEVELS,
     *,
     with_loss: bool = True,
+    with_lr: bool = True,
 ) -> set[tuple[int | float | None, ...]]:
     """The ``step_rollups`` rows of ``records`` at ``levels`` (level -> width), computed by
     brute force from the records themselves: the oracle for the store's rollups.
 
-    ``with_loss``: with the min and max of the finite losses (revision 7c25d1a9e5f0 on).
+    ``with_loss``: with the min and max of the finite losses (revision 7c25d1a9e5f0 on);
+    ``with_lr``: of the learning rates (revision b41e7f2c9d08 on).
     """
     expected: set[tuple[int | float | None, ...]] = set()
     for level, width in levels.items():
@@ -83,6 +85,8 @@ def expected_rollups(
             trackers = [r.growth_tracker for r in members]
             losses = [r.loss for r in members if r.loss is not None and math.isfinite(r.loss)]
             loss = (min(losses), max(losses)) if losses else (None, None)
+            rates = [r.lr for r in members if r.lr is not None]
+            lr = (min(rates), max(rates)) if rates else (None, None)
             expected.add(
                 (
                     run_id,
@@ -100,6 +104,7 @@ def expected_rollups(
                     sum(r.overflow for r in members),
                     sum(r.skipped for r in members),
                     *(loss if with_loss else ()),
+                    *(lr if with_lr else ()),
                 )
             )
     return expected

@@ -30,6 +30,8 @@ from scaler.store.states import RequestSource
 
 from .conftest import CONTROL
 
+TINY_WORDS = "< 1 and at least float32's smallest normal"
+
 INT_RULE = "must be an integer >= 1 and <= 2147483647"
 BAD_VALUES: list[tuple[dict[str, Any], str, str]] = [
     ({"growth_interval": 0}, "growth_interval", INT_RULE),
@@ -48,25 +50,25 @@ BAD_VALUES: list[tuple[dict[str, Any], str, str]] = [
     ({"growth_factor": True}, "growth_factor", "finite number > 1"),
     ({"growth_factor": "2.0"}, "growth_factor", "finite number > 1"),
     ({"growth_factor": {"value": 2.0}}, "growth_factor", "finite number > 1"),
-    ({"backoff_factor": 0}, "backoff_factor", "< 1 and >= 1.17"),
-    ({"backoff_factor": 1}, "backoff_factor", "< 1 and >= 1.17"),
-    ({"backoff_factor": 1.5}, "backoff_factor", "< 1 and >= 1.17"),
-    ({"backoff_factor": -0.5}, "backoff_factor", "< 1 and >= 1.17"),
-    ({"backoff_factor": math.nan}, "backoff_factor", "< 1 and >= 1.17"),
-    ({"backoff_factor": False}, "backoff_factor", "< 1 and >= 1.17"),
-    ({"backoff_factor": 1e-300}, "backoff_factor", "< 1 and >= 1.17"),
-    ({"scale": 0.0}, "scale", "finite number > 0"),
-    ({"scale": -1.0}, "scale", "finite number > 0"),
-    ({"scale": math.inf}, "scale", "finite number > 0"),
-    ({"scale": math.nan}, "scale", "finite number > 0"),
-    ({"scale": 10**400}, "scale", "finite number > 0"),
-    ({"min_scale": 0.0}, "min_scale", "finite number > 0"),
+    ({"backoff_factor": 0}, "backoff_factor", TINY_WORDS),
+    ({"backoff_factor": 1}, "backoff_factor", TINY_WORDS),
+    ({"backoff_factor": 1.5}, "backoff_factor", TINY_WORDS),
+    ({"backoff_factor": -0.5}, "backoff_factor", TINY_WORDS),
+    ({"backoff_factor": math.nan}, "backoff_factor", TINY_WORDS),
+    ({"backoff_factor": False}, "backoff_factor", TINY_WORDS),
+    ({"backoff_factor": 1e-300}, "backoff_factor", TINY_WORDS),
+    ({"scale": 0.0}, "scale", "float32's normal range"),
+    ({"scale": -1.0}, "scale", "float32's normal range"),
+    ({"scale": math.inf}, "scale", "float32's normal range"),
+    ({"scale": math.nan}, "scale", "float32's normal range"),
+    ({"scale": 10**400}, "scale", "float32's normal range"),
+    ({"min_scale": 0.0}, "min_scale", "float32's normal range"),
     ({"scale": 5e-324}, "scale", "float32's normal range"),  # rounds to 0 in float32
     ({"max_scale": 1e-46}, "max_scale", "float32's normal range"),
     ({"min_scale": 1e-39}, "min_scale", "float32's normal range"),
-    ({"min_scale": -math.inf}, "min_scale", "finite number > 0"),
-    ({"max_scale": math.nan}, "max_scale", "finite number > 0"),
-    ({"max_scale": "big"}, "max_scale", "finite number > 0"),
+    ({"min_scale": -math.inf}, "min_scale", "float32's normal range"),
+    ({"max_scale": math.nan}, "max_scale", "float32's normal range"),
+    ({"max_scale": "big"}, "max_scale", "float32's normal range"),
     ({"min_scale": 8.0, "max_scale": 4.0}, "min_scale", "<= max_scale"),
     ({"min_scale": 8.0, "max_scale": 4.0}, "max_scale", ">= min_scale"),
     ({"hysteresis": 0}, "hysteresis", INT_RULE),

@@ -50,11 +50,14 @@ def _record(rng: random.Random, step: int) -> StepRecord:
 def _brute_force(
     levels: dict[int, int], stored: dict[int, dict[int, StepRecord]], *, with_loss: bool = True
 ) -> set[Rollup]:
-    """Without ``with_loss``: the rollups as they were before revision 7c25d1a9e5f0."""
+    """Without ``with_loss``: the rollups as they were before revision 7c25d1a9e5f0 (and
+    so before the learning rate's columns too)."""
     return {
         row
         for run_id, records in stored.items()
-        for row in expected_rollups(run_id, records.values(), levels, with_loss=with_loss)
+        for row in expected_rollups(
+            run_id, records.values(), levels, with_loss=with_loss, with_lr=with_loss
+        )
     }
 
 

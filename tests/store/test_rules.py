@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
 
 import scaler._control
 import scaler.store.control
@@ -124,3 +127,11 @@ def test_normalise_keeps_each_bound_of_the_schemas_as_they_state_it() -> None:
             assert (rules.normalise(name, bound) is not None) is taken, (name, key)
             assert rules.normalise(name, past) is None, (name, key)
             assert rules.normalise(name, inside) is not None, (name, key)
+
+
+def test_the_rules_say_float32s_bounds_as_a_person_would_and_the_schema_exactly() -> None:
+    for rule in rules.RULES.values():
+        assert not re.search(r"\d\.\d{6,}", rule), rule  # no bound quoted to 17 digits
+    assert "about 1.2e-38 to 3.4e38" in rules.RULES["scale"]
+    assert rules.SCHEMAS["scale"]["minimum"] == float(np.finfo(np.float32).tiny)
+    assert rules.SCHEMAS["scale"]["maximum"] == float(np.finfo(np.float32).max)

@@ -49,6 +49,9 @@ def _record(rng: random.Random, step: int) -> StepRecord:
         control_version=rng.randint(0, 3),
         # Mostly finite, some unseen, now and then not finite (stored as NULL).
         loss=rng.choice([rng.uniform(-1.0, 9.0)] * 6 + [None, math.inf, math.nan]),
+        # A schedule's rate, now and then not known (a rate on a device, never read).
+        lr=rng.choice([rng.uniform(1e-5, 1e-3)] * 8 + [None]),
+        lr_groups=rng.choice([None] * 8 + [((0.001, None), (0.5,))]),
     )
 
 
@@ -114,6 +117,8 @@ def test_rollups_equal_a_brute_force_aggregation(
         )
         finite = record.loss is not None and math.isfinite(record.loss)
         assert row.loss == (record.loss if finite else None)
+        assert row.lr == record.lr
+        assert row.lr_groups == (None if record.lr_groups is None else "[[0.001,null],[0.5]]")
     assert _run_row(store, run.id)["last_step"] == max(stored)
 
 

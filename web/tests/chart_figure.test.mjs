@@ -97,6 +97,9 @@ test("stepAsBucket and firstScale: a live row is a one-step bucket", () => {
     loss_min: null,
     loss_max: null,
     loss_last: null,
+    lr_min: null,
+    lr_max: null,
+    lr_last: null,
   });
   assert.equal(firstScale(bucket), 65536);
   // A one-step bucket from /steps has no scale_first: the scale it did not end with.
@@ -145,6 +148,31 @@ test("the loss is drawn under the scale, on its own axis, as a band and a line",
   assert.ok(layout.yaxis4.domain[0] > layout.yaxis2.domain[1], "above the tracker");
 });
 
+test("a live row's learning rate is its bucket's min, max and last", () => {
+  const seen = stepAsBucket({ step: 3, scale: 2, scale_after: 2, growth_tracker: 0, skipped: false, lr: 0.001 });
+  assert.deepEqual([seen.lr_min, seen.lr_max, seen.lr_last], [0.001, 0.001, 0.001]);
+  const gap = stepAsBucket({ step: 3, scale: 2, scale_after: 2, growth_tracker: 0, skipped: false, lr: null });
+  assert.deepEqual([gap.lr_min, gap.lr_max, gap.lr_last], [null, null, null]);
+});
+
+test("the learning rate is drawn under the loss, on its own axis, as a band and a line", () => {
+  const cols = emptyColumns();
+  cols.x.push(10, 20);
+  cols.lrMin.push(0.001, null);
+  cols.lrMax.push(0.002, null);
+  cols.lrLast.push(0.0015, null);
+  const traces = figureTraces(cols, []);
+  assert.deepEqual(
+    [T.lrMax, T.lrMin, T.lrLast].map((i) => [traces[i].yaxis, traces[i].y]),
+    [["y5", [0.002, null]], ["y5", [0.001, null]], ["y5", [0.0015, null]]],
+  );
+  assert.ok(LINE_TRACES.includes(T.lrLast) && LINE_TRACES.includes(T.lrMin));
+  assert.equal(traces.length, Object.keys(T).length, "every trace has its index in T");
+  const layout = figureLayout(false);
+  assert.ok(layout.yaxis5.domain[1] < layout.yaxis4.domain[0], "under the loss");
+  assert.ok(layout.yaxis5.domain[0] > layout.yaxis2.domain[1], "above the tracker");
+});
+
 test("each min–max band is its max line, then its min filled up to it, hover skipped", () => {
   const cols = emptyColumns();
   cols.x.push(10, 20);
@@ -154,6 +182,7 @@ test("each min–max band is its max line, then its min filled up to it, hover s
     [T.scaleMax, T.scaleMin, "y", cols.xFirst, "hv"],
     [T.trackerMax, T.trackerMin, "y2", cols.x, undefined],
     [T.lossMax, T.lossMin, "y4", cols.x, undefined],
+    [T.lrMax, T.lrMin, "y5", cols.x, undefined],
   ];
   for (const [max, min, yaxis, x, shape] of bands) {
     const [top, bottom] = [traces[max], traces[min]];
