@@ -16,15 +16,15 @@ from typing import Any, cast
 
 import torch
 
+from ._agreement.payload import Attribution
 from ._config import Options
 from ._control import ControlOutcome
 from ._control.changes import Controlled
 from ._diagnosis import StepWatch, Watching
 from ._extras import Extras
 from ._recording import RunLink
-from ._recording.pinned_rows import read_cpu
-from ._recording.recorder import Snapshot
-from ._recording.step_values import Captured
+from ._recording.recorder import Snapshot, make
+from ._recording.step_values import Captured, read_cpu
 from ._state import Persisted
 from ._torch_compat import (
     OptState,
@@ -75,7 +75,7 @@ class Instrumented(Watching, Controlled, Persisted):
                 break
         flags = self._step_flags()
         # Read before _controls_for_step(), which forgets this step's payloads.
-        width = self._attribution_width()
+        attribution = self._attribution()
         if new_scale is not None:
             # The step may have been skipped for inf/NaN: its record says so all the same.
             # Summed apart from the optimizers' own flags: torch's update(new_scale) leaves
@@ -102,7 +102,7 @@ class Instrumented(Watching, Controlled, Persisted):
                 scale_set = scale_set or (outcome.applied and "scale" in update.values)
                 outcomes += (outcome,)
         link.last_found = found
-        self._snapshot(found, flags, width, stepped, scale_set, outcomes)
+        self._snapshot(found, flags, attribution, stepped, scale_set, outcomes)
 
     def _combined_found_inf(
         self, scale: torch.Tensor, required: bool = True, in_place: bool = True
@@ -208,15 +208,15 @@ class Instrumented(Watching, Controlled, Persisted):
         tensors, or on cpu their words as read."""
         return []
 
-    def _attribution_width(self) -> int:
-        """How many rank flags the payloads carry; 0: single process; -1: unknown."""
-        return 0
+    def _attribution(self) -> Attribution:
+        """Whose overflow flags this step's payloads carry."""
+        return Attribution.single()
 
     def _snapshot(
         self,
         found: torch.Tensor | None,
         flags: list[torch.Tensor] | list[list[float]],
-        width: int,
+        attribution: Attribution,
         stepped: bool,
         scale_set: bool,
         outcomes: tuple[ControlOutcome, ...],
@@ -231,30 +231,32 @@ class Instrumented(Watching, Controlled, Persisted):
             self._fold(scale.item(), False, stepped, scale_set)  # clean: nothing else to read
             return
         loss = self._watch.take_loss()
-        # cpu tensors are memory: read at once, no sync (see pinned_rows.read_cpu)
+        # cpu tensors are memory: read at once, no sync (see step_values.read_cpu)
         values = None if scale.is_cuda else read_cpu(scale, tracker, found, loss, flags)
-        diagnosis = self._diagnose(values, width, loss)
+        diagnosis = self._diagnose(values, attribution, loss)
         if inline and values is not None:
-            self._fold(values[0], values[2] > 0, stepped, scale_set)
+            self._fold(values.scale, values.found > 0, stepped, scale_set)
             return
-        snapshot = Snapshot(
-            self._step_count,
-            time.time(),
-            values
+        snapshot = make(Snapshot)  # every step: see recorder.make
+        Snapshot.__init__(
+            snapshot,
+            step=self._step_count,
+            wall_time=time.time(),
+            captured=values
             if values is not None
             else Captured(
                 scale, tracker, found, loss, cast(list[torch.Tensor], flags), link.pinned
             ),
-            width,
-            link.scale_host,
-            stepped,
-            self._growth_interval,
-            self._growth_factor,
-            self._backoff_factor,
-            self._control_version,
-            scale_set,
-            outcomes,
-            diagnosis,
+            attribution=attribution,
+            scale_used=link.scale_host,
+            stepped=stepped,
+            growth_interval=self._growth_interval,
+            growth_factor=self._growth_factor,
+            backoff_factor=self._backoff_factor,
+            control_version=self._control_version,
+            scale_set=scale_set,
+            controls=outcomes,
+            diagnosis=diagnosis,
         )
         link.submit(self, snapshot, self._init_scale, self._make_sink)
         link.scale_host = None

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ._agreement.payload import Attribution
 from ._config import Options
 from ._control import ControlUpdate
 from ._scaler import Instrumented
@@ -101,11 +102,13 @@ class GradScaler(Instrumented, TorchGradScaler):
             scale, tracker, found, self._growth_factor, self._backoff_factor, self._growth_interval
         )
 
-    def _attribution_width(self) -> int:
+    def _attribution(self) -> Attribution:
         group = self._link.group
         if group is None:  # asked every step: cheaply, for a group may be made later
             group = self._group_info()
-        return -1 if group is not None and group[1] > 1 else 0
+        if group is not None and group[1] > 1:
+            return Attribution.unknown()
+        return Attribution.single()
 
     def _controls_for_step(self) -> list[tuple[ControlUpdate, str | None]]:
         if not self._link.inbox:
@@ -113,7 +116,7 @@ class GradScaler(Instrumented, TorchGradScaler):
         requests = list(self._link.inbox)
         self._link.inbox.clear()
         refusal = None
-        if self._attribution_width() < 0:
+        if not self._attribution().known:
             refusal = (
                 "GradScaler cannot apply a change on every rank at the same step; "
                 "use ShardedGradScaler in multi-process jobs"

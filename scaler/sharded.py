@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from ._agreement import Agreement
 from ._agreement import payload as _payload
+from ._agreement.payload import Attribution
 from ._config import Options
 from ._control import ControlUpdate
 from ._scaler import Instrumented
@@ -159,7 +160,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         overflow = _payload.any_overflow(host)
         if overflow:
             retval = None
-            self._overflowed_at_step(optimizer, host, optimizer_state["world"])
+            self._overflowed_at_step(optimizer, host, self._agreement.attribution())
         else:
             retval = optimizer.step(*args, **kwargs)
         return maybe_opt_step_result(retval, float(overflow))
@@ -177,8 +178,8 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
                 return rows
         return self._agreement.flags()
 
-    def _attribution_width(self) -> int:
-        return self._agreement.width()
+    def _attribution(self) -> Attribution:
+        return self._agreement.attribution()
 
     def _torch_update(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor

@@ -32,6 +32,7 @@ class Agreement:
     def __init__(self) -> None:
         self.carrying: ControlUpdate | None = None  # rank 0: the request it flagged
         self.step_states: list[dict[str, Any]] = []
+        self._agreed = _payload.Attribution.single()  # by the ranks of the last agreement
         self._step_host: list[list[float]] | None = None
         self._lagged = Lagged()
         # The handles of the last all-reduces, kept while the scaler lives. A gloo worker
@@ -74,7 +75,8 @@ class Agreement:
                 for found in per_device.values():  # a fused optimizer's found_inf is 0-d
                     found.copy_(total.reshape(found.shape))
         state["payload"] = payload
-        state["world"] = world
+        if self._agreed.ranks != world:  # made once: the group's size does not change
+            self._agreed = _payload.Attribution.agreed(world)
         self.step_states.append(state)
 
     def _agree_in_place(
@@ -106,8 +108,9 @@ class Agreement:
     def flags(self) -> list[torch.Tensor]:
         return [state["payload"] for state in self.step_states]
 
-    def width(self) -> int:
-        return int(self.step_states[0]["world"]) if self.step_states else 0
+    def attribution(self) -> _payload.Attribution:
+        """Whose flags this step's payloads carry (none agreed yet: a single process's)."""
+        return self._agreed if self.step_states else _payload.Attribution.single()
 
     def host_rows(self) -> list[list[float]] | None:
         """This step's payloads as read on the host (reading them on cpu); None on cuda when

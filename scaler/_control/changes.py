@@ -104,13 +104,13 @@ class Controlled(_Base):
         self._control_version += 1
         self._link.code_outcomes.append(
             ControlOutcome(
-                ControlSource.CODE,
-                None,
-                {name: value},
-                True,
-                None,
-                self.control_state(),
-                self._control_version,
+                source=ControlSource.CODE,
+                request_id=None,
+                values={name: value},
+                applied=True,
+                reason=None,
+                state=self.control_state(),
+                version=self._control_version,
             )
         )
 

@@ -30,12 +30,14 @@ from typing import TYPE_CHECKING, Any, overload
 import torch
 
 from .._agreement import payload as _payload
+from .._agreement.payload import Attribution
 from .._torch_compat import opt_step_unless_inf
 from .findings import LIMIT, Diagnosis, Report, combine, loss_nonfinite, scan
 from .gather import gather_reports
 from .names import Names
 
 if TYPE_CHECKING:
+    from .._recording.step_values import StepValues
     from .._torch_compat import TorchGradScaler as _Base
 else:
     _Base = object
@@ -139,20 +141,20 @@ class Watching(_Base):
         watch.optimizers.append(optimizer)
         watch.host_rows.append((optimizer, [found]))
         if found:
-            self._overflowed_at_step(optimizer, [found], 0)
+            self._overflowed_at_step(optimizer, [found], Attribution.single())
         return result
 
     def _overflowed_at_step(
-        self, optimizer: torch.optim.Optimizer, row: list[float], width: int
+        self, optimizer: torch.optim.Optimizer, row: list[float], attribution: Attribution
     ) -> None:
         """step() read on the host that ``optimizer``'s step overflowed (``row``: its found_inf
-        or payload words, agreed by ``width`` ranks): scan its gradients now."""
-        rank, gathering = self._reporting(width)
+        or payload words, whose flags ``attribution`` says): scan its gradients now."""
+        rank, gathering = self._reporting(attribution)
         if not gathering and rank != 0:
             return  # nothing to send, nothing to record
         watch = self._watch
         watch.scanned.add(id(optimizer))
-        local = width <= 0 or _payload.has_rank(row, rank)
+        local = not attribution.ranks or _payload.has_rank(row, rank)
         loss = watch.loss if watch.loss_bad is None else None  # the loss once a step
         report = self._scan_safely([optimizer] if local else [], rank, loss)
         watch.reports.append(report)
@@ -170,22 +172,22 @@ class Watching(_Base):
             log.exception("scalewatch: could not explain this overflow on rank %d", rank)
             return Report(0)
 
-    def _reporting(self, width: int) -> tuple[int, bool]:
+    def _reporting(self, attribution: Attribution) -> tuple[int, bool]:
         """(this rank, whether the ranks gather their findings: they agreed found_inf)."""
         group = self._group_info()
-        return (0, False) if group is None else (group[0], width > 1)
+        return (0, False) if group is None else (group[0], attribution.gathers)
 
     def _diagnose(
-        self, values: list[float] | None, width: int, loss: torch.Tensor | None
+        self, values: StepValues | None, attribution: Attribution, loss: torch.Tensor | None
     ) -> Diagnosis | None:
         """This step's findings if the host knows it overflowed (and the rank reports).
 
-        ``values``: a cpu step's values as read ([scale, tracker, found_inf, loss, *payload
-        words]); None on cuda, where found_inf is known only as ``step()`` read it (the
-        fused-optimizer path reads nothing: its overflows are not explained on cuda).
+        ``values``: a cpu step's values as read; None on cuda, where found_inf is known only
+        as ``step()`` read it (the fused-optimizer path reads nothing: its overflows are not
+        explained on cuda).
         """
         watch = self._watch
-        if values is not None and not values[2] > 0 and watch.clean_step():
+        if values is not None and not values.found > 0 and watch.clean_step():
             return None  # a clean cpu step: nothing to explain
         optimizers, watch.optimizers = watch.optimizers, []
         read, watch.host_rows = watch.host_rows, []
@@ -194,18 +196,18 @@ class Watching(_Base):
         if scanned:  # step() met an overflow: its findings are this step's
             watch.reports, watch.scanned, watch.loss_bad = [], set(), None
         if values is not None:
-            if not values[2] > 0:
+            if not values.found > 0:
                 return None
-            rows = _payload_rows(values[4:], width) if width > 0 else [[values[2]]]
+            rows = values.payloads if attribution.ranks else [[values.found]]
         elif not any(_payload.any_overflow(row) for row in rows):
             return None
-        rank, gathering = self._reporting(width)
+        rank, gathering = self._reporting(attribution)
         if not gathering and rank != 0:
             return None
         if values is not None:  # cpu: what step() did not read (a fused optimizer)
             seen = {id(optimizer) for optimizer, _ in read}
             pending = [o for o in optimizers if id(o) not in seen]
-            local = width <= 0 or any(_payload.has_rank(row, rank) for row in rows)
+            local = not attribution.ranks or any(_payload.has_rank(row, rank) for row in rows)
             if (pending and local) or loss_bad is None:
                 report = self._scan_safely(
                     pending if local else [], rank, loss if loss_bad is None else None
@@ -232,9 +234,3 @@ def _merged(rank: int, reports: list[Report], loss_bad: bool) -> Report:
     params = [param for report in reports for param in report.params]
     omitted = sum(report.omitted for report in reports) + max(0, len(params) - LIMIT)
     return Report(rank, tuple(params[:LIMIT]), omitted, loss_bad)
-
-
-def _payload_rows(words: list[float], width: int) -> list[list[float]]:
-    """A cpu step's payload words, one row per optimizer."""
-    size = _payload.words(width)
-    return [words[start : start + size] for start in range(0, len(words), size)]

@@ -1,7 +1,7 @@
 """Each step's values from the device to the host, on every rank; a scaler's link to its run.
 
 On every rank the training thread snapshots a step at ``update()``: a cpu step's values
-are read at once (``pinned_rows.read_cpu``: no sync), a cuda step's copied asynchronously
+are read at once (``step_values.read_cpu``: no sync), a cuda step's copied asynchronously
 into a reused pinned row (``step_values``, ``pinned_rows``). On the reporting rank with
 telemetry on, the recorder thread (``recorder``) reads the rows, folds ``stats()`` and
 hands the samples to :mod:`scaler.telemetry`; elsewhere there is no thread, and the

@@ -7,7 +7,8 @@ that event, reads the row and gives it back.
 
 On cpu the rows are plain host memory and the copy is done when ``capture`` returns: one
 ``_foreach_copy_`` instead of a clone per value, and nothing for the recorder thread to
-free, which would hold the GIL the training thread is waiting for.
+free, which would hold the GIL the training thread is waiting for. (A scaler's own cpu
+step is read at once instead: ``step_values.read_cpu``.)
 """
 
 from __future__ import annotations
@@ -120,30 +121,3 @@ class PinnedRings:
             row = ring.capture(parts)
             assert row is not None
         return ring, row
-
-
-def read_cpu(
-    scale: torch.Tensor,
-    tracker: torch.Tensor,
-    found: torch.Tensor | None,
-    loss: torch.Tensor | None,
-    flags: Sequence[torch.Tensor] | Sequence[list[float]],
-) -> list[Any]:
-    """A cpu step's values, read at once: [scale, tracker, found_inf (0 if None), loss (None
-    if unseen), *the words of each flag payload].
-
-    cpu tensors are plain memory: reading one is no sync, and a few ``item()`` calls cost
-    the training thread less than copying into a row for the recorder to read.
-    """
-    if found is not None and found.numel() != 1:  # several flags: the first, as on cuda
-        found = found.reshape(-1)[:1]
-    values = [
-        scale.item(),
-        tracker.item(),
-        0.0 if found is None else found.item(),
-        # a loss elsewhere than the cpu scale is not read: that would be a sync
-        None if loss is None or not loss.is_cpu else loss.item(),
-    ]
-    for flag in flags:  # a payload, or its words as read already
-        values.extend(flag if isinstance(flag, list) else flag.tolist())
-    return values

@@ -15,14 +15,13 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .._agreement import payload as _payload
-from .._agreement.payload import overflowed_ranks
+from .._agreement.payload import Attribution, overflowed_ranks
 from .._control import ControlOutcome
 from ..stats import ScalerStats
 from ..store.records import StepRecord
-from .step_values import Captured, split_values
+from .step_values import Captured, StepValues
 
 if TYPE_CHECKING:
     from .._diagnosis.findings import Diagnosis
@@ -46,12 +45,17 @@ class StepSample:
     controls: tuple[ControlOutcome, ...] = ()
 
 
-@dataclass(slots=True)
+@dataclass(kw_only=True, slots=True)
 class Snapshot:
+    """One ``update()`` as the training thread hands it over; its values may be on their way.
+
+    Made every step: see :func:`make` for how.
+    """
+
     step: int
     wall_time: float
-    captured: Captured | list[Any]  # list: a cpu step's values, read at once (``read_cpu``)
-    world_size: int  # rank flags in the payload; 0: single process; -1: not known
+    captured: Captured | StepValues  # StepValues: a cpu step's, read at once (``read_cpu``)
+    attribution: Attribution  # whose flags the step's payloads carry
     scale_used: float | None  # known on the host (first step, after a load or a new_scale)
     stepped: bool
     growth_interval: int
@@ -64,6 +68,12 @@ class Snapshot:
 
 
 Sink = Callable[[list[StepSample]], None]
+
+# A keyword-only dataclass made every step (``Snapshot``, ``StepRecord``) is made as
+# ``obj = make(cls)`` then ``cls.__init__(obj, field=...)``: calling the class with keywords
+# packs them into a dict on the way to ``__init__`` (``type.__call__``), which took twice as
+# long as positional arguments; ``__init__`` called itself takes them as fast.
+make = object.__new__
 
 
 @dataclass(slots=True)
@@ -274,33 +284,29 @@ def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample
     shortest way, with no payload to split, since no rank's flag is set in it.
     """
     captured = snap.captured
-    payloads: list[list[float]] = []
-    if isinstance(captured, Captured):
-        scale_after, tracker, found, loss, payloads = captured.read()
-    else:  # a cpu step's values as read: [scale, tracker, found_inf, loss, *payload words]
-        scale_after, tracker, found, loss = captured[0], int(captured[1]), captured[2], captured[3]
-        if found > 0 and snap.world_size > 0 and len(captured) > 4:
-            count = (len(captured) - 4) // _payload.words(snap.world_size)
-            payloads = split_values(captured, count)[4]
+    values = captured.read() if isinstance(captured, Captured) else captured
+    scale_after, tracker, found, loss, payloads = values
     overflow = found > 0
     stepped = snap.stepped
     scale_used = fold.add(snap.scale_used, scale_after, overflow, stepped, snap.scale_set)
     if not sample:
         return None
-    record = StepRecord(
-        snap.step,
-        snap.wall_time,
-        scale_used,
-        overflow,
-        overflow and stepped,
-        _inf_ranks(snap.world_size, overflow, payloads),
-        scale_after,
-        tracker,
-        snap.growth_interval,
-        float(snap.growth_factor),  # an int as torch keeps it: stored as float
-        float(snap.backoff_factor),
-        snap.control_version,
-        loss,
+    record = make(StepRecord)
+    StepRecord.__init__(
+        record,
+        step=snap.step,
+        wall_time=snap.wall_time,
+        scale=scale_used,
+        overflow=overflow,
+        skipped=overflow and stepped,
+        inf_ranks=_inf_ranks(snap.attribution, overflow, payloads),
+        scale_after=scale_after,
+        growth_tracker=tracker,
+        growth_interval=snap.growth_interval,
+        growth_factor=float(snap.growth_factor),  # an int as torch keeps it: stored as float
+        backoff_factor=float(snap.backoff_factor),
+        control_version=snap.control_version,
+        loss=loss,
     )
     diagnosis = snap.diagnosis
     if diagnosis is not None:
@@ -313,12 +319,14 @@ def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample
     return StepSample(record, snap.controls)
 
 
-def _inf_ranks(world_size: int, overflow: bool, payloads: list[list[float]]) -> tuple[int, ...]:
+def _inf_ranks(
+    attribution: Attribution, overflow: bool, payloads: list[list[float]]
+) -> tuple[int, ...]:
     """The ranks whose gradients held inf/NaN; () where the ranks are not known
-    (``world_size`` -1: GradScaler in a process group)."""
-    if not overflow or world_size < 0:
+    (GradScaler in a process group)."""
+    if not overflow or not attribution.known:
         return ()
-    if world_size == 0 or not payloads:
+    if not attribution.ranks or not payloads:
         return (0,)
     if len(payloads) == 1:
         return overflowed_ranks(payloads[0])

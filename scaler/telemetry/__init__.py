@@ -28,6 +28,7 @@ from .._control import ControlUpdate
 from .._recording.recorder import StepSample
 from ..store import runs as store_runs
 from ..store.engine import Store
+from ..store.states import RunStatus
 from ._poller import Poller
 from ._queue import RecordQueue
 from ._writer import RunSpec, Writer, one_line
@@ -200,7 +201,7 @@ class Telemetry:
                 queue.idle.wait(min(left, 0.05))
         return True
 
-    def close(self, status: str = "finished", timeout: float = 30.0) -> None:
+    def close(self, status: RunStatus = RunStatus.FINISHED, timeout: float = 30.0) -> None:
         """Flush, mark the run ``status`` and stop both threads. Safe to call twice."""
         if self._closed:
             return
