@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+# A ring's rows unless its maker says: about RING_BYTES of host memory, within these bounds.
 RING_BYTES = 4 * 1024 * 1024
 MIN_ROWS = 64
 MAX_ROWS = 4096
@@ -96,9 +97,13 @@ class PinnedRing:
 
 
 class PinnedRings:
-    """One :class:`PinnedRing` per layout of parts (a scaler needs one), made on first use."""
+    """One :class:`PinnedRing` per layout of parts (a scaler needs one), made on first use,
+    of ``rows`` rows (None: about ``RING_BYTES`` of them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: int | None = None) -> None:
+        if rows is not None and rows < 1:
+            raise ValueError(f"a ring has 1 row or more, not {rows}")
+        self._rows = rows
         self._rings: dict[tuple[int, ...], PinnedRing] = {}
 
     def capture(
@@ -114,7 +119,7 @@ class PinnedRings:
             sizes = tuple(part.numel() for part in parts)
         ring = self._rings.get(sizes)
         if ring is None:
-            ring = self._rings[sizes] = PinnedRing(sizes, parts[0].device)
+            ring = self._rings[sizes] = PinnedRing(sizes, parts[0].device, self._rows)
         row = ring.capture(parts)
         if row is None:
             ring = PinnedRing(sizes, parts[0].device, rows=1)

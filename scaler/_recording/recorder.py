@@ -28,13 +28,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("scaler")
 
+# The defaults of a Recorder's tunables (its keyword arguments).
 MAX_PENDING = 65536
 POLL_S = 0.05
 # Snapshots read between hand-offs of the GIL (~0.1 ms of reading). Every 256 switched the
 # training thread out less often but measured worse with telemetry on (bench/telemetry.py,
 # bench/multirank.py's scaler cpu rows): it waited longer for the GIL each time.
 YIELD_EVERY = 32
-INLINE_BATCH = 256  # steps a recorder without a thread folds at once
+INLINE_BATCH = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,13 +131,27 @@ class _Fold:
 class Recorder:
     """Takes snapshots from the training thread; one daemon thread reads them.
 
-    The thread wakes every ``POLL_S`` and reads what has queued, rather than being
+    The thread wakes every ``poll_s`` and reads what has queued, rather than being
     woken per step: a wake-up per step costs the training thread more than the work.
+    Past ``max_pending`` unread snapshots a step is dropped and counted; the thread hands
+    the GIL back every ``yield_every`` snapshots read; without a thread the training
+    thread folds ``inline_batch`` steps at once.
     """
 
     def __init__(
-        self, init_scale: float, sink: Sink | None = None, previous: Recorder | None = None
+        self,
+        init_scale: float,
+        sink: Sink | None = None,
+        previous: Recorder | None = None,
+        *,
+        max_pending: int = MAX_PENDING,
+        poll_s: float = POLL_S,
+        yield_every: int = YIELD_EVERY,
+        inline_batch: int = INLINE_BATCH,
     ) -> None:
+        self._max_pending = max_pending
+        self._yield_every = yield_every
+        self._inline_batch = inline_batch
         self._pending: deque[Snapshot] = deque()
         self._cond = threading.Condition()
         self._fold: _Fold = previous._fold if previous is not None else _Fold(last_scale=init_scale)
@@ -149,27 +164,28 @@ class Recorder:
         if sink is not None:
             self._thread = threading.Thread(
                 target=_run,
-                args=(weakref.ref(self), self._cond),
+                args=(weakref.ref(self), self._cond, poll_s),
                 name="scalewatch-recorder",
                 daemon=True,
             )
             self._thread.start()
 
     def submit(self, snap: Snapshot) -> None:
-        """Never blocks: past MAX_PENDING unread snapshots the step is dropped and counted.
+        """Never blocks: past ``max_pending`` unread snapshots the step is dropped and counted.
 
         Without a sink (telemetry off, or a rank that does not report) there is no thread:
-        the training thread folds the steps whose values have arrived, every INLINE_BATCH
-        steps, which costs it less than a thread's wake-ups and GIL hand-offs.
+        the training thread folds the steps whose values have arrived, every
+        ``inline_batch`` steps, which costs it less than a thread's wake-ups and GIL
+        hand-offs.
         """
-        if len(self._pending) >= MAX_PENDING:
+        if len(self._pending) >= self._max_pending:
             self._dropped += 1
             if isinstance(snap.captured, Captured):
                 snap.captured.discard()
             return
         self._pending.append(snap)
         self._submitted += 1
-        if self._thread is None and len(self._pending) >= INLINE_BATCH:
+        if self._thread is None and len(self._pending) >= self._inline_batch:
             with self._cond:
                 self._drain(arrived_only=True)
 
@@ -243,7 +259,7 @@ class Recorder:
                 break
             snap = self._pending.popleft()
             popped += 1
-            if threaded and popped % YIELD_EVERY == 0:
+            if threaded and popped % self._yield_every == 0:
                 time.sleep(0)  # hand the GIL to the training thread rather than make it wait
             try:
                 sample = _materialise(snap, self._fold, sample=self._sink is not None)
@@ -263,7 +279,7 @@ class Recorder:
             return not (self._closed and not self._pending)
 
 
-def _run(ref: weakref.ref[Recorder], cond: threading.Condition) -> None:
+def _run(ref: weakref.ref[Recorder], cond: threading.Condition, poll_s: float) -> None:
     while True:
         recorder = ref()
         if recorder is None:
@@ -274,7 +290,7 @@ def _run(ref: weakref.ref[Recorder], cond: threading.Condition) -> None:
         del recorder
         if not pending:
             with cond:
-                cond.wait(POLL_S)
+                cond.wait(poll_s)
 
 
 def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample | None:
