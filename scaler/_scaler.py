@@ -170,10 +170,10 @@ class Instrumented(Watching, Controlled, Persisted):
             optimizer, inv_scale, found_inf, self._ALLOW_FP16
         )
         state["stage"] = OptState.UNSCALED
-        self._unscaled(state)
+        self._unscaled(optimizer, state)
 
-    def _unscaled(self, state: dict[str, Any]) -> None:
-        """An optimizer's gradients were just checked and unscaled (``state``: its state)."""
+    def _unscaled(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """``optimizer``'s gradients were just checked and unscaled (``state``: torch's)."""
 
     def _inverse_scale(self, scale: torch.Tensor) -> torch.Tensor:
         """``1 / scale`` as torch's unscale_ takes it (in float64, rounded once to float32:

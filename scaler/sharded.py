@@ -119,22 +119,23 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
             raise AssertionError("Expected _scale to be initialized, got None")
         return found
 
-    def _unscaled(self, state: dict[str, Any]) -> None:
-        self._agree_found_inf(state)
+    def _unscaled(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        self._agree_found_inf(optimizer, state)
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         found = super()._check_inf_per_device(optimizer)
-        self._agree_found_inf(self._per_optimizer_states[id(optimizer)])
+        self._agree_found_inf(optimizer, self._per_optimizer_states[id(optimizer)])
         return found
 
-    def _agree_found_inf(self, state: dict[str, Any]) -> None:
+    def _agree_found_inf(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         """One all-reduce: every rank's flag, and whether rank 0 carries a request."""
         group = self._group_info()
         if group is None:
             return
         assert self._scale is not None
         self._agreement.agree(
-            state,
+            id(optimizer),
+            state["found_inf_per_device"],
             group,
             self._scale.device,
             self._link.inbox,
@@ -149,13 +150,9 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         *args: Any,
         **kwargs: Any,
     ) -> Any:
-        host = optimizer_state.get("host")  # read already where agreed in place
+        host = self._agreement.read(id(optimizer))  # one read, for torch's of each found_inf
         if host is None:
-            payload = optimizer_state.get("payload")
-            if payload is None:
-                return super()._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)
-            # One read of the payload replaces torch's read of each found_inf.
-            host = optimizer_state["host"] = payload.tolist()
+            return super()._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)
         self._watch.host_rows.append((optimizer, host))
         overflow = _payload.any_overflow(host)
         if overflow:
@@ -221,7 +218,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         assert self._scale is not None
         group = self._group_info()
         inbox = self._link.inbox
-        if not self._agreement.step_states and inbox and group is None:
+        if not self._agreement.payloads and inbox and group is None:
             updates = list(inbox)  # no process group: a single process applies them now
             inbox.clear()
         else:
