@@ -63,7 +63,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
     _reduce_alone = False
     _FOUND_SHAPE = (1,)  # torch's sharded found_inf has one element, its GradScaler's none
     _ALLOW_FP16 = True
-    _TRANSIENT = ("_link", "_watch", "_agreement")
+    _TRANSIENT = ("_link", "_diagnoser", "_agreement")
 
     def __init__(
         self,
@@ -113,7 +113,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
     ) -> dict[torch.device, torch.Tensor]:
         # torch's needs the scale only where no gradient names a device, as here.
         fallback = None if self._scale is None else self._scale.device
-        self._watch.optimizers.append(optimizer)
+        self._diagnoser.optimizers.append(optimizer)
         found = unscale_local_grads(optimizer, inv_scale, found_inf, allow_fp16, fallback)
         if not found:
             raise AssertionError("Expected _scale to be initialized, got None")
@@ -153,13 +153,12 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         host = self._agreement.read(id(optimizer))  # one read, for torch's of each found_inf
         if host is None:
             return super()._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)
-        self._watch.host_rows.append((optimizer, host))
         overflow = _payload.any_overflow(host)
-        if overflow:
-            retval = None
-            self._overflowed_at_step(optimizer, host, self._agreement.attribution())
-        else:
-            retval = optimizer.step(*args, **kwargs)
+        group = self._group_info() if overflow else None  # asked of an overflow only
+        self._diagnoser.read_at_step(
+            optimizer, host, overflow, self._agreement.attribution(), group
+        )
+        retval = None if overflow else optimizer.step(*args, **kwargs)
         return maybe_opt_step_result(retval, float(overflow))
 
     # ------------------------------------------------------------ update
