@@ -24,6 +24,7 @@ learns from the step's values, is scanned in ``update()``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -189,7 +190,7 @@ class Overflow:
 
     optimizers: list[torch.optim.Optimizer]  # every optimizer the step saw
     read: list[tuple[torch.optim.Optimizer, list[float]]]  # those step() read found_inf of
-    rows: list[list[float]]  # found_inf as read: [found] or each payload's words
+    rows: Sequence[list[float]]  # found_inf as read: [found] or each payload's words
     reports: list[Report]  # step()'s scans
     loss_bad: bool | None  # whether the loss was non-finite; None: not looked at
 

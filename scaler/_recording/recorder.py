@@ -13,7 +13,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -336,7 +336,7 @@ def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample
 
 
 def _inf_ranks(
-    attribution: Attribution, overflow: bool, payloads: list[list[float]]
+    attribution: Attribution, overflow: bool, payloads: Sequence[list[float]]
 ) -> tuple[int, ...]:
     """The ranks whose gradients held inf/NaN; () where the ranks are not known
     (GradScaler in a process group)."""

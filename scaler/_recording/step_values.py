@@ -77,7 +77,7 @@ class StepValues(NamedTuple):
     tracker: int  # the growth tracker, after the update
     found: float  # found_inf: > 0 where some rank overflowed
     loss: float | None  # None: scale() saw none (or, on cpu, it was on a device)
-    payloads: list[list[float]]  # the words of each all-reduced payload, one per optimizer
+    payloads: Sequence[list[float]]  # the words of each all-reduced payload, one per optimizer
 
 
 def split_values(values: list[Any], payloads: int) -> StepValues:
@@ -106,14 +106,24 @@ def read_cpu(
     """
     if found is not None and found.numel() != 1:  # several flags: the first, as on cuda
         found = found.reshape(-1)[:1]
-    payloads: list[list[float]] = []
-    for flag in flags:  # a payload, or its words as read already
-        payloads.append(flag if isinstance(flag, list) else flag.tolist())
-    return StepValues(
-        scale.item(),
-        int(tracker.item()),
-        0.0 if found is None else found.item(),
-        # a loss elsewhere than the cpu scale is not read: that would be a sync
-        None if loss is None or not loss.is_cpu else loss.item(),
-        payloads,
+    payloads: Sequence[Any] = flags  # the words as read already (or none: GradScaler)
+    if flags and not isinstance(flags[0], list):
+        rows: list[list[float]] = []
+        for flag in flags:  # read in this frame: a cpu read, no sync
+            rows.append(flag if isinstance(flag, list) else flag.tolist())
+        payloads = rows
+    # Made every cpu step: tuple.__new__, as namedtuple's own _make, runs no Python frame.
+    return _new_values(
+        StepValues,
+        (
+            scale.item(),
+            tracker.item(),
+            0.0 if found is None else found.item(),
+            # a loss elsewhere than the cpu scale is not read: that would be a sync
+            None if loss is None or not loss.is_cpu else loss.item(),
+            payloads,
+        ),
     )
+
+
+_new_values = tuple.__new__
