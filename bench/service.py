@@ -236,7 +236,18 @@ def bench_stream(http: httpx.Client, url: str, count: int) -> list[str]:
 
 def _record(step: int) -> StepRecord:
     return StepRecord(
-        step, time.time(), 65536.0, False, False, (), 65536.0, step % 2000, 2000, 2.0, 0.5, 0
+        step=step,
+        wall_time=time.time(),
+        scale=65536.0,
+        overflow=False,
+        skipped=False,
+        inf_ranks=(),
+        scale_after=65536.0,
+        growth_tracker=step % 2000,
+        growth_interval=2000,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        control_version=0,
     )
 
 

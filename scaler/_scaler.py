@@ -1,10 +1,13 @@
 """What GradScaler and ShardedGradScaler add to torch's classes, written once.
 
-Runs on the training thread of every rank. The torch-facing overrides live here; the
-parts they use are each a module or package of their own: the added scale rules
-(``_extras``), the link to the run and the device-to-host path (``_recording``), runtime
-control (``_control``), overflow diagnosis (``_diagnosis``), the constructor's checks
-(``_config``), the state and checkpoints (``_state``).
+Runs on the training thread of every rank. One class: torch's overrides (``scale``,
+``unscale_``, ``_maybe_opt_step``, ``_check_inf_per_device``, ``update``, ``state_dict``,
+``load_state_dict``), the public extras, and the hooks the two classes fill in. The logic
+lives in plain objects and functions with explicit inputs, each a module or package of its
+own: the added scale rules (``_extras.Extras``), the link to the run and the
+device-to-host path (``_recording.RunLink``), runtime control (``_control``, applied by the
+functions of ``_control.changes``), overflow diagnosis (``_diagnosis.Diagnoser``), the
+constructor's checks (``_config``), our part of the state dict (``_state``).
 """
 
 from __future__ import annotations
@@ -12,43 +15,51 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
-from typing import Any, cast
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import torch
 
-from ._config import Options
-from ._control import ControlOutcome
-from ._control.changes import Controlled
-from ._diagnosis import StepWatch, Watching
+from . import _control
+from ._agreement.payload import Attribution
+from ._config import Options, not_an_integer, refusal
+from ._control import ControlOutcome, ControlUpdate
+from ._control import changes as _changes
+from ._diagnosis import Diagnoser
+from ._diagnosis.preflight import TORCHS_REFUSAL, fp16_refusal
 from ._extras import Extras
 from ._recording import RunLink
 from ._recording.learning_rates import group_rates, step_rates
-from ._recording.pinned_rows import read_cpu
-from ._recording.recorder import Snapshot
-from ._recording.step_values import Captured
-from ._state import Persisted
+from ._recording.recorder import Snapshot, make
+from ._recording.step_values import Captured, read_cpu
+from ._state import STATE_KEY, checkpoint_state_dict, our_state
 from ._torch_compat import (
     OptState,
     _refresh_per_optimizer_state,
+    combined_found_inf,
+    opt_step_unless_inf,
     process_group_info,
 )
-from .stats import ScalerStats
+from .stats import ScalerCheckpoint, ScalerStats
+
+if TYPE_CHECKING:
+    from ._torch_compat import TorchGradScaler as _Base
+else:
+    _Base = object
 
 
-class Instrumented(Watching, Controlled, Persisted):
+class Instrumented(_Base):
     """The scalewatch extras over torch's GradScaler state machine."""
 
-    _step_count: int
-    _control_version: int
-    _TRANSIENT: tuple[str, ...] = ("_link", "_watch")  # what a copy of the scaler leaves behind
+    _TRANSIENT: tuple[str, ...] = ("_link", "_diagnoser")  # what a copy of the scaler leaves behind
     _FOUND_SHAPE: tuple[int, ...] = ()  # of a found_inf, as torch's class makes it
     _ALLOW_FP16 = False  # whether unscale_ takes fp16 gradients, as torch's class does
 
     def _setup(self, options: Options) -> None:
         self._extras = Extras(options.min_scale, options.max_scale, options.hysteresis)
         self._extras.hysteresis_start = options.hysteresis
-        if self._enabled:
-            self._clamp_scale()  # an init_scale outside min/max_scale starts at the bound
+        if self._enabled:  # an init_scale outside min/max_scale starts at the bound
+            _changes.clamp_scale(self, self._extras)
         self._telemetry_option = options.telemetry
         # A scaler built by a script that cannot be edited (scalewatch instrument) is named so.
         self._run_name = options.run_name or os.environ.get("SCALEWATCH_RUN_NAME") or None
@@ -59,7 +70,7 @@ class Instrumented(Watching, Controlled, Persisted):
 
     def _reset_transient(self) -> None:
         self._link = RunLink()
-        self._watch = StepWatch()
+        self._diagnoser = Diagnoser()
 
     # ------------------------------------------------------------------ steps
 
@@ -74,17 +85,18 @@ class Instrumented(Watching, Controlled, Persisted):
             stepped_count += state["stage"] is OptState.STEPPED
         flags = self._step_flags()
         # Read before _controls_for_step(), which forgets this step's payloads.
-        width = self._attribution_width()
+        attribution = self._attribution()
         if new_scale is not None:
             # The step may have been skipped for inf/NaN: its record says so all the same.
             # Summed apart from the optimizers' own flags: torch's update(new_scale) leaves
             # them as they are (a refused new_scale leaves the scaler to step them still).
-            found = self._combined_found_inf(scale, required=False, in_place=False)
+            states = self._per_optimizer_states
+            found = combined_found_inf(states, scale, required=False, in_place=False)
             super().update(new_scale)
-            self._clamp_scale()
+            _changes.clamp_scale(self, self._extras)
             scale_set = True
         else:
-            found = self._combined_found_inf(scale)
+            found = combined_found_inf(self._per_optimizer_states, scale)
             assert found is not None
             self._update_scale(scale, tracker, found)
             self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
@@ -97,42 +109,14 @@ class Instrumented(Watching, Controlled, Persisted):
         controls = self._controls_for_step()
         if controls:
             for update, refusal_reason in controls:
-                outcome = self._apply_control(update, refusal_reason)
+                outcome = _changes.apply_request(
+                    self, self._extras, update, refusal_reason, self._control_version
+                )
+                self._control_version = outcome.version
                 scale_set = scale_set or (outcome.applied and "scale" in update.values)
                 outcomes += (outcome,)
         link.last_found = found
-        self._snapshot(found, flags, width, stepped_count, scale_set, outcomes)
-
-    def _combined_found_inf(
-        self, scale: torch.Tensor, required: bool = True, in_place: bool = True
-    ) -> torch.Tensor | None:
-        """The optimizers' found_inf summed, into the first one's as torch's update() does
-        (``in_place``), or into a new tensor (then a fused optimizer's 0-d flag and another
-        optimizer's one-element flag add up too)."""
-        states = self._per_optimizer_states
-        if len(states) == 1 and in_place:  # one optimizer, one device: its found_inf
-            (state,) = states.values()
-            per_device: dict[torch.device, torch.Tensor] = state["found_inf_per_device"]
-            if len(per_device) == 1:
-                (found,) = per_device.values()
-                if found.device == scale.device:
-                    return found  # what torch's to(scale.device) would return
-        # As torch: if every found_inf lives on the scale's device this is asynchronous.
-        found_infs = [
-            found_inf.to(device=scale.device, non_blocking=True)
-            for state in self._per_optimizer_states.values()
-            for found_inf in state["found_inf_per_device"].values()
-        ]
-        if len(found_infs) == 0:
-            if not required:
-                return None
-            raise AssertionError("No inf checks were recorded prior to update.")
-        if not in_place:
-            return torch.stack([found.reshape(()) for found in found_infs]).sum()
-        combined: torch.Tensor = found_infs[0]
-        for other in found_infs[1:]:
-            combined += other
-        return combined
+        self._snapshot(found, flags, attribution, stepped_count, scale_set, outcomes)
 
     def _update_scale(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
@@ -151,6 +135,27 @@ class Instrumented(Watching, Controlled, Persisted):
     ) -> None:
         raise NotImplementedError
 
+    @overload
+    def scale(self, outputs: torch.Tensor) -> torch.Tensor: ...
+
+    @overload
+    def scale(self, outputs: list[torch.Tensor]) -> list[torch.Tensor]: ...
+
+    @overload
+    def scale(self, outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]: ...
+
+    @overload
+    def scale(self, outputs: Iterable[torch.Tensor]) -> Iterable[torch.Tensor]: ...
+
+    def scale(
+        self, outputs: torch.Tensor | Iterable[torch.Tensor]
+    ) -> torch.Tensor | Iterable[torch.Tensor]:
+        """As torch's; a one-element tensor is also this step's loss for the record."""
+        scaled = super().scale(outputs)
+        if isinstance(outputs, torch.Tensor) and self._enabled and outputs.numel() == 1:
+            self._diagnoser.saw_loss(outputs)
+        return scaled
+
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """As torch's: divides ``optimizer``'s gradients by the scale, in place, once a step."""
         if not self._enabled:
@@ -163,46 +168,90 @@ class Instrumented(Watching, Controlled, Persisted):
             )
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
-        inv_scale = self._inverse_scale(scale)
+        inv_scale = self._link.inverse_of(scale)
         found_inf = torch.full(self._FOUND_SHAPE, 0.0, dtype=torch.float32, device=scale.device)
-        state["found_inf_per_device"] = self._unscale_grads_(
-            optimizer, inv_scale, found_inf, self._ALLOW_FP16
-        )
+        try:
+            state["found_inf_per_device"] = self._unscale_grads_(
+                optimizer, inv_scale, found_inf, self._ALLOW_FP16
+            )
+        except ValueError as error:  # torch's words first, then which parameters and why
+            if str(error) != TORCHS_REFUSAL:
+                raise
+            names = self._diagnoser.names
+            raise ValueError(fp16_refusal(optimizer, names.lookup)) from None
         state["stage"] = OptState.UNSCALED
-        self._unscaled(state)
+        self._unscaled(optimizer, state)
 
     def _seen(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer`` is unscaled or checked, once a step on every path, before it steps."""
         self._link.rates.append(group_rates(optimizer))
 
-    def _unscaled(self, state: dict[str, Any]) -> None:
-        """An optimizer's gradients were just checked and unscaled (``state``: its state)."""
+    def _unscaled(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """``optimizer``'s gradients were just checked and unscaled (``state``: torch's)."""
 
-    def _inverse_scale(self, scale: torch.Tensor) -> torch.Tensor:
-        """``1 / scale`` as torch's unscale_ takes it (in float64, rounded once to float32:
-        float32 division can be imprecise under some compile options), taken again only
-        when the scale has changed since.
+    def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        self._diagnoser.optimizers.append(optimizer)  # the fused path: no _maybe_opt_step
+        return super()._check_inf_per_device(optimizer)
 
-        Every in-place change of a tensor (the update's, ``fill_``, ``copy_``) bumps its
-        version, which the host keeps: telling a changed scale costs no device read.
-        """
-        if scale.device.type == "mps":  # as torch's: mps has no float64
-            return scale.reciprocal()
-        kept = self._link.inverse
-        try:
-            version = scale._version
-        except RuntimeError:  # an inference-mode tensor keeps no version: not kept
-            return scale.double().reciprocal().float()
-        if kept is not None and kept[0] is scale and kept[1] == version:
-            return kept[2]
-        inverse = scale.double().reciprocal().float()
-        self._link.inverse = (scale, version, inverse)
-        return inverse
+    def _maybe_opt_step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        optimizer_state: dict[str, Any],
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        result, found = opt_step_unless_inf(optimizer, optimizer_state, args, kwargs)
+        self._link.skips.decided(found > 0)
+        diagnoser = self._diagnoser
+        diagnoser.optimizers.append(optimizer)
+        group = self._group_info() if found else None  # asked of an overflow only
+        diagnoser.read_at_step(optimizer, [found], bool(found), Attribution.single(), group)
+        return result
 
     def _multiply_scale(self, scale: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
         """``scale * factor`` rounded as torch's update rounds it."""
         # torch's kernel multiplies in double and rounds once to float.
         return (scale.double() * factor).float()
+
+    # ---------------------------------------------------------------- control
+
+    def _controls_for_step(self) -> list[tuple[ControlUpdate, str | None]]:
+        """Requests every rank applies at this update() boundary, each with a refusal or None."""
+        return []
+
+    def control_state(self) -> dict[str, float | int | None]:
+        """The factors in effect (no scale: reading it would sync)."""
+        return _changes.current(self, self._extras).as_dict()
+
+    def _set_by_code(self, name: str, value: float | int) -> None:
+        problem = _control.check({name: value}, self.control_state() if self._enabled else {})
+        if problem is not None:
+            raise refusal(problem, value)
+        if not self._enabled:  # as torch: only the attribute, which a disabled scaler ignores
+            setattr(self, f"_{name}", value)
+            return
+        outcome = _changes.apply_setter(self, self._extras, name, value, self._control_version)
+        self._control_version = outcome.version
+        self._link.code_outcomes.append(outcome)
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        """Set a new scale growth factor (> 1); recorded in the audit trail as a change by code."""
+        self._set_by_code("growth_factor", new_factor)
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        """Set a new scale backoff factor (< 1, and at least float32's smallest normal);
+        recorded as a change by code."""
+        self._set_by_code("backoff_factor", new_factor)
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        """Set a new growth interval (an integer >= 1); recorded as a change by code.
+
+        Lowering it below the current growth tracker grows at the next clean step.
+        """
+        error = not_an_integer("growth_interval", new_interval)
+        if error is not None:
+            raise error
+        self._set_by_code("growth_interval", new_interval)
 
     # -------------------------------------------------------- telemetry hooks
 
@@ -211,15 +260,15 @@ class Instrumented(Watching, Controlled, Persisted):
         tensors, or on cpu their words as read."""
         return []
 
-    def _attribution_width(self) -> int:
-        """How many rank flags the payloads carry; 0: single process; -1: unknown."""
-        return 0
+    def _attribution(self) -> Attribution:
+        """Whose overflow flags this step's payloads carry."""
+        return Attribution.single()
 
     def _snapshot(
         self,
         found: torch.Tensor | None,
         flags: list[torch.Tensor] | list[list[float]],
-        width: int,
+        attribution: Attribution,
         stepped_count: int,
         scale_set: bool,
         outcomes: tuple[ControlOutcome, ...],
@@ -233,38 +282,45 @@ class Instrumented(Watching, Controlled, Persisted):
         recorder = link.recorder
         # No sink reads a cpu step's record: counted as it comes, with no snapshot kept.
         inline = recorder is not None and recorder.folds_inline and not scale.is_cuda
-        if inline and (found is None or not found.item() > 0) and self._watch.clean_step():
+        diagnoser = self._diagnoser
+        if inline and (found is None or not found.item() > 0) and diagnoser.clean_step():
             link.skips.settle(stepped_count, found, 0.0)
             self._fold(scale.item(), False, stepped, scale_set)  # clean: nothing else to read
             return
-        loss = self._watch.take_loss()
-        # cpu tensors are memory: read at once, no sync (see pinned_rows.read_cpu)
+        loss = diagnoser.take_loss()
+        # cpu tensors are memory: read at once, no sync (see step_values.read_cpu)
         values = None if scale.is_cuda else read_cpu(scale, tracker, found, loss, flags)
-        link.skips.settle(stepped_count, found, None if values is None else values[2])
-        diagnosis = self._diagnose(values, width, loss)
+        link.skips.settle(stepped_count, found, None if values is None else values.found)
+        diagnosis = None
+        overflow = diagnoser.end_step(values, attribution)
+        if overflow is not None:
+            group, process_group = self._group_info(), self._reporting_group()
+            diagnosis = diagnoser.explain(overflow, values, attribution, loss, group, process_group)
         if inline and values is not None:
-            self._fold(values[0], values[2] > 0, stepped, scale_set)
+            self._fold(values.scale, values.found > 0, stepped, scale_set)
             return
-        snapshot = Snapshot(
-            self._step_count,
-            time.time(),
-            values
+        snapshot = make(Snapshot)  # every step: see recorder.make
+        Snapshot.__init__(
+            snapshot,
+            step=self._step_count,
+            wall_time=time.time(),
+            captured=values
             if values is not None
             else Captured(
                 scale, tracker, found, loss, cast(list[torch.Tensor], flags), link.pinned
             ),
-            width,
-            link.scale_host,
-            stepped,
-            self._growth_interval,
-            self._growth_factor,
-            self._backoff_factor,
-            self._control_version,
-            scale_set,
-            outcomes,
-            diagnosis,
-            lr,
-            lr_groups,
+            attribution=attribution,
+            scale_used=link.scale_host,
+            stepped=stepped,
+            growth_interval=self._growth_interval,
+            growth_factor=self._growth_factor,
+            backoff_factor=self._backoff_factor,
+            control_version=self._control_version,
+            scale_set=scale_set,
+            controls=outcomes,
+            diagnosis=diagnosis,
+            lr=lr,
+            lr_groups=lr_groups,
         )
         link.submit(self, snapshot, self._init_scale, self._make_sink)
         link.scale_host = None
@@ -284,12 +340,13 @@ class Instrumented(Watching, Controlled, Persisted):
             return None
         from .telemetry import Telemetry
 
+        extras = self._extras
         telemetry = self._link.telemetry = Telemetry(
             None if option is None or option is True else option,
             name=self._run_name,
             world_size=1 if info is None else info[1],
             config=self._config(),
-            control=self.control_state(),
+            control=_changes.current(self, extras).as_dict(),
             inbox=self._link.inbox,
             uid=self._run_uid,
         )
@@ -333,7 +390,90 @@ class Instrumented(Watching, Controlled, Persisted):
         """The run's id in the store, once the writer has created it."""
         return self._link.run_id
 
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's five entries plus ``"scalewatch"`` (extras, step count, run id).
+
+        .. warning:: like torch's, reads the scale: a CPU-GPU sync.
+        """
+        state = super().state_dict()
+        if self._enabled:
+            state[STATE_KEY] = our_state(
+                self._step_count, self._run_uid, self._extras, self._control_version
+            )
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads torch's dicts and ours: ours continue their run and its step count, a torch
+        dict starts a new run. Steps already recorded of another run stay in that one,
+        which is finished first.
+        """
+        super().load_state_dict(state_dict)
+        if not self._enabled:
+            return
+        extras = state_dict.get(STATE_KEY)
+        run_uid = None if extras is None else extras.get("run_uid")
+        recorder = self._link.recorder
+        recording = recorder is not None and not recorder.closed
+        if recording and (extras is None or run_uid != self._run_uid):
+            self.close()
+        self._run_uid = run_uid
+        self._step_count = 0 if extras is None else int(extras["step"])
+        if extras is not None:
+            self._extras.load(extras)
+            self._control_version = int(extras.get("control_version", 0))
+        _changes.clamp_scale(self, self._extras)
+        self._link.scale_host = self._extras.clamped(float(state_dict["scale"]))
+
+    def checkpoint(self) -> ScalerCheckpoint:
+        """A typed ``state_dict()``. Reads the scale: a CPU-GPU sync."""
+        if not self._enabled:
+            raise RuntimeError(
+                "checkpoint(): this scaler is disabled and holds no state (its state_dict() is {})"
+            )
+        return ScalerCheckpoint(
+            scale=self.get_scale(),
+            growth_factor=self._growth_factor,
+            backoff_factor=self._backoff_factor,
+            growth_interval=self._growth_interval,
+            growth_tracker=self._get_growth_tracker(),
+            min_scale=self._extras.min_scale,
+            max_scale=self._extras.max_scale,
+            hysteresis=self._extras.hysteresis,
+            hysteresis_tracker=self._extras.hysteresis_value(),
+            step=self._step_count,
+            run_uid=self._run_uid,
+            control_version=self._control_version,
+        )
+
+    def load_checkpoint(self, checkpoint: ScalerCheckpoint) -> None:
+        """Restore a ``checkpoint()``."""
+        self.load_state_dict(checkpoint_state_dict(checkpoint))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_extras"] = self._extras.for_pickle()
+        for name in self._TRANSIENT:
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._reset_transient()
+
     # ------------------------------------------------------------------ extras
+
+    def watch(self, model: torch.nn.Module) -> int:
+        """Name ``model``'s parameters in overflow reports; returns how many names it gave.
+
+        Names are those of ``model.named_parameters()`` (less FSDP's wrapper prefixes):
+        plain modules, DDP, FSDP1 (an FSDP1 flat parameter names each original parameter
+        it holds) and FSDP2. Parameters no watched model has are named by optimizer
+        position and shape, as ``"group 0 param 17 (4096, 4096)"``. A copy of the scaler
+        (pickle, deepcopy) forgets the names: call ``watch`` on it again.
+        """
+        return self._diagnoser.names.watch(model)
 
     @property
     def last_step_skipped(self) -> bool | None:

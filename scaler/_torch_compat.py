@@ -55,6 +55,7 @@ __all__ = [
     "_refresh_per_optimizer_state",
     "amp_update_scale_",
     "clean_parameter_name",
+    "combined_found_inf",
     "cuda_amp_unavailable",
     "deprecation_of",
     "flat_param_parts",
@@ -97,6 +98,43 @@ def opt_step_unless_inf(
     found = sum(v.item() for v in optimizer_state["found_inf_per_device"].values())
     retval = None if found else optimizer.step(*args, **kwargs)
     return maybe_opt_step_result(retval, found), float(found)
+
+
+def combined_found_inf(
+    states: dict[int, dict[str, Any]],
+    scale: torch.Tensor,
+    required: bool = True,
+    in_place: bool = True,
+) -> torch.Tensor | None:
+    """The found_inf of every optimizer (torch's per-optimizer ``states``) summed, into the
+    first one's as torch's ``update()`` does (``in_place``), or into a new tensor (then a
+    fused optimizer's 0-d flag and another optimizer's one-element flag add up too).
+
+    None where none was recorded and not ``required`` (else torch's AssertionError).
+    """
+    if len(states) == 1 and in_place:  # one optimizer, one device: its found_inf
+        (state,) = states.values()
+        per_device: dict[torch.device, torch.Tensor] = state["found_inf_per_device"]
+        if len(per_device) == 1:
+            (found,) = per_device.values()
+            if found.device == scale.device:
+                return found  # what torch's to(scale.device) would return
+    # As torch: if every found_inf lives on the scale's device this is asynchronous.
+    found_infs = [
+        found_inf.to(device=scale.device, non_blocking=True)
+        for state in states.values()
+        for found_inf in state["found_inf_per_device"].values()
+    ]
+    if len(found_infs) == 0:
+        if not required:
+            return None
+        raise AssertionError("No inf checks were recorded prior to update.")
+    if not in_place:
+        return torch.stack([found.reshape(()) for found in found_infs]).sum()
+    combined: torch.Tensor = found_infs[0]
+    for other in found_infs[1:]:
+        combined += other
+    return combined
 
 
 Grouped = dict[torch.device, dict[torch.dtype, list[torch.Tensor]]]

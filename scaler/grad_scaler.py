@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
+from ._agreement.payload import Attribution
 from ._config import Options
 from ._control import ControlUpdate
-from ._diagnosis.preflight import TORCHS_REFUSAL, fp16_refusal
 from ._scaler import Instrumented
 from ._torch_compat import (
     CUDA_UNAVAILABLE,
@@ -94,13 +94,7 @@ class GradScaler(Instrumented, TorchGradScaler):
         allow_fp16: bool,
     ) -> dict[torch.device, torch.Tensor]:
         self._seen(optimizer)
-        try:
-            return unscale_grads(optimizer, inv_scale, found_inf, allow_fp16)
-        except ValueError as error:
-            if str(error) != TORCHS_REFUSAL:
-                raise
-            names = self._watch.names
-            raise ValueError(fp16_refusal(optimizer, names.lookup)) from None
+        return unscale_grads(optimizer, inv_scale, found_inf, allow_fp16)
 
     def _torch_update(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
@@ -109,11 +103,13 @@ class GradScaler(Instrumented, TorchGradScaler):
             scale, tracker, found, self._growth_factor, self._backoff_factor, self._growth_interval
         )
 
-    def _attribution_width(self) -> int:
+    def _attribution(self) -> Attribution:
         group = self._link.group
         if group is None:  # asked every step: cheaply, for a group may be made later
             group = self._group_info()
-        return -1 if group is not None and group[1] > 1 else 0
+        if group is not None and group[1] > 1:
+            return Attribution.unknown()
+        return Attribution.single()
 
     def _controls_for_step(self) -> list[tuple[ControlUpdate, str | None]]:
         if not self._link.inbox:
@@ -121,7 +117,7 @@ class GradScaler(Instrumented, TorchGradScaler):
         requests = list(self._link.inbox)
         self._link.inbox.clear()
         refusal = None
-        if self._attribution_width() < 0:
+        if not self._attribution().known:
             refusal = (
                 "GradScaler cannot apply a change on every rank at the same step; "
                 "use ShardedGradScaler in multi-process jobs"

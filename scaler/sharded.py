@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from ._agreement import Agreement
 from ._agreement import payload as _payload
+from ._agreement.payload import Attribution
 from ._config import Options
 from ._control import ControlUpdate
 from ._scaler import Instrumented
@@ -62,7 +63,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
     _reduce_alone = False
     _FOUND_SHAPE = (1,)  # torch's sharded found_inf has one element, its GradScaler's none
     _ALLOW_FP16 = True
-    _TRANSIENT = ("_link", "_watch", "_agreement")
+    _TRANSIENT = ("_link", "_diagnoser", "_agreement")
 
     def __init__(
         self,
@@ -112,29 +113,30 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
     ) -> dict[torch.device, torch.Tensor]:
         # torch's needs the scale only where no gradient names a device, as here.
         fallback = None if self._scale is None else self._scale.device
-        self._watch.optimizers.append(optimizer)
+        self._diagnoser.optimizers.append(optimizer)
         self._seen(optimizer)
         found = unscale_local_grads(optimizer, inv_scale, found_inf, allow_fp16, fallback)
         if not found:
             raise AssertionError("Expected _scale to be initialized, got None")
         return found
 
-    def _unscaled(self, state: dict[str, Any]) -> None:
-        self._agree_found_inf(state)
+    def _unscaled(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        self._agree_found_inf(optimizer, state)
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         found = super()._check_inf_per_device(optimizer)
-        self._agree_found_inf(self._per_optimizer_states[id(optimizer)])
+        self._agree_found_inf(optimizer, self._per_optimizer_states[id(optimizer)])
         return found
 
-    def _agree_found_inf(self, state: dict[str, Any]) -> None:
+    def _agree_found_inf(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         """One all-reduce: every rank's flag, and whether rank 0 carries a request."""
         group = self._group_info()
         if group is None:
             return
         assert self._scale is not None
         self._agreement.agree(
-            state,
+            id(optimizer),
+            state["found_inf_per_device"],
             group,
             self._scale.device,
             self._link.inbox,
@@ -149,21 +151,16 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         *args: Any,
         **kwargs: Any,
     ) -> Any:
-        host = optimizer_state.get("host")  # read already where agreed in place
+        host = self._agreement.read(id(optimizer))  # one read, for torch's of each found_inf
         if host is None:
-            payload = optimizer_state.get("payload")
-            if payload is None:
-                return super()._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)
-            # One read of the payload replaces torch's read of each found_inf.
-            host = optimizer_state["host"] = payload.tolist()
-        self._watch.host_rows.append((optimizer, host))
+            return super()._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)
         overflow = _payload.any_overflow(host)
         self._link.skips.decided(overflow)
-        if overflow:
-            retval = None
-            self._overflowed_at_step(optimizer, host, optimizer_state["world"])
-        else:
-            retval = optimizer.step(*args, **kwargs)
+        group = self._group_info() if overflow else None  # asked of an overflow only
+        self._diagnoser.read_at_step(
+            optimizer, host, overflow, self._agreement.attribution(), group
+        )
+        retval = None if overflow else optimizer.step(*args, **kwargs)
         return maybe_opt_step_result(retval, float(overflow))
 
     # ------------------------------------------------------------ update
@@ -179,8 +176,8 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
                 return rows
         return self._agreement.flags()
 
-    def _attribution_width(self) -> int:
-        return self._agreement.width()
+    def _attribution(self) -> Attribution:
+        return self._agreement.attribution()
 
     def _torch_update(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
@@ -222,7 +219,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         assert self._scale is not None
         group = self._group_info()
         inbox = self._link.inbox
-        if not self._agreement.step_states and inbox and group is None:
+        if not self._agreement.payloads and inbox and group is None:
             updates = list(inbox)  # no process group: a single process applies them now
             inbox.clear()
         else:

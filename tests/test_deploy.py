@@ -37,7 +37,20 @@ def _exported(tmp_path: Path) -> dict[str, set[str]]:
     with TestClient(app, base_url="http://127.0.0.1") as client:
         store = client.app.state.services.store  # type: ignore[attr-defined]
         run = create_run(store, name="bert", world_size=1, config={}, control={})
-        low = StepRecord(1, time.time(), 0.5, False, False, (), 0.5, 0, 2000, 2.0, 0.5, 0)
+        low = StepRecord(
+            step=1,
+            wall_time=time.time(),
+            scale=0.5,
+            overflow=False,
+            skipped=False,
+            inf_ranks=(),
+            scale_after=0.5,
+            growth_tracker=0,
+            growth_interval=2000,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            control_version=0,
+        )
         write_steps(store, run.id, [low])
         client.app.state.services.alerts.tick()  # type: ignore[attr-defined]
         text = client.get("/metrics").text

@@ -27,11 +27,18 @@ KEEP_REDUCED = 4  # all-reduce handles kept alive after they complete (see Agree
 
 
 class Agreement:
-    """The per-step state of the agreement: transient, never pickled."""
+    """The per-step state of the agreement: transient, never pickled.
+
+    This step's payloads and their words read on the host are kept here, by optimizer (its
+    ``id``, as torch keys its per-optimizer states), never in torch's per-optimizer dicts:
+    those keep torch's shape.
+    """
 
     def __init__(self) -> None:
         self.carrying: ControlUpdate | None = None  # rank 0: the request it flagged
-        self.step_states: list[dict[str, Any]] = []
+        self.payloads: dict[int, torch.Tensor] = {}  # this step's, by optimizer
+        self._host: dict[int, list[float]] = {}  # their words, where read on the host
+        self._agreed = _payload.Attribution.single()  # by the ranks of the last agreement
         self._step_host: list[list[float]] | None = None
         self._lagged = Lagged()
         # The handles of the last all-reduces, kept while the scaler lives. A gloo worker
@@ -44,23 +51,26 @@ class Agreement:
 
     def agree(
         self,
-        state: dict[str, Any],
+        optimizer: int,
+        per_device: dict[torch.device, torch.Tensor],
         group: tuple[int, int],
         device: torch.device,
         inbox: deque[ControlUpdate],
         process_group: Any,
         reduce_alone: bool,
     ) -> None:
-        """Agree ``state``'s found_inf across the ranks of ``group`` (rank, size)."""
+        """Agree ``optimizer``'s found_inf (``per_device``, torch's, left 1 where any rank
+        overflowed) across the ranks of ``group`` (rank, size)."""
         rank, world = group
-        per_device: dict[torch.device, torch.Tensor] = state["found_inf_per_device"]
         request = rank == 0 and bool(inbox) and self.carrying is None
         if request:
             self.carrying = inbox.popleft()
         reduce = world > 1 or reduce_alone  # for one rank the all-reduce is the identity
         if device.type == "cpu" and len(per_device) == 1 and world <= _payload.IN_PLACE_RANKS:
             found = next(iter(per_device.values()))
-            state["host"] = self._agree_in_place(found, rank, request, reduce, process_group)
+            self._host[optimizer] = self._agree_in_place(
+                found, rank, request, reduce, process_group
+            )
             payload = found
         else:
             payload = _own_payload(per_device, rank, world, device)
@@ -73,9 +83,9 @@ class Agreement:
                 total = payload.ge(1.0) if len(payload) == 1 else payload.ge(1.0).any()
                 for found in per_device.values():  # a fused optimizer's found_inf is 0-d
                     found.copy_(total.reshape(found.shape))
-        state["payload"] = payload
-        state["world"] = world
-        self.step_states.append(state)
+        self.payloads[optimizer] = payload
+        if self._agreed.ranks != world:  # made once: the group's size does not change
+            self._agreed = _payload.Attribution.agreed(world)
 
     def _agree_in_place(
         self, found: torch.Tensor, rank: int, request: bool, reduce: bool, process_group: Any
@@ -103,24 +113,36 @@ class Agreement:
             work.wait()
             self.reduced.append(work)
 
-    def flags(self) -> list[torch.Tensor]:
-        return [state["payload"] for state in self.step_states]
+    def read(self, optimizer: int) -> list[float] | None:
+        """The words of ``optimizer``'s payload of this step, read on the host once (on cuda a
+        device read, in place of torch's read of each found_inf); None: it agreed none."""
+        host = self._host.get(optimizer)
+        if host is None:
+            payload = self.payloads.get(optimizer)
+            if payload is None:
+                return None
+            host = self._host[optimizer] = payload.tolist()
+        return host
 
-    def width(self) -> int:
-        return int(self.step_states[0]["world"]) if self.step_states else 0
+    def flags(self) -> list[torch.Tensor]:
+        return list(self.payloads.values())
+
+    def attribution(self) -> _payload.Attribution:
+        """Whose flags this step's payloads carry (none agreed yet: a single process's)."""
+        return self._agreed if self.payloads else _payload.Attribution.single()
 
     def host_rows(self) -> list[list[float]] | None:
         """This step's payloads as read on the host (reading them on cpu); None on cuda when
         a payload was not read (the fused-optimizer path)."""
-        if self._step_host is not None or not self.step_states:
+        if self._step_host is not None or not self.payloads:
             return self._step_host
         rows: list[list[float]] = []
-        for state in self.step_states:
-            host = state.get("host")
+        for optimizer, payload in self.payloads.items():
+            host = self._host.get(optimizer)
             if host is None:
-                if state["payload"].device.type != "cpu":
+                if payload.device.type != "cpu":
                     return None
-                host = state["payload"].tolist()
+                host = payload.tolist()
             rows.append(host)
         self._step_host = rows
         return rows
@@ -140,13 +162,14 @@ class Agreement:
             updates = [update for update in decoded if update is not None]
             if self._lagged.take_request():
                 updates.extend(self._receive(group, device, process_group))
-        if self.step_states:
+        if self.payloads:
             rows = self.host_rows()
             if rows is None:
                 self._lagged.keep_request_flag(self.flags())
             elif any(_payload.carries_request(row) for row in rows):
                 updates.extend(self._receive(group, device, process_group))
-        self.step_states = []
+        self.payloads.clear()
+        self._host.clear()
         self._step_host = None
         return updates
 

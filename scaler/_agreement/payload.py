@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 BITS = 52
 REQUEST = 0.5
@@ -75,3 +76,41 @@ def overflowed_ranks(host: Sequence[float]) -> tuple[int, ...]:
             ranks.append(base + low.bit_length() - 1)
             bits ^= low
     return tuple(ranks)
+
+
+@dataclass(frozen=True, slots=True)
+class Attribution:
+    """Which ranks a step's overflow flags name: the ``ranks`` agreed in its payloads, or none.
+
+    >>> Attribution.agreed(4).gathers, Attribution.single().ranks, Attribution.unknown().known
+    (True, 0, False)
+    """
+
+    ranks: int = 0  # ranks whose flags the payloads carry; 0: no payload
+    known: bool = True  # False: ranks of a process group that agree nothing (GradScaler)
+
+    @staticmethod
+    def single() -> Attribution:
+        """A single process: an overflow is its own (rank 0's)."""
+        return _SINGLE
+
+    @staticmethod
+    def unknown() -> Attribution:
+        """``GradScaler`` in a process group: each rank knows only its own found_inf."""
+        return _UNKNOWN
+
+    @staticmethod
+    def agreed(ranks: int) -> Attribution:
+        """``ranks`` ranks whose flags the all-reduced payloads carry."""
+        if ranks < 1:
+            raise ValueError(f"a payload is agreed by 1 rank or more, not {ranks}")
+        return Attribution(ranks)
+
+    @property
+    def gathers(self) -> bool:
+        """Whether the ranks gather their findings at an overflow: several agreed found_inf."""
+        return self.ranks > 1
+
+
+_SINGLE = Attribution()
+_UNKNOWN = Attribution(known=False)

@@ -75,7 +75,7 @@ class ControlSource(StrEnum):
         return self.value
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ControlOutcome:
     """What happened to a control change at a step; ``request_id`` is None for ``CODE``."""
 

@@ -1,5 +1,5 @@
-"""Overflow diagnosis in a scaler: ``watch(model)``, the loss seen by ``scale()``, and the
-findings of an overflow step.
+"""Overflow diagnosis in a scaler (``Diagnoser``): the names ``watch(model)`` gave, the loss
+seen by ``scale()``, and the findings of an overflow step.
 
 Runs on the training thread of every rank, and costs nothing but on overflow steps: a
 rank whose own gradients hold inf/NaN scans them (``findings``) and names the parameters
@@ -24,30 +24,33 @@ learns from the step's values, is scanned in ``update()``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, overload
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .._agreement import payload as _payload
-from .._torch_compat import opt_step_unless_inf
+from .._agreement.payload import Attribution
 from .findings import LIMIT, Diagnosis, Report, combine, loss_nonfinite, scan
 from .gather import gather_reports
 from .names import Names
 
 if TYPE_CHECKING:
-    from .._recording import RunLink
-    from .._torch_compat import TorchGradScaler as _Base
-else:
-    _Base = object
+    from .._recording.step_values import StepValues
 
 log = logging.getLogger("scaler")
 
+Group = tuple[int, int]  # (rank, size) of the group whose rank 0 reports
 
-class StepWatch:
+
+class Diagnoser:
     """A scaler's diagnosis state: the names registered, and what this step has seen.
 
-    Transient (a copy of the scaler watches nothing until ``watch()`` is called again).
+    The scaler's overrides feed it (``scale()`` the loss, ``step()`` each optimizer and
+    its found_inf as read) and ``update()`` asks it for the step's findings; what it
+    needs of the scaler (its group) comes as arguments. Transient: a copy of the scaler
+    watches nothing until ``watch()`` is called again.
     """
 
     __slots__ = ("host_rows", "loss", "loss_bad", "names", "optimizers", "reports", "scanned")
@@ -63,10 +66,13 @@ class StepWatch:
         self.scanned: set[int] = set()
         self.loss_bad: bool | None = None  # None: not looked at
 
-    def add_loss(self, loss: torch.Tensor) -> None:
-        """A second ``scale()`` call in a step (gradient accumulation): the sum is kept."""
-        assert self.loss is not None
-        self.loss = self.loss.detach() + loss.detach()
+    def saw_loss(self, loss: torch.Tensor) -> None:
+        """``scale()`` scaled ``loss``; a second call in a step (gradient accumulation) adds
+        to it."""
+        if self.loss is None:
+            self.loss = loss
+        else:
+            self.loss = self.loss.detach() + loss.detach()
 
     def take_loss(self) -> torch.Tensor | None:
         loss, self.loss = self.loss, None
@@ -82,84 +88,28 @@ class StepWatch:
         self.host_rows.clear()
         return True
 
-
-class Watching(_Base):
-    """The diagnosis half of :class:`scaler._scaler.Instrumented`."""
-
-    _watch: StepWatch
-    _link: RunLink  # Instrumented's: where step()'s skip decisions are noted
-
-    def watch(self, model: torch.nn.Module) -> int:
-        """Name ``model``'s parameters in overflow reports; returns how many names it gave.
-
-        Names are those of ``model.named_parameters()`` (less FSDP's wrapper prefixes):
-        plain modules, DDP, FSDP1 (an FSDP1 flat parameter names each original parameter
-        it holds) and FSDP2. Parameters no watched model has are named by optimizer
-        position and shape, as ``"group 0 param 17 (4096, 4096)"``. A copy of the scaler
-        (pickle, deepcopy) forgets the names: call ``watch`` on it again.
-        """
-        return self._watch.names.watch(model)
-
-    @overload
-    def scale(self, outputs: torch.Tensor) -> torch.Tensor: ...
-
-    @overload
-    def scale(self, outputs: list[torch.Tensor]) -> list[torch.Tensor]: ...
-
-    @overload
-    def scale(self, outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]: ...
-
-    @overload
-    def scale(self, outputs: Iterable[torch.Tensor]) -> Iterable[torch.Tensor]: ...
-
-    def scale(
-        self, outputs: torch.Tensor | Iterable[torch.Tensor]
-    ) -> torch.Tensor | Iterable[torch.Tensor]:
-        """As torch's; a one-element tensor is also this step's loss for the record."""
-        scaled = super().scale(outputs)
-        if isinstance(outputs, torch.Tensor) and self._enabled and outputs.numel() == 1:
-            watch = self._watch
-            if watch.loss is None:
-                watch.loss = outputs
-            else:
-                watch.add_loss(outputs)
-        return scaled
-
-    def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        self._watch.optimizers.append(optimizer)  # the fused path: no _maybe_opt_step
-        return super()._check_inf_per_device(optimizer)
-
-    def _maybe_opt_step(
+    def read_at_step(
         self,
         optimizer: torch.optim.Optimizer,
-        optimizer_state: dict[str, Any],
-        *args: Any,
-        **kwargs: Any,
-    ) -> Any:
-        result, found = opt_step_unless_inf(optimizer, optimizer_state, args, kwargs)
-        self._link.skips.decided(found > 0)
-        watch = self._watch
-        watch.optimizers.append(optimizer)
-        watch.host_rows.append((optimizer, [found]))
-        if found:
-            self._overflowed_at_step(optimizer, [found], 0)
-        return result
-
-    def _overflowed_at_step(
-        self, optimizer: torch.optim.Optimizer, row: list[float], width: int
+        row: list[float],
+        overflow: bool,
+        attribution: Attribution,
+        group: Group | None,
     ) -> None:
-        """step() read on the host that ``optimizer``'s step overflowed (``row``: its found_inf
-        or payload words, agreed by ``width`` ranks): scan its gradients now."""
-        rank, gathering = self._reporting(width)
+        """step() read ``optimizer``'s found_inf on the host (``row``: it, or the payload's
+        words, whose flags ``attribution`` says); an ``overflow`` is scanned now."""
+        self.host_rows.append((optimizer, row))
+        if not overflow:
+            return
+        rank, gathering = _reporting(group, attribution)
         if not gathering and rank != 0:
             return  # nothing to send, nothing to record
-        watch = self._watch
-        watch.scanned.add(id(optimizer))
-        local = width <= 0 or _payload.has_rank(row, rank)
-        loss = watch.loss if watch.loss_bad is None else None  # the loss once a step
+        self.scanned.add(id(optimizer))
+        local = not attribution.ranks or _payload.has_rank(row, rank)
+        loss = self.loss if self.loss_bad is None else None  # the loss once a step
         report = self._scan_safely([optimizer] if local else [], rank, loss)
-        watch.reports.append(report)
-        watch.loss_bad = bool(watch.loss_bad) or report.loss_nonfinite
+        self.reports.append(report)
+        self.loss_bad = bool(self.loss_bad) or report.loss_nonfinite
 
     def _scan_safely(
         self, optimizers: list[torch.optim.Optimizer], rank: int, loss: torch.Tensor | None
@@ -167,48 +117,59 @@ class Watching(_Base):
         """The findings of ``optimizers`` and ``loss`` (None: not looked at)."""
         try:
             if optimizers:
-                return scan(optimizers, self._watch.names, loss)
+                return scan(optimizers, self.names, loss)
             return Report(0, loss_nonfinite=loss_nonfinite(loss))
         except Exception:  # a diagnosis must never stop training, nor leave the gather
             log.exception("scalewatch: could not explain this overflow on rank %d", rank)
             return Report(0)
 
-    def _reporting(self, width: int) -> tuple[int, bool]:
-        """(this rank, whether the ranks gather their findings: they agreed found_inf)."""
-        group = self._group_info()
-        return (0, False) if group is None else (group[0], width > 1)
+    def end_step(self, values: StepValues | None, attribution: Attribution) -> Overflow | None:
+        """Forget this step's state; what ``explain`` needs if the host knows it overflowed.
 
-    def _diagnose(
-        self, values: list[float] | None, width: int, loss: torch.Tensor | None
-    ) -> Diagnosis | None:
-        """This step's findings if the host knows it overflowed (and the rank reports).
-
-        ``values``: a cpu step's values as read ([scale, tracker, found_inf, loss, *payload
-        words]); None on cuda, where found_inf is known only as ``step()`` read it (the
-        fused-optimizer path reads nothing: its overflows are not explained on cuda).
+        ``values``: a cpu step's values as read; None on cuda, where found_inf is known only
+        as ``step()`` read it (the fused-optimizer path reads nothing: its overflows are not
+        explained on cuda).
         """
-        watch = self._watch
-        if values is not None and not values[2] > 0 and watch.clean_step():
+        if values is not None and not values.found > 0 and self.clean_step():
             return None  # a clean cpu step: nothing to explain
-        optimizers, watch.optimizers = watch.optimizers, []
-        read, watch.host_rows = watch.host_rows, []
-        rows = [row for _, row in read]
-        reports, scanned, loss_bad = watch.reports, watch.scanned, watch.loss_bad
-        if scanned:  # step() met an overflow: its findings are this step's
-            watch.reports, watch.scanned, watch.loss_bad = [], set(), None
+        optimizers, self.optimizers = self.optimizers, []
+        read, self.host_rows = self.host_rows, []
+        reports, loss_bad = self.reports, self.loss_bad
+        if self.scanned:  # step() met an overflow: its findings are this step's
+            self.reports, self.scanned, self.loss_bad = [], set(), None
         if values is not None:
-            if not values[2] > 0:
+            if not values.found > 0:
                 return None
-            rows = _payload_rows(values[4:], width) if width > 0 else [[values[2]]]
-        elif not any(_payload.any_overflow(row) for row in rows):
-            return None
-        rank, gathering = self._reporting(width)
+            rows = values.payloads if attribution.ranks else [[values.found]]
+        else:
+            rows = [row for _, row in read]
+            if not any(_payload.any_overflow(row) for row in rows):
+                return None
+        return Overflow(
+            optimizers=optimizers, read=read, rows=rows, reports=reports, loss_bad=loss_bad
+        )
+
+    def explain(
+        self,
+        overflow: Overflow,
+        values: StepValues | None,
+        attribution: Attribution,
+        loss: torch.Tensor | None,
+        group: Group | None,
+        process_group: Any,
+    ) -> Diagnosis | None:
+        """The findings of an ``overflow`` step (``end_step``'s; ``loss``: the one
+        ``scale()`` saw), gathered from every rank of ``group`` where they agreed found_inf;
+        None on a rank that does not report."""
+        rank, gathering = _reporting(group, attribution)
         if not gathering and rank != 0:
             return None
+        reports, loss_bad = overflow.reports, overflow.loss_bad
         if values is not None:  # cpu: what step() did not read (a fused optimizer)
-            seen = {id(optimizer) for optimizer, _ in read}
-            pending = [o for o in optimizers if id(o) not in seen]
-            local = width <= 0 or any(_payload.has_rank(row, rank) for row in rows)
+            seen = {id(optimizer) for optimizer, _ in overflow.read}
+            pending = [o for o in overflow.optimizers if id(o) not in seen]
+            rows = overflow.rows
+            local = not attribution.ranks or any(_payload.has_rank(row, rank) for row in rows)
             if (pending and local) or loss_bad is None:
                 report = self._scan_safely(
                     pending if local else [], rank, loss if loss_bad is None else None
@@ -218,26 +179,29 @@ class Watching(_Base):
         report = _merged(rank, reports, bool(loss_bad))
         if not gathering:
             return combine([report])
-        group = self._group_info()
         assert group is not None
-        gathered = gather_reports(report, group, self._reporting_group())
+        gathered = gather_reports(report, group, process_group)
         return None if gathered is None else combine(gathered)
 
-    if TYPE_CHECKING:  # Instrumented's
 
-        def _group_info(self) -> tuple[int, int] | None: ...
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Overflow:
+    """What a step the host knows overflowed leaves to explain (``Diagnoser.end_step``)."""
 
-        def _reporting_group(self) -> Any: ...
+    optimizers: list[torch.optim.Optimizer]  # every optimizer the step saw
+    read: list[tuple[torch.optim.Optimizer, list[float]]]  # those step() read found_inf of
+    rows: Sequence[list[float]]  # found_inf as read: [found] or each payload's words
+    reports: list[Report]  # step()'s scans
+    loss_bad: bool | None  # whether the loss was non-finite; None: not looked at
+
+
+def _reporting(group: Group | None, attribution: Attribution) -> tuple[int, bool]:
+    """(this rank, whether the ranks gather their findings: they agreed found_inf)."""
+    return (0, False) if group is None else (group[0], attribution.gathers)
 
 
 def _merged(rank: int, reports: list[Report], loss_bad: bool) -> Report:
     """One rank's reports of a step (a scan per optimizer) as one, ``LIMIT`` kept."""
     params = [param for report in reports for param in report.params]
     omitted = sum(report.omitted for report in reports) + max(0, len(params) - LIMIT)
-    return Report(rank, tuple(params[:LIMIT]), omitted, loss_bad)
-
-
-def _payload_rows(words: list[float], width: int) -> list[list[float]]:
-    """A cpu step's payload words, one row per optimizer."""
-    size = _payload.words(width)
-    return [words[start : start + size] for start in range(0, len(words), size)]
+    return Report(rank, tuple(params[:LIMIT]), omitted, bool(loss_bad))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 import torch
 
@@ -24,12 +25,20 @@ LIMIT = 32  # parameters kept per rank and step; the rest are counted
 NAME_BYTES = 500  # of a name, in UTF-8, as the store keeps one (overflow_params.name)
 
 
+class FindingKind(StrEnum):
+    """What a parameter's local gradient held at an overflow step (stored as its value)."""
+
+    INF = "inf"
+    NAN = "nan"
+    BOTH = "both"
+
+
 @dataclass(frozen=True, slots=True)
 class Report:
     """One rank's findings at an overflow step: (name, kind, count) in optimizer order."""
 
     rank: int
-    params: tuple[tuple[str, str, int], ...] = ()
+    params: tuple[tuple[str, FindingKind, int], ...] = ()
     omitted: int = 0
     loss_nonfinite: bool = False
 
@@ -46,14 +55,14 @@ class Diagnosis:
 def combine(reports: Iterable[Report]) -> Diagnosis:
     """The reports of the ranks, in rank order, as one diagnosis.
 
-    >>> combine([Report(1, (("w", "inf", 2),), 0, True), Report(0)])
+    >>> combine([Report(1, (("w", FindingKind.INF, 2),), 0, True), Report(0)])
     Diagnosis(params=(ParamFinding(rank=1, name='w', kind='inf', count=2),), omitted=0, \
 loss_nonfinite_ranks=(1,))
     """
     ordered = sorted(reports, key=lambda report: report.rank)
     return Diagnosis(
         params=tuple(
-            ParamFinding(report.rank, name, kind, count)
+            ParamFinding(report.rank, name, str(kind), count)
             for report in ordered
             for name, kind, count in report.params
         ),
@@ -72,11 +81,15 @@ def cut_name(name: str) -> str:
     return name if len(raw) <= NAME_BYTES else raw[:NAME_BYTES].decode(errors="ignore")
 
 
-def kind_of(infs: int, nans: int) -> str:
-    """``"inf"``, ``"nan"`` or ``"both"``."""
+def kind_of(infs: int, nans: int) -> FindingKind:
+    """Which non-finite values ``infs`` and ``nans`` count.
+
+    >>> kind_of(2, 0), kind_of(0, 1), kind_of(1, 1)
+    (<FindingKind.INF: 'inf'>, <FindingKind.NAN: 'nan'>, <FindingKind.BOTH: 'both'>)
+    """
     if infs and nans:
-        return "both"
-    return "inf" if infs else "nan"
+        return FindingKind.BOTH
+    return FindingKind.INF if infs else FindingKind.NAN
 
 
 def loss_nonfinite(loss: torch.Tensor | None) -> bool:
@@ -101,7 +114,7 @@ def scan(
         return Report(0, (), 0, bad_loss)
     namings = [_naming(entries[i], names) for i, _ in flagged]
     counts = _counts([(entries[i][0], nan) for i, nan in flagged], namings)
-    found: list[tuple[str, str, int]] = []
+    found: list[tuple[str, FindingKind, int]] = []
     for naming, pairs in zip(namings, counts, strict=True):
         labels = [naming] if isinstance(naming, str) else [name for name, _, _ in naming]
         for label, (infs, nans) in zip(labels, pairs, strict=True):

@@ -5,7 +5,7 @@ the gather at the same point. Each sends a fixed-size encoding of its
 :class:`~scaler._diagnosis.findings.Report` (a size agreed beforehand would cost a collective of
 its own), so one ``dist.gather`` is the whole exchange:
 
->>> report = Report(1, (("layers.0.weight", "inf", 3),), 0, True)
+>>> report = Report(1, (("layers.0.weight", FindingKind.INF, 3),), 0, True)
 >>> decode(encode(report), 1) == report
 True
 """
@@ -19,12 +19,12 @@ import torch
 import torch.distributed as dist
 
 from .._torch_compat import gather_to_group_rank0
-from .findings import LIMIT, NAME_BYTES, Report, cut_name
+from .findings import LIMIT, NAME_BYTES, FindingKind, Report, cut_name
 
 _HEAD = struct.Struct("<iiB")  # params kept, params omitted, loss non-finite
 _PARAM = struct.Struct("<BqH")  # kind, count, name length (then the name's bytes)
 SLOT = _HEAD.size + LIMIT * (_PARAM.size + NAME_BYTES)
-_KINDS = ("inf", "nan", "both")
+_KINDS = (FindingKind.INF, FindingKind.NAN, FindingKind.BOTH)  # as encoded: their index
 
 
 def encode(report: Report) -> bytes:
@@ -39,7 +39,7 @@ def encode(report: Report) -> bytes:
 def decode(data: bytes, rank: int) -> Report:
     kept, omitted, loss = _HEAD.unpack_from(data)
     at = _HEAD.size
-    params: list[tuple[str, str, int]] = []
+    params: list[tuple[str, FindingKind, int]] = []
     for _ in range(kept):
         kind, count, length = _PARAM.unpack_from(data, at)
         at += _PARAM.size

@@ -1,7 +1,7 @@
 """Each step's values from the device to the host, on every rank; a scaler's link to its run.
 
 On every rank the training thread snapshots a step at ``update()``: a cpu step's values
-are read at once (``pinned_rows.read_cpu``: no sync), a cuda step's copied asynchronously
+are read at once (``step_values.read_cpu``: no sync), a cuda step's copied asynchronously
 into a reused pinned row (``step_values``, ``pinned_rows``). On the reporting rank with
 telemetry on, the recorder thread (``recorder``) reads the rows, folds ``stats()`` and
 hands the samples to :mod:`scaler.telemetry`; elsewhere there is no thread, and the
@@ -56,6 +56,27 @@ class RunLink:
         self.inverse: tuple[torch.Tensor, int, torch.Tensor] | None = None
         self.rates: list[Rates] = []  # this step's learning rates, optimizer by optimizer
         self.skips = Skips()
+
+    def inverse_of(self, scale: torch.Tensor) -> torch.Tensor:
+        """``1 / scale`` as torch's unscale_ takes it (in float64, rounded once to float32:
+        float32 division can be imprecise under some compile options), taken again only
+        when the scale has changed since.
+
+        Every in-place change of a tensor (the update's, ``fill_``, ``copy_``) bumps its
+        version, which the host keeps: telling a changed scale costs no device read.
+        """
+        if scale.device.type == "mps":  # as torch's: mps has no float64
+            return scale.reciprocal()
+        kept = self.inverse
+        try:
+            version = scale._version
+        except RuntimeError:  # an inference-mode tensor keeps no version: not kept
+            return scale.double().reciprocal().float()
+        if kept is not None and kept[0] is scale and kept[1] == version:
+            return kept[2]
+        inverse = scale.double().reciprocal().float()
+        self.inverse = (scale, version, inverse)
+        return inverse
 
     def submit(
         self, owner: object, snapshot: Snapshot, init_scale: float, make_sink: Callable[[], Any]

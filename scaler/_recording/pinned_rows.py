@@ -7,7 +7,8 @@ that event, reads the row and gives it back.
 
 On cpu the rows are plain host memory and the copy is done when ``capture`` returns: one
 ``_foreach_copy_`` instead of a clone per value, and nothing for the recorder thread to
-free, which would hold the GIL the training thread is waiting for.
+free, which would hold the GIL the training thread is waiting for. (A scaler's own cpu
+step is read at once instead: ``step_values.read_cpu``.)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+# A ring's rows unless its maker says: about RING_BYTES of host memory, within these bounds.
 RING_BYTES = 4 * 1024 * 1024
 MIN_ROWS = 64
 MAX_ROWS = 4096
@@ -95,9 +97,13 @@ class PinnedRing:
 
 
 class PinnedRings:
-    """One :class:`PinnedRing` per layout of parts (a scaler needs one), made on first use."""
+    """One :class:`PinnedRing` per layout of parts (a scaler needs one), made on first use,
+    of ``rows`` rows (None: about ``RING_BYTES`` of them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: int | None = None) -> None:
+        if rows is not None and rows < 1:
+            raise ValueError(f"a ring has 1 row or more, not {rows}")
+        self._rows = rows
         self._rings: dict[tuple[int, ...], PinnedRing] = {}
 
     def capture(
@@ -113,37 +119,10 @@ class PinnedRings:
             sizes = tuple(part.numel() for part in parts)
         ring = self._rings.get(sizes)
         if ring is None:
-            ring = self._rings[sizes] = PinnedRing(sizes, parts[0].device)
+            ring = self._rings[sizes] = PinnedRing(sizes, parts[0].device, self._rows)
         row = ring.capture(parts)
         if row is None:
             ring = PinnedRing(sizes, parts[0].device, rows=1)
             row = ring.capture(parts)
             assert row is not None
         return ring, row
-
-
-def read_cpu(
-    scale: torch.Tensor,
-    tracker: torch.Tensor,
-    found: torch.Tensor | None,
-    loss: torch.Tensor | None,
-    flags: Sequence[torch.Tensor] | Sequence[list[float]],
-) -> list[Any]:
-    """A cpu step's values, read at once: [scale, tracker, found_inf (0 if None), loss (None
-    if unseen), *the words of each flag payload].
-
-    cpu tensors are plain memory: reading one is no sync, and a few ``item()`` calls cost
-    the training thread less than copying into a row for the recorder to read.
-    """
-    if found is not None and found.numel() != 1:  # several flags: the first, as on cuda
-        found = found.reshape(-1)[:1]
-    values = [
-        scale.item(),
-        tracker.item(),
-        0.0 if found is None else found.item(),
-        # a loss elsewhere than the cpu scale is not read: that would be a sync
-        None if loss is None or not loss.is_cpu else loss.item(),
-    ]
-    for flag in flags:  # a payload, or its words as read already
-        values.extend(flag if isinstance(flag, list) else flag.tolist())
-    return values

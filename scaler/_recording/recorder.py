@@ -13,29 +13,29 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .._agreement import payload as _payload
-from .._agreement.payload import overflowed_ranks
+from .._agreement.payload import Attribution, overflowed_ranks
 from .._control import ControlOutcome
 from ..stats import ScalerStats
 from ..store.records import StepRecord
-from .step_values import Captured, split_values
+from .step_values import Captured, StepValues
 
 if TYPE_CHECKING:
     from .._diagnosis.findings import Diagnosis
 
 log = logging.getLogger("scaler")
 
+# The defaults of a Recorder's tunables (its keyword arguments).
 MAX_PENDING = 65536
 POLL_S = 0.05
 # Snapshots read between hand-offs of the GIL (~0.1 ms of reading). Every 256 switched the
 # training thread out less often but measured worse with telemetry on (bench/telemetry.py,
 # bench/multirank.py's scaler cpu rows): it waited longer for the GIL each time.
 YIELD_EVERY = 32
-INLINE_BATCH = 256  # steps a recorder without a thread folds at once
+INLINE_BATCH = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +46,17 @@ class StepSample:
     controls: tuple[ControlOutcome, ...] = ()
 
 
-@dataclass(slots=True)
+@dataclass(kw_only=True, slots=True)
 class Snapshot:
+    """One ``update()`` as the training thread hands it over; its values may be on their way.
+
+    Made every step: see :func:`make` for how.
+    """
+
     step: int
     wall_time: float
-    captured: Captured | list[Any]  # list: a cpu step's values, read at once (``read_cpu``)
-    world_size: int  # rank flags in the payload; 0: single process; -1: not known
+    captured: Captured | StepValues  # StepValues: a cpu step's, read at once (``read_cpu``)
+    attribution: Attribution  # whose flags the step's payloads carry
     scale_used: float | None  # known on the host (first step, after a load or a new_scale)
     stepped: bool
     growth_interval: int
@@ -66,6 +71,12 @@ class Snapshot:
 
 
 Sink = Callable[[list[StepSample]], None]
+
+# A keyword-only dataclass made every step (``Snapshot``, ``StepRecord``) is made as
+# ``obj = make(cls)`` then ``cls.__init__(obj, field=...)``: calling the class with keywords
+# packs them into a dict on the way to ``__init__`` (``type.__call__``), which took twice as
+# long as positional arguments; ``__init__`` called itself takes them as fast.
+make = object.__new__
 
 
 @dataclass(slots=True)
@@ -122,13 +133,27 @@ class _Fold:
 class Recorder:
     """Takes snapshots from the training thread; one daemon thread reads them.
 
-    The thread wakes every ``POLL_S`` and reads what has queued, rather than being
+    The thread wakes every ``poll_s`` and reads what has queued, rather than being
     woken per step: a wake-up per step costs the training thread more than the work.
+    Past ``max_pending`` unread snapshots a step is dropped and counted; the thread hands
+    the GIL back every ``yield_every`` snapshots read; without a thread the training
+    thread folds ``inline_batch`` steps at once.
     """
 
     def __init__(
-        self, init_scale: float, sink: Sink | None = None, previous: Recorder | None = None
+        self,
+        init_scale: float,
+        sink: Sink | None = None,
+        previous: Recorder | None = None,
+        *,
+        max_pending: int = MAX_PENDING,
+        poll_s: float = POLL_S,
+        yield_every: int = YIELD_EVERY,
+        inline_batch: int = INLINE_BATCH,
     ) -> None:
+        self._max_pending = max_pending
+        self._yield_every = yield_every
+        self._inline_batch = inline_batch
         self._pending: deque[Snapshot] = deque()
         self._cond = threading.Condition()
         self._fold: _Fold = previous._fold if previous is not None else _Fold(last_scale=init_scale)
@@ -141,27 +166,28 @@ class Recorder:
         if sink is not None:
             self._thread = threading.Thread(
                 target=_run,
-                args=(weakref.ref(self), self._cond),
+                args=(weakref.ref(self), self._cond, poll_s),
                 name="scalewatch-recorder",
                 daemon=True,
             )
             self._thread.start()
 
     def submit(self, snap: Snapshot) -> None:
-        """Never blocks: past MAX_PENDING unread snapshots the step is dropped and counted.
+        """Never blocks: past ``max_pending`` unread snapshots the step is dropped and counted.
 
         Without a sink (telemetry off, or a rank that does not report) there is no thread:
-        the training thread folds the steps whose values have arrived, every INLINE_BATCH
-        steps, which costs it less than a thread's wake-ups and GIL hand-offs.
+        the training thread folds the steps whose values have arrived, every
+        ``inline_batch`` steps, which costs it less than a thread's wake-ups and GIL
+        hand-offs.
         """
-        if len(self._pending) >= MAX_PENDING:
+        if len(self._pending) >= self._max_pending:
             self._dropped += 1
             if isinstance(snap.captured, Captured):
                 snap.captured.discard()
             return
         self._pending.append(snap)
         self._submitted += 1
-        if self._thread is None and len(self._pending) >= INLINE_BATCH:
+        if self._thread is None and len(self._pending) >= self._inline_batch:
             with self._cond:
                 self._drain(arrived_only=True)
 
@@ -235,7 +261,7 @@ class Recorder:
                 break
             snap = self._pending.popleft()
             popped += 1
-            if threaded and popped % YIELD_EVERY == 0:
+            if threaded and popped % self._yield_every == 0:
                 time.sleep(0)  # hand the GIL to the training thread rather than make it wait
             try:
                 sample = _materialise(snap, self._fold, sample=self._sink is not None)
@@ -255,7 +281,7 @@ class Recorder:
             return not (self._closed and not self._pending)
 
 
-def _run(ref: weakref.ref[Recorder], cond: threading.Condition) -> None:
+def _run(ref: weakref.ref[Recorder], cond: threading.Condition, poll_s: float) -> None:
     while True:
         recorder = ref()
         if recorder is None:
@@ -266,7 +292,7 @@ def _run(ref: weakref.ref[Recorder], cond: threading.Condition) -> None:
         del recorder
         if not pending:
             with cond:
-                cond.wait(POLL_S)
+                cond.wait(poll_s)
 
 
 def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample | None:
@@ -276,33 +302,29 @@ def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample
     shortest way, with no payload to split, since no rank's flag is set in it.
     """
     captured = snap.captured
-    payloads: list[list[float]] = []
-    if isinstance(captured, Captured):
-        scale_after, tracker, found, loss, payloads = captured.read()
-    else:  # a cpu step's values as read: [scale, tracker, found_inf, loss, *payload words]
-        scale_after, tracker, found, loss = captured[0], int(captured[1]), captured[2], captured[3]
-        if found > 0 and snap.world_size > 0 and len(captured) > 4:
-            count = (len(captured) - 4) // _payload.words(snap.world_size)
-            payloads = split_values(captured, count)[4]
+    values = captured.read() if isinstance(captured, Captured) else captured
+    scale_after, tracker, found, loss, payloads = values
     overflow = found > 0
     stepped = snap.stepped
     scale_used = fold.add(snap.scale_used, scale_after, overflow, stepped, snap.scale_set)
     if not sample:
         return None
-    record = StepRecord(
-        snap.step,
-        snap.wall_time,
-        scale_used,
-        overflow,
-        overflow and stepped,
-        _inf_ranks(snap.world_size, overflow, payloads),
-        scale_after,
-        tracker,
-        snap.growth_interval,
-        float(snap.growth_factor),  # an int as torch keeps it: stored as float
-        float(snap.backoff_factor),
-        snap.control_version,
-        loss,
+    record = make(StepRecord)
+    StepRecord.__init__(
+        record,
+        step=snap.step,
+        wall_time=snap.wall_time,
+        scale=scale_used,
+        overflow=overflow,
+        skipped=overflow and stepped,
+        inf_ranks=_inf_ranks(snap.attribution, overflow, payloads),
+        scale_after=scale_after,
+        growth_tracker=tracker,
+        growth_interval=snap.growth_interval,
+        growth_factor=float(snap.growth_factor),  # an int as torch keeps it: stored as float
+        backoff_factor=float(snap.backoff_factor),
+        control_version=snap.control_version,
+        loss=loss,
         lr=snap.lr,
         lr_groups=snap.lr_groups,
     )
@@ -317,12 +339,14 @@ def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample
     return StepSample(record, snap.controls)
 
 
-def _inf_ranks(world_size: int, overflow: bool, payloads: list[list[float]]) -> tuple[int, ...]:
+def _inf_ranks(
+    attribution: Attribution, overflow: bool, payloads: Sequence[list[float]]
+) -> tuple[int, ...]:
     """The ranks whose gradients held inf/NaN; () where the ranks are not known
-    (``world_size`` -1: GradScaler in a process group)."""
-    if not overflow or world_size < 0:
+    (GradScaler in a process group)."""
+    if not overflow or not attribution.known:
         return ()
-    if world_size == 0 or not payloads:
+    if not attribution.ranks or not payloads:
         return (0,)
     if len(payloads) == 1:
         return overflowed_ranks(payloads[0])

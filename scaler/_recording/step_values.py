@@ -1,15 +1,15 @@
-"""One cuda step's values on their way to the host, without a sync.
+"""A step's values on the host (``StepValues``), and a cuda step's on their way there.
 
-The training thread copies [scale, growth tracker, found_inf, loss (if seen), *payload
-words] asynchronously into a reused pinned row (``pinned_rows``); the recorder thread reads
-the row once its copy has arrived. (A cpu step's values are read at once:
-``pinned_rows.read_cpu``.)
+On cuda the training thread copies [scale, growth tracker, found_inf, loss (if seen),
+*payload words] asynchronously into a reused pinned row (``pinned_rows``), without a sync;
+the recorder thread reads the row once its copy has arrived. A cpu step's values are read
+at once (``read_cpu``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -19,7 +19,7 @@ from .pinned_rows import PinnedRing, PinnedRings
 class Captured:
     """Values of one cuda step: [scale, growth tracker, found_inf, loss (if seen), *payload
     words], copied asynchronously to a pinned row of ``rings``. (A cpu step's values are
-    read at once: ``pinned_rows.read_cpu``.)"""
+    read at once: ``read_cpu``.)"""
 
     __slots__ = ("_has_loss", "_payloads", "_ring", "_row")
 
@@ -59,8 +59,8 @@ class Captured:
         """Whether the values have reached the host (reading them would not wait)."""
         return self._ring is None or self._ring.arrived(self._row)
 
-    def read(self) -> Values:
-        """(scale, growth tracker, found_inf, loss, each optimizer's payload words)."""
+    def read(self) -> StepValues:
+        """The values, once: wait for the copy if it has not arrived."""
         assert self._ring is not None, "a step's values are read once"
         values: list[Any] = self._ring.read(self._row)
         self._ring = None
@@ -69,16 +69,61 @@ class Captured:
         return split_values(values, self._payloads)
 
 
-# (scale after the update, growth tracker, found_inf, loss or None, payload words per optimizer)
-Values = tuple[float, int, float, float | None, list[list[float]]]
+class StepValues(NamedTuple):
+    """One step's values on the host: read at once on cpu (``read_cpu``), from
+    a pinned row on cuda (``Captured.read``)."""
+
+    scale: float  # after the update
+    tracker: int  # the growth tracker, after the update
+    found: float  # found_inf: > 0 where some rank overflowed
+    loss: float | None  # None: scale() saw none (or, on cpu, it was on a device)
+    payloads: Sequence[list[float]]  # the words of each all-reduced payload, one per optimizer
 
 
-def split_values(values: list[Any], payloads: int) -> Values:
-    """A step's values as ``read()`` returns them: the words after the first four, per
-    payload."""
+def split_values(values: list[Any], payloads: int) -> StepValues:
+    """A row as read, [scale, tracker, found_inf, loss, *the words of ``payloads`` payloads],
+    as :class:`StepValues`."""
     flags = values[4:]
     if not payloads:
-        return values[0], int(values[1]), values[2], values[3], []
+        return StepValues(values[0], int(values[1]), values[2], values[3], [])
     width = len(flags) // payloads
     rows = [flags[start : start + width] for start in range(0, len(flags), width)]
-    return values[0], int(values[1]), values[2], values[3], rows
+    return StepValues(values[0], int(values[1]), values[2], values[3], rows)
+
+
+def read_cpu(
+    scale: torch.Tensor,
+    tracker: torch.Tensor,
+    found: torch.Tensor | None,
+    loss: torch.Tensor | None,
+    flags: Sequence[torch.Tensor] | Sequence[list[float]],
+) -> StepValues:
+    """A cpu step's values, read at once: found_inf 0 if None, loss None if unseen, and the
+    words of each flag payload.
+
+    cpu tensors are plain memory: reading one is no sync, and a few ``item()`` calls cost
+    the training thread less than copying into a row for the recorder to read.
+    """
+    if found is not None and found.numel() != 1:  # several flags: the first, as on cuda
+        found = found.reshape(-1)[:1]
+    payloads: Sequence[Any] = flags  # the words as read already (or none: GradScaler)
+    if flags and not isinstance(flags[0], list):
+        rows: list[list[float]] = []
+        for flag in flags:  # read in this frame: a cpu read, no sync
+            rows.append(flag if isinstance(flag, list) else flag.tolist())
+        payloads = rows
+    # Made every cpu step: tuple.__new__, as namedtuple's own _make, runs no Python frame.
+    return _new_values(
+        StepValues,
+        (
+            scale.item(),
+            tracker.item(),
+            0.0 if found is None else found.item(),
+            # a loss elsewhere than the cpu scale is not read: that would be a sync
+            None if loss is None or not loss.is_cpu else loss.item(),
+            payloads,
+        ),
+    )
+
+
+_new_values = tuple.__new__

@@ -20,7 +20,7 @@ class ParamFinding:
     count: int  # non-finite elements in that rank's local gradient
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StepRecord:
     """One telemetry record: what one ``update()`` did. A ``steps`` row has the same fields."""
 

@@ -28,6 +28,7 @@ from .._control import ControlUpdate
 from .._recording.recorder import StepSample
 from ..store import runs as store_runs
 from ..store.engine import Store
+from ..store.states import RunStatus
 from ._poller import Poller
 from ._queue import RecordQueue
 from ._writer import RunSpec, Writer, one_line
@@ -37,6 +38,8 @@ __all__ = ["Telemetry", "TelemetrySettings"]
 log = logging.getLogger("scaler.telemetry")
 
 # Runs that a Telemetry of this process writes: two writers would interleave one run's steps.
+# Process-wide: the two are a scaler and its copy (deepcopy, pickle, state_dict), which share
+# no object but the process; each Telemetry claims its uid here and lets it go at close().
 _LIVE_UIDS: set[str] = set()
 _LIVE_LOCK = threading.Lock()
 
@@ -178,29 +181,25 @@ class Telemetry:
         """
         queue, writer = self._queue, self._writer
         deadline = time.monotonic() + timeout
-        with queue.lock:
-            while queue.busy():
-                if failing_timeout is not None and writer.failing is not None:
-                    # A store that fails at the end rarely recovers: do not hold up the exit.
-                    now = time.monotonic()
-                    wait = min(failing_timeout, deadline - now)
-                    deadline = now + wait
-                    log.warning(
-                        "scalewatch: the store is not taking writes; waiting up to %g s for %d"
-                        " records",
-                        wait,
-                        queue.unwritten(),
-                    )
-                    failing_timeout = None
-                left = deadline - time.monotonic()
-                if left <= 0 or not writer.thread.is_alive():
-                    return False
-                queue.hurry.set()
-                queue.wake.set()
-                queue.idle.wait(min(left, 0.05))
+        while queue.pending():
+            if failing_timeout is not None and writer.failing is not None:
+                # A store that fails at the end rarely recovers: do not hold up the exit.
+                now = time.monotonic()
+                wait = min(failing_timeout, deadline - now)
+                deadline = now + wait
+                log.warning(
+                    "scalewatch: the store is not taking writes; waiting up to %g s for %d records",
+                    wait,
+                    queue.unwritten(),
+                )
+                failing_timeout = None
+            left = deadline - time.monotonic()
+            if left <= 0 or not writer.thread.is_alive():
+                return False
+            queue.hurry(wait=min(left, 0.05))
         return True
 
-    def close(self, status: str = "finished", timeout: float = 30.0) -> None:
+    def close(self, status: RunStatus = RunStatus.FINISHED, timeout: float = 30.0) -> None:
         """Flush, mark the run ``status`` and stop both threads. Safe to call twice."""
         if self._closed:
             return
@@ -211,8 +210,7 @@ class Telemetry:
         flushed = self.flush(timeout, failing_timeout=min(timeout, self.settings.close_failing_s))
         writer.stop.set()
         self._poller.stop.set()
-        queue.hurry.set()
-        queue.wake.set()
+        queue.wake_writer()
         writer.thread.join(timeout)
         self._poller.thread.join(timeout)
         store = writer.store
@@ -226,10 +224,8 @@ class Telemetry:
                     status,
                     one_line(error),
                 )
-        if not flushed:
-            with queue.lock:  # queued, and a batch the writer may still be stuck writing
-                unwritten = queue.unwritten()
-                queue.dropped += unwritten
+        if not flushed:  # queued, and a batch the writer may still be stuck writing
+            unwritten = queue.drop_unwritten()
             log.warning("scalewatch: %d telemetry records not written at close", unwritten)
         if store is not None and writer.owns_store:
             store.close()

@@ -76,7 +76,13 @@ class Poller:
                 self._inbox.append(ControlUpdate(request.id, request.values))
             else:  # written past the store's validation: settle it, never apply it
                 outcome = ControlOutcome(
-                    ControlSource.REQUEST, request.id, dict(request.values), False, problem, {}, 0
+                    source=ControlSource.REQUEST,
+                    request_id=request.id,
+                    values=dict(request.values),
+                    applied=False,
+                    reason=problem,
+                    state={},
+                    version=0,
                 )
                 self._queue.put_outcome(QueuedOutcome(None, time.time(), outcome))
 

@@ -49,11 +49,12 @@ class QueuedOutcome:
 
 
 class RecordQueue:
-    """Records as :func:`step_values` tuples, outcomes, and the gaps of records dropped.
+    """Records as :func:`step_values` tuples, outcomes, and the gaps of records dropped;
+    and how the writer and those who wait for it meet, in these methods alone.
 
-    ``lock`` guards everything here; ``idle`` (on ``lock``) is notified after each pass
-    of the writer; ``wake`` says something was queued, ``hurry`` to write it without
-    gathering more (a whole batch is queued, or a flush waits).
+    ``lock`` guards everything here; ``_idle`` (on ``lock``) is notified after each pass
+    of the writer (:meth:`pass_done`); ``_wake`` says something was queued, ``_hurry`` to
+    write it without gathering more (a whole batch is queued, or a flush waits).
     """
 
     def __init__(self, max_pending: int, batch: int) -> None:
@@ -66,9 +67,9 @@ class RecordQueue:
         self.in_flight = 0
         self.dropped = 0
         self.lock = threading.Lock()
-        self.idle = threading.Condition(self.lock)
-        self.wake = threading.Event()
-        self.hurry = threading.Event()
+        self._idle = threading.Condition(self.lock)
+        self._wake = threading.Event()
+        self._hurry = threading.Event()
 
     def put(self, samples: list[StepSample]) -> None:
         """Called by the recorder thread; never blocks on the store."""
@@ -90,13 +91,63 @@ class RecordQueue:
                 self._drop(records.popleft()[0])
             full = len(records) >= self._batch
         if full:
-            self.hurry.set()
-        self.wake.set()
+            self._hurry.set()
+        self._wake.set()
 
     def put_outcome(self, outcome: QueuedOutcome) -> None:
         with self.lock:
             self.outcomes.append(outcome)
-        self.wake.set()
+        self._wake.set()
+
+    # ------------------------------------------------ the writer's side
+
+    def wait_for_work(self, idle_s: float, coalesce_s: float) -> None:
+        """The writer's wait before a pass: up to ``idle_s`` for something queued, then up
+        to ``coalesce_s`` for more to gather, unless a whole batch or a flush hurries it."""
+        if self._wake.wait(idle_s):
+            self._hurry.wait(coalesce_s)
+        self._wake.clear()
+        self._hurry.clear()
+
+    def pass_done(self) -> None:
+        """The writer has made a pass: those waiting in :meth:`hurry` look again."""
+        with self.lock:
+            self._idle.notify_all()
+
+    # ------------------------------------------------ flush and close
+
+    def pending(self) -> bool:
+        """Whether something is queued or being written."""
+        with self.lock:
+            return self._busy()
+
+    def hurry(self, wait: float = 0.0) -> None:
+        """Have the writer write what is queued now, without gathering more; and wait up to
+        ``wait`` seconds for its pass, if something is left to write."""
+        with self.lock:
+            if not self._busy():
+                return
+            self._hurry.set()
+            self._wake.set()
+            if wait > 0:
+                self._idle.wait(wait)
+
+    def wake_writer(self) -> None:
+        """Have the writer look at once (it is told to stop, say), busy or not."""
+        self._hurry.set()
+        self._wake.set()
+
+    def drop_unwritten(self) -> int:
+        """Count what is queued or being written as dropped (at close); returns how many."""
+        with self.lock:
+            unwritten = self._unwritten()
+            self.dropped += unwritten
+        return unwritten
+
+    def unwritten(self) -> int:
+        """Records queued or being written."""
+        with self.lock:
+            return self._unwritten()
 
     def _drop(self, step: int) -> None:
         self.dropped += 1
@@ -133,6 +184,10 @@ class RecordQueue:
         with self.lock:
             self.in_flight = 0
 
+    def has_gaps(self) -> bool:
+        with self.lock:
+            return bool(self.gaps)
+
     def take_gaps(self) -> list[Gap]:
         with self.lock:
             gaps, self.gaps = joined(self.gaps), []
@@ -143,11 +198,11 @@ class RecordQueue:
         with self.lock:
             return self.records[0][1] if self.records else None
 
-    def busy(self) -> bool:
+    def _busy(self) -> bool:
         """Something is queued or being written; call with ``lock`` held."""
         return bool(self.records or self.outcomes or self.gaps or self.in_flight)
 
-    def unwritten(self) -> int:
+    def _unwritten(self) -> int:
         """Records queued or being written; call with ``lock`` held."""
         return len(self.records) + self.in_flight
 

@@ -70,10 +70,7 @@ class Writer:
         queue = self._queue
         last_beat = 0.0
         while True:
-            if queue.wake.wait(store_runs.HEARTBEAT_INTERVAL_S / 2):
-                queue.hurry.wait(self._coalesce_s)  # let more records gather first
-            queue.wake.clear()
-            queue.hurry.clear()
+            queue.wait_for_work(store_runs.HEARTBEAT_INTERVAL_S / 2, self._coalesce_s)
             stopping = self.stop.is_set()
             try:
                 if self._ensure_run():
@@ -89,8 +86,7 @@ class Writer:
                 self._failed(error)
                 if not stopping:
                     self.stop.wait(self._retry_s)
-            with queue.lock:
-                queue.idle.notify_all()
+            queue.pass_done()
             if stopping:
                 return
 
@@ -136,7 +132,7 @@ class Writer:
         wrote = False
         while True:
             batch, outcomes = queue.take()
-            if not batch and not outcomes and not queue.gaps:
+            if not batch and not outcomes and not queue.has_gaps():
                 return wrote
             try:
                 self._write_steps(store, run_id, batch)

@@ -54,11 +54,22 @@ class Clock:
 
 def _records(first: int, last: int, skipped: set[int]) -> list[StepRecord]:
     return [
-        StepRecord(step, 2000.0 + step, 1024.0, step in skipped, step in skipped,
-                   (0,) if step in skipped else (), 512.0 if step in skipped else 1024.0,
-                   0, 4, 2.0, 0.5, 0)
+        StepRecord(
+            step=step,
+            wall_time=2000.0 + step,
+            scale=1024.0,
+            overflow=step in skipped,
+            skipped=step in skipped,
+            inf_ranks=(0,) if step in skipped else (),
+            scale_after=512.0 if step in skipped else 1024.0,
+            growth_tracker=0,
+            growth_interval=4,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            control_version=0,
+        )
         for step in range(first, last + 1)
-    ]  # fmt: skip
+    ]
 
 
 def _evaluator(store: Store, clock: Clock, changes: list[AlertRow], **batches: int) -> Evaluator:

@@ -7,9 +7,50 @@ from scaler.store.records import ParamFinding, StepRecord
 from tests.app.conftest import TestClient, add_run
 
 ROWS = [
-    StepRecord(1, 1700000000.5, 65536.0, False, False, (), 65536.0, 1, 2, 2.0, 0.5, 0, 3.5),
-    StepRecord(2, 1700000001.25, 65536.0, True, True, (0, 3), 32768.0, 0, 2, 2.0, 0.5, 0),
-    StepRecord(3, 1700000002.0, 32768.0, False, False, (), 32768.0, 1, 2, 2.0, 0.5, 1, 2.25),
+    StepRecord(
+        step=1,
+        wall_time=1700000000.5,
+        scale=65536.0,
+        overflow=False,
+        skipped=False,
+        inf_ranks=(),
+        scale_after=65536.0,
+        growth_tracker=1,
+        growth_interval=2,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        control_version=0,
+        loss=3.5,
+    ),
+    StepRecord(
+        step=2,
+        wall_time=1700000001.25,
+        scale=65536.0,
+        overflow=True,
+        skipped=True,
+        inf_ranks=(0, 3),
+        scale_after=32768.0,
+        growth_tracker=0,
+        growth_interval=2,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        control_version=0,
+    ),
+    StepRecord(
+        step=3,
+        wall_time=1700000002.0,
+        scale=32768.0,
+        overflow=False,
+        skipped=False,
+        inf_ranks=(),
+        scale_after=32768.0,
+        growth_tracker=1,
+        growth_interval=2,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        control_version=1,
+        loss=2.25,
+    ),
 ]
 
 # Step 2's findings: the overflows export's params column; its learning rates by group.

@@ -33,7 +33,7 @@ def test_reduced_payloads_outlive_their_step_until_newer_ones_replace_them(group
     param.grad = torch.ones_like(param)
     gs.scale(torch.ones(()))
     gs.unscale_(opt)
-    payload = weakref.ref(gs._per_optimizer_states[id(opt)]["payload"])
+    payload = weakref.ref(gs._agreement.payloads[id(opt)])
     gs.step(opt)
     gs.update()
     gs.flush()  # the recorder has read and dropped its reference too

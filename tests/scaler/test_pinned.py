@@ -7,7 +7,6 @@ import torch
 from _twin import INJECT, mlp, sgd, train
 
 import scaler
-from scaler._recording import pinned_rows as _pinned
 from scaler._recording.pinned_rows import PinnedRing, PinnedRings
 from scaler._recording.step_values import split_values
 
@@ -94,13 +93,8 @@ def test_a_cpu_row_takes_0d_values_and_holds_them_when_they_change() -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rows", [2, None], ids=["ring-full-often", "default-ring"])
-def test_rows_match_torch_when_the_ring_fills_up(
-    kind: str, rows: int | None, device: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_rows_match_torch_when_the_ring_fills_up(kind: str, rows: int | None, device: str) -> None:
     """A full ring falls back to a buffer of the step's own: no step is lost or misread."""
-    if rows is not None:
-        monkeypatch.setattr(_pinned, "MIN_ROWS", rows)
-        monkeypatch.setattr(_pinned, "MAX_ROWS", rows)
     kwargs = {"device": device, "init_scale": 2.0**10, "growth_interval": 2}
     if kind == "plain":
         theirs, ours = torch.amp.GradScaler(**kwargs), scaler.GradScaler(**kwargs, telemetry=False)
@@ -109,6 +103,7 @@ def test_rows_match_torch_when_the_ring_fills_up(
 
         theirs = TorchSharded(**kwargs)
         ours = scaler.ShardedGradScaler(**kwargs, telemetry=False)
+    ours._link.pinned = PinnedRings(rows=rows)
     traces = []
     for gs in (theirs, ours):
         model = mlp().to(device)

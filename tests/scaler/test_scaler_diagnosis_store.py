@@ -77,10 +77,22 @@ def test_findings_and_losses_are_stored_on_postgresql(postgres_url: str) -> None
 def _record(step: int, params: tuple[ParamFinding, ...] = ()) -> StepSample:
     return StepSample(
         StepRecord(
-            step, 0.0, 8.0, bool(params), bool(params), (0,) if params else (), 4.0, 0, 9, 2.0,
-            0.5, 0, loss=0.5, params=params,
+            step=step,
+            wall_time=0.0,
+            scale=8.0,
+            overflow=bool(params),
+            skipped=bool(params),
+            inf_ranks=(0,) if params else (),
+            scale_after=4.0,
+            growth_tracker=0,
+            growth_interval=9,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            control_version=0,
+            loss=0.5,
+            params=params,
         )
-    )  # fmt: skip
+    )
 
 
 def test_the_queue_keeps_findings_with_their_step() -> None:

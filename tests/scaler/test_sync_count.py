@@ -4,7 +4,7 @@ On a clean step ours reads no more than torch's; on an overflow step the diagnos
 at most ``DIAGNOSIS_READS``: which gradients (and the loss) hold inf/NaN, then their
 counts. On cpu the calls that bring a tensor's value to the host are counted (only on
 the training thread), but for the telemetry capture of a cpu step
-(``scaler._recording.pinned_rows.read_cpu``): a cpu tensor is memory, and reading it there is no
+(``scaler._recording.step_values.read_cpu``): a cpu tensor is memory, and reading it there is no
 sync; on cuda that capture is an asynchronous copy to pinned memory instead. On cuda
 torch's sync debug mode reports the synchronisations themselves.
 """
@@ -34,7 +34,7 @@ from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
 import scaler
-from scaler._recording.pinned_rows import read_cpu
+from scaler._recording.step_values import read_cpu
 
 HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy")
 STEPS = 10

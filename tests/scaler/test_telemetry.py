@@ -605,7 +605,20 @@ def test_a_failed_batch_dropped_after_newer_records_is_in_the_same_gap(
 
 def _sample(step: int) -> StepSample:
     return StepSample(
-        StepRecord(step, time.time(), 1024.0, False, False, (), 1024.0, step, 50, 2.0, 0.5, 0)
+        StepRecord(
+            step=step,
+            wall_time=time.time(),
+            scale=1024.0,
+            overflow=False,
+            skipped=False,
+            inf_ranks=(),
+            scale_after=1024.0,
+            growth_tracker=step,
+            growth_interval=50,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            control_version=0,
+        )
     )
 
 
@@ -741,14 +754,46 @@ def test_settings_are_per_writer_not_per_process(tmp_path: Path) -> None:
 
 
 def test_a_control_outcome_says_where_it_came_from() -> None:
-    code = ControlOutcome(ControlSource.CODE, None, {"growth_factor": 3.0}, True, None, {}, 1)
-    request = ControlOutcome(ControlSource.REQUEST, 7, {"scale": 8.0}, False, "no", {}, 1)
+    code = ControlOutcome(
+        source=ControlSource.CODE,
+        request_id=None,
+        values={"growth_factor": 3.0},
+        applied=True,
+        reason=None,
+        state={},
+        version=1,
+    )
+    request = ControlOutcome(
+        source=ControlSource.REQUEST,
+        request_id=7,
+        values={"scale": 8.0},
+        applied=False,
+        reason="no",
+        state={},
+        version=1,
+    )
     assert (code.source, code.request_id, str(code.source)) == (ControlSource.CODE, None, "code")
     assert (request.source, request.request_id) == (ControlSource.REQUEST, 7)
     with pytest.raises(ValueError, match="code change has request_id 0"):
-        ControlOutcome(ControlSource.CODE, 0, {"scale": 8.0}, True, None, {}, 1)
+        ControlOutcome(
+            source=ControlSource.CODE,
+            request_id=0,
+            values={"scale": 8.0},
+            applied=True,
+            reason=None,
+            state={},
+            version=1,
+        )
     with pytest.raises(ValueError, match="request change has request_id None"):
-        ControlOutcome(ControlSource.REQUEST, None, {"scale": 8.0}, True, None, {}, 1)
+        ControlOutcome(
+            source=ControlSource.REQUEST,
+            request_id=None,
+            values={"scale": 8.0},
+            applied=True,
+            reason=None,
+            state={},
+            version=1,
+        )
 
 
 # ------------------------------------------------------------ host-device syncs

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
+from _twin import make_pair
 
 import scaler
 from scaler import _torch_compat as compat
@@ -81,6 +82,30 @@ def test_our_fresh_per_optimizer_state_equals_torchs() -> None:
     assert ours._per_optimizer_states[7] == theirs._per_optimizer_states[7]
     sharded = scaler.ShardedGradScaler("cpu", telemetry=False)
     assert sharded._per_optimizer_states[7] == theirs._per_optimizer_states[7]
+
+
+@pytest.mark.parametrize("overflow", [False, True], ids=["clean", "overflow"])
+def test_torchs_per_optimizer_states_keep_torchs_keys_through_a_step(
+    kind: str, overflow: bool
+) -> None:
+    """Ours (the payload of the sharded class's all-reduce, its words read on the host) is
+    kept beside torch's per-optimizer dicts, never in them: what reads them finds torch's."""
+    seen = []
+    for gs in make_pair(kind, init_scale=4.0):
+        param = torch.nn.Parameter(torch.zeros(3))
+        opt = torch.optim.SGD([param], lr=0.1)
+        gs.scale(torch.ones(()))
+        param.grad = torch.full((3,), math.inf if overflow else 1.0)
+        keys = []
+        gs.unscale_(opt)
+        keys.append(sorted(gs._per_optimizer_states[id(opt)]))
+        gs.step(opt)
+        keys.append(sorted(gs._per_optimizer_states[id(opt)]))
+        seen.append(keys)
+        gs.update()
+        assert dict(gs._per_optimizer_states) == {}
+    assert seen[1] == seen[0]
+    assert seen[0][0] == ["found_inf_per_device", "stage"]
 
 
 def test_replicators_serve_the_master_per_device() -> None:

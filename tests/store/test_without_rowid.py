@@ -21,18 +21,18 @@ pytestmark = pytest.mark.sqlite_only
 def _records(count: int) -> list[StepRecord]:
     return [
         StepRecord(
-            step,
-            1_700_000_000.0 + step,
-            1024.0,
-            step % 7 == 0,
-            step % 7 == 0,
-            (0, 1) if step % 7 == 0 else (),
-            512.0 if step % 7 == 0 else 1024.0,
-            step % 5,
-            5,
-            2.0,
-            0.5,
-            0,
+            step=step,
+            wall_time=1_700_000_000.0 + step,
+            scale=1024.0,
+            overflow=step % 7 == 0,
+            skipped=step % 7 == 0,
+            inf_ranks=(0, 1) if step % 7 == 0 else (),
+            scale_after=512.0 if step % 7 == 0 else 1024.0,
+            growth_tracker=step % 5,
+            growth_interval=5,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            control_version=0,
         )
         for step in range(count)
     ]

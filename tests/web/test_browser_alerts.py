@@ -31,9 +31,21 @@ def _steps(first: int, last: int, *, low_from: int, skipped: range) -> list[Step
         scale = 0.5 if step > low_from else 1024.0
         after = 0.5 if step >= low_from else 1024.0
         records.append(
-            StepRecord(step, now, scale, step in skipped, step in skipped, (0,) * (step in skipped),
-                       after, 0, 2000, 2.0, 0.5, 0)
-        )  # fmt: skip
+            StepRecord(
+                step=step,
+                wall_time=now,
+                scale=scale,
+                overflow=step in skipped,
+                skipped=step in skipped,
+                inf_ranks=(0,) * (step in skipped),
+                scale_after=after,
+                growth_tracker=0,
+                growth_interval=2000,
+                growth_factor=2.0,
+                backoff_factor=0.5,
+                control_version=0,
+            )
+        )
     return records
 
 

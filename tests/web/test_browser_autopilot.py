@@ -68,10 +68,22 @@ def test_the_autopilot_of_a_run_that_ends_reads_as_ended_and_its_request_keeps_w
     run = runs.create_run(served.store, name="ending", world_size=1, config={}, control=state)
     interval = state["growth_interval"]
     records = [
-        StepRecord(step, 1_700_000_000.0 + step, 1024.0, False, False, (), 1024.0, 0,
-                   interval, 2.0, 0.5, 0)
+        StepRecord(
+            step=step,
+            wall_time=1_700_000_000.0 + step,
+            scale=1024.0,
+            overflow=False,
+            skipped=False,
+            inf_ranks=(),
+            scale_after=1024.0,
+            growth_tracker=0,
+            growth_interval=interval,
+            growth_factor=2.0,
+            backoff_factor=0.5,
+            control_version=0,
+        )
         for step in range(1, 21)
-    ]  # fmt: skip
+    ]
     runs.write_steps(served.store, run.id, records)
     set_autopilot(served.store, run.id, {"enabled": True, "target_skip_rate": 0.01})
     why = "skipped-step rate 5.00% over 500 steps"
