@@ -29,6 +29,11 @@ FINDINGS = {
 }
 
 
+def _lr(step: int) -> float | None:
+    """A warmup over 50 steps, then flat; not recorded on steps 240 to 249."""
+    return None if 240 <= step < 250 else 0.001 * min(1.0, step / 50)
+
+
 def _diagnosed_run(served: Served) -> int:
     """300 steps with a falling loss; overflows at 100 (backward: two parameters on two
     ranks) and 200 (forward: the loss on rank 1 was inf)."""
@@ -51,6 +56,7 @@ def _diagnosed_run(served: Served) -> int:
             loss_nonfinite_ranks=(1,) if step == 200 else (),
             params=FINDINGS.get(step, ()),
             params_omitted=4 if step == 200 else 0,
+            lr=_lr(step),
         )
         for step in range(1, 301)
     ]
@@ -140,4 +146,23 @@ def test_the_loss_is_drawn_and_the_ranking_follows_the_zoom(tab: Tab, served: Se
     zoomed.wait_for()
     assert zoomed.locator("tbody tr td.param-name").all_inner_texts() == [FC1]
     assert f"steps 150{DASH}250" in zoomed.inner_text()
+    assert tab.unexpected_errors() == []
+
+
+def test_the_learning_rate_is_a_panel_under_the_loss(tab: Tab, served: Served) -> None:
+    page = tab.page
+    run = _diagnosed_run(served)
+    page.goto(f"/run.html?run={run}")
+    page.wait_for_function("Number(document.getElementById('chart').dataset.points) > 0")
+    lr, layout = page.evaluate(
+        """(gd => [gd.data.find((t) => t.name === 'learning rate' && t.mode === 'lines'
+                                && !t.fill?.startsWith('tonext') && t.showlegend !== false),
+                   {lr: gd._fullLayout.yaxis5.domain, loss: gd._fullLayout.yaxis4.domain,
+                    drawn: gd.querySelectorAll('.y5tick').length}]
+        )(document.getElementById('chart'))"""
+    )
+    assert lr["yaxis"] == "y5"
+    assert lr["y"] == pytest.approx([_lr(step) for step in range(1, 301)])
+    assert layout["lr"][1] < layout["loss"][0]  # under the loss
+    assert layout["drawn"] > 0  # its axis has ticks on the page
     assert tab.unexpected_errors() == []
