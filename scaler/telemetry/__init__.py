@@ -63,6 +63,9 @@ class TelemetrySettings:
         poll_interval_s: how often the store is asked for pending control requests.
         retry_s: the pause after a failed write before the next try.
         close_failing_s: how long ``close()`` waits for records once the store fails.
+        heartbeat_s: how often an idle run tells the store it is alive (a run silent for
+            ``scaler.store.runs.HEARTBEAT_TIMEOUT_S`` reads as crashed); a batch of steps
+            counts as one.
     """
 
     store: str | Store | None = None
@@ -72,6 +75,7 @@ class TelemetrySettings:
     poll_interval_s: float = 0.2
     retry_s: float = 0.5
     close_failing_s: float = 5.0
+    heartbeat_s: float = store_runs.HEARTBEAT_INTERVAL_S
 
     def __post_init__(self) -> None:
         for name in ("max_pending", "batch"):
@@ -82,6 +86,10 @@ class TelemetrySettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+        beat = self.heartbeat_s
+        timeout = store_runs.HEARTBEAT_TIMEOUT_S
+        if isinstance(beat, bool) or not isinstance(beat, int | float) or not 0 < beat < timeout:
+            raise ValueError(f"heartbeat_s must be a number of seconds > 0 and < {timeout:g}")
 
 
 def _claim(uid: str | None) -> tuple[str, bool]:
@@ -141,6 +149,7 @@ class Telemetry:
             self._queue,
             coalesce_s=settings.coalesce_s,
             retry_s=settings.retry_s,
+            heartbeat_s=settings.heartbeat_s,
         )
         self._poller = Poller(self._writer, self._queue, inbox, interval_s=settings.poll_interval_s)
         self._closed = False

@@ -51,6 +51,7 @@ class Writer:
         *,
         coalesce_s: float,
         retry_s: float,
+        heartbeat_s: float,
     ) -> None:
         self._target = target
         self.store: Store | None = target if isinstance(target, Store) else None
@@ -60,6 +61,7 @@ class Writer:
         self._queue = queue
         self._coalesce_s = coalesce_s
         self._retry_s = retry_s
+        self._heartbeat_s = heartbeat_s
         self.run_id: int | None = None
         self.file_id: tuple[int, int] | None = None
         self.failing: str | None = None  # why the store is not taking writes, in one line
@@ -70,14 +72,14 @@ class Writer:
         queue = self._queue
         last_beat = 0.0
         while True:
-            queue.wait_for_work(store_runs.HEARTBEAT_INTERVAL_S / 2, self._coalesce_s)
+            queue.wait_for_work(self._heartbeat_s / 2, self._coalesce_s)
             stopping = self.stop.is_set()
             try:
                 if self._ensure_run():
                     if self._write_pending():  # a batch of steps sets the heartbeat too
                         last_beat = time.monotonic()
                     now = time.monotonic()
-                    if now - last_beat >= store_runs.HEARTBEAT_INTERVAL_S:
+                    if now - last_beat >= self._heartbeat_s:
                         assert self.store is not None and self.run_id is not None
                         store_runs.heartbeat(self.store, self.run_id)
                         last_beat = now

@@ -318,7 +318,6 @@ def test_step_writes_keep_the_heartbeat_and_an_idle_run_beats_on_its_own(
 ) -> None:
     """A batch of steps sets the heartbeat in its own transaction: no second one beside it."""
     interval = 1.0
-    monkeypatch.setattr(store_runs, "HEARTBEAT_INTERVAL_S", interval)
     beats: list[float] = []
     real_heartbeat = store_runs.heartbeat
 
@@ -330,7 +329,7 @@ def test_step_writes_keep_the_heartbeat_and_an_idle_run_beats_on_its_own(
     url = db_url(tmp_path / "sw.db")
     model = mlp()
     opt = sgd(model)[0]
-    with scaler.GradScaler("cpu", telemetry=url) as gs:
+    with scaler.GradScaler("cpu", telemetry=TelemetrySettings(url, heartbeat_s=interval)) as gs:
         began = time.time()
         step = 0
         while time.time() < began + 2.5 * interval:  # steps all along: a write every 0.2 s
@@ -874,3 +873,18 @@ def test_store_directory_removed_mid_run_is_noticed_and_recovered(
     assert stored == list(range(21, 61))
     assert status == "finished"
     assert sum("not taking writes" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("max_pending", 0, "max_pending must be an integer >= 1"),
+        ("batch", True, "batch must be an integer >= 1"),
+        ("coalesce_s", -1.0, "coalesce_s must be a number of seconds >= 0"),
+        ("heartbeat_s", 0.0, "heartbeat_s must be a number of seconds > 0 and < 15"),
+        ("heartbeat_s", 15.0, "heartbeat_s must be a number of seconds > 0 and < 15"),
+    ],
+)
+def test_settings_refuse_what_would_break_the_writer(field: str, value: Any, said: str) -> None:
+    with pytest.raises(ValueError, match=said):
+        TelemetrySettings(**{field: value})
