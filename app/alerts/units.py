@@ -22,8 +22,9 @@ class Unit(Enum):
     FLAG = "flag"
 
     def say(self, value: float) -> str:
-        if self is Unit.SHARE:
-            return f"{value * 100:.3g}%"
+        if self is Unit.SHARE:  # whole percents from 10% up: "64%", "8.1%", "0.5%"
+            percent = value * 100
+            return f"{percent:.0f}%" if percent >= 10 else f"{percent:.2g}%"
         if self is Unit.SECONDS:
             return _duration(value)
         if self in (Unit.COUNT, Unit.FLAG) and float(value).is_integer():

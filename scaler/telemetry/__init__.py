@@ -13,6 +13,7 @@ dropped and counted, then recorded as a gap once the store takes writes again.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -21,7 +22,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from .._control import ControlUpdate
@@ -36,6 +37,7 @@ from ._writer import RunSpec, Writer, one_line
 __all__ = ["Telemetry", "TelemetrySettings"]
 
 log = logging.getLogger("scaler.telemetry")
+_UNSET = object()  # a field a pickle does not hold
 
 # Runs that a Telemetry of this process writes: two writers would interleave one run's steps.
 # Process-wide: the two are a scaler and its copy (deepcopy, pickle, state_dict), which share
@@ -76,6 +78,12 @@ class TelemetrySettings:
     retry_s: float = 0.5
     close_failing_s: float = 5.0
     heartbeat_s: float = store_runs.HEARTBEAT_INTERVAL_S
+
+    def __setstate__(self, state: list[Any]) -> None:
+        """A pickle made before a field was added takes that field's default."""
+        values = itertools.chain(state, itertools.repeat(_UNSET))
+        for field, value in zip(fields(self), values, strict=False):
+            object.__setattr__(self, field.name, field.default if value is _UNSET else value)
 
     def __post_init__(self) -> None:
         for name in ("max_pending", "batch"):

@@ -184,7 +184,9 @@ def test_the_overflows_export_carries_the_parameters(client: TestClient, store: 
     text = client.get(f"/api/runs/{run}/export?what=overflows&format=csv").text
     rows = list(csv.DictReader(io.StringIO(text)))
 
-    assert text.splitlines()[0].endswith(",loss,loss_nonfinite_ranks,params_omitted,params")
+    assert text.splitlines()[0].endswith(
+        ",loss,loss_nonfinite_ranks,params_omitted,lr,lr_groups,params"
+    )
     assert [row["step"] for row in rows] == ["3", "6", "9"]
     assert [row["params"] for row in rows] == [
         f"0:{HEAD}:nan:3;1:{FC1}:inf:12",

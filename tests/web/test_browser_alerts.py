@@ -82,7 +82,7 @@ def test_firing_alerts_show_in_a_banner_and_every_alert_on_the_chart_and_the_run
     banner.wait_for()
     assert page.locator("#alerts-title").inner_text() == "1 alert firing"
     (line,) = page.locator("#alerts-firing li").all_inner_texts()
-    assert line == "scale_below (scale_below) since step 30: value 0.5, threshold 1"
+    assert line == "scale_below (scale_below) since step 30: scale 0.5 (threshold 1)"
     page.wait_for_function("document.getElementById('chart').dataset.alertMarkers === '2'")
     bands = page.evaluate(
         """() => document.getElementById('chart').layout.shapes
