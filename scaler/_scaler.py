@@ -168,6 +168,7 @@ class Instrumented(_Base):
             )
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
+        self._seen(optimizer)
         inv_scale = self._link.inverse_of(scale)
         found_inf = torch.full(self._FOUND_SHAPE, 0.0, dtype=torch.float32, device=scale.device)
         try:
@@ -183,7 +184,8 @@ class Instrumented(_Base):
         self._unscaled(optimizer, state)
 
     def _seen(self, optimizer: torch.optim.Optimizer) -> None:
-        """``optimizer`` is unscaled or checked, once a step on every path, before it steps."""
+        """``optimizer`` is unscaled (``unscale_``) or checked (``_check_inf_per_device``, a
+        fused optimizer's path): once a step on every path, before it steps."""
         self._link.rates.append(group_rates(optimizer))
 
     def _unscaled(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
@@ -191,6 +193,7 @@ class Instrumented(_Base):
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         self._diagnoser.optimizers.append(optimizer)  # the fused path: no _maybe_opt_step
+        self._seen(optimizer)
         return super()._check_inf_per_device(optimizer)
 
     def _maybe_opt_step(
@@ -276,8 +279,7 @@ class Instrumented(_Base):
         scale, tracker = self._scale, self._growth_tracker
         assert scale is not None and tracker is not None
         link = self._link
-        lr, lr_groups = step_rates(link.rates)
-        link.rates.clear()
+        rates, link.rates = link.rates, []  # this step's: read only if a snapshot is kept
         stepped = stepped_count > 0
         recorder = link.recorder
         # No sink reads a cpu step's record: counted as it comes, with no snapshot kept.
@@ -299,6 +301,7 @@ class Instrumented(_Base):
         if inline and values is not None:
             self._fold(values.scale, values.found > 0, stepped, scale_set)
             return
+        lr, lr_groups = step_rates(rates)
         snapshot = make(Snapshot)  # every step: see recorder.make
         Snapshot.__init__(
             snapshot,

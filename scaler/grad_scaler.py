@@ -93,7 +93,6 @@ class GradScaler(Instrumented, TorchGradScaler):
         found_inf: torch.Tensor,
         allow_fp16: bool,
     ) -> dict[torch.device, torch.Tensor]:
-        self._seen(optimizer)
         return unscale_grads(optimizer, inv_scale, found_inf, allow_fp16)
 
     def _torch_update(

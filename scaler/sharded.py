@@ -114,7 +114,6 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         # torch's needs the scale only where no gradient names a device, as here.
         fallback = None if self._scale is None else self._scale.device
         self._diagnoser.optimizers.append(optimizer)
-        self._seen(optimizer)
         found = unscale_local_grads(optimizer, inv_scale, found_inf, allow_fp16, fallback)
         if not found:
             raise AssertionError("Expected _scale to be initialized, got None")
