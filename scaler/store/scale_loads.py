@@ -16,13 +16,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, Integer, cast, func, select
 
 from scaler.store.engine import Store
 from scaler.store.errors import RunNotFound
 from scaler.store.schema import runs, scale_loads, steps
 
-__all__ = ["ScaleLoad", "ScaleLoadRow", "record_scale_load", "scale_loads_of"]
+__all__ = ["ScaleLoad", "ScaleLoadRow", "load_counts", "record_scale_load", "scale_loads_of"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,3 +122,12 @@ def scale_loads_of(store: Store, run_id: int) -> list[ScaleLoadRow]:
             )
             for row in conn.execute(query)
         ]
+
+
+def load_counts(store: Store, run_id: int) -> tuple[int, int]:
+    """(loads, jumps among them) of run ``run_id``."""
+    jumps = func.coalesce(func.sum(cast(scale_loads.c.jump, Integer)), 0)
+    query = select(func.count(), jumps).where(scale_loads.c.run_id == run_id)
+    with store.read() as conn:
+        loads, jumped = conn.execute(query).one()
+    return int(loads), int(jumped)
