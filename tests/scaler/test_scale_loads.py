@@ -8,6 +8,9 @@ rank's). A load before any step of a run of its own records nothing.
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,7 @@ from torch import nn
 import scaler
 from scaler.store import open_store
 from scaler.store.scale_loads import ScaleLoadRow, scale_loads_of
-from scaler.store.schema import steps
+from scaler.store.schema import runs, steps
 
 
 def _url(tmp_path: Path) -> str:
@@ -192,6 +195,61 @@ def test_a_scaler_without_telemetry_records_nothing_and_loads_as_before(tmp_path
     reference.load_state_dict({k: v for k, v in state.items() if k != "scalewatch"})
     assert gs.get_scale() == reference.get_scale() == 4.0
     assert gs._link.telemetry is None and gs._link.pending_load is None
+
+
+# ------------------------------------------------------------ a job resumed in a new process
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = """
+import sys, torch, scaler
+from torch import nn
+url, checkpoint, phase = sys.argv[1:]
+torch.manual_seed(0)
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+gs = scaler.GradScaler("cpu", growth_interval=1, telemetry=url)
+if phase == "resume":
+    gs.load_state_dict(torch.load(checkpoint))
+for step in range(gs.steps + 1, gs.steps + 9 if phase == "first" else gs.steps + 3):
+    opt.zero_grad()
+    gs.scale(model(torch.randn(6, 4)).pow(2).mean()).backward()
+    gs.step(opt)
+    gs.update()
+    if phase == "first" and step == 4:
+        torch.save(gs.state_dict(), checkpoint)
+print(gs.run_uid, gs.get_scale())
+"""
+
+
+def _job(url: str, checkpoint: Path, phase: str) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", JOB, url, str(checkpoint), phase],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"},
+        check=True,
+    )
+    return done.stdout.split()
+
+
+def test_a_job_resumed_from_an_older_checkpoint_records_the_jump(tmp_path: Path) -> None:
+    """The job ran to step 8 (the scale growing at every clean step) and saved the state of
+    step 4; the next job loads it, in a process of its own."""
+    url, checkpoint = _url(tmp_path), tmp_path / "scaler.pt"
+    uid, at_eight = _job(url, checkpoint, "first")
+    saved = torch.load(checkpoint)["scale"]
+    assert _job(url, checkpoint, "resume")[0] == uid  # the same run, continued
+    with open_store(url) as store:
+        (run,) = [r for r in _runs(store) if r["uid"] == uid]
+        (load,) = scale_loads_of(store, run["id"])
+    assert (load.step, load.from_step, load.jump) == (4, 8, True)
+    assert (load.scale_before, load.scale_after) == (float(at_eight), saved)
+
+
+def _runs(store: Any) -> list[dict[str, Any]]:
+    with store.read() as conn:
+        return [dict(row._mapping) for row in conn.execute(select(runs))]
 
 
 # ------------------------------------------------------------ 2 ranks, one event
