@@ -385,12 +385,13 @@ export class RunChart {
       y1: 1,
       line: m.jump ? { color: "#d1242f", width: 2 } : { color: "rgba(101,109,118,0.55)", width: 1, dash: "dot" },
     }));
-    const labels = thinLabels(this.loadMarks, this.xRange(), this.plotWidth()).map((m) => ({
+    const [x0, x1] = this.xRange();
+    const labels = thinLabels(this.loadMarks, [x0, x1], this.plotWidth()).map((m) => ({
       xref: "x",
       yref: "y domain",
       x: m.step,
       y: 0,
-      xanchor: "left",
+      xanchor: m.step > x0 + 0.85 * (x1 - x0) ? "right" : "left", // near the right edge: inside it
       yanchor: "bottom",
       text: m.jump ? "⇅ scale loaded" : "loaded",
       hovertext: m.text,
