@@ -29,6 +29,8 @@ __all__ = [
     "RunDetail",
     "RunList",
     "RunSummary",
+    "ScaleLoadItem",
+    "ScaleLoadList",
     "SeriesColumns",
     "Step",
     "StepSeries",
@@ -72,6 +74,10 @@ class RunDetail(RunSummary):
     torch_version: str
     host: str
     pid: int
+    scale_loads: int = Field(
+        0, description="loads of a scaler's state into the run once it had steps"
+    )
+    scale_jumps: int = Field(0, description="those whose scale differs from the last recorded one")
 
 
 class SeriesColumns(BaseModel):
@@ -161,6 +167,23 @@ class ParamRanking(BaseModel):
     overflows: int = Field(description="overflow steps in the window")
     params_omitted: int = Field(description="findings of those steps that were not kept")
     params: list[ParamOverflows] = Field(description="most overflow steps first")
+
+
+class ScaleLoadItem(BaseModel):
+    """A load of a scaler's state (``load_state_dict``, ``load_checkpoint``) into the run
+    once it had steps."""
+
+    step: int = Field(description="the step count loaded: the run's next step is step + 1")
+    from_step: int = Field(description="the run's last step when it was loaded")
+    scale_before: float = Field(description="the run's last recorded scale")
+    scale_after: float = Field(description="the scale loaded")
+    jump: bool = Field(description="whether the loaded scale differs from the one before")
+    at: float = Field(description="when it was loaded (seconds since the epoch)")
+
+
+class ScaleLoadList(BaseModel):
+    run: int
+    items: list[ScaleLoadItem] = Field(description="oldest first")
 
 
 class OverflowPage(BaseModel):

@@ -32,7 +32,7 @@ from ._recording import RunLink
 from ._recording.learning_rates import group_rates, step_rates
 from ._recording.recorder import Snapshot, make
 from ._recording.step_values import Captured, read_cpu
-from ._state import STATE_KEY, checkpoint_state_dict, our_state
+from ._state import STATE_KEY, checkpoint_state_dict, note_load, our_state
 from ._torch_compat import (
     OptState,
     _refresh_per_optimizer_state,
@@ -344,6 +344,7 @@ class Instrumented(_Base):
         from .telemetry import Telemetry
 
         extras = self._extras
+        load, self._link.pending_load = self._link.pending_load, None
         telemetry = self._link.telemetry = Telemetry(
             None if option is None or option is True else option,
             name=self._run_name,
@@ -352,6 +353,7 @@ class Instrumented(_Base):
             control=_changes.current(self, extras).as_dict(),
             inbox=self._link.inbox,
             uid=self._run_uid,
+            scale_load=load,
         )
         self._run_uid = telemetry.uid
         return telemetry.submit
@@ -411,7 +413,21 @@ class Instrumented(_Base):
         """Loads torch's dicts and ours: ours continue their run and its step count, a torch
         dict starts a new run. Steps already recorded of another run stay in that one,
         which is finished first.
+
+        A load into a run that has steps is recorded in it, on the reporting rank: the step
+        count loaded, the scale before and after, and whether the scale jumped (the loaded
+        scale differs from the run's last recorded one): ``GET /api/runs/{id}/scale-loads``.
+        A new process that loads a run's state before its first step records it too, the
+        scale before being the run's last stored one. A dict of torch's starts a run of its
+        own, whose first scale is the loaded one: no event.
         """
+        link = self._link
+        telemetry = link.telemetry
+        before = None
+        if self._enabled and telemetry is not None and not telemetry.closed:
+            # This run records steps: its scale before, read as torch's state_dict() reads
+            # it (a sync on cuda; a load is no step of the training loop).
+            before = (self.get_scale(), self._step_count)
         super().load_state_dict(state_dict)
         if not self._enabled:
             return
@@ -427,7 +443,8 @@ class Instrumented(_Base):
             self._extras.load(extras)
             self._control_version = int(extras.get("control_version", 0))
         _changes.clamp_scale(self, self._extras)
-        self._link.scale_host = self._extras.clamped(float(state_dict["scale"]))
+        scale = link.scale_host = self._extras.clamped(float(state_dict["scale"]))
+        note_load(link, before, scale, self._step_count, self._run_uid)
 
     def checkpoint(self) -> ScalerCheckpoint:
         """A typed ``state_dict()``. Reads the scale: a CPU-GPU sync."""

@@ -1,17 +1,25 @@
-"""A scaler's own state beside torch's: what ``state_dict()`` adds, and a checkpoint's dict.
+"""A scaler's own state beside torch's: what ``state_dict()`` adds, a checkpoint's dict, and
+the note a load leaves in its run.
 
 Runs on the training thread of every rank. ``state_dict()`` is torch's five entries and
 ``"scalewatch"`` (``STATE_KEY``: the extras, the step count, the run); a dict of torch's
 loads too, and starts a new run. A copy of a scaler (pickle, deepcopy) leaves its
 transient parts behind and makes them anew.
+
+A load into a run that has steps is recorded in it (``note_load``): the step, the scale
+before and after, and whether the scale jumped. Only the reporting rank records it: the
+others have no telemetry.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ._extras import Extras
+from ._recording import RunLink
 from .stats import ScalerCheckpoint
+from .store.scale_loads import ScaleLoad
 
 STATE_KEY = "scalewatch"
 # What a checkpoint's STATE_KEY entry holds (the rest of it is torch's entries).
@@ -52,3 +60,26 @@ def checkpoint_state_dict(checkpoint: ScalerCheckpoint) -> dict[str, Any]:
         "_growth_tracker": checkpoint.growth_tracker,
         STATE_KEY: {key: data[key] for key in _CHECKPOINT_KEYS},
     }
+
+
+def note_load(
+    link: RunLink, before: tuple[float, int] | None, scale: float, step: int, run_uid: str | None
+) -> None:
+    """Record a load of the scaler's state that left it at ``scale`` and step count ``step``.
+
+    ``before``: (scale, step count) before the load, read where the load continues the run
+    that this scaler records (its telemetry still open); the event goes to that run's
+    writer at once. Otherwise a load that names a run (``run_uid``: a new process
+    resuming it) waits for the telemetry its first step opens, whose writer takes the
+    scale before from the run's last stored step. A load of torch's own dict starts a
+    run of its own: nothing to record.
+    """
+    at = time.time()
+    telemetry = link.telemetry
+    if before is not None and telemetry is not None and not telemetry.closed:
+        load = ScaleLoad(
+            step=step, at=at, scale_after=scale, scale_before=before[0], from_step=before[1]
+        )
+        telemetry.note_scale_load(load)
+    elif run_uid is not None:
+        link.pending_load = ScaleLoad(step=step, at=at, scale_after=scale)

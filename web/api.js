@@ -116,6 +116,7 @@ export const paths = {
   control: (id) => `api/runs/${enc(id)}/control`,
   autopilot: (id) => `api/runs/${enc(id)}/autopilot`,
   runAlerts: (id) => `api/runs/${enc(id)}/alerts`,
+  scaleLoads: (id) => `api/runs/${enc(id)}/scale-loads`,
   alerts: ({ state, limit } = {}) => {
     const query = new URLSearchParams();
     if (state) query.set("state", state);

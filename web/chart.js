@@ -48,6 +48,7 @@ export class RunChart {
     this.overflowSteps = new Set();
     this.markers = [];
     this.alertMarks = []; // alerts of the run: { id, rule, from, to, text }, see alerts.js
+    this.loadMarks = []; // loads of the scaler's state: { id, step, jump, text }, see scale_loads.js
     this.drawnMarkers = null; // what applyMarkers last drew, so that it redraws only a change
     this.scaleExtent = [Infinity, -Infinity]; // of the whole run drawn
     this.shown = null; // a zoomed view drawn, and its y ranges: { view, scales, tracker, rate }
@@ -357,8 +358,47 @@ export class RunChart {
     if (this.plotted) this.applyMarkers();
   }
 
+  // Loads of the scaler's state, as a line across the scale panel at the step loaded:
+  // solid orange where the scale jumped, dotted grey where it did not.
+  setLoadMarks(marks) {
+    const key = JSON.stringify(marks);
+    if (key === this.loadMarksKey) return;
+    this.loadMarksKey = key;
+    this.loadMarks = marks;
+    if (this.plotted) this.applyMarkers();
+  }
+
   hasMarkers() {
-    return this.markers.length > 0 || this.alertMarks.length > 0;
+    return this.markers.length > 0 || this.alertMarks.length > 0 || this.loadMarks.length > 0;
+  }
+
+  // The scale panel's lines and labels of the loads (see setLoadMarks).
+  loadShapes() {
+    const lines = this.loadMarks.map((m) => ({
+      type: "line",
+      name: `scale-load-${m.id}`,
+      xref: "x",
+      yref: "y domain",
+      x0: m.step,
+      x1: m.step,
+      y0: 0,
+      y1: 1,
+      line: m.jump ? { color: "#d1242f", width: 2 } : { color: "rgba(101,109,118,0.55)", width: 1, dash: "dot" },
+    }));
+    const [x0, x1] = this.xRange();
+    const labels = thinLabels(this.loadMarks, [x0, x1], this.plotWidth()).map((m) => ({
+      xref: "x",
+      yref: "y domain",
+      x: m.step,
+      y: 0,
+      xanchor: m.step > x0 + 0.85 * (x1 - x0) ? "right" : "left", // near the right edge: inside it
+      yanchor: "bottom",
+      text: m.jump ? "⇅ scale loaded" : "loaded",
+      hovertext: m.text,
+      showarrow: false,
+      font: { color: m.jump ? "#d1242f" : "#656d76", size: 11 },
+    }));
+    return { lines, labels };
   }
 
   applyMarkers() {
@@ -414,16 +454,19 @@ export class RunChart {
       showarrow: false,
       font: { color: "#6e40c9", size: 11 },
     }));
-    const key = JSON.stringify([shapes.length, annotations.map((a) => a.text), bands, alertLabels]);
+    const loads = this.loadShapes();
+    const key = JSON.stringify([shapes.length, annotations.map((a) => a.text), bands, alertLabels, loads]);
     if (key === this.drawnMarkers) return;
     this.drawnMarkers = key;
     Plotly.relayout(this.node, {
-      shapes: [...bands, ...shapes],
-      annotations: [...alertLabels, ...annotations],
+      shapes: [...bands, ...shapes, ...loads.lines],
+      annotations: [...alertLabels, ...annotations, ...loads.labels],
     });
     this.node.dataset.markers = String(shapes.length);
     this.node.dataset.labels = String(annotations.length);
     this.node.dataset.alertMarkers = String(bands.length);
+    this.node.dataset.scaleLoads = String(loads.lines.length);
+    this.node.dataset.scaleJumps = String(this.loadMarks.filter((m) => m.jump).length);
   }
 
   // The steps shown: Plotly writes the range it drew back into the layout.
@@ -432,7 +475,11 @@ export class RunChart {
     if (range && Number.isFinite(Number(range[0])) && Number.isFinite(Number(range[1]))) {
       return [Number(range[0]), Number(range[1])];
     }
-    const steps = [...this.markers.map((m) => m.step), ...this.alertMarks.map((a) => a.from)];
+    const steps = [
+      ...this.markers.map((m) => m.step),
+      ...this.alertMarks.map((a) => a.from),
+      ...this.loadMarks.map((m) => m.step),
+    ];
     return [Math.min(0, ...steps), Math.max(this.lastStep, ...steps)];
   }
 

@@ -7,6 +7,7 @@ import { AutopilotPanel } from "./autopilot.js";
 import { ControlPanel } from "./control.js";
 import { OverflowDetail, ParamsPanel } from "./diagnosis.js";
 import { LiveFacts } from "./facts.js";
+import { ScaleLoadsView } from "./scale_loads.js";
 import { controlFields } from "./rules.js";
 import { canWrite, showIdentity } from "./who.js";
 import {
@@ -73,10 +74,12 @@ function renderDetail(run, panel) {
   }
 }
 
-async function pollDetail(panel) {
+async function pollDetail(panel, loads) {
   try {
-    facts.setDetail(await getJSON(paths.run(runId)));
+    const run = await getJSON(paths.run(runId));
+    facts.setDetail(run);
     renderDetail(facts.current(), panel);
+    loads.onDetail(run);
     if (errorBox.dataset.source === "detail") showAlert(errorBox, "");
   } catch (error) {
     errorBox.dataset.source = "detail";
@@ -89,7 +92,7 @@ async function pollDetail(panel) {
     }
     reportError(new Error(`Could not load the run: ${error.message}`));
   }
-  setTimeout(() => pollDetail(panel), DETAIL_POLL_MS);
+  setTimeout(() => pollDetail(panel, loads), DETAIL_POLL_MS);
 }
 
 function throttle(fn, ms) {
@@ -216,7 +219,9 @@ async function main() {
     panel.setReadOnly(`Signed in as ${who.name}, a ${who.role}: only an operator or an admin changes runs.`);
     autopilot.setReadOnly();
   }
-  pollDetail(panel);
+  const loads = new ScaleLoadsView(runId, { onMarks: (marks) => chart.setLoadMarks(marks), onError: reportError });
+  loads.refresh();
+  pollDetail(panel, loads);
   new AlertsView(runId, { onMarks: (marks) => chart.setAlertMarkers(marks), onError: reportError }).poll();
   try {
     await Promise.all([chart.start(), panel.refresh(), autopilot.refresh()]);

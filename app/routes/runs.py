@@ -1,4 +1,4 @@
-"""Runs: the list, one run, its chart series and its overflows."""
+"""Runs: the list, one run, its chart series, its overflows and the loads of its scaler's state."""
 
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ from app.models import (
     RunDetail,
     RunList,
     RunSummary,
+    ScaleLoadItem,
+    ScaleLoadList,
     Step,
     StepSeries,
 )
-from scaler.store import diagnosis, queries
+from scaler.store import diagnosis, queries, scale_loads
 from scaler.store.engine import Store
 from scaler.store.queries import INT64_MAX, RunInfo
 
@@ -55,7 +57,9 @@ def list_runs(store: StoreDep) -> RunList:
 
 @router.get("/{run}", responses=NOT_FOUND)
 def get_run(store: StoreDep, run: RunId) -> RunDetail:
-    return RunDetail.model_validate(require_run(store, run), from_attributes=True)
+    detail = RunDetail.model_validate(require_run(store, run), from_attributes=True)
+    loads, jumps = scale_loads.load_counts(store, run)
+    return detail.model_copy(update={"scale_loads": loads, "scale_jumps": jumps})
 
 
 def chart_json(
@@ -112,3 +116,16 @@ def get_overflows(
     return OverflowPage(
         items=[OverflowItem.model_validate(item) for item in page.items], next=page.next
     )
+
+
+@router.get("/{run}/scale-loads", responses=NOT_FOUND)
+def get_scale_loads(store: StoreDep, run: RunId) -> ScaleLoadList:
+    """Each load of a scaler's state into the run once it had steps, oldest first: the
+    step count loaded, the step the run was at, the scale before and after, and
+    ``jump``, whether the loaded scale differs from the run's last recorded one (a resumed
+    job that restored another scale). A run that started from a checkpoint has none for
+    that load: its first scale is the loaded one."""
+    require_run_exists(store, run)
+    rows = scale_loads.scale_loads_of(store, run)
+    items = [ScaleLoadItem.model_validate(row, from_attributes=True) for row in rows]
+    return ScaleLoadList(run=run, items=items)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._control import ControlOutcome, ControlUpdate
 from ..stats import ScalerStats
+from ..store.scale_loads import ScaleLoad
 from .learning_rates import Rates
 from .pinned_rows import PinnedRings
 from .recorder import Recorder, Sink, Snapshot
@@ -56,6 +57,9 @@ class RunLink:
         self.inverse: tuple[torch.Tensor, int, torch.Tensor] | None = None
         self.rates: list[Rates] = []  # this step's learning rates, optimizer by optimizer
         self.skips = Skips()
+        # A load of the scaler's state for the telemetry that the next step opens (a run
+        # resumed by a scaler that has not stepped in it): see _state.note_load.
+        self.pending_load: ScaleLoad | None = None
 
     def inverse_of(self, scale: torch.Tensor) -> torch.Tensor:
         """``1 / scale`` as torch's unscale_ takes it (in float64, rounded once to float32:

@@ -1,6 +1,7 @@
 """The scalewatch store: SQLite through SQLAlchemy, schema through Alembic.
 
-The trainer writes runs and steps (:mod:`scaler.store.runs`); the service reads them
+The trainer writes runs and steps (:mod:`scaler.store.runs`) and the loads of its scaler's
+state (:mod:`scaler.store.scale_loads`); the service reads them
 (:mod:`scaler.store.queries`) and writes control requests (:mod:`scaler.store.control`)
 and the autopilot's state (:mod:`scaler.store.autopilot`).
 """

@@ -163,6 +163,23 @@ telemetry_gaps = Table(
     Column("reason", Text, nullable=False),
 )
 
+# A scaler's state loaded into a run that has steps (scaler.store.scale_loads): the step
+# the run continues from, the one it was at, the scale before and after, and whether the
+# scale jumped (the loaded scale differs from the run's last recorded one).
+scale_loads = Table(
+    "scale_loads",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("step", Integer, nullable=False),  # the loaded step count: the next is step + 1
+    Column("from_step", Integer, nullable=False),  # the run's last step at the load
+    Column("scale_before", Float, nullable=False),
+    Column("scale_after", Float, nullable=False),
+    Column("jump", Boolean, nullable=False),
+    Column("at", Float, nullable=False),
+    Index("ix_scale_loads_run_id_step", "run_id", "step"),
+)
+
 # One row per run whose autopilot was ever set (app/autopilot): its settings, its state,
 # and what it remembers between evaluations.
 autopilots = Table(

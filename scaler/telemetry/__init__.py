@@ -29,6 +29,7 @@ from .._control import ControlUpdate
 from .._recording.recorder import StepSample
 from ..store import runs as store_runs
 from ..store.engine import Store
+from ..store.scale_loads import ScaleLoad
 from ..store.states import RunStatus
 from ._poller import Poller
 from ._queue import RecordQueue
@@ -122,6 +123,8 @@ class Telemetry:
 
     ``target`` is a store URL, an open :class:`Store` (left open at the end), None for
     the default store, or :class:`TelemetrySettings` that name the store and the rest.
+    ``scale_load``: a load of the scaler's state made before this telemetry existed (a
+    new process resuming run ``uid``), recorded against the run's last stored step.
     """
 
     def __init__(
@@ -134,6 +137,7 @@ class Telemetry:
         control: Mapping[str, Any],
         inbox: deque[ControlUpdate],
         uid: str | None = None,
+        scale_load: ScaleLoad | None = None,
     ) -> None:
         # A run starts at or before its first step: a scaler makes its telemetry before it
         # takes the first step's wall time, and the writer creates the run after it.
@@ -159,6 +163,8 @@ class Telemetry:
             retry_s=settings.retry_s,
             heartbeat_s=settings.heartbeat_s,
         )
+        if scale_load is not None and resume:  # a run of its own has no steps before it
+            self._queue.put_load(scale_load)
         self._poller = Poller(self._writer, self._queue, inbox, interval_s=settings.poll_interval_s)
         self._closed = False
         self._writer.thread.start()
@@ -167,6 +173,10 @@ class Telemetry:
     def submit(self, samples: list[StepSample]) -> None:
         """Called by the recorder thread; never blocks on the store."""
         self._queue.put(samples)
+
+    def note_scale_load(self, load: ScaleLoad) -> None:
+        """Called by the training thread at a load of the scaler's state; never blocks."""
+        self._queue.put_load(load)
 
     @property
     def run_id(self) -> int | None:

@@ -1,4 +1,4 @@
-"""The writer's bounded queue: records and control outcomes waiting for the store.
+"""The writer's bounded queue: records, control outcomes and scale loads waiting for the store.
 
 The recorder thread puts, the writer thread takes; neither waits on the store. Past
 ``max_pending`` records the oldest are dropped, counted and kept as ranges of steps
@@ -15,6 +15,7 @@ from typing import Any
 from .._control import ControlOutcome
 from .._recording.recorder import StepSample
 from ..store.runs import finding_rows, step_values
+from ..store.scale_loads import ScaleLoad
 
 Gap = tuple[int, int, int]  # (first step, last step, records dropped): a whole range
 
@@ -49,7 +50,8 @@ class QueuedOutcome:
 
 
 class RecordQueue:
-    """Records as :func:`step_values` tuples, outcomes, and the gaps of records dropped;
+    """Records as :func:`step_values` tuples, outcomes, scale loads, and the gaps of records
+    dropped;
     and how the writer and those who wait for it meet, in these methods alone.
 
     ``lock`` guards everything here; ``_idle`` (on ``lock``) is notified after each pass
@@ -63,6 +65,7 @@ class RecordQueue:
         # Plain tuples, which the garbage collector stops tracking.
         self.records: deque[tuple[Any, ...]] = deque()
         self.outcomes: deque[QueuedOutcome] = deque()
+        self.loads: deque[ScaleLoad] = deque()  # a few a run: never dropped
         self.gaps: list[Gap] = []
         self.in_flight = 0
         self.dropped = 0
@@ -97,6 +100,12 @@ class RecordQueue:
     def put_outcome(self, outcome: QueuedOutcome) -> None:
         with self.lock:
             self.outcomes.append(outcome)
+        self._wake.set()
+
+    def put_load(self, load: ScaleLoad) -> None:
+        """A scale load the training thread noted; written before the records queued with it."""
+        with self.lock:
+            self.loads.append(load)
         self._wake.set()
 
     # ------------------------------------------------ the writer's side
@@ -176,6 +185,15 @@ class RecordQueue:
             self.records.extendleft(reversed(batch))
             self.gaps[:0] = gaps
 
+    def first_load(self) -> ScaleLoad | None:
+        """The oldest scale load not yet written, left queued until :meth:`load_written`."""
+        with self.lock:
+            return self.loads[0] if self.loads else None
+
+    def load_written(self) -> None:
+        with self.lock:
+            self.loads.popleft()
+
     def outcome_written(self) -> None:
         with self.lock:
             self.outcomes.popleft()
@@ -200,7 +218,7 @@ class RecordQueue:
 
     def _busy(self) -> bool:
         """Something is queued or being written; call with ``lock`` held."""
-        return bool(self.records or self.outcomes or self.gaps or self.in_flight)
+        return bool(self.records or self.outcomes or self.loads or self.gaps or self.in_flight)
 
     def _unwritten(self) -> int:
         """Records queued or being written; call with ``lock`` held."""

@@ -21,6 +21,7 @@ from sqlalchemy.exc import OperationalError, StatementError
 from .._control import ControlSource
 from ..store import control as store_control
 from ..store import runs as store_runs
+from ..store import scale_loads as store_scale_loads
 from ..store.engine import Store, open_store
 from ._queue import Gap, QueuedOutcome, RecordQueue, findings_of
 
@@ -131,6 +132,7 @@ class Writer:
         """Write what is queued; True if some steps were written."""
         store, run_id, queue = self.store, self.run_id, self._queue
         assert store is not None and run_id is not None
+        self._write_loads(store, run_id)
         wrote = False
         while True:
             batch, outcomes = queue.take()
@@ -149,6 +151,19 @@ class Writer:
                     queue.outcome_written()
             finally:
                 queue.written()
+
+    def _write_loads(self, store: Store, run_id: int) -> None:
+        """Record the scale loads queued. Before the steps queued with them: a load with no
+        scale before it (a new process resuming the run) takes the last one stored."""
+        queue = self._queue
+        while (load := queue.first_load()) is not None:
+            try:
+                store_scale_loads.record_scale_load(store, run_id, load)
+            except OperationalError:
+                raise  # the store is down: it stays queued
+            except Exception as error:
+                log.warning("scalewatch: scale load not recorded: %s", one_line(error))
+            queue.load_written()
 
     def _write_steps(self, store: Store, run_id: int, batch: list[tuple[Any, ...]]) -> None:
         gaps: list[Gap] = []

@@ -32,6 +32,7 @@ TABLES = {
     "identity_events",
     "autopilots",
     "alerts",
+    "scale_loads",
 }
 
 
