@@ -239,7 +239,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         and s["gaps"] == 0
         and s["first"] == first
         and s["last"] == last_step
-        and s["events"] == last_step - first + 1
+        and s["events"] + s["coalesced"] == last_step - first + 1
         for s in streams
     )
     latencies = chart["latencies"]
@@ -265,6 +265,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         "streams_not_whole_sample": broken[:3],
         "sse_clients": len(streams),
         "sse_events": sum(s["events"] for s in streams),
+        "sse_coalesced": sum(s["coalesced"] for s in streams),
         "sse_lag_p50_ms": 1000 * statistics.median(lags) if lags else None,
         "sse_lag_p99_ms": 1000 * percentile(lags, 0.99) if lags else None,
         "chart_requests": len(latencies),
