@@ -150,6 +150,7 @@ async function openStream(chart, panel, after) {
   // The service was too busy to send every step live: it skipped to the newest.
   stream.addEventListener("coalesced", (event) => {
     chart.addCoalesced(JSON.parse(event.data));
+    live.dataset.coalesced = String(chart.coalesced);
     setLive("live", `live · busy: ${chart.coalesced} steps drawn from the store, not live`);
   });
   stream.addEventListener("end", (event) => {
