@@ -54,6 +54,14 @@ class Settings(BaseSettings):
     stream_buffered_steps: int = Field(default=50_000, gt=0)
     stream_behind_page: int = Field(default=5000, gt=0)
     stream_behind_pages: int = Field(default=8, gt=0)
+    # Seconds a live stream may fall behind the steps it has been sent: one further behind
+    # (a busy machine, a slow client) skips to the newest steps with an ``event: coalesced``
+    # that names the steps it left out (the store keeps them; the chart reads them back).
+    stream_max_lag_s: float = Field(default=2.0, gt=0)
+    # Seconds a chart request waits for a free query slot before it is answered 503 with
+    # Retry-After (the dashboard then asks for coarser buckets): a busy service answers
+    # fast rather than queueing requests for tens of seconds.
+    chart_wait_s: float = Field(default=1.0, gt=0)
     # Seconds between two evaluations of the runs whose autopilot is on.
     autopilot_interval_s: float = Field(default=2.0, gt=0)
     # The alert rules file (``serve --alerts``); None: the default rules, no webhooks.

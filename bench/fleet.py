@@ -32,6 +32,7 @@ from sqlalchemy import func, select
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+from _cpu import CpuSplit, QuerySampler, shares  # noqa: E402
 from _figures import figure  # noqa: E402
 
 from scaler.store.engine import open_store  # noqa: E402
@@ -204,6 +205,14 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
     _wait_streams_open(sse)
     server0, (busy0, total0) = cpu_seconds(server_pid), machine_busy()
     load_before = os.getloadavg()[0]
+    parts: dict[int, str] = {server_pid: "service", os.getpid(): "bench clients"}
+    parts[sse.pid] = "bench clients"
+
+    def component(pid: int, name: str) -> str | None:
+        return parts.get(pid) or ("PostgreSQL" if name == "postgres" else None)
+
+    split = CpuSplit(component).__enter__()
+    queries = QuerySampler(url).__enter__() if url.startswith("postgresql") else None
     charts = _spawn(
         [
             "-m",
@@ -218,10 +227,15 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         ]
     )
     writers = _writers(url, runs, first, args, args.seconds)
+    parts[charts.pid] = "bench clients"
+    parts.update((p.pid, "writers") for p in writers)
     try:
         loaded = _merge([_result(p, args.seconds + 120) for p in writers])
         server_cpu = cpu_seconds(server_pid) - server0
         busy1, total1 = machine_busy()
+        split.__exit__()
+        if queries is not None:
+            queries.__exit__()
         chart = _result(charts, CHART_TIMEOUT_S + 60)
         streams = _result(sse, CATCH_UP_S + 60)["clients"]
     finally:
@@ -239,7 +253,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         and s["gaps"] == 0
         and s["first"] == first
         and s["last"] == last_step
-        and s["events"] == last_step - first + 1
+        and s["events"] + s["coalesced"] == last_step - first + 1
         for s in streams
     )
     latencies = chart["latencies"]
@@ -265,6 +279,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         "streams_not_whole_sample": broken[:3],
         "sse_clients": len(streams),
         "sse_events": sum(s["events"] for s in streams),
+        "sse_coalesced": sum(s["coalesced"] for s in streams),
         "sse_lag_p50_ms": 1000 * statistics.median(lags) if lags else None,
         "sse_lag_p99_ms": 1000 * percentile(lags, 0.99) if lags else None,
         "chart_requests": len(latencies),
@@ -272,6 +287,10 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         "chart_errors": chart["errors"][:5],
         "chart_p50_ms": 1000 * statistics.median(latencies) if latencies else None,
         "chart_p99_ms": 1000 * percentile(latencies, 0.99) if latencies else None,
+        "cpu_cores_by_component": split.cores(),
+        "postgres_active_queries": (
+            {"samples": queries.samples, "shares": shares(queries.counts)} if queries else None
+        ),
         "cpu_s_server": server_cpu,
         "machine_busy_share": (busy1 - busy0) / (total1 - total0),
         "load_average_before": load_before,
@@ -325,6 +344,13 @@ def report(f: dict[str, Any], backend: str) -> bool:
     )
     for row in table:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+    split = ", ".join(f"{name} {cores:.2f}" for name, cores in f["cpu_cores_by_component"].items())
+    print(f"CPU by component (cores, over the loaded phase; {os.cpu_count()} in all): {split}")
+    active = f["postgres_active_queries"]
+    if active:
+        print(f"PostgreSQL's active queries ({active['samples']} samples of pg_stat_activity):")
+        for gist, share in active["shares"]:
+            print(f"  {share:5.0%}  {gist}")
     for name, value, goal, ok, baseline in rows:
         figure(f"fleet ({backend}, {load}): {name}", value, goal, ok, baseline)
     return all(ok for *_, ok, _ in rows)

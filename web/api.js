@@ -2,11 +2,23 @@
 // dashboard also works behind a reverse proxy under a prefix.
 
 export class ApiError extends Error {
-  constructor(status, detail) {
+  constructor(status, detail, retryAfter = null) {
     super(typeof detail === "string" ? detail : `HTTP ${status}`);
     this.status = status;
     this.detail = detail;
+    this.retryAfter = retryAfter; // seconds, where the service said when to ask again
   }
+}
+
+// A Retry-After header's seconds (a date or nothing: null).
+export function retryAfterSeconds(value) {
+  return value !== null && /^[0-9]+$/.test(value.trim()) ? Number(value) : null;
+}
+
+// The service's answer when no chart query could start in time (a store that cannot be
+// used is a 503 too, which is reported, not retried).
+export function isBusy(error) {
+  return error.status === 503 && error.retryAfter !== null && String(error.detail).startsWith("busy");
 }
 
 async function readDetail(response) {
@@ -46,7 +58,10 @@ function readHeaders() {
 
 export async function getJSON(url, { signal } = {}) {
   const response = await fetch(url, { signal, headers: readHeaders() });
-  if (!response.ok) throw new ApiError(response.status, await readDetail(response));
+  if (!response.ok) {
+    const retryAfter = retryAfterSeconds(response.headers.get("Retry-After"));
+    throw new ApiError(response.status, await readDetail(response), retryAfter);
+  }
   return response.json();
 }
 

@@ -3,7 +3,7 @@
 // /steps (min, max, last per bucket, so no spike is ever averaged away); live
 // steps are appended with Plotly.extendTraces; zoom re-queries finer buckets.
 
-import { getJSON, paths } from "./api.js";
+import { getJSON, isBusy, paths } from "./api.js";
 import {
   AUTORANGE_Y,
   LINE_TRACES,
@@ -28,6 +28,7 @@ const FLUSH_MS = 100;
 const COMPACT_AFTER = 5000; // live points appended before the whole run is re-bucketed
 const OVERFLOW_PAGE = 1000;
 const BEFORE_POINTS = 1000; // buckets of the steps before a zoomed view, for its rolling rate
+const MAX_COARSEN = 16; // a busy service is asked for at most 16 times fewer buckets
 
 export class RunChart {
   constructor(node, runId, { onInfo, onError, onOverflow, onLiveOverflow } = {}) {
@@ -55,6 +56,8 @@ export class RunChart {
     this.plotted = false;
     this.requeryTimer = null;
     this.flushTimer = null;
+    this.coarsen = 1; // > 1 while the service is busy: buckets asked for, divided by this
+    this.coalesced = 0; // live steps the stream left out while busy (read back as buckets)
   }
 
   async start() {
@@ -89,8 +92,9 @@ export class RunChart {
     if (range) this.setView([Math.max(0, Math.floor(range[0])), Math.ceil(range[1])]);
   }
 
-  setView(view) {
+  setView(view, { keepCoarse = false } = {}) {
     this.view = view;
+    if (!keepCoarse) this.coarsen = 1;
     clearTimeout(this.requeryTimer);
     this.requeryTimer = setTimeout(() => {
       this.loadBuckets().catch((error) => this.onError(error));
@@ -98,7 +102,26 @@ export class RunChart {
   }
 
   maxPoints() {
-    return Math.min(4000, Math.max(100, Math.round(this.node.clientWidth || 1000)));
+    const full = Math.min(4000, Math.max(100, Math.round(this.node.clientWidth || 1000)));
+    return Math.max(2, Math.round(full / this.coarsen));
+  }
+
+  // The service was too busy to start the query (503): ask again when it says, for
+  // coarser buckets (fewer rows to read), and say so.
+  retryCoarser(error) {
+    this.coarsen = Math.min(this.coarsen * 4, MAX_COARSEN);
+    this.onInfo({ bucketWidth: this.bucketWidth, view: this.view, busy: true, coarse: this.coarsen > 1 });
+    clearTimeout(this.requeryTimer);
+    this.requeryTimer = setTimeout(() => {
+      this.loadBuckets().catch((failure) => this.onError(failure));
+    }, 1000 * Math.max(1, error.retryAfter));
+  }
+
+  // The live stream skipped steps while the service was busy (they are in the store):
+  // the view is read again, as buckets, so the gap is drawn.
+  addCoalesced(gap) {
+    this.coalesced += Math.max(0, gap.to - gap.after);
+    this.setView(this.view, { keepCoarse: true });
   }
 
   async loadBuckets() {
@@ -119,7 +142,8 @@ export class RunChart {
       if (controller.signal.aborted) return;
       await this.drawBuckets(body, before);
     } catch (error) {
-      if (error.name !== "AbortError") throw error;
+      if (isBusy(error)) this.retryCoarser(error);
+      else if (error.name !== "AbortError") throw error;
     } finally {
       if (this.loading === controller) this.loading = null;
     }
@@ -185,7 +209,12 @@ export class RunChart {
     this.node.dataset.view = this.view ? this.view.join("-") : "all";
     this.node.dataset.bucketWidth = String(this.bucketWidth);
     this.updateCounts();
-    this.onInfo({ bucketWidth: this.bucketWidth, view: this.view, points: cols.x.length });
+    this.onInfo({
+      bucketWidth: this.bucketWidth,
+      view: this.view,
+      points: cols.x.length,
+      coarse: this.coarsen > 1,
+    });
     if (this.hasMarkers()) this.applyMarkers(); // labels thinned for the range now shown
   }
 

@@ -150,6 +150,12 @@ async function openStream(chart, panel, after) {
     if (facts.current()) renderDetail(facts.current(), panel);
   });
   stream.addEventListener("control", (event) => panel.onEvent(JSON.parse(event.data)));
+  // The service was too busy to send every step live: it skipped to the newest.
+  stream.addEventListener("coalesced", (event) => {
+    chart.addCoalesced(JSON.parse(event.data));
+    live.dataset.coalesced = String(chart.coalesced);
+    setLive("live", `live · busy: ${chart.coalesced} steps drawn from the store, not live`);
+  });
   stream.addEventListener("end", (event) => {
     stream.close();
     let status = "";
@@ -198,10 +204,12 @@ async function main() {
   const ranked = new ParamsPanel(runId, document.getElementById("params-panel"));
   const chart = new RunChart(chartNode, runId, {
     onError: reportError,
-    onInfo: ({ bucketWidth, view }) => {
+    onInfo: ({ bucketWidth, view, busy, coarse }) => {
       const range = view ? `steps ${view[0]}–${view[1]}` : "whole run";
-      setText(info, `${range} · ${bucketWidth === 1 ? "every step" : `buckets of ${bucketWidth} steps`}`);
-      ranked.refresh(view).catch(reportError);
+      const buckets = bucketWidth === 1 ? "every step" : `buckets of ${bucketWidth} steps`;
+      info.dataset.busy = coarse ? "1" : "";
+      setText(info, `${range} · ${buckets}${coarse ? " · busy, showing coarser data" : ""}`);
+      if (!busy) ranked.refresh(view).catch(reportError);
     },
     onOverflow: (step) => detail.show(step),
     onLiveOverflow: throttle(() => ranked.refresh().catch(reportError), PARAMS_REFRESH_MS),

@@ -11,14 +11,16 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
-from app.live.sse import sse_event, step_events
+from app.live.sse import coalesced_event, sse_event, step_events
 from app.models import ControlRequestOut
 from app.settings import Settings
 from scaler.store import notify, queries
@@ -45,6 +47,7 @@ class Pacing:
     buffered_steps: int  # step events kept for streams a little behind
     behind_page: int  # steps of an aligned page, for streams further behind
     behind_pages: int  # such pages kept, most recently used
+    max_lag_s: float  # a live stream further behind skips to the newest steps
 
     @classmethod
     def of(cls, settings: Settings) -> Pacing:
@@ -54,19 +57,30 @@ class Pacing:
             buffered_steps=settings.stream_buffered_steps,
             behind_page=settings.stream_behind_page,
             behind_pages=settings.stream_behind_pages,
+            max_lag_s=settings.stream_max_lag_s,
         )
 
 
 class Chunk:
     """The ``event: step`` events of some consecutive steps, encoded once, as one ``bytes``
-    that every stream of the run writes as it is."""
+    that every stream of the run writes as it is; or the ``event: coalesced`` of steps
+    the hub skipped (:meth:`gap`). ``read_at``: when it was read (``time.monotonic()``,
+    the event loop's clock)."""
 
-    __slots__ = ("data", "steps")
+    __slots__ = ("data", "read_at", "steps")
 
     def __init__(self, rows: Sequence[Sequence[Any]]) -> None:
         self.steps = [row[0] for row in rows]
         # JSON is ASCII here (ensure_ascii): one character, one byte.
         self.data = step_events(rows).encode("ascii")
+        self.read_at = time.monotonic()
+
+    @classmethod
+    def gap(cls, after: int, to: int) -> Chunk:
+        """The steps after ``after`` up to ``to``, left out: one marker event."""
+        chunk = cls(())
+        chunk.steps, chunk.data = [to], coalesced_event(after, to)
+        return chunk
 
     def after(self, step: int) -> bytes:
         """The events of the steps after ``step``."""
@@ -85,24 +99,38 @@ def _control_marks(store: Store, run_id: int) -> dict[int, tuple[str, Any]]:
 
 
 def _read_new(
-    store: Store, run_id: int, after: int, *, status: str | None = None
+    store: Store,
+    run_id: int,
+    after: int,
+    *,
+    status: str | None = None,
+    newest: bool = False,
 ) -> tuple[str | None, list[Chunk]]:
     """The run's status (unless known: ``status``), then its steps after ``after``,
     encoded, a page a chunk (one trip to a thread, so the event loop only hands the
-    chunks on).
+    chunks on). With ``newest``, more than a page of new steps is cut to the newest page,
+    after a :meth:`Chunk.gap` for the others: a hub that fell behind catches up at the
+    cost of a page, not of its whole backlog.
 
     The status is read first: steps written before the run ended are still sent.
     """
     if status is None:
         status = queries.run_status(store, run_id)
     chunks = []
+    rows = queries.step_rows_after(store, run_id, after, limit=STEP_PAGE)
+    if newest and len(rows) == STEP_PAGE:
+        last = queries.last_step(store, run_id)
+        if last is not None and last - STEP_PAGE > rows[-1][0]:
+            chunks.append(Chunk.gap(after, last - STEP_PAGE))
+            after = last - STEP_PAGE
+            rows = queries.step_rows_after(store, run_id, after, limit=STEP_PAGE)
     while True:
-        rows = queries.step_rows_after(store, run_id, after, limit=STEP_PAGE)
         if rows:
             chunks.append(Chunk(rows))
             after = rows[-1][0]
         if len(rows) < STEP_PAGE:
             return status, chunks
+        rows = queries.step_rows_after(store, run_id, after, limit=STEP_PAGE)
 
 
 def _read_page(store: Store, run_id: int, after: int, until: int) -> Chunk | None:
@@ -138,14 +166,27 @@ class Hub:
         try:
             marks = await run_in_threadpool(_control_marks, self.store, self.run_id)
             polls, woken = 0, False
+            began = None
             while True:
+                # A poll that comes more than max_lag_s after the last one began (a busy
+                # machine) reads only the newest page of what it finds.
+                now = time.monotonic()
+                late = began is not None and now - began > self.pacing.max_lag_s
+                began = now
                 # Woken by PostgreSQL, or new steps at the last poll: the run has just
                 # written steps, so it was running then; whether it has ended since is read
                 # at the first poll that finds none (or PostgreSQL's fallback poll), or
                 # with the control requests.
                 known = RunStatus.RUNNING if woken and (polls + 1) % CONTROL_EVERY else None
                 status, chunks = await run_in_threadpool(
-                    _read_new, self.store, self.run_id, self.after, status=known
+                    partial(
+                        _read_new,
+                        self.store,
+                        self.run_id,
+                        self.after,
+                        status=known,
+                        newest=late,
+                    )
                 )
                 for chunk in chunks:
                     self._keep(chunk)
@@ -231,14 +272,31 @@ class Hub:
         self.tick.set()
         self.tick = asyncio.Event()
 
-    def since(self, after: int) -> tuple[int, list[bytes]]:
-        """The buffered step events after ``after`` (at least ``floor``), and the new cursor."""
+    def since(self, after: int, *, live: bool = False) -> tuple[int, list[bytes]]:
+        """The buffered step events after ``after`` (at least ``floor``), and the new cursor.
+
+        A ``live`` stream (one that has caught up before) whose next events were read
+        more than ``max_lag_s`` ago skips to the events read since (at least the newest
+        chunk), after one ``event: coalesced`` that names the steps it left out.
+        """
         first = bisect.bisect_right(self.lasts, after)
-        if first == len(self.chunks):
+        chunks = self.chunks
+        if first == len(chunks):
             return after, []
+        if live:
+            oldest = time.monotonic() - self.pacing.max_lag_s
+            fresh = first
+            while fresh < len(chunks) - 1 and chunks[fresh].read_at < oldest:
+                fresh += 1
+            if fresh > first:
+                skipped = self.lasts[fresh - 1]
+                return self.lasts[-1], [
+                    coalesced_event(after, skipped),
+                    *(chunk.data for chunk in chunks[fresh:]),
+                ]
         return self.lasts[-1], [
-            self.chunks[first].after(after),
-            *(chunk.data for chunk in self.chunks[first + 1 :]),
+            chunks[first].after(after),
+            *(chunk.data for chunk in chunks[first + 1 :]),
         ]
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from scaler.store import queries
 
-__all__ = ["KEEP_ALIVE", "opening", "sse_event", "step_events"]
+__all__ = ["KEEP_ALIVE", "coalesced_event", "opening", "sse_event", "step_events"]
 
 KEEP_ALIVE = b": keep-alive\n\n"
 
@@ -35,6 +35,17 @@ def sse_event(event: str, data: Any, event_id: int | None = None) -> str:
     """One event, its data as compact JSON, with its ``id`` when it has one."""
     head = f"id: {event_id}\n" if event_id is not None else ""
     return f"{head}event: {event}\ndata: {_JSON.encode(data)}\n\n"
+
+
+def coalesced_event(after: int, to: int) -> bytes:
+    """The marker of steps a stream skipped while the service was busy: those after
+    ``after`` up to ``to`` (the store keeps them). Its id is ``to``, so a client that
+    reconnects resumes after the gap.
+
+    >>> coalesced_event(41, 900)
+    b'id: 900\\nevent: coalesced\\ndata: {"after":41,"to":900}\\n\\n'
+    """
+    return sse_event("coalesced", {"after": after, "to": to}, to).encode()
 
 
 _STEP_EVENT = (

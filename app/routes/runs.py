@@ -7,7 +7,7 @@ from typing import Annotated
 import anyio
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
-from app.deps import ServicesDep, StoreDep
+from app.deps import ServicesDep, SettingsDep, StoreDep
 from app.models import (
     ErrorMessage,
     OverflowItem,
@@ -31,6 +31,15 @@ NonNegative = Annotated[Step | None, Query()]
 After = Annotated[int | None, Query(ge=-1, le=INT64_MAX)]
 NOT_FOUND: dict[int | str, dict[str, object]] = {
     404: {"model": ErrorMessage, "description": "no such run"}
+}
+RETRY_AFTER_S = 1
+BUSY: dict[int | str, dict[str, object]] = {
+    503: {
+        "model": ErrorMessage,
+        "description": "every chart query slot stayed taken for the service's chart_wait_s:"
+        " ask again after the seconds in Retry-After, or for fewer points",
+        "headers": {"Retry-After": {"schema": {"type": "integer"}}},
+    }
 }
 
 
@@ -80,9 +89,10 @@ def chart_json(
     return Response(body, media_type="application/json")
 
 
-@router.get("/{run}/steps", response_model=StepSeries, responses=NOT_FOUND)
+@router.get("/{run}/steps", response_model=StepSeries, responses={**NOT_FOUND, **BUSY})
 async def get_steps(
     services: ServicesDep,
+    settings: SettingsDep,
     store: StoreDep,
     run: RunId,
     start: NonNegative = None,
@@ -90,12 +100,27 @@ async def get_steps(
     max_points: Annotated[int, Query(ge=2, le=10_000)] = 1000,
 ) -> Response:
     """Chart buckets with min/max/last per bucket: no overflow is ever sampled away. An
-    ``end`` below ``start`` is an empty range."""
+    ``end`` below ``start`` is an empty range. A busy service answers 503 with Retry-After
+    rather than queue a request (fewer points read fewer rows)."""
     # A few chart queries at a time: more would only share the same cores, and a busy
-    # service must still leave the event loop (the live streams) its turn.
-    return await anyio.to_thread.run_sync(
-        chart_json, store, run, start, end, max_points, limiter=services.chart_limiter
-    )
+    # service must still leave the event loop (the live streams) its turn. One that cannot
+    # start within chart_wait_s is refused at once: a wait of tens of seconds on a
+    # saturated machine is a dashboard that is down, a fast 503 one that says so.
+    limiter, started = services.chart_limiter, False
+    with anyio.move_on_after(settings.chart_wait_s):
+        await limiter.acquire()
+        started = True
+    if not started:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            detail=f"busy: no chart query could start within {settings.chart_wait_s:g} s;"
+            " ask again shortly, or for fewer points",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    try:
+        return await anyio.to_thread.run_sync(chart_json, store, run, start, end, max_points)
+    finally:
+        limiter.release()
 
 
 @router.get("/{run}/overflows", responses=NOT_FOUND)

@@ -37,6 +37,7 @@ async def _events(
     yield opening(run_id, after)
     hub = hubs.join(run_id, after)
     seen_control = len(hub.control_log)
+    live = False  # caught up once: from then on, never more than max_lag_s behind
     wake = asyncio.ensure_future(_wake_on(stopping, hub))
     try:
         while not stopping.is_set():
@@ -47,9 +48,10 @@ async def _events(
                     yield data
                 if after < hub.floor:
                     continue
-            after, chunks = hub.since(after)
+            after, chunks = hub.since(after, live=live)
             for chunk in chunks:
                 yield chunk
+            live = True
             for event in hub.control_log[seen_control:]:
                 yield event
             seen_control = len(hub.control_log)

@@ -49,6 +49,7 @@ from tests._process import end_process
 READY_TIMEOUT_S = 60.0  # for every stream's answer to start
 BATCH = 500  # records per write: a telemetry thread's batch at 10k records/s, 20 writes/s
 _STEP = b"event: step\n"
+_COALESCED = b"event: coalesced\n"
 _WALL_TIME = b'"wall_time":'
 REPO = Path(__file__).resolve().parents[2]
 
@@ -255,7 +256,11 @@ class _Stream(asyncio.Protocol):
         # The complete events are text[:end]; searched in place, never copied.
         end, self.tail = cut + 2, text[cut + 2 :]
         done = text
-        count = done.count(_STEP, 0, end)
+        if done.find(_COALESCED, 0, end) >= 0:
+            self._coalesced(done[:end], now)
+            count = 0
+        else:
+            count = done.count(_STEP, 0, end)
         if count:
             out = self.out
             # Events start at 0 or after a blank line; only an event starts with "id: ".
@@ -281,6 +286,32 @@ class _Stream(asyncio.Protocol):
             assert self.transport is not None
             self.transport.close()  # seen everything: leave, as a browser tab does
 
+    def _coalesced(self, events: bytes, now: float) -> None:
+        """A delivery with an ``event: coalesced`` (the service skipped steps while busy):
+        event by event. The skipped steps count as covered, not as a gap; the first step
+        after them gives the delivery's lag."""
+        out, lagged = self.out, False
+        for block in events.split(b"\n\n"):
+            fields = dict(line.split(b": ", 1) for line in block.split(b"\n") if b": " in line)
+            kind = fields.get(b"event")
+            if kind == b"coalesced":
+                gap = json.loads(fields[b"data"])
+                first, last = gap["after"] + 1, gap["to"]
+                out["coalesced"] += last - first + 1
+            elif kind == b"step":
+                first = last = int(fields[b"id"])
+                out["events"] += 1
+                if not lagged:
+                    self.lags.append(now - json.loads(fields[b"data"])["wall_time"])
+                    lagged = True
+            else:
+                continue
+            if out["last"] is not None and first != out["last"] + 1:
+                out["gaps"] += 1
+            if out["first"] is None:
+                out["first"] = first
+            out["last"] = last
+
 
 async def _sse(
     base: str, runs: list[int], clients: int, last_step: int, seconds: float
@@ -291,6 +322,7 @@ async def _sse(
     host, port = where.hostname or "127.0.0.1", where.port or 80
     results: list[dict[str, Any]] = [
         {"status": None, "lags": [], "events": 0, "gaps": 0, "first": None, "last": None}
+        | {"coalesced": 0}
         | {"ended": False, "errors": [], "run": runs[i % len(runs)]}
         for i in range(clients)
     ]

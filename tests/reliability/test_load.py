@@ -155,6 +155,9 @@ def test_under_load_every_step_reaches_every_stream_and_every_chart_is_answered(
         "chart_max_ms": 1000 * max(latencies) if latencies else None,
         "sse_clients": len(streams),
         "sse_events": sum(stream["events"] for stream in streams),
+        # Steps a stream skipped to catch up while the service was busy (each named by an
+        # event: coalesced; the store keeps them).
+        "sse_coalesced": sum(stream["coalesced"] for stream in streams),
         "sse_events_expected": sum(
             last_step - stream["first"] + 1 for stream in streams if stream["first"]
         ),
@@ -176,16 +179,18 @@ def test_under_load_every_step_reaches_every_stream_and_every_chart_is_answered(
     if out:
         Path(out).write_text(json.dumps(figures, indent=1))
 
-    assert not chart["errors"] and set(chart["statuses"]) == {"200"}, chart["errors"][:5]
+    # 503: "busy", at once, where the chart could not start within chart_wait_s.
+    assert not chart["errors"] and set(chart["statuses"]) <= {"200", "503"}, chart["errors"][:5]
     assert len(latencies) == CHART_RATE * SECONDS
     assert len(streams) == SSE_CLIENTS
     for stream in streams:
         assert stream["status"] == 200 and not stream["errors"], stream["errors"]
         assert stream["gaps"] == 0
-        # Every stream saw every step from when it opened to the writer's last one.
+        # Every stream saw every step from when it opened to the writer's last one, or
+        # was told which it skipped to catch up.
         assert stream["first"] == first
         assert stream["last"] == last_step
-        assert stream["events"] == last_step - stream["first"] + 1
+        assert stream["events"] + stream["coalesced"] == last_step - stream["first"] + 1
     assert under_load["written"] == RATE * SECONDS
     # The writer is paced, in its own process: readers in the service never hold it back.
     assert figures["writer_ratio"] >= 0.8

@@ -67,3 +67,19 @@ test("a stream's URL gets a ticket for the kept token, never the token", async (
   delete globalThis.sessionStorage;
   delete globalThis.fetch;
 });
+
+test("a Retry-After in seconds is read; a date or none is not", async () => {
+  const { retryAfterSeconds } = await import("../api.js");
+  assert.equal(retryAfterSeconds("1"), 1);
+  assert.equal(retryAfterSeconds(" 30 "), 30);
+  assert.equal(retryAfterSeconds("Wed, 21 Oct 2026 07:28:00 GMT"), null);
+  assert.equal(retryAfterSeconds(null), null);
+});
+
+test("only the service's busy answer is retried coarser", async () => {
+  const { isBusy } = await import("../api.js");
+  assert.equal(isBusy(new ApiError(503, "busy: no chart query could start within 1 s", 1)), true);
+  assert.equal(isBusy(new ApiError(503, "the store cannot be used: gone", 10)), false);
+  assert.equal(isBusy(new ApiError(503, "busy: no chart query", null)), false);
+  assert.equal(isBusy(new ApiError(500, "busy", 1)), false);
+});

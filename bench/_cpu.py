@@ -1,0 +1,132 @@
+"""Where a benchmark's CPU went, by component: every process on the machine sampled from
+``/proc`` while it runs, and, on PostgreSQL, what its backends were busy with.
+
+A :class:`CpuSplit` samples each process's user + system CPU seconds every ``period``
+seconds in a thread; a process born or gone in between counts from zero or to its last
+sample (a short-lived one loses at most a period of its tail). :meth:`CpuSplit.cores`
+gives, by component, the CPU it used over the window divided by the window's length: 1.0
+is a whole core. A :class:`QuerySampler` counts the active queries in
+``pg_stat_activity`` each period (by their first words), so the PostgreSQL share can be
+split by what the backends ran.
+
+>>> shares({"insert into steps": 3, "select x": 1})
+[('insert into steps', 0.75), ('select x', 0.25)]
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+__all__ = ["CpuSplit", "QuerySampler", "shares"]
+
+
+def _processes() -> dict[int, tuple[str, float]]:
+    """Every process now: pid -> (command name, CPU seconds so far)."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone since the listing
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat.rsplit(")", 1)[1].split()
+        out[int(entry.name)] = (name, (int(fields[11]) + int(fields[12])) / TICK)
+    return out
+
+
+class CpuSplit:
+    """CPU seconds by component over a window. ``component(pid, name)`` names the
+    component of a process (``None``: "other")."""
+
+    def __init__(self, component: Callable[[int, str], str | None], period: float = 0.5) -> None:
+        self.component, self.period = component, period
+        self.first: dict[int, float] = {}
+        self.last: dict[int, tuple[str, float]] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.began = self.ended = 0.0
+
+    def __enter__(self) -> CpuSplit:
+        self.began = time.monotonic()
+        self.first = {pid: cpu for pid, (_, cpu) in _processes().items()}
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.last.update(_processes())
+        self.ended = time.monotonic()
+
+    def _sample(self) -> None:
+        while not self.stop.wait(self.period):
+            self.last.update(_processes())
+
+    def cores(self) -> dict[str, float]:
+        """By component, its CPU seconds over the window's seconds, largest first."""
+        used: Counter[str] = Counter()
+        for pid, (name, cpu) in self.last.items():
+            spent = cpu - self.first.get(pid, 0.0)
+            if spent > 0:
+                used[self.component(pid, name) or "other"] += spent
+        window = max(1e-9, self.ended - self.began)
+        return {name: seconds / window for name, seconds in used.most_common()}
+
+
+_WORDS = re.compile(r"\s+")
+
+
+def _gist(query: str) -> str:
+    """A query's first words, lower case: enough to tell an insert from a chart read."""
+    words = _WORDS.sub(" ", query).strip().lower()
+    return words[:60]
+
+
+class QuerySampler:
+    """The active queries of a PostgreSQL server, counted by gist every ``period`` s."""
+
+    def __init__(self, url: str, period: float = 0.1) -> None:
+        self.url, self.period = url, period
+        self.counts: Counter[str] = Counter()
+        self.samples = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> QuerySampler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def _sample(self) -> None:
+        import psycopg
+
+        dsn = self.url.replace("postgresql+psycopg://", "postgresql://", 1)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while not self.stop.wait(self.period):
+                rows: list[Any] = conn.execute(
+                    "SELECT query FROM pg_stat_activity"
+                    " WHERE state = 'active' AND pid <> pg_backend_pid()"
+                ).fetchall()
+                self.samples += 1
+                self.counts.update(_gist(row[0]) for row in rows if row[0])
+
+
+def shares(counts: Mapping[str, int], top: int = 6) -> list[tuple[str, float]]:
+    """The ``top`` most counted, each with its share of all counts."""
+    total = sum(counts.values()) or 1
+    ranked = sorted(counts.items(), key=lambda item: -item[1])[:top]
+    return [(name, count / total) for name, count in ranked]
