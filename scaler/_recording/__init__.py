@@ -34,6 +34,7 @@ from .skips import Skips
 if TYPE_CHECKING:
     import torch
 
+    from .._schedules import Schedules
     from ..telemetry import Telemetry
 
 
@@ -56,6 +57,7 @@ class RunLink:
         self.inverse: tuple[torch.Tensor, int, torch.Tensor] | None = None
         self.rates: list[Rates] = []  # this step's learning rates, optimizer by optimizer
         self.skips = Skips()
+        self.schedules: Schedules | None = None  # the LR schedulers registered, if any
 
     def inverse_of(self, scale: torch.Tensor) -> torch.Tensor:
         """``1 / scale`` as torch's unscale_ takes it (in float64, rounded once to float32:

@@ -76,6 +76,7 @@ SERIES_KEYS: tuple[str, ...] = (
     "lr_min",
     "lr_max",
     "lr_last",
+    "schedule_drift",  # the bucket's last step's: a count that only grows
 )
 
 
@@ -250,7 +251,7 @@ _GROUPED = (
     "WITH p AS ({pieces})"
     " SELECT g.first_step, g.last_step, g.n, g.scale_min, g.scale_max, s.scale_after,"
     " g.tracker_min, g.tracker_max, s.growth_tracker, g.overflows, g.skipped,"
-    " g.loss_min, g.loss_max, s.loss, g.lr_min, g.lr_max, s.lr FROM ("
+    " g.loss_min, g.loss_max, s.loss, g.lr_min, g.lr_max, s.lr, s.schedule_drift FROM ("
     "  SELECT first_step / :width AS ob, min(first_step) AS first_step,"
     "  max(last_step) AS last_step, sum(n) AS n, min(scale_min) AS scale_min,"
     "  max(scale_max) AS scale_max, min(tracker_min) AS tracker_min,"
