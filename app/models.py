@@ -94,6 +94,9 @@ class SeriesColumns(BaseModel):
     lr_min: list[float | None]
     lr_max: list[float | None]
     lr_last: list[float | None]
+    # Skipped steps so far on which a registered LR scheduler stepped, at each bucket's last
+    # step (the count only grows); null when no scheduler is registered.
+    schedule_drift: list[int | None]
 
 
 class StepSeries(BaseModel):
