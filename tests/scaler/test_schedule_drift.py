@@ -196,7 +196,7 @@ def test_a_held_schedulers_state_round_trips_and_a_resumed_job_keeps_holding() -
 
 
 def test_a_pickled_scheduler_comes_back_plain() -> None:
-    gs, (sched,), _, _ = _train("plain", SCHEDULES["sequential"], hold=True)
+    _gs, (sched,), _, _ = _train("plain", SCHEDULES["sequential"], hold=True)
     copy = pickle.loads(pickle.dumps(sched))
     assert type(copy.step).__name__ == "method"
     copy.step()  # its class's own step: not held, and no scaler asked
