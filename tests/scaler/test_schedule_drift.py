@@ -261,3 +261,57 @@ def test_registering_something_else_is_refused() -> None:
     gs = scaler.GradScaler("cpu", telemetry=False)
     with pytest.raises(TypeError, match="expected a learning-rate scheduler"):
         gs.hold(torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=0.1))
+
+
+class _Recorded(scaler.ShardedGradScaler):
+    """Ours, keeping the records the recorder hands to telemetry (testing only)."""
+
+    def _make_sink(self) -> Any:
+        self.samples: list[Any] = []
+        return self.samples.extend
+
+
+RANK1_INF = {2, 5, 6}  # steps whose gradients hold inf on rank 1 only
+
+
+def _ranked(rank: int, world: int) -> dict[str, Any]:
+    """A DDP model on each rank, inf on rank 1 only: every rank skips alike (the all-reduce)."""
+    model = nn.parallel.DistributedDataParallel(mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    held = lr_scheduler.LambdaLR(opt, _warmup_then_decay)
+    watched = lr_scheduler.StepLR(opt, 100)
+    gs = _Recorded("cpu", init_scale=2.0**10, growth_interval=2)
+    gs.hold(held)
+    gs.watch_schedulers(watched)
+    params = list(model.parameters())
+    rates = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        gs.scale(model(batch(step + rank)).pow(2).mean()).backward()
+        if rank == 1 and step in RANK1_INF:
+            poison(params, 0, float("inf"))
+        rates.append(float(opt.param_groups[0]["lr"]))
+        gs.step(opt)
+        gs.update()
+        held.step()
+        watched.step()
+    gs.flush(30)
+    samples = getattr(gs, "samples", None)
+    gs.close()
+    return {
+        "held": held.last_epoch,
+        "watched": watched.last_epoch,
+        "rates": rates,
+        "drift": None if samples is None else [s.record.schedule_drift for s in samples],
+    }
+
+
+def test_two_real_ranks_hold_and_count_alike() -> None:
+    from _dist import run_ranks
+
+    first, second = run_ranks(_ranked, 2, timeout=120.0)
+    assert first["held"] == second["held"] == STEPS - len(RANK1_INF)
+    assert first["watched"] == second["watched"] == STEPS
+    assert first["rates"] == second["rates"]  # one schedule, on both ranks
+    assert first["drift"] == [sum(1 for s in RANK1_INF if s < k - 1) for k in range(1, STEPS + 1)]
+    assert second["drift"] == first["drift"]  # each rank's recorder counts alike
