@@ -287,14 +287,18 @@ class Lead(Params):
     "a registered LR scheduler has stepped on `threshold` skipped steps or more: the"
     " schedule runs that many steps ahead of the weights (`scaler.hold` keeps it at 0)",
     unit=Unit.COUNT,
-    says="schedule ahead of the weights by {value} steps",
+    says="schedule ahead of the weights by {value} {detail}",
 )
 class ScheduleDrift(Watch[Lead]):
     def step(self, row: StepView) -> Reading:
         drift = row.schedule_drift
         if drift is None:
             return Reading(False, 0.0)
-        return Reading(drift >= self.params.threshold, float(drift))
+        return Reading(drift >= self.params.threshold, float(drift), _steps(drift))
+
+
+def _steps(count: int) -> str:
+    return "step" if count == 1 else "steps"
 
 
 class Silence(Params):

@@ -137,8 +137,10 @@ def test_stalled_counts_seconds_without_a_new_step_on_the_services_clock() -> No
         ("rank_hotspot", 7 / 11, 0.6, "last 11 overflows on rank 1",
          "64% of the last 11 overflows on rank 1 (threshold 60%)"),
         ("autopilot", 1.0, 1.0, "no help", "the autopilot stopped: no help"),
-        ("schedule_drift", 12.0, 10.0, "",
+        ("schedule_drift", 12.0, 10.0, "steps",
          "schedule ahead of the weights by 12 steps (threshold 10)"),
+        ("schedule_drift", 1.0, 1.0, "step",
+         "schedule ahead of the weights by 1 step (threshold 1)"),
         ("rank_hotspot", 0.75, 0.6, "", "value 0.75, threshold 0.6"),  # a row from before details
         ("newer_kind", 3.0, 2.0, "x", "value 3, threshold 2 (x)"),
     ],
