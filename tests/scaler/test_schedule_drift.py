@@ -63,13 +63,14 @@ def _train(
     accumulate: int = 1,
     url: str | None = None,
     fused: bool = False,
+    device: str = "cpu",
 ) -> tuple[Any, list[Any], list[list[float]], list[dict[str, Any]]]:
     """``STEPS`` optimizer steps, each of ``accumulate`` backwards, a scheduler per optimizer
     stepped after ``update()``; ``hold``: None (not registered), False (watched), True.
     Returns the scaler, the schedulers, the rates at each step and the stored rows."""
     cls = scaler.GradScaler if kind == "plain" else scaler.ShardedGradScaler
-    gs = cls("cpu", init_scale=2.0**10, growth_interval=2, telemetry=url or False)
-    model = mlp()
+    gs = cls(device, init_scale=2.0**10, growth_interval=2, telemetry=url or False)
+    model = mlp().to(device)
     params = list(model.parameters())
     if optimizers == 1:
         opts = [torch.optim.SGD(params, lr=0.1, momentum=0.9)]
@@ -85,7 +86,8 @@ def _train(
         for opt in opts:
             opt.zero_grad()
         for micro in range(accumulate):
-            loss = model(batch(step * accumulate + micro)).pow(2).mean() / accumulate
+            x = batch(step * accumulate + micro).to(device)
+            loss = model(x).pow(2).mean() / accumulate
             gs.scale(loss).backward()
         for index, value in inject.get(step, []):
             poison(params, index, value)
@@ -135,6 +137,36 @@ def test_several_optimizers_and_accumulation_drift_once_a_skipped_step(
     )
     assert [r["schedule_drift"] for r in rows] == _expected_drift()
     assert [s.last_epoch for s in scheds] == [STEPS] * optimizers
+
+
+def _fused_supported(device: str) -> bool:
+    try:
+        torch.optim.Adam([nn.Parameter(torch.ones(1, device=device))], fused=True)
+    except (RuntimeError, ValueError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["watched", "held"])
+def test_a_fused_optimizer_drifts_and_holds_alike(
+    kind: str, device: str, hold: bool, tmp_path: Path
+) -> None:
+    """A fused optimizer decides on the device (``_check_inf_per_device``): the recorder
+    counts its skips from the found_inf it reads; a held scheduler on a GPU waits for the
+    step's found_inf (the one sync of that path)."""
+    if not _fused_supported(device):
+        pytest.skip(f"no fused Adam on {device} here")
+    _, scheds, _, rows = _train(
+        kind, SCHEDULES["lambda"], hold=hold, fused=True, device=device,
+        url=db_url(tmp_path / "a.db"),
+    )  # fmt: skip
+    assert [r["skipped"] for r in rows] == [s in INJECT for s in range(STEPS)]
+    if hold:
+        assert {r["schedule_drift"] for r in rows} == {0}
+        assert scheds[0].last_epoch == STEPS - len(SKIPPED)
+    else:
+        assert [r["schedule_drift"] for r in rows] == _expected_drift()
+        assert scheds[0].last_epoch == STEPS
 
 
 def test_no_registered_scheduler_records_no_drift(tmp_path: Path) -> None:
