@@ -501,7 +501,9 @@ class Instrumented(_Base):
         after the optimizer, often far from the model, and a job may have either alone.
         Each scheduler's ``step`` and ``state_dict`` are wrapped on the instance (its class,
         torch's ``optimizer.step()`` warning and its state dict are as they were). Register
-        before the first step so the run's config lists the schedulers. The behaviour is
+        before the first step so the run's config lists the schedulers; a copy of the
+        scaler (pickle, deepcopy) forgets them, as it forgets ``watch``'s names. Meant for
+        schedulers stepped once per optimizer step, not once per epoch. The behaviour is
         torch's: nothing is held (see :meth:`hold`).
         """
         schedules = self._schedules_for()
