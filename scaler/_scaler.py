@@ -375,9 +375,7 @@ class Instrumented(_Base):
         return None
 
     def _config(self) -> dict[str, Any]:
-        schedules = self._link.schedules
-        return {
-            **({} if schedules is None else {"schedulers": schedules.described()}),
+        config: dict[str, Any] = {
             "class": type(self).__name__,
             "device": self._device,
             "init_scale": self._init_scale,
@@ -388,6 +386,10 @@ class Instrumented(_Base):
             "max_scale": self._extras.max_scale,
             "hysteresis": self._extras.hysteresis,
         }
+        schedules = self._link.schedules
+        if schedules is not None:  # registered before the first step: which, and held or not
+            config["schedulers"] = schedules.described()
+        return config
 
     @property
     def run_uid(self) -> str | None:
