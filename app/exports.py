@@ -29,7 +29,8 @@ def export_filename(run_name: str, run_id: int, what: str, fmt: str) -> str:
 
 _ROW = ",".join(["%s"] * len(EXPORT_COLUMNS)) + "\n"
 _RANKS = (EXPORT_COLUMNS.index("inf_ranks"), EXPORT_COLUMNS.index("loss_nonfinite_ranks"))
-_MAYBE = (EXPORT_COLUMNS.index("loss"), EXPORT_COLUMNS.index("lr"))  # floats or None
+# Floats, or the drift's ints, or None.
+_MAYBE = tuple(EXPORT_COLUMNS.index(name) for name in ("loss", "lr", "schedule_drift"))
 _LR_GROUPS = EXPORT_COLUMNS.index("lr_groups")  # JSON text (commas: quoted) or None
 # Float columns that hold few distinct values a page: each repr is computed once.
 _REPEATING = tuple(
@@ -41,8 +42,8 @@ _REPEATING = tuple(
 def csv_page(rows: Sequence[Sequence[Any]]) -> str:
     """Rows as CSV text, exactly what ``csv.writer(f, lineterminator="\\n")`` writes.
 
-    ``csv_page([(2, 0.5, 1.0, 1, 1, "0,3", 0.5, 0, 2, 2.0, 0.5, 0, None, "1", 0, 0.1, None)])``
-    is ``'2,0.5,1.0,1,1,"0,3",0.5,0,2,2.0,0.5,0,,1,0,0.1,\\n'``.
+    ``csv_page([(2, 0.5, 1.0, 1, 1, "0,3", 0.5, 0, 2, 2.0, 0.5, 0, None, "1", 0, 0.1, None, 3)])``
+    is ``'2,0.5,1.0,1,1,"0,3",0.5,0,2,2.0,0.5,0,,1,0,0.1,,3\\n'``.
 
     A step row is numbers, ranks strings, a loss and a learning rate that may be None and
     (mostly) no learning rates by group, so one ``%`` over the whole page does what

@@ -67,6 +67,11 @@ class RunDetail(RunSummary):
     # The counts skipped_rate is of: the run page moves its figures on with each live step.
     recorded: int = Field(description="step rows stored")
     skipped: int = Field(description="skipped steps among them")
+    schedule_drift: int | None = Field(
+        description="skipped steps on which a registered LR scheduler stepped, at the last"
+        " recorded step: the schedule's lead over the weights (null: none registered;"
+        " config.schedulers says which are held)"
+    )
     config: dict[str, Any]
     control: dict[str, Any]
     control_version: int
@@ -100,6 +105,9 @@ class SeriesColumns(BaseModel):
     lr_min: list[float | None]
     lr_max: list[float | None]
     lr_last: list[float | None]
+    # Skipped steps so far on which a registered LR scheduler stepped, at each bucket's last
+    # step (the count only grows); null when no scheduler is registered.
+    schedule_drift: list[int | None]
 
 
 class StepSeries(BaseModel):

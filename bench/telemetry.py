@@ -62,8 +62,8 @@ _RAW_PRAGMAS = (
 _RAW_INSERT = (
     "INSERT INTO steps (run_id, step, wall_time, scale, overflow, skipped, inf_ranks,"
     " scale_after, growth_tracker, growth_interval, growth_factor, backoff_factor,"
-    " control_version, loss, loss_nonfinite_ranks, params_omitted, lr, lr_groups)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " control_version, loss, loss_nonfinite_ranks, params_omitted, lr, lr_groups,"
+    " schedule_drift) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 
 

@@ -32,6 +32,7 @@ from ._recording import RunLink
 from ._recording.learning_rates import group_rates, step_rates
 from ._recording.recorder import Snapshot, make
 from ._recording.step_values import Captured, read_cpu
+from ._schedules import Schedules
 from ._state import STATE_KEY, checkpoint_state_dict, note_load, our_state
 from ._torch_compat import (
     OptState,
@@ -280,6 +281,8 @@ class Instrumented(_Base):
         assert scale is not None and tracker is not None
         link = self._link
         rates, link.rates = link.rates, []  # this step's: read only if a snapshot is kept
+        schedules = link.schedules
+        schedule = None if schedules is None else schedules.take()
         stepped = stepped_count > 0
         recorder = link.recorder
         # No sink reads a cpu step's record: counted as it comes, with no snapshot kept.
@@ -324,6 +327,7 @@ class Instrumented(_Base):
             diagnosis=diagnosis,
             lr=lr,
             lr_groups=lr_groups,
+            schedule=schedule,
         )
         link.submit(self, snapshot, self._init_scale, self._make_sink)
         link.scale_host = None
@@ -373,7 +377,7 @@ class Instrumented(_Base):
         return None
 
     def _config(self) -> dict[str, Any]:
-        return {
+        config: dict[str, Any] = {
             "class": type(self).__name__,
             "device": self._device,
             "init_scale": self._init_scale,
@@ -384,6 +388,10 @@ class Instrumented(_Base):
             "max_scale": self._extras.max_scale,
             "hysteresis": self._extras.hysteresis,
         }
+        schedules = self._link.schedules
+        if schedules is not None:  # registered before the first step: which, and held or not
+            config["schedulers"] = schedules.described()
+        return config
 
     @property
     def run_uid(self) -> str | None:
@@ -494,6 +502,74 @@ class Instrumented(_Base):
         (pickle, deepcopy) forgets the names: call ``watch`` on it again.
         """
         return self._diagnoser.names.watch(model)
+
+    def watch_schedulers(self, *schedulers: Any) -> None:
+        """Count how far ``schedulers`` (LR schedulers: ``LambdaLR``, ``OneCycleLR``,
+        ``SequentialLR``, ``ReduceLROnPlateau``...) run ahead of the weights.
+
+        A scheduler stepped after an optimizer step that was skipped for inf/NaN moves the
+        learning rate on while the weights stayed: each step's record carries
+        ``schedule_drift``, the skipped steps on which a registered scheduler stepped so
+        far (the most calls of any one scheduler, if one steps more than once a step). A
+        call after ``update()`` belongs to that update's step (so it is counted in the
+        next record); one between ``step()`` and ``update()`` to the step in progress.
+        Counted on the recorder thread from what it reads anyway: no sync. A step counts
+        as skipped when the scaler skipped its optimizers (any of them, on any rank).
+
+        Separate from :meth:`watch`, which names a model's parameters: a scheduler is made
+        after the optimizer, often far from the model, and a job may have either alone.
+        Each scheduler's ``step`` and ``state_dict`` are wrapped on the instance (its class,
+        torch's ``optimizer.step()`` warning and its state dict are as they were). Register
+        before the first step so the run's config lists the schedulers; a copy of the
+        scaler (pickle, deepcopy) forgets them, as it forgets ``watch``'s names. Meant for
+        schedulers stepped once per optimizer step, not once per epoch. The behaviour is
+        torch's: nothing is held (see :meth:`hold`).
+        """
+        schedules = self._schedules_for()
+        for scheduler in schedulers:
+            schedules.add(scheduler, hold=False)
+
+    def hold(self, *schedulers: Any) -> None:
+        """Register ``schedulers`` as :meth:`watch_schedulers` does, and hold them: a held
+        scheduler's ``step()`` does nothing on a step whose optimizers were skipped, so its
+        ``last_epoch`` is the optimizer's real step count and the run's drift stays 0.
+
+        Opt-in, off by default. Every rank decides alike (a sharded job's found_inf is
+        all-reduced). Whether a step skipped is what torch's ``step()`` already read on the
+        host (no sync), except for a fused optimizer with the scale on a GPU, which decides
+        on the device: there a held scheduler's ``step()`` waits for that step's found_inf
+        (one sync, on that path only), rather than hold on a guess. Holding is kept in the
+        scheduler's own state: its ``state_dict()`` round-trips it, so a resumed job that
+        registers the scheduler and loads its state keeps holding.
+        """
+        schedules = self._schedules_for()
+        for scheduler in schedulers:
+            schedules.add(scheduler, hold=True)
+
+    def _schedules_for(self) -> Schedules:
+        link = self._link
+        if link.schedules is None:
+            link.schedules = Schedules(self)
+        return link.schedules
+
+    def _stepping(self) -> bool:
+        """Whether this step's optimizers have stepped (or been skipped), update() to come."""
+        return any(s["stage"] is OptState.STEPPED for s in self._per_optimizer_states.values())
+
+    def _skipped(self, now: bool) -> bool:
+        """Whether the step in progress (``now``) or the last update's skipped its
+        optimizers; a fused optimizer's step on a GPU is waited for (a sync)."""
+        skips = self._link.skips
+        if not now:
+            return bool(skips.wait())  # None before the first step: nothing was skipped
+        states = [s for s in self._per_optimizer_states.values() if s["stage"] is OptState.STEPPED]
+        if any(skips.decisions) or len(skips.decisions) >= len(states):
+            return any(skips.decisions)
+        return any(  # a fused optimizer decided on the device: read its found_inf
+            float(found.sum().item()) > 0
+            for state in states
+            for found in state["found_inf_per_device"].values()
+        )
 
     @property
     def last_step_skipped(self) -> bool | None:

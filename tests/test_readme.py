@@ -32,6 +32,7 @@ FOUND = [
 BLOCKS = [block for _, block in FOUND]
 EXPECTED = {  # run name -> (page, steps, world size)
     "quickstart": ("README.md", 50, 1),
+    "held-example": ("README.md", 30, 1),
     "ddp-example": ("docs/TRAINING.md", 30, 2),
     "fsdp2-example": ("docs/TRAINING.md", 30, 2),
     "fsdp1-example": ("docs/TRAINING.md", 30, 2),
@@ -40,6 +41,7 @@ EXPECTED = {  # run name -> (page, steps, world size)
     "accelerate-example": ("docs/TRAINING.md", 20, 1),
     "hf-trainer-example": ("docs/TRAINING.md", 20, 1),
     "skipped-example": ("docs/TRAINING.md", 20, 1),
+    "drift-example": ("docs/TRAINING.md", 20, 1),
 }
 # The trainers of the integrations extra: an example that imports one is skipped without it.
 TRAINERS = ("lightning", "accelerate", "transformers")

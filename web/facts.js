@@ -35,8 +35,10 @@ export class LiveFacts {
     const latest = this.after[this.after.length - 1];
     const recorded = run.recorded + this.after.length;
     const skipped = run.skipped + this.skipped;
+    const drift = latest.schedule_drift;
     return {
       ...run,
+      ...(drift === null || drift === undefined ? {} : { schedule_drift: drift }),
       steps: latest.step,
       scale: Number(latest.scale_after),
       overflows: run.overflows + this.overflows,
@@ -45,4 +47,18 @@ export class LiveFacts {
       skipped_rate: recorded ? skipped / recorded : 0,
     };
   }
+}
+
+// The LR schedule's card: null when the run registers no scheduler (the card is hidden).
+// run.config.schedulers: [{name, held}], as the scaler's watch_schedulers/hold set them.
+export function scheduleText(run) {
+  const schedulers = (run.config && run.config.schedulers) || [];
+  const drift = run.schedule_drift;
+  if (!schedulers.length && (drift === null || drift === undefined)) return null;
+  const held = schedulers.length > 0 && schedulers.every((s) => s.held);
+  if (drift) {
+    const steps = drift === 1 ? "1 step" : `${drift.toLocaleString("en-US")} steps`;
+    return `schedule ahead of the weights by ${steps}`;
+  }
+  return held ? "held: on the weights' steps (drift 0)" : "on the weights' steps (drift 0)";
 }

@@ -6,7 +6,7 @@ import { RunChart } from "./chart.js";
 import { AutopilotPanel } from "./autopilot.js";
 import { ControlPanel } from "./control.js";
 import { OverflowDetail, ParamsPanel } from "./diagnosis.js";
-import { LiveFacts } from "./facts.js";
+import { LiveFacts, scheduleText } from "./facts.js";
 import { ScaleLoadsView } from "./scale_loads.js";
 import { controlFields } from "./rules.js";
 import { canWrite, showIdentity } from "./who.js";
@@ -72,6 +72,9 @@ function renderDetail(run, panel) {
   for (const [key, text] of Object.entries(facts)) {
     setText(document.querySelector(`[data-fact="${key}"]`), text);
   }
+  const schedule = scheduleText(run);
+  document.getElementById("schedule-fact").hidden = schedule === null;
+  if (schedule !== null) setText(document.querySelector('[data-fact="schedule"]'), schedule);
 }
 
 async function pollDetail(panel, loads) {

@@ -320,6 +320,8 @@ def _with(view: RunView, **changes: Any) -> RunView:
 
 def _step_view(row: Sequence[Any]) -> StepView:
     """A row of ``new_steps`` (``WATCHED_COLUMNS``) as the rules read it."""
-    _run, step, wall_time, scale, scale_after, overflow, skipped, inf_ranks = row
+    _run, step, wall_time, scale, scale_after, overflow, skipped, inf_ranks, drift = row
     ranks = tuple(parse_ranks(inf_ranks)) if inf_ranks else ()
-    return StepView(step, wall_time, scale, scale_after, bool(overflow), bool(skipped), ranks)
+    return StepView(
+        step, wall_time, scale, scale_after, bool(overflow), bool(skipped), ranks, drift
+    )

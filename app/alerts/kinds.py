@@ -36,6 +36,7 @@ __all__ = [
     "RunView",
     "ScaleBelow",
     "ScaleDrop",
+    "ScheduleDrift",
     "SkipRate",
     "SkipStreak",
     "Stalled",
@@ -58,6 +59,7 @@ class StepView:
     overflow: bool
     skipped: bool
     inf_ranks: tuple[int, ...] = ()
+    schedule_drift: int | None = None  # None: no LR scheduler registered
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +275,30 @@ class SkipStreak(Watch[Streak]):
     def step(self, row: StepView) -> Reading:
         self.streak = self.streak + 1 if row.skipped else 0
         return Reading(self.streak >= self.params.threshold, float(self.streak))
+
+
+class Lead(Params):
+    threshold: float = Field(default=10, ge=1, description="steps the schedule is ahead by")
+
+
+@kind(
+    "schedule_drift",
+    Lead,
+    "a registered LR scheduler has stepped on `threshold` skipped steps or more: the"
+    " schedule runs that many steps ahead of the weights (`scaler.hold` keeps it at 0)",
+    unit=Unit.COUNT,
+    says="schedule ahead of the weights by {value} {detail}",
+)
+class ScheduleDrift(Watch[Lead]):
+    def step(self, row: StepView) -> Reading:
+        drift = row.schedule_drift
+        if drift is None:
+            return Reading(False, 0.0)
+        return Reading(drift >= self.params.threshold, float(drift), _steps(drift))
+
+
+def _steps(count: int) -> str:
+    return "step" if count == 1 else "steps"
 
 
 class Silence(Params):

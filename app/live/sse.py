@@ -53,7 +53,7 @@ _STEP_EVENT = (
     '{"step":%d,"wall_time":%r,"scale":%r,"overflow":%s,"skipped":%s,"inf_ranks":[%s],'
     '"scale_after":%r,"growth_tracker":%d,"growth_interval":%d,"growth_factor":%r,'
     '"backoff_factor":%r,"control_version":%d,"loss":%s,"loss_nonfinite_ranks":[%s],'
-    '"params_omitted":%d,"lr":%s,"lr_groups":%s}\n\n'
+    '"params_omitted":%d,"lr":%s,"lr_groups":%s,"schedule_drift":%s}\n\n'
 )
 _COLUMN = {name: i for i, name in enumerate(queries.EXPORT_COLUMNS)}
 _INTS = tuple(
@@ -68,6 +68,7 @@ _BOOLS = (_COLUMN["overflow"], _COLUMN["skipped"])
 _RANKS = (_COLUMN["inf_ranks"], _COLUMN["loss_nonfinite_ranks"])
 _MAYBE_FLOATS = (_COLUMN["loss"], _COLUMN["lr"])  # finite floats or None
 _LR_GROUPS = _COLUMN["lr_groups"]
+_DRIFT = _COLUMN["schedule_drift"]  # an int or None
 _JSON_BOOL = {False: "false", True: "true"}.__getitem__
 _RANK = r"(?:0|[1-9][0-9]*)"
 # Ranks strings of a page joined by ";": "1,3;;0" (what write_steps stores).
@@ -98,6 +99,7 @@ def step_events(rows: Sequence[Sequence[Any]]) -> str:
         and set(map(type, present)) <= {float}
         and all(map(isfinite, present))
         and values[_LR_GROUPS::width].count(None) == len(rows)
+        and set(map(type, values[_DRIFT::width])) <= {int, type(None)}
         and all(set(map(type, columns[i])) == {str} for i in _RANKS)
         and all(_RANK_LISTS.fullmatch(";".join(columns[i])) is not None for i in _RANKS)
     ):
@@ -112,6 +114,8 @@ def step_events(rows: Sequence[Sequence[Any]]) -> str:
                 column = ["null" if v is None else repr(v) for v in column]
             elif i == _LR_GROUPS:
                 column = ["null"] * len(rows)
+            elif i == _DRIFT:
+                column = ["null" if v is None else v for v in column]
             out[i + 1 :: width + 1] = column
         return (_STEP_EVENT * len(rows)) % tuple(out)
     return "".join(sse_event("step", queries.step_dict(row), row[0]) for row in rows)

@@ -46,12 +46,19 @@ class StoreCollector(Collector):
         skipped = CounterMetricFamily(
             "scalewatch_skipped_steps", "Optimizer steps skipped", labels=LABELS
         )
+        drift = GaugeMetricFamily(
+            "scalewatch_schedule_drift",
+            "Skipped steps a registered LR scheduler stepped on: its lead over the weights",
+            labels=LABELS,
+        )
         for run in queries.list_runs(self.store):
             labels = [str(run.id), run.name]
             if run.scale is not None:
                 scale.add_metric(labels, run.scale)
             if run.growth_tracker is not None:
                 tracker.add_metric(labels, run.growth_tracker)
+            if run.schedule_drift is not None:
+                drift.add_metric(labels, run.schedule_drift)
             running.add_metric(labels, 1.0 if run.status is RunStatus.RUNNING else 0.0)
             steps.add_metric(labels, run.steps)
             overflows.add_metric(labels, run.overflows)
@@ -63,7 +70,7 @@ class StoreCollector(Collector):
         )
         for alert in firing_alerts(self.store):
             firing.add_metric([str(alert.run_id), alert.run_name, alert.rule], 1.0)
-        yield from (scale, tracker, running, steps, overflows, skipped, firing)
+        yield from (scale, tracker, drift, running, steps, overflows, skipped, firing)
 
 
 class WebhookCollector(Collector):

@@ -35,6 +35,7 @@ from .skips import Skips
 if TYPE_CHECKING:
     import torch
 
+    from .._schedules import Schedules
     from ..telemetry import Telemetry
 
 
@@ -60,6 +61,7 @@ class RunLink:
         # A load of the scaler's state for the telemetry that the next step opens (a run
         # resumed by a scaler that has not stepped in it): see _state.note_load.
         self.pending_load: ScaleLoad | None = None
+        self.schedules: Schedules | None = None  # the LR schedulers registered, if any
 
     def inverse_of(self, scale: torch.Tensor) -> torch.Tensor:
         """``1 / scale`` as torch's unscale_ takes it (in float64, rounded once to float32:

@@ -68,6 +68,9 @@ class Snapshot:
     diagnosis: Diagnosis | None = None  # an overflow explained (on the reporting rank)
     lr: float | None = None  # in effect at step(): the first group of the first optimizer
     lr_groups: tuple[tuple[float | None, ...], ...] | None = None  # all, when one differs
+    # Registered schedulers' steps since the last update: (before, after) this step's
+    # optimizers stepped (see _schedules.Schedules.take); None when none is registered.
+    schedule: tuple[int, int] | None = None
 
 
 Sink = Callable[[list[StepSample]], None]
@@ -92,6 +95,8 @@ class _Fold:
     current: float = 0.0
     low: float = float("inf")
     high: float = 0.0
+    last_skipped: bool = False  # the step before, for a scheduler stepped after it
+    drift: int = 0  # skipped steps on which a registered scheduler stepped
 
     def stats(self, dropped: int) -> ScalerStats:
         return ScalerStats(
@@ -128,6 +133,12 @@ class _Fold:
         self.high = max(self.high, used, scale_after)
         self.last_scale = scale_after
         return used
+
+    def drifted(self, schedule: tuple[int, int], skipped_before: bool, skipped: bool) -> int:
+        """Add a step's scheduler calls that went to a skipped step; the drift so far."""
+        before, after = schedule
+        self.drift += (before if skipped_before else 0) + (after if skipped else 0)
+        return self.drift
 
 
 class Recorder:
@@ -306,7 +317,11 @@ def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample
     scale_after, tracker, found, loss, payloads = values
     overflow = found > 0
     stepped = snap.stepped
+    skipped_before = fold.last_skipped
+    skipped = fold.last_skipped = overflow and stepped
     scale_used = fold.add(snap.scale_used, scale_after, overflow, stepped, snap.scale_set)
+    schedule = snap.schedule
+    drift = None if schedule is None else fold.drifted(schedule, skipped_before, skipped)
     if not sample:
         return None
     record = make(StepRecord)
@@ -316,7 +331,7 @@ def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample
         wall_time=snap.wall_time,
         scale=scale_used,
         overflow=overflow,
-        skipped=overflow and stepped,
+        skipped=skipped,
         inf_ranks=_inf_ranks(snap.attribution, overflow, payloads),
         scale_after=scale_after,
         growth_tracker=tracker,
@@ -327,6 +342,7 @@ def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample
         loss=loss,
         lr=snap.lr,
         lr_groups=snap.lr_groups,
+        schedule_drift=drift,
     )
     diagnosis = snap.diagnosis
     if diagnosis is not None:

@@ -54,6 +54,13 @@ class Skips:
                 self.pending = _copy_behind(found)
         decisions.clear()
 
+    def wait(self) -> bool | None:
+        """``value``, waiting for a pending copy (a sync: only a held scheduler asks)."""
+        pending = self.pending
+        if pending is not None:
+            pending[1].synchronize()
+        return self.value
+
     @property
     def value(self) -> bool | None:
         pending = self.pending

@@ -175,6 +175,9 @@ def train(rank: int, args: argparse.Namespace, stop: Any, launcher: int) -> None
         run_name=args.run_name,
     )
     scaler.watch(model)  # an overflow names its parameters ("blocks.0.mlp.0.weight")
+    # The weights do not move on a skipped step: held, nor does the schedule (the run page
+    # says "held", drift 0). scaler.watch_schedulers(schedule) would count the drift instead.
+    scaler.hold(schedule)
     data = corpus(rank, args.seed)
     gen = torch.Generator().manual_seed(args.seed + rank)
     progress = Progress(args.steps) if rank == 0 else None
@@ -195,8 +198,7 @@ def train(rank: int, args: argparse.Namespace, stop: Any, launcher: int) -> None
             scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
             scaler.step(optimizer)
             scaler.update()
-            if not scaler.last_step_skipped:  # the weights did not move: nor does the schedule
-                schedule.step()
+            schedule.step()  # held: does nothing after a skipped step
             if progress is not None and progress.due(step):
                 progress.show(step, loss.item(), scaler.get_scale())
         scaler.close()

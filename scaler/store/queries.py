@@ -76,6 +76,7 @@ SERIES_KEYS: tuple[str, ...] = (
     "lr_min",
     "lr_max",
     "lr_last",
+    "schedule_drift",  # the bucket's last step's: a count that only grows
 )
 
 
@@ -94,6 +95,7 @@ class RunInfo:
     skipped: int
     scale: float | None  # scale after the last recorded step
     growth_tracker: int | None
+    schedule_drift: int | None  # at the last recorded step; None: no scheduler registered
     last_heartbeat: float
     started_at: float
     ended_at: float | None
@@ -132,7 +134,7 @@ def _run_info(conn: Connection, row: RowMapping, now: float) -> RunInfo:
     ).one()
     last = conn.execute(
         text(
-            "SELECT scale_after, growth_tracker FROM steps WHERE run_id = :run"
+            "SELECT scale_after, growth_tracker, schedule_drift FROM steps WHERE run_id = :run"
             " ORDER BY step DESC LIMIT 1"
         ),
         {"run": run_id},
@@ -149,6 +151,7 @@ def _run_info(conn: Connection, row: RowMapping, now: float) -> RunInfo:
         skipped=int(totals[2]),
         scale=None if last is None else float(last[0]),
         growth_tracker=None if last is None else int(last[1]),
+        schedule_drift=None if last is None or last[2] is None else int(last[2]),
         last_heartbeat=row["heartbeat_at"],
         started_at=row["started_at"],
         ended_at=row["ended_at"],
@@ -250,7 +253,7 @@ _GROUPED = (
     "WITH p AS ({pieces})"
     " SELECT g.first_step, g.last_step, g.n, g.scale_min, g.scale_max, s.scale_after,"
     " g.tracker_min, g.tracker_max, s.growth_tracker, g.overflows, g.skipped,"
-    " g.loss_min, g.loss_max, s.loss, g.lr_min, g.lr_max, s.lr FROM ("
+    " g.loss_min, g.loss_max, s.loss, g.lr_min, g.lr_max, s.lr, s.schedule_drift FROM ("
     "  SELECT first_step / :width AS ob, min(first_step) AS first_step,"
     "  max(last_step) AS last_step, sum(n) AS n, min(scale_min) AS scale_min,"
     "  max(scale_max) AS scale_max, min(tracker_min) AS tracker_min,"

@@ -42,6 +42,8 @@ class StepRecord:
     params_omitted: int = 0  # non-finite parameters beyond the 32 kept per rank, all ranks
     lr: float | None = None  # in effect at the step: first group of the first optimizer stepped
     lr_groups: tuple[tuple[float | None, ...], ...] | None = None  # all groups', when one differs
+    # Skipped steps so far on which a registered LR scheduler stepped; None when none is.
+    schedule_drift: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -222,6 +222,7 @@ def step_values(r: StepRecord) -> tuple[Any, ...]:
         r.params_omitted,
         r.lr,
         None if r.lr_groups is None else format_lr_groups(r.lr_groups),
+        r.schedule_drift,
     )
 
 

@@ -79,6 +79,9 @@ steps = Table(
     # NULL when not known. lr_groups: every group's, as JSON, only when one differs.
     Column("lr", Float, nullable=True),
     Column("lr_groups", String, nullable=True),
+    # Skipped steps so far on which a registered LR scheduler stepped (the schedule's lead
+    # over the weights); NULL when no scheduler is registered.
+    Column("schedule_drift", Integer, nullable=True),
     # Rows clustered on (run_id, step) on SQLite: a range of steps is one b-tree range, no
     # lookups. PostgreSQL has no such tables; its heap is in insert order, which is step order.
     sqlite_with_rowid=False,

@@ -97,6 +97,7 @@ WATCHED_COLUMNS: tuple[str, ...] = (
     "overflow",
     "skipped",
     "inf_ranks",
+    "schedule_drift",
 )
 # Runs asked for in one statement (a sub-select each), unless the caller says.
 RUNS_PER_READ = 50

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -318,3 +319,22 @@ def test_many_runs_are_read_a_batch_at_a_time_and_each_step_fed_once(
     assert fed == {run: list(range(1, 31)) for run in ids}
     fired = {(alert.run_id, alert.fired_step) for alert in changes if alert.rule == "streak"}
     assert fired == {(run, streak_at[run] + 2) for run in ids}
+
+
+def test_a_schedule_that_drifts_fires_with_its_lead_in_words(any_store: Store) -> None:
+    store, clock, changes = any_store, Clock(), []
+    rules = parse_rules('[[rule]]\nname = "drift"\nkind = "schedule_drift"\nthreshold = 2\n').rules
+    run = create_run(store, name="bert", world_size=1, config={}, control={})
+    evaluator = Evaluator(store, rules, on_change=changes.append, clock=clock)
+    assert evaluator.tick() == []  # watched from its first step on
+    records, drift = [], 0
+    for record in _records(1, 8, skipped={2, 4, 5}):
+        records.append(dataclasses.replace(record, schedule_drift=drift))
+        drift += record.skipped  # a scheduler stepped after each: the next record counts it
+    write_steps(store, run.id, records)
+    (fired,) = evaluator.tick()
+    assert (fired.kind, fired.fired_step, fired.value) == ("schedule_drift", 5, 2)
+    assert alert_text(fired) == (
+        "scalewatch: drift (schedule_drift) firing on run 'bert' (#1) at step 5:"
+        " schedule ahead of the weights by 2 steps (threshold 2)"
+    )

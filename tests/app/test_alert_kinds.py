@@ -51,7 +51,7 @@ def _turns(kind: str, rows: list[StepView], run: RunView = RUN, **params: object
 def test_the_registry_holds_every_kind_with_a_default_rule() -> None:
     assert set(KINDS) == {
         "scale_below", "scale_drop", "skip_rate", "skip_streak", "stalled", "rank_hotspot",
-        "autopilot",
+        "autopilot", "schedule_drift",
     }  # fmt: skip
     assert all(spec.default for spec in KINDS.values())
 
@@ -75,6 +75,20 @@ def test_skip_rate_over_a_full_window_above_the_threshold() -> None:
     # Steps 2-5 are 40% of the first 10, but the window is not full before step 10.
     turns = _turns("skip_rate", rows, window=10, threshold=0.2)
     assert turns == [(10, True, 0.4), (13, False, 0.2), (32, True, 0.3), (40, False, 0.2)]
+
+
+def test_schedule_drift_fires_once_the_schedule_is_threshold_steps_ahead() -> None:
+    rows = _steps(skipped=[5, 6, 30, 31, 32])
+    drift = 0
+    for row in rows:  # a scheduler stepped after every step: counted in the next record
+        row.schedule_drift = drift
+        drift += row.skipped
+    assert _turns("schedule_drift", rows, threshold=4) == [(32, True, 4.0)]  # 5, 6, 30, 31
+    held = [StepView(r.step, r.wall_time, r.scale, r.scale_after, r.overflow, r.skipped, (), 0)
+            for r in rows]  # fmt: skip
+    unregistered = _steps(skipped=range(1, 100))  # no scheduler: None, never a reading
+    assert _turns("schedule_drift", held, threshold=1) == []
+    assert _turns("schedule_drift", unregistered, threshold=1) == []
 
 
 def test_skip_streak_fires_at_the_nth_skipped_step_in_a_row() -> None:
@@ -123,6 +137,10 @@ def test_stalled_counts_seconds_without_a_new_step_on_the_services_clock() -> No
         ("rank_hotspot", 7 / 11, 0.6, "last 11 overflows on rank 1",
          "64% of the last 11 overflows on rank 1 (threshold 60%)"),
         ("autopilot", 1.0, 1.0, "no help", "the autopilot stopped: no help"),
+        ("schedule_drift", 12.0, 10.0, "steps",
+         "schedule ahead of the weights by 12 steps (threshold 10)"),
+        ("schedule_drift", 1.0, 1.0, "step",
+         "schedule ahead of the weights by 1 step (threshold 1)"),
         ("rank_hotspot", 0.75, 0.6, "", "value 0.75, threshold 0.6"),  # a row from before details
         ("newer_kind", 3.0, 2.0, "x", "value 3, threshold 2 (x)"),
     ],

@@ -61,14 +61,17 @@ ROWS[1] = dataclasses.replace(
     lr_groups=((0.001, 0.0005),),
 )
 ROWS[0] = dataclasses.replace(ROWS[0], lr=0.001)  # step 3's learning rate was not read
+# A scheduler stepped after the skipped step 2: step 3's record counts it.
+ROWS[1] = dataclasses.replace(ROWS[1], schedule_drift=0)
+ROWS[2] = dataclasses.replace(ROWS[2], schedule_drift=1)
 
 GOLDEN_CSV = (
     "step,wall_time,scale,overflow,skipped,inf_ranks,scale_after,growth_tracker,"
     "growth_interval,growth_factor,backoff_factor,control_version,loss,loss_nonfinite_ranks,"
-    "params_omitted,lr,lr_groups\n"
-    "1,1700000000.5,65536.0,0,0,,65536.0,1,2,2.0,0.5,0,3.5,,0,0.001,\n"
-    '2,1700000001.25,65536.0,1,1,"0,3",32768.0,0,2,2.0,0.5,0,,,0,0.001,"[[0.001,0.0005]]"\n'
-    "3,1700000002.0,32768.0,0,0,,32768.0,1,2,2.0,0.5,1,2.25,,0,,\n"
+    "params_omitted,lr,lr_groups,schedule_drift\n"
+    "1,1700000000.5,65536.0,0,0,,65536.0,1,2,2.0,0.5,0,3.5,,0,0.001,,\n"
+    '2,1700000001.25,65536.0,1,1,"0,3",32768.0,0,2,2.0,0.5,0,,,0,0.001,"[[0.001,0.0005]]",0\n'
+    "3,1700000002.0,32768.0,0,0,,32768.0,1,2,2.0,0.5,1,2.25,,0,,,1\n"
 )
 
 
@@ -98,7 +101,7 @@ def test_overflows_export_as_json_lines_in_a_range(client: TestClient, store: St
         ' "skipped": true, "inf_ranks": [0, 3], "scale_after": 32768.0, "growth_tracker": 0,'
         ' "growth_interval": 2, "growth_factor": 2.0, "backoff_factor": 0.5,'
         ' "control_version": 0, "loss": null, "loss_nonfinite_ranks": [], "params_omitted": 0,'
-        ' "lr": 0.001, "lr_groups": [[0.001, 0.0005]],'
+        ' "lr": 0.001, "lr_groups": [[0.001, 0.0005]], "schedule_drift": 0,'
         ' "params": [{"rank": 0, "name": "fc.bias", "kind": "nan", "count": 1},'
         ' {"rank": 3, "name": "fc.weight", "kind": "inf", "count": 8}]}\n'
     )
@@ -111,7 +114,7 @@ def test_overflows_export_csv_golden_body(client: TestClient, store: Store) -> N
 
     assert response.text == (
         GOLDEN_CSV.splitlines(keepends=True)[0].replace("\n", ",params\n")
-        + '2,1700000001.25,65536.0,1,1,"0,3",32768.0,0,2,2.0,0.5,0,,,0,0.001,"[[0.001,0.0005]]",'
+        + '2,1700000001.25,65536.0,1,1,"0,3",32768.0,0,2,2.0,0.5,0,,,0,0.001,"[[0.001,0.0005]]",0,'
         "0:fc.bias:nan:1;3:fc.weight:inf:8\n"
     )
 

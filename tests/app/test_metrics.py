@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from scaler.store.engine import Store
@@ -32,3 +34,14 @@ def test_metrics_parse_and_follow_the_store(client: TestClient, store: Store) ->
     families = list(text_string_to_metric_families(client.get("/metrics").text))
     scale = next(family for family in families if family.name == "scalewatch_scale")
     assert len(scale.samples) == 2
+
+
+def test_the_schedules_drift_is_a_gauge_of_the_runs_that_register_one(
+    client: TestClient, store: Store
+) -> None:
+    records = [dataclasses.replace(r, schedule_drift=r.step // 40) for r in simulate(120, {5})]
+    add_run(store, records, name="drifting")
+    add_run(store, simulate(5, set()), name="unscheduled")
+    families = list(text_string_to_metric_families(client.get("/metrics").text))
+    drift = next(family for family in families if family.name == "scalewatch_schedule_drift")
+    assert [(s.labels["run_name"], s.value) for s in drift.samples] == [("drifting", 3)]

@@ -37,7 +37,8 @@ def with_losses(records: list[StepRecord], rng: random.Random) -> list[StepRecor
             loss = 5.0 / (1 + r.step / 1000) + rng.random() / 100
         phase = r.step % 9000
         lr = None if 4000 <= phase < 4500 else 1e-3 * min(1.0, (phase + 1) / 500) * 0.999**phase
-        out.append(dataclasses.replace(r, loss=loss, lr=lr))
+        drift = phase // 700 if phase >= 2000 else None  # a scheduler registered at 2000
+        out.append(dataclasses.replace(r, loss=loss, lr=lr, schedule_drift=drift))
     return out
 
 
@@ -87,6 +88,7 @@ def check_buckets(
         assert series["lr_min"][i] == (min(rates) if rates else None)
         assert series["lr_max"][i] == (max(rates) if rates else None)
         assert series["lr_last"][i] == chunk[-1].lr
+        assert series["schedule_drift"][i] == chunk[-1].schedule_drift
     for r in inside:
         if r.overflow:
             i = bisect.bisect_right(first, r.step) - 1

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import socket
 import subprocess
@@ -248,7 +249,9 @@ def test_a_stream_resuming_past_the_last_step_keeps_other_streams_live(
 
 
 def test_stream_of_a_finished_run_golden_body(client: TestClient, store: Store) -> None:
-    run = add_run(store, simulate(3, {2}))
+    records = simulate(3, {2})
+    records[2] = dataclasses.replace(records[2], schedule_drift=1)  # stepped after step 2
+    run = add_run(store, records)
     end_run(store, run)
 
     body = client.get(f"/api/runs/{run}/stream?after=1").text
@@ -259,12 +262,12 @@ def test_stream_of_a_finished_run_golden_body(client: TestClient, store: Store) 
         '"overflow":true,"skipped":true,"inf_ranks":[1],"scale_after":32768.0,'
         '"growth_tracker":0,"growth_interval":4,"growth_factor":2.0,"backoff_factor":0.5,'
         '"control_version":0,"loss":null,"loss_nonfinite_ranks":[],"params_omitted":0,'
-        '"lr":null,"lr_groups":null}\n\n'
+        '"lr":null,"lr_groups":null,"schedule_drift":null}\n\n'
         'id: 3\nevent: step\ndata: {"step":3,"wall_time":1700000000.75,"scale":32768.0,'
         '"overflow":false,"skipped":false,"inf_ranks":[],"scale_after":32768.0,'
         '"growth_tracker":1,"growth_interval":4,"growth_factor":2.0,"backoff_factor":0.5,'
         '"control_version":0,"loss":null,"loss_nonfinite_ranks":[],"params_omitted":0,'
-        '"lr":null,"lr_groups":null}\n\n'
+        '"lr":null,"lr_groups":null,"schedule_drift":1}\n\n'
         'event: end\ndata: {"status":"finished"}\n\n'
     )
 

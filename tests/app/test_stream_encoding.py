@@ -31,6 +31,7 @@ def row(step: int, **changes: Any) -> tuple[Any, ...]:
         "params_omitted": 0,
         "lr": 0.001,
         "lr_groups": None,
+        "schedule_drift": None,
     }
     values.update(changes)
     return tuple(values.values())
@@ -59,6 +60,7 @@ def test_a_random_page_is_the_json_encoders() -> None:
             loss_nonfinite_ranks=",".join(map(str, sorted(rng.sample(range(8), step % 3)))),
             params_omitted=rng.choice([0, 0, rng.randint(1, 10**6)]),
             lr=rng.choice([None, rng.uniform(1e-6, 1e-2)]),
+            schedule_drift=rng.choice([None, 0, rng.randint(1, 10**6)]),
         )
         for step in range(1000, 1500)
     ]
@@ -90,6 +92,9 @@ def test_a_random_page_is_the_json_encoders() -> None:
         {"lr": 1},
         {"lr_groups": "[[0.001,0.0005],[0.01]]"},
         {"lr_groups": "[[0.001,null]]"},
+        {"schedule_drift": 3},
+        {"schedule_drift": 3.0},
+        {"schedule_drift": True},
     ],
 )
 def test_a_page_with_an_odd_value_is_still_the_json_encoders(change: dict[str, Any]) -> None:

@@ -107,3 +107,52 @@ def test_the_scaler_accelerate_builds_on_a_gpu_is_ours_under_instrument(tmp_path
     assert done.returncode == 0, done.stderr[-3000:]
     run = the_run(db)
     assert (run.name, run.status, run.steps, run.world_size) == ("unedited", "finished", 20, 1)
+
+
+def _scheduled(optimizer: str, hold: bool) -> tuple[int, int, int]:
+    """``STEPS`` steps through ``AcceleratedScheduler``, the scheduler inside it held or
+    not: (its last_epoch, the optimizer steps skipped, those accelerate saw skipped)."""
+    accelerator = accelerate.Accelerator(mixed_precision="fp16", cpu=True)
+    grad_scaler = scaler.GradScaler("cpu", init_scale=INIT_SCALE, telemetry=False)
+    accelerator.scaler = grad_scaler
+    module = tiny_model()
+    opt = (
+        torch.optim.Adam(module.parameters(), lr=0.01, fused=True)
+        if optimizer == "fused"
+        else torch.optim.SGD(module.parameters(), lr=0.1)
+    )
+    inner = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.99**step)
+    if hold:
+        grad_scaler.hold(inner)  # the user's scheduler, which AcceleratedScheduler steps
+    model, optimizer_, scheduler = accelerator.prepare(module, opt, inner)
+    skipped = seen = 0
+    for x in batches(STEPS):
+        optimizer_.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(x).float().pow(2).mean()
+        accelerator.backward(loss)
+        optimizer_.step()
+        scheduler.step()
+        skipped += bool(grad_scaler.last_step_skipped)
+        seen += optimizer_.step_was_skipped
+    AcceleratorState._reset_state(reset_partial_state=True)
+    return inner.last_epoch, skipped, seen
+
+
+def test_holding_composes_with_accelerates_own_skip_handling() -> None:
+    """accelerate does not step its scheduler after a step it saw skipped; a held scheduler
+    inside it is then simply not called, and is not held twice: it counts the real steps."""
+    alone, skipped, seen = _scheduled("sgd", hold=False)
+    assert skipped == seen > 0 and alone == STEPS - skipped
+    held, skipped, seen = _scheduled("sgd", hold=True)
+    assert held == STEPS - skipped  # not STEPS - 2 * skipped
+
+
+def test_holding_catches_the_fused_skips_accelerate_misses() -> None:
+    """A fused optimizer is stepped by torch's scaler with its found_inf even when the step
+    is skipped: accelerate's patched step sees a call and says not skipped
+    (huggingface/accelerate#4242), and steps the schedule on. Held, the schedule stays."""
+    alone, skipped, seen = _scheduled("fused", hold=False)
+    assert skipped > 0 and seen == 0 and alone == STEPS
+    held, skipped, _ = _scheduled("fused", hold=True)
+    assert held == STEPS - skipped

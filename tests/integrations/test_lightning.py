@@ -214,3 +214,53 @@ def test_trainer_fsdp_under_scalewatch_instrument(tmp_path: Path) -> None:
     _run_script(tmp_path, FSDP_TRAINER, *instrument)
     run = the_run(f"sqlite:///{tmp_path / 'sw.db'}")
     assert (run.name, run.status, run.steps, run.world_size) == ("trainer-fsdp", "finished", 20, 1)
+
+
+class Scheduled(Regression):
+    """A scheduler stepped by the Trainer after every optimizer step; ``hold``: held by the
+    scaler (all ``hold`` needs under the Trainer: the Trainer calls ``scheduler.step()``, the
+    instance's, which the scaler wrapped)."""
+
+    def __init__(self, grad_scaler: Any, hold: bool) -> None:
+        super().__init__()
+        self.grad_scaler, self.hold = grad_scaler, hold
+        self.scheduler: Any = None
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.99**step)
+        if self.hold:
+            self.grad_scaler.hold(self.scheduler)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": self.scheduler, "interval": "step"},
+        }
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["torchs", "held"])
+def test_the_trainer_steps_a_held_scheduler_only_on_real_steps(
+    db_url: str, tmp_path: Path, hold: bool
+) -> None:
+    ours = scaler.GradScaler("cpu", init_scale=INIT_SCALE, telemetry=db_url, run_name="held")
+    data = torch.utils.data.TensorDataset(torch.cat(batches(STEPS)))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        plugins=[MixedPrecision("16-mixed", "cpu", scaler=ours)],
+        default_root_dir=tmp_path,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    module = Scheduled(ours, hold)
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=8))
+    ours.close()
+    run = the_run(db_url)
+    assert trainer.global_step == STEPS and run.skipped > 0
+    expected = STEPS - run.skipped if hold else STEPS
+    assert module.scheduler.last_epoch == expected
+    if hold:
+        assert run.config["schedulers"] == [{"name": "LambdaLR", "held": True}]
+        assert run.schedule_drift == 0

@@ -52,6 +52,7 @@ def _record(rng: random.Random, step: int) -> StepRecord:
         # A schedule's rate, now and then not known (a rate on a device, never read).
         lr=rng.choice([rng.uniform(1e-5, 1e-3)] * 8 + [None]),
         lr_groups=rng.choice([None] * 8 + [((0.001, None), (0.5,))]),
+        schedule_drift=rng.choice([None, 0, rng.randint(1, 50)]),
     )
 
 
@@ -119,6 +120,7 @@ def test_rollups_equal_a_brute_force_aggregation(
         assert row.loss == (record.loss if finite else None)
         assert row.lr == record.lr
         assert row.lr_groups == (None if record.lr_groups is None else "[[0.001,null],[0.5]]")
+        assert row.schedule_drift == record.schedule_drift
     assert _run_row(store, run.id)["last_step"] == max(stored)
 
 

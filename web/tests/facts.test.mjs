@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { LiveFacts } from "../facts.js";
+import { LiveFacts, scheduleText } from "../facts.js";
 
 const detail = (steps, extra = {}) => ({
   name: "r",
@@ -69,4 +69,17 @@ test("no detail yet: nothing to show", () => {
   const facts = new LiveFacts();
   facts.addStep(row(1));
   assert.equal(facts.current(), null);
+});
+
+test("the schedule's card: the drift at the latest step, held, or none registered", () => {
+  const facts = new LiveFacts();
+  facts.setDetail(detail(10, { schedule_drift: 2, config: { schedulers: [{ name: "LambdaLR", held: false }] } }));
+  facts.addStep({ ...row(11), schedule_drift: 3 });
+  assert.equal(facts.current().schedule_drift, 3);
+  assert.equal(scheduleText(facts.current()), "schedule ahead of the weights by 3 steps");
+  assert.equal(scheduleText({ schedule_drift: 1, config: {} }), "schedule ahead of the weights by 1 step");
+  const held = { schedule_drift: 0, config: { schedulers: [{ name: "OneCycleLR", held: true }] } };
+  assert.equal(scheduleText(held), "held: on the weights' steps (drift 0)");
+  assert.equal(scheduleText({ schedule_drift: 0, config: { schedulers: [{ held: false }] } }), "on the weights' steps (drift 0)");
+  assert.equal(scheduleText({ schedule_drift: null, config: {} }), null);
 });
