@@ -306,9 +306,12 @@ class _Recorded(scaler.ShardedGradScaler):
 RANK1_INF = {2, 5, 6}  # steps whose gradients hold inf on rank 1 only
 
 
-def _ranked(rank: int, world: int) -> dict[str, Any]:
-    """A DDP model on each rank, inf on rank 1 only: every rank skips alike (the all-reduce)."""
-    model = nn.parallel.DistributedDataParallel(mlp())
+def _ranked(rank: int, world: int, kind: str) -> dict[str, Any]:
+    """A model wrapped by ``kind`` (DDP, FSDP1, FSDP2) on each rank, inf on rank 1 only:
+    every rank skips alike (the all-reduce)."""
+    from test_multirank import wrap
+
+    model = wrap(kind, mlp(), "cpu")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     held = lr_scheduler.LambdaLR(opt, _warmup_then_decay)
     watched = lr_scheduler.StepLR(opt, 100)
@@ -319,9 +322,9 @@ def _ranked(rank: int, world: int) -> dict[str, Any]:
     rates = []
     for step in range(STEPS):
         opt.zero_grad()
-        gs.scale(model(batch(step + rank)).pow(2).mean()).backward()
+        gs.scale(model(batch(step + rank)).float().pow(2).mean()).backward()
         if rank == 1 and step in RANK1_INF:
-            poison(params, 0, float("inf"))
+            _poison_local(params[0], float("inf"))
         rates.append(float(opt.param_groups[0]["lr"]))
         gs.step(opt)
         gs.update()
@@ -338,10 +341,20 @@ def _ranked(rank: int, world: int) -> dict[str, Any]:
     }
 
 
-def test_two_real_ranks_hold_and_count_alike() -> None:
+def _poison_local(param: torch.Tensor, value: float) -> None:
+    """This rank's part of ``param``'s gradient gets ``value`` (a DTensor's local shard)."""
+    grad = param.grad
+    assert grad is not None
+    inner = getattr(grad, "_local_tensor", grad)
+    with torch.no_grad():
+        inner.view(-1)[0].fill_(value)
+
+
+@pytest.mark.parametrize("kind", ["ddp", "fsdp1", "fsdp2"])
+def test_two_real_ranks_hold_and_count_alike(kind: str) -> None:
     from _dist import run_ranks
 
-    first, second = run_ranks(_ranked, 2, timeout=120.0)
+    first, second = run_ranks(_ranked, 2, kind, timeout=120.0)
     assert first["held"] == second["held"] == STEPS - len(RANK1_INF)
     assert first["watched"] == second["watched"] == STEPS
     assert first["rates"] == second["rates"]  # one schedule, on both ranks
