@@ -55,8 +55,9 @@ def step_rows(
             new, tracker, ranks = scale, tracker + 1, ""
         over = step in overflows
         loss = 2.0 + 1.0 / step  # a loss every step, as the scaler records it
+        lr = 1e-3 * min(1.0, step / 1000)  # and a learning rate: a warmup, then flat
         yield (run_id, step, t0 + step * 0.1, scale, over, over, ranks, new, tracker, *TAIL,
-               loss, "", 0)  # fmt: skip
+               loss, "", 0, lr, None, None)  # fmt: skip
         scale = new
 
 
@@ -70,7 +71,7 @@ def _rollup_sql(dialect: str, run: int) -> Iterator[tuple[str, int, int]]:
                 f"SELECT run_id, {level}, step / {width}, min(step), max(step), count(*),"
                 f" {d['lo']}, {d['hi']}, 0.0, min(growth_tracker), max(growth_tracker), 0,"
                 f" sum({d['int'].format('overflow')}), sum({d['int'].format('skipped')}),"
-                " min(loss), max(loss)"
+                " min(loss), max(loss), min(lr), max(lr)"
                 f" FROM steps WHERE run_id = {run} GROUP BY run_id, step / {width}"
             )
         else:
@@ -79,7 +80,7 @@ def _rollup_sql(dialect: str, run: int) -> Iterator[tuple[str, int, int]]:
                 f"SELECT run_id, {level}, bucket / {ratio}, min(first_step), max(last_step),"
                 " sum(n), min(scale_min), max(scale_max), 0.0, min(tracker_min),"
                 " max(tracker_max), 0, sum(overflows), sum(skipped), min(loss_min),"
-                " max(loss_max) FROM step_rollups"
+                " max(loss_max), min(lr_min), max(lr_max) FROM step_rollups"
                 f" WHERE run_id = {run} AND level = {child[0]} GROUP BY run_id, bucket / {ratio}"
             )
         yield f"INSERT INTO step_rollups ({_ROLLUP_COLUMNS}) {source}", level, width
