@@ -6,11 +6,12 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from scaler.store import Store, open_store
-from tests import _postgres
+from tests._helpers import postgres as _postgres
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -33,6 +34,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker, skip in skips.items():
             if item.get_closest_marker(marker) is not None:
                 item.add_marker(skip)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: the torch lanes run without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` (make test): the browser tests, which share one Chromium and one
+    served live run (session fixtures), all on one worker, which starts both once; every
+    other test wherever a worker is free. xdist's own groups are named by a suffix it adds
+    to each test's node id, which pytest 9 no longer lets it change."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class BrowserTestsTogether(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return BROWSER_TESTS if nodeid.startswith(BROWSER_TESTS) else nodeid
+
+    return BrowserTestsTogether(config, log)
+
+
+BROWSER_TESTS = "tests/web/"
 
 
 @pytest.fixture(autouse=True)

@@ -21,8 +21,8 @@ import pytest
 
 from scaler.store.engine import open_store
 from scaler.store.queries import list_runs
-from tests._net import free_port
-from tests.scaler._dist import wait_for
+from tests._helpers.net import free_port
+from tests._helpers.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -18,9 +18,8 @@ import pytest
 from scaler.store.engine import open_store
 from scaler.store.queries import last_step as store_last_step
 from scaler.store.runs import create_run, write_steps
-from tests.app.conftest import CONTROL
-from tests.reliability._load import records, serving
-from tests.reliability.test_load import result, spawn, wait_streams_open
+from tests._helpers.load import records, result, serving, spawn, wait_streams_open
+from tests._helpers.service import CONTROL
 
 CHART_WAIT_S = 0.5
 MAX_LAG_S = 1.0
