@@ -22,13 +22,15 @@ $(DEMO_STAMP): pyproject.toml constraints.txt
 
 # The suite on $(JOBS) xdist workers: most of its time is spent waiting on subprocesses (ranks,
 # servers, trainers), so more workers than cores pay. A group (the browser tests, which share
-# one Chromium) runs on one worker. The dashboard's pure functions first (Node's own runner).
+# one Chromium) runs on one worker; a test marked alone runs after, by itself. The dashboard's
+# pure functions first (Node's own runner).
 JOBS ?= 3
 XDIST := -n $(JOBS) --dist loadgroup
 
 test: $(STAMP)
 	node --test web/tests/
-	$(BIN)/python -m pytest -q $(XDIST)
+	$(BIN)/python -m pytest -q $(XDIST) -m "not alone"
+	$(BIN)/python -m pytest -q -m alone
 
 # Before a commit (about a minute): lint, then every test but the slow and heavy ones (real
 # ranks, trainers, servers, fuzzing), Chromium's and PostgreSQL's, stopping at the first failure.

@@ -38,22 +38,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: the torch lanes run without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadgroup`` (make test): the browser tests, which share one Chromium and one
-    served live run (session fixtures), all on one worker, which starts both once; every
-    other test wherever a worker is free. xdist's own groups are named by a suffix it adds
+    """``--dist loadgroup`` (make test): each of ``GROUPS`` on one worker (the browser tests
+    share one Chromium and one served live run, session fixtures started once); every other
+    test wherever a worker is free. xdist's own groups are named by a suffix it adds
     to each test's node id, which pytest 9 no longer lets it change."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class BrowserTestsTogether(LoadScopeScheduling):  # type: ignore[misc]
+    class GroupsTogether(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            return BROWSER_TESTS if nodeid.startswith(BROWSER_TESTS) else nodeid
+            return next((group for group in GROUPS if nodeid.startswith(group)), nodeid)
 
-    return BrowserTestsTogether(config, log)
+    return GroupsTogether(config, log)
 
 
-BROWSER_TESTS = "tests/web/"
+# Each on one worker, one test after the other: the browser tests (one Chromium, one served
+# live run) and the demo's (each trains several ranks: two at once starve each other).
+GROUPS = ("tests/web/", "tests/app/test_demo.py")
 
 
 @pytest.fixture(autouse=True)

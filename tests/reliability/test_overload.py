@@ -58,6 +58,7 @@ def saturated() -> Iterator[None]:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 @pytest.mark.timeout(600)
 def test_a_saturated_machine_gets_bounded_answers_and_streams_and_keeps_every_step(
     server: tuple[str, str], saturated: None
