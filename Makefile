@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # integrations' trainers (make venv installs those too, and marks this done as well).
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: test lint venv clean demo bench cuda-check lowest torch-lanes wheel-check
+.PHONY: test check lint venv clean demo bench cuda-check lowest torch-lanes wheel-check
 
 venv: $(STAMP)
 
@@ -20,10 +20,24 @@ $(DEMO_STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e .
 	touch $(DEMO_STAMP)
 
-# The dashboard's pure functions first (Node's own runner, no packages): seconds, no browser.
+# The suite on $(JOBS) xdist workers: most of its time is spent waiting on subprocesses (ranks,
+# servers, trainers), so more workers than cores pay. A group (the browser tests, which share
+# one Chromium) runs on one worker; a test marked alone runs after, by itself. The dashboard's
+# pure functions first (Node's own runner).
+JOBS ?= 3
+XDIST := -n $(JOBS) --dist loadgroup
+
 test: $(STAMP)
 	node --test web/tests/
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST) -m "not alone"
+	$(BIN)/python -m pytest -q -m alone
+
+# Before a commit (about a minute): lint, then every test but the slow and heavy ones (real
+# ranks, trainers, servers, fuzzing), Chromium's and PostgreSQL's, stopping at the first failure.
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -q $(XDIST) -x -m "not slow and not heavy and not browser and not postgres"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

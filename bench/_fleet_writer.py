@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from scaler.store.engine import open_store  # noqa: E402
 from scaler.store.runs import write_steps  # noqa: E402
-from tests.reliability._load import records  # noqa: E402
+from tests._helpers.load import records  # noqa: E402
 
 
 def _write(

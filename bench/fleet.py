@@ -38,7 +38,7 @@ from _figures import figure  # noqa: E402
 from scaler.store.engine import open_store  # noqa: E402
 from scaler.store.runs import create_run, write_steps  # noqa: E402
 from scaler.store.schema import steps  # noqa: E402
-from tests.reliability._load import ServiceDidNotStart, records, serving  # noqa: E402
+from tests._helpers.load import ServiceDidNotStart, records, serving  # noqa: E402
 
 CONTROL = {"growth_interval": 2000, "growth_factor": 2.0, "backoff_factor": 0.5}
 CATCH_UP_S = 120  # after the writers' last step, for every stream to deliver it
@@ -192,7 +192,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
     sse = _spawn(
         [
             "-m",
-            "tests.reliability._load",
+            "tests._helpers.load",
             "sse",
             base,
             run_list,
@@ -216,7 +216,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
     charts = _spawn(
         [
             "-m",
-            "tests.reliability._load",
+            "tests._helpers.load",
             "charts",
             base,
             run_list,

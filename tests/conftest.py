@@ -6,11 +6,12 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from scaler.store import Store, open_store
-from tests import _postgres
+from tests._helpers import postgres as _postgres
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -33,6 +34,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker, skip in skips.items():
             if item.get_closest_marker(marker) is not None:
                 item.add_marker(skip)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: the torch lanes run without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` (make test): each of ``GROUPS`` on one worker (the browser tests
+    share one Chromium and one served live run, session fixtures started once); every other
+    test wherever a worker is free. xdist's own groups are named by a suffix it adds
+    to each test's node id, which pytest 9 no longer lets it change."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupsTogether(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return next((group for group in GROUPS if nodeid.startswith(group)), nodeid)
+
+    return GroupsTogether(config, log)
+
+
+# Each on one worker, one test after the other: the browser tests (one Chromium, one served
+# live run) and the demo's (each trains several ranks: two at once starve each other).
+GROUPS = ("tests/web/", "tests/app/test_demo.py")
 
 
 @pytest.fixture(autouse=True)

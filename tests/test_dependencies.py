@@ -9,11 +9,13 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 
+@pytest.mark.heavy
 def test_torch_imports_without_a_warning() -> None:
     """Without numpy, torch warned "Failed to initialize NumPy" in every script and every
     demo rank; numpy is a dependency, so that no filter has to hide it."""

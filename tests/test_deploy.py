@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.main import create_app
 from app.settings import Settings
-from scaler.store.records import StepRecord
 from scaler.store.runs import create_run, write_steps
+from tests._helpers.records import step_record
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 RULES = DEPLOY / "prometheus" / "scalewatch-rules.yml"
@@ -37,20 +37,7 @@ def _exported(tmp_path: Path) -> dict[str, set[str]]:
     with TestClient(app, base_url="http://127.0.0.1") as client:
         store = client.app.state.services.store  # type: ignore[attr-defined]
         run = create_run(store, name="bert", world_size=1, config={}, control={})
-        low = StepRecord(
-            step=1,
-            wall_time=time.time(),
-            scale=0.5,
-            overflow=False,
-            skipped=False,
-            inf_ranks=(),
-            scale_after=0.5,
-            growth_tracker=0,
-            growth_interval=2000,
-            growth_factor=2.0,
-            backoff_factor=0.5,
-            control_version=0,
-        )
+        low = step_record(1, wall_time=time.time(), scale=0.5)
         write_steps(store, run.id, [low])
         client.app.state.services.alerts.tick()  # type: ignore[attr-defined]
         text = client.get("/metrics").text

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("scaler", "app")
 
@@ -20,6 +22,7 @@ def _modules_with_examples() -> set[str]:
     }
 
 
+@pytest.mark.heavy
 def test_every_module_with_an_example_is_collected_as_a_doctest() -> None:
     modules = _modules_with_examples()
     assert "scaler/stats.py" in modules  # the scan itself finds them

@@ -19,7 +19,7 @@ import pytest
 
 from scaler.store.engine import open_store
 from scaler.store.queries import list_runs
-from tests._net import free_port
+from tests._helpers.net import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("docs/*.md"))]

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tests._net import free_port
-from tests._process import end_process
+from tests._helpers.net import free_port
+from tests._helpers.processes import end_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.wheel]
 

@@ -19,6 +19,7 @@ from scaler.store.engine import Store, open_store
 from scaler.store.records import StepRecord
 from scaler.store.runs import create_run, end_run, write_steps
 from scaler.store.states import AlertState
+from tests._helpers.records import step_record
 
 RULES = parse_rules(
     """
@@ -55,19 +56,13 @@ class Clock:
 
 def _records(first: int, last: int, skipped: set[int]) -> list[StepRecord]:
     return [
-        StepRecord(
-            step=step,
+        step_record(
+            step,
             wall_time=2000.0 + step,
-            scale=1024.0,
             overflow=step in skipped,
-            skipped=step in skipped,
             inf_ranks=(0,) if step in skipped else (),
             scale_after=512.0 if step in skipped else 1024.0,
-            growth_tracker=0,
             growth_interval=4,
-            growth_factor=2.0,
-            backoff_factor=0.5,
-            control_version=0,
         )
         for step in range(first, last + 1)
     ]

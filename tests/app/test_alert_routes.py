@@ -15,7 +15,7 @@ from app.main import create_app
 from app.settings import Settings
 from scaler.store.engine import Store
 from scaler.store.runs import write_steps
-from tests.app.conftest import LOCAL, add_run, simulate
+from tests._helpers.service import LOCAL, add_run, simulate
 
 RULES = """
 [[rule]]

@@ -13,6 +13,7 @@ from sqlalchemy import Connection
 
 from app.alerts.config import RulesFileError, parse_rules
 from app.autopilot import AutopilotLoop, run_loop
+from app.settings import Settings
 from scaler.store.autopilot import (
     disable_autopilot,
     enabled_autopilots,
@@ -24,10 +25,27 @@ from scaler.store.engine import Store
 from scaler.store.errors import ControlValidationError, RunNotRunning
 from scaler.store.runs import create_run, end_run, write_steps
 from scaler.store.states import AutopilotState, RequestSource, RequestStatus, RunStatus
-from tests.app.conftest import CONTROL, add_run, simulate
+from tests._helpers.service import (
+    CONTROL,
+    IDLE_AUTOPILOT_S,
+    add_run,
+    after_first_autopilot_tick,
+    simulate,
+)
 
 EVERY_TENTH = set(range(10, 601, 10))  # 10% of the steps skipped
 ON = {"enabled": True, "target_skip_rate": 0.01, "cooldown_steps": 100}
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """The service's own loop idle: these tests tick loops of their own."""
+    return settings.model_copy(update={"autopilot_interval_s": IDLE_AUTOPILOT_S})
+
+
+@pytest.fixture
+def client(client: TestClient) -> TestClient:
+    return after_first_autopilot_tick(client)
 
 
 def test_a_change_is_filed_as_a_control_request_of_the_autopilot(store: Store) -> None:

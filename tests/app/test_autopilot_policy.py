@@ -24,8 +24,8 @@ from app.autopilot.policy import (
 from scaler.store.engine import open_store
 from scaler.store.records import StepRecord
 from scaler.store.schema import steps
-from tests.app._ceiling import CeilingTrainer
-from tests.app._histories import Simulated, above, window
+from tests._helpers.ceiling import CeilingTrainer
+from tests._helpers.histories import Simulated, above, window
 
 TARGET = 0.01
 SETTINGS = Settings(

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from scaler.store.engine import Store
 from scaler.store.runs import end_run, heartbeat, resume_run
 from scaler.store.schema import runs
-from tests.app.conftest import add_run, auth, simulate
+from tests._helpers.service import add_run, auth, simulate
 
 ON = {"enabled": True, "target_skip_rate": 0.01}
 

@@ -16,13 +16,11 @@ from app.settings import Settings
 from scaler.store.control import control_history, control_state
 from scaler.store.engine import Store
 from scaler.store.states import RequestSource, RequestStatus
-from scaler.store.summaries import request_summary, step_summary
-from tests.app._ceiling import CeilingTrainer
-from tests.app.conftest import LOCAL, TOKEN, auth
+from scaler.store.summaries import step_summary
+from tests._helpers.ceiling import CeilingTrainer, enable, settled, skip_rate_since_change
+from tests._helpers.service import LOCAL, TOKEN, auth
 
-COOLDOWN = 200
-SETTLED_STEPS = 3 * COOLDOWN  # steps within the target since the last change
-TARGET = 0.01
+pytestmark = pytest.mark.heavy  # real processes or a real trainer: make check leaves it out
 
 
 @pytest.fixture
@@ -42,34 +40,6 @@ def trainer(db_url: str) -> Iterator[CeilingTrainer]:
         yield job
     finally:
         job.close()
-
-
-def skip_rate_since_change(store: Store, run: int, after: int = 0) -> tuple[float, int]:
-    """The skipped-step rate since the last change (or ``after``, if later), and of how
-    many steps."""
-    changed = request_summary(store, run, since=0).changed_at_step
-    steps = step_summary(store, run, after=max(changed, after))
-    return (steps.skipped / steps.steps, steps.steps) if steps else (1.0, 0)
-
-
-def settled(store: Store, run: int, after: int = 0) -> bool:
-    """The autopilot made a change, and the steps since (and since ``after``) are within
-    the target, ``SETTLED_STEPS`` of them at least."""
-    summary = request_summary(store, run, since=0)
-    rate, steps = skip_rate_since_change(store, run, after)
-    return (
-        summary.changed_at_step > 0
-        and not summary.pending
-        and steps >= SETTLED_STEPS
-        and (rate <= TARGET)
-    )
-
-
-def enable(client: TestClient, run: int) -> None:
-    body = {"enabled": True, "target_skip_rate": TARGET, "cooldown_steps": COOLDOWN}
-    response = client.put(f"/api/runs/{run}/autopilot", json=body, headers=auth())
-    assert response.status_code == 200, response.text
-    assert response.json()["state"] == "watching"
 
 
 def test_a_run_skipping_5_percent_settles_under_a_1_percent_target(

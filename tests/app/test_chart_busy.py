@@ -8,12 +8,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from app.main import create_app
 from app.settings import Settings
 from scaler.store.engine import Store
-from tests.app.conftest import LOCAL, TOKEN, TestClient, add_run, simulate
+from tests._helpers.service import LOCAL, TOKEN, add_run, simulate
 
 WAIT_S = 0.3
 

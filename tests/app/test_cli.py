@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from fastapi.testclient import TestClient
 
 import app.cli.export
 import app.exports
 from app.cli import cli, main
 from scaler.store.engine import Store
 from scaler.store.runs import end_run
-from tests.app.conftest import TestClient, add_run, simulate
-from tests.app.test_export import GOLDEN_CSV, ROWS
+from tests._helpers.golden import GOLDEN_CSV, ROWS
+from tests._helpers.service import add_run, simulate
 
 
 def scalewatch(*argv: str) -> Result:

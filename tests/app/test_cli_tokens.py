@@ -6,7 +6,7 @@ from fastapi.testclient import TestClient
 from app.cli import cli
 from scaler.store.engine import Store
 from scaler.store.identities import identity_events_page
-from tests.app.conftest import auth
+from tests._helpers.service import auth
 
 
 def scalewatch(*argv: str) -> Result:

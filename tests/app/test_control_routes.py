@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from fastapi.testclient import TestClient
+
 from scaler.store.engine import Store
 from scaler.store.runs import end_run
-from tests.app.conftest import TOKEN, TestClient, add_run, auth, simulate
+from tests._helpers.service import TOKEN, add_run, auth, simulate
 
 
 def test_post_control_answers_202_with_the_pending_request(

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
 from scaler.store import rules
-from tests.app.conftest import TestClient
 
 ROOT = Path(__file__).resolve().parents[2]
 

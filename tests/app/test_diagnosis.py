@@ -4,44 +4,15 @@ and the exports' diagnosis columns."""
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import json
-import math
 
 import pytest
+from fastapi.testclient import TestClient
 
 from scaler.store.engine import Store
-from scaler.store.records import ParamFinding, StepRecord
-from tests.app.conftest import TestClient, add_run, simulate
-
-FC1 = "encoder.layers.3.fc1.weight"
-HEAD = "head.bias"
-
-
-def diagnosed() -> list[StepRecord]:
-    """Ten steps with a loss each; overflows at 3 (inf in FC1 on rank 1, NaN in HEAD on rank
-    0), 6 (the loss on rank 1 was inf; both kinds in FC1 there) and 9 (HEAD on rank 1, with
-    parameters left out)."""
-    findings = {
-        3: (ParamFinding(0, HEAD, "nan", 3), ParamFinding(1, FC1, "inf", 12)),
-        6: (ParamFinding(1, FC1, "both", 40),),
-        9: (ParamFinding(1, HEAD, "inf", 1),),
-    }
-    records = []
-    for record in simulate(10, set(findings)):
-        step = record.step
-        records.append(
-            dataclasses.replace(
-                record,
-                inf_ranks=tuple(sorted({p.rank for p in findings.get(step, ())})),
-                loss=math.inf if step == 6 else 4.0 - step / 4,
-                loss_nonfinite_ranks=(1,) if step == 6 else (),
-                params=findings.get(step, ()),
-                params_omitted=7 if step == 9 else 0,
-            )
-        )
-    return records
+from tests._helpers.golden import FC1, HEAD, diagnosed
+from tests._helpers.service import add_run, simulate
 
 
 def test_overflow_rows_carry_their_parameters_and_loss_ranks(

@@ -1,78 +1,10 @@
 from __future__ import annotations
 
-import dataclasses
+from fastapi.testclient import TestClient
 
 from scaler.store.engine import Store
-from scaler.store.records import ParamFinding, StepRecord
-from tests.app.conftest import TestClient, add_run
-
-ROWS = [
-    StepRecord(
-        step=1,
-        wall_time=1700000000.5,
-        scale=65536.0,
-        overflow=False,
-        skipped=False,
-        inf_ranks=(),
-        scale_after=65536.0,
-        growth_tracker=1,
-        growth_interval=2,
-        growth_factor=2.0,
-        backoff_factor=0.5,
-        control_version=0,
-        loss=3.5,
-    ),
-    StepRecord(
-        step=2,
-        wall_time=1700000001.25,
-        scale=65536.0,
-        overflow=True,
-        skipped=True,
-        inf_ranks=(0, 3),
-        scale_after=32768.0,
-        growth_tracker=0,
-        growth_interval=2,
-        growth_factor=2.0,
-        backoff_factor=0.5,
-        control_version=0,
-    ),
-    StepRecord(
-        step=3,
-        wall_time=1700000002.0,
-        scale=32768.0,
-        overflow=False,
-        skipped=False,
-        inf_ranks=(),
-        scale_after=32768.0,
-        growth_tracker=1,
-        growth_interval=2,
-        growth_factor=2.0,
-        backoff_factor=0.5,
-        control_version=1,
-        loss=2.25,
-    ),
-]
-
-# Step 2's findings: the overflows export's params column; its learning rates by group.
-ROWS[1] = dataclasses.replace(
-    ROWS[1],
-    params=(ParamFinding(0, "fc.bias", "nan", 1), ParamFinding(3, "fc.weight", "inf", 8)),
-    lr=0.001,
-    lr_groups=((0.001, 0.0005),),
-)
-ROWS[0] = dataclasses.replace(ROWS[0], lr=0.001)  # step 3's learning rate was not read
-# A scheduler stepped after the skipped step 2: step 3's record counts it.
-ROWS[1] = dataclasses.replace(ROWS[1], schedule_drift=0)
-ROWS[2] = dataclasses.replace(ROWS[2], schedule_drift=1)
-
-GOLDEN_CSV = (
-    "step,wall_time,scale,overflow,skipped,inf_ranks,scale_after,growth_tracker,"
-    "growth_interval,growth_factor,backoff_factor,control_version,loss,loss_nonfinite_ranks,"
-    "params_omitted,lr,lr_groups,schedule_drift\n"
-    "1,1700000000.5,65536.0,0,0,,65536.0,1,2,2.0,0.5,0,3.5,,0,0.001,,\n"
-    '2,1700000001.25,65536.0,1,1,"0,3",32768.0,0,2,2.0,0.5,0,,,0,0.001,"[[0.001,0.0005]]",0\n'
-    "3,1700000002.0,32768.0,0,0,,32768.0,1,2,2.0,0.5,1,2.25,,0,,,1\n"
-)
+from tests._helpers.golden import GOLDEN_CSV, ROWS
+from tests._helpers.service import add_run
 
 
 def test_csv_export_golden_body(client: TestClient, store: Store) -> None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from fastapi.testclient import TestClient
 
 from scaler.store.engine import Store
-from tests.app.conftest import TestClient, add_run, simulate
+from tests._helpers.service import add_run, simulate
 
 
 def test_head_answers_as_get_without_the_body(client: TestClient, store: Store) -> None:

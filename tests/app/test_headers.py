@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
+from fastapi.testclient import TestClient
+
 from app.dashboard import web_dir
-from tests.app.conftest import TestClient
 
 PAGES = ("/", "/run.html", "/docs")
 

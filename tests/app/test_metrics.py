@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from scaler.store.engine import Store
-from tests.app.conftest import TestClient, add_run, simulate
+from tests._helpers.service import add_run, simulate
 
 
 def test_metrics_parse_and_follow_the_store(client: TestClient, store: Store) -> None:

@@ -12,14 +12,17 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from sqlalchemy import select
 
 from scaler.store.engine import open_store
 from scaler.store.runs import end_run
 from scaler.store.schema import identities
-from tests._net import free_port
-from tests._process import end_process
-from tests.app.conftest import add_run, simulate
+from tests._helpers.net import free_port
+from tests._helpers.processes import end_process
+from tests._helpers.service import add_run, simulate
+
+pytestmark = pytest.mark.heavy  # real processes or a real trainer: make check leaves it out
 
 BOOTSTRAP = "bootstrap-secret-0123456789abcdef-for-the-leak-test"
 ACCESS_TOKEN = "oauth2-proxy-access-token-that-must-never-show"

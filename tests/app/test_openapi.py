@@ -7,9 +7,9 @@ import math
 
 import jsonschema_rs
 import pytest
+from fastapi.testclient import TestClient
 
 from scaler._control import normalise
-from tests.app.conftest import TestClient
 
 
 @pytest.fixture

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+from fastapi.testclient import TestClient
+
 from scaler.store.engine import Store
-from tests.app.conftest import TestClient, add_run, simulate
+from tests._helpers.service import add_run, simulate
 
 
 def test_overflows_are_keyset_paged_in_step_order(client: TestClient, store: Store) -> None:

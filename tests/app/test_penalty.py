@@ -3,9 +3,11 @@ and the table that counts them stays small under a flood from many addresses."""
 
 from __future__ import annotations
 
+from fastapi.testclient import TestClient
+
 from app.middleware.penalty import FailurePenalty
 from scaler.store.engine import Store
-from tests.app.conftest import TOKEN, TestClient, add_run, auth, simulate
+from tests._helpers.service import TOKEN, add_run, auth, simulate
 
 
 def test_repeated_wrong_tokens_lock_the_client_out(client: TestClient, store: Store) -> None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from app.cli import main
@@ -14,34 +14,12 @@ from app.main import create_app
 from app.settings import Settings
 from scaler.store.control import control_history
 from scaler.store.engine import Store, open_store
-from tests.app._ceiling import CeilingTrainer
-from tests.app.conftest import LOCAL, TOKEN, TestClient, add_run, auth, simulate
-from tests.app.test_autopilot_training import enable, settled
-from tests.app.test_diagnosis import diagnosed
-from tests.app.test_export import GOLDEN_CSV, ROWS
+from tests._helpers.ceiling import CeilingTrainer, enable, settled
+from tests._helpers.golden import GOLDEN_CSV, ROWS, diagnosed
+from tests._helpers.postgres import PASSWORD
+from tests._helpers.service import LOCAL, TOKEN, add_run, auth, simulate
 
 pytestmark = pytest.mark.postgres
-# The tests' server trusts 127.0.0.1, so the password is never checked; it must still
-# never be shown.
-PASSWORD = "pg-s3cret-pw"
-
-
-@pytest.fixture
-def pg_url(postgres_url: str) -> str:
-    return postgres_url.replace("postgres@", f"postgres:{PASSWORD}@", 1)
-
-
-@pytest.fixture
-def pg_store(pg_url: str) -> Iterator[Store]:
-    with open_store(pg_url) as opened:
-        yield opened
-
-
-@pytest.fixture
-def pg_client(pg_url: str, pg_store: Store, tmp_path: Path) -> Iterator[TestClient]:
-    settings = Settings(db=pg_url, token=SecretStr(TOKEN), token_file=tmp_path / "token")
-    with TestClient(create_app(settings), base_url=LOCAL) as client:
-        yield client
 
 
 def test_the_service_reads_a_runs_steps_from_postgresql(

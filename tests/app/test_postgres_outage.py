@@ -7,20 +7,20 @@ from __future__ import annotations
 import logging
 
 import pytest
+from fastapi.testclient import TestClient
 
 from scaler.store.engine import Store
-from tests._postgres import Cluster
-from tests.app.conftest import TestClient, add_run, simulate
-from tests.app.test_postgres import pg_client, pg_store, pg_url  # noqa: F401
-from tests.scaler._dist import wait_for
+from tests._helpers.postgres import Cluster
+from tests._helpers.service import add_run, simulate
+from tests._helpers.waiting import wait_for
 
 pytestmark = pytest.mark.postgres
 READS = ("/api/runs", "/api/runs/{run}", "/api/runs/{run}/steps", "/api/runs/{run}/control")
 
 
 def test_the_service_answers_503_while_the_server_is_down_and_recovers_by_itself(
-    pg_client: TestClient,  # noqa: F811
-    pg_store: Store,  # noqa: F811
+    pg_client: TestClient,
+    pg_store: Store,
     postgres_cluster: Cluster,
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -12,7 +12,7 @@ from app.main import create_app
 from app.settings import Settings
 from scaler.store.engine import Store
 from scaler.store.identities import identity_events_page, list_identities, revoke_identity
-from tests.app.conftest import TOKEN, add_run, auth, simulate
+from tests._helpers.service import TOKEN, add_run, auth, simulate
 
 USER, ROLE = "X-Forwarded-User", "X-Forwarded-Role"
 

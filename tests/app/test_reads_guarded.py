@@ -16,7 +16,7 @@ from app.settings import Settings
 from scaler.store.engine import Store
 from scaler.store.identities import Role, create_identity
 from scaler.store.runs import end_run
-from tests.app.conftest import TOKEN, add_run, auth, simulate
+from tests._helpers.service import TOKEN, add_run, auth, simulate
 
 
 def beyond_loopback(db_url: str, tmp_path: Path, **more: object) -> Settings:

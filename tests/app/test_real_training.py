@@ -11,9 +11,13 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from scaler.store.engine import Store
-from tests.app.test_stream import events, server  # noqa: F401  (the real uvicorn fixture)
+from tests._helpers.serving import events
+from tests._helpers.waiting import wait_for
+
+pytestmark = pytest.mark.heavy  # real processes or a real trainer: make check leaves it out
 
 POISONED = (5, 12)  # update() counts at which the trainer puts an inf into a gradient
 
@@ -43,18 +47,8 @@ print(step, flush=True)
 """
 
 
-def _wait(condition: object, timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()  # type: ignore[operator]
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def test_api_and_live_stream_follow_a_real_training_run(
-    server: str,  # noqa: F811
+    server: str,
     db_url: str,
     store: Store,
     tmp_path: Path,
@@ -74,7 +68,7 @@ def test_api_and_live_stream_follow_a_real_training_run(
                     return int(runs[0]["id"])
                 return None
 
-            run = int(_wait(running_run, 60, "the trainer's first steps"))  # type: ignore[arg-type]
+            run = int(wait_for(running_run, 60, "the trainer's first steps"))  # type: ignore[arg-type]
             with http.stream("GET", f"/api/runs/{run}/stream") as response:
                 stream = events(response)
                 lags = []

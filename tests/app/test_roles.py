@@ -20,7 +20,7 @@ from app.settings import Settings
 from scaler.store.engine import Store
 from scaler.store.identities import Role, create_identity, revoke_identity
 from scaler.store.runs import end_run
-from tests.app.conftest import LOCAL, TOKEN, add_run, auth, simulate
+from tests._helpers.service import LOCAL, TOKEN, add_run, auth, simulate
 
 CALLERS = ("anonymous", "viewer", "operator", "admin", "revoked", "expired", "bootstrap")
 THROUGH = "through"  # any answer of the route itself: 2xx, or its own 404, 409, 422

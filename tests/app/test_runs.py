@@ -6,7 +6,7 @@ from fastapi.testclient import TestClient
 
 from scaler.store.engine import Store
 from scaler.store.runs import end_run
-from tests.app.conftest import add_run, simulate
+from tests._helpers.service import add_run, simulate
 
 
 def test_list_runs_summarises_each_run(client: TestClient, store: Store) -> None:

@@ -8,7 +8,7 @@ from app.middleware.roles import ROUTE_ROLES
 from scaler.store.engine import Store
 from scaler.store.identities import Role
 from scaler.store.scale_loads import ScaleLoad, record_scale_load
-from tests.app.conftest import add_run, simulate
+from tests._helpers.service import add_run, simulate
 
 
 def test_the_loads_of_a_run_are_listed_oldest_first_with_their_jump(

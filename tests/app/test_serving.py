@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
 from app.cli import main
@@ -32,7 +33,7 @@ from app.middleware.security import check_token, host_name, is_loopback
 from app.settings import Settings
 from scaler.store.engine import open_store
 from scaler.store.runs import write_steps
-from tests.app.conftest import TestClient, add_run, simulate
+from tests._helpers.service import add_run, simulate
 
 
 def test_binding_elsewhere_without_a_token_is_refused(
@@ -185,6 +186,7 @@ def test_host_names() -> None:
     assert host_name("LocalHost") == "localhost"
 
 
+@pytest.mark.heavy
 def test_ctrl_c_stops_serve_while_a_live_stream_is_open(tmp_path: Path) -> None:
     """A live stream never ends by itself: the server must not wait for it for ever. It
     ends the stream (a whole response: the reader sees its end, no broken body) before the
@@ -273,6 +275,7 @@ def test_two_services_keep_a_token_file_each(
     assert first.token != second.token
 
 
+@pytest.mark.heavy
 def test_a_server_freezes_the_heap_it_starts_with_after_collecting_its_garbage(
     tmp_path: Path,
 ) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +17,7 @@ from scaler.store.engine import Store, open_store
 from scaler.store.queries import chart_series
 from scaler.store.records import StepRecord
 from scaler.store.schema import ROLLUP_LEVELS
-from tests.app.conftest import TestClient, add_run, simulate
+from tests._helpers.service import add_run, simulate
 
 BIG = max(ROLLUP_LEVELS.values()) + 40_000  # every rollup level has whole buckets
 

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
 from app.cli import main
 from scaler.store.engine import Store, storage_failure
-from tests.app.conftest import TestClient, add_run, simulate
-from tests.app.test_stream import server  # noqa: F401  (a real uvicorn)
+from tests._helpers.service import add_run, simulate
 
 DAMAGE_AT, DAMAGE_BYTES = 8192, 16 * 1024
 
@@ -110,7 +110,7 @@ def test_only_the_stores_condition_is_a_storage_failure() -> None:
 
 
 def test_an_export_the_store_fails_part_way_is_cut_short_in_one_line(
-    server: str,  # noqa: F811
+    server: str,
     store: Store,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,

@@ -3,36 +3,31 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
-from pydantic import SecretStr
+from fastapi.testclient import TestClient
 
 import app.live.hubs as hubs_module
 from app.live.sse import sse_event
-from app.main import create_app
-from app.settings import Settings
 from scaler.store.engine import Store, open_store
 from scaler.store.identities import Role, create_identity
 from scaler.store.runs import end_run
-from tests.app.conftest import TestClient, add_run, simulate
+from tests._helpers.service import add_run, simulate
+from tests._helpers.serving import events, serve_on_thread
 
 WRITER = """
 import sys, time
 from scaler.store.engine import open_store
-from scaler.store.runs import end_run, write_steps
-from tests.app.conftest import simulate
+from scaler.store.runs import end_run, heartbeat, write_steps
+from tests._helpers.service import simulate
 url, run = sys.argv[1], int(sys.argv[2])
 store = open_store(url)
+heartbeat(store, run)  # as a job's writer does: the run stays live however long this took
 print("ready", flush=True)
 for line in sys.stdin:
     word, _, arg = line.strip().partition(" ")
@@ -52,25 +47,6 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         url: str = request.getfixturevalue("postgres_url")
         return url
     return f"sqlite:///{tmp_path / 'scalewatch.db'}"
-
-
-@dataclass
-class Event:
-    event: str
-    data: str
-    id: str | None
-
-
-def events(response: httpx.Response) -> Iterator[Event]:
-    fields: dict[str, str] = {}
-    for line in response.iter_lines():
-        if not line:
-            if "event" in fields:
-                yield Event(fields["event"], fields.get("data", ""), fields.get("id"))
-            fields = {}
-        elif not line.startswith(":"):
-            name, _, value = line.partition(":")
-            fields[name] = value.removeprefix(" ")
 
 
 class Writer:
@@ -100,34 +76,6 @@ class Writer:
         self.process.stdin.close()
         self.process.wait(timeout=30)
         self.process.stdout.close()
-
-
-@pytest.fixture
-def server(db_url: str, store: Store) -> Iterator[str]:
-    """A real uvicorn on a free port of 127.0.0.1, in a thread, stopped after the test."""
-    with _serve(db_url, poll_s=0.05) as url:
-        yield url
-
-
-@contextlib.contextmanager
-def _serve(db_url: str, poll_s: float, **stream: float) -> Iterator[str]:
-    settings = Settings(db=db_url, token=SecretStr("t"), stream_poll_s=poll_s, **stream)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(create_app(settings), log_level="warning", lifespan="on")
-    uv = uvicorn.Server(config)
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not uv.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}"
-    uv.should_exit = True
-    thread.join(timeout=10)
-    sock.close()
-    assert not thread.is_alive(), "the server kept a stream open after its client left"
 
 
 def test_live_steps_resume_and_end(server: str, db_url: str, store: Store) -> None:
@@ -171,7 +119,7 @@ def test_postgresql_tells_a_stream_of_new_steps_without_a_poll(
     writer = Writer(postgres_url, run)
     try:
         with (
-            _serve(postgres_url, poll_s=30.0, stream_listen_fallback_s=30.0) as server,
+            serve_on_thread(postgres_url, poll_s=30.0, stream_listen_fallback_s=30.0) as server,
             httpx.Client(base_url=server, timeout=5) as http,
             http.stream("GET", f"/api/runs/{run}/stream") as response,
         ):
@@ -202,7 +150,7 @@ def test_streams_far_behind_share_each_page_and_miss_nothing(
     run = add_run(store, simulate(1000, {10, 500}))
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(
-            _serve(
+            serve_on_thread(
                 db_url,
                 poll_s=0.05,
                 stream_buffered_steps=100,

@@ -9,7 +9,7 @@ import time
 from app.live.hubs import STEP_PAGE, Chunk, Hub, Pacing, _read_new
 from scaler.store.engine import Store
 from scaler.store.queries import step_rows_after
-from tests.app.conftest import add_run, simulate
+from tests._helpers.service import add_run, simulate
 
 PACING = Pacing(
     poll_s=0.05,

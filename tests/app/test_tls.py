@@ -13,8 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests._net import free_port
-from tests._process import end_process
+from tests._helpers.net import free_port
+from tests._helpers.processes import end_process
+
+pytestmark = pytest.mark.heavy  # real processes or a real trainer: make check leaves it out
 
 TOKEN = "a-token-for-the-tls-test"
 

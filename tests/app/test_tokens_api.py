@@ -6,7 +6,7 @@ from fastapi.testclient import TestClient
 
 from scaler.store.engine import Store
 from scaler.store.identities import identity_events_page
-from tests.app.conftest import TOKEN, add_run, auth, simulate
+from tests._helpers.service import TOKEN, add_run, auth, simulate
 
 
 def test_an_admin_creates_lists_and_revokes_identities(client: TestClient, store: Store) -> None:

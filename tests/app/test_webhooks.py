@@ -17,8 +17,9 @@ from scaler.store.alerts import AlertRow
 from scaler.store.engine import Store
 from scaler.store.runs import write_steps
 from scaler.store.states import AlertState
-from tests.app._receiver import receiver, wait_for
-from tests.app.conftest import LOCAL, add_run, simulate
+from tests._helpers.receiver import receiver
+from tests._helpers.service import LOCAL, add_run, simulate
+from tests._helpers.waiting import wait_for
 
 ALERT = AlertRow(
     7, 3, "bert", "skips", "skip_rate", AlertState.FIRING, 0.05, 0.08, "last 200 steps",

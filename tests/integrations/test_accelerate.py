@@ -20,12 +20,14 @@ import pytest
 import torch
 
 import scaler
-from tests.integrations._runs import INIT_SCALE, batches, the_run, tiny_model
+from tests._helpers.integrations import INIT_SCALE, batches, the_run, tiny_model
 
 accelerate = pytest.importorskip(
     "accelerate", reason="needs accelerate: pip install -c constraints.txt '.[integrations]'"
 )
 from accelerate.state import AcceleratorState  # noqa: E402
+
+pytestmark = pytest.mark.heavy  # real processes or a real trainer: make check leaves it out
 
 STEPS = 20
 

@@ -19,13 +19,15 @@ import pytest
 import torch
 
 import scaler
-from tests.integrations._runs import INIT_SCALE, batches, instrumented, the_run, tiny_model
+from tests._helpers.integrations import INIT_SCALE, batches, instrumented, the_run, tiny_model
 
 L = pytest.importorskip(
     "lightning", reason="needs lightning: pip install -c constraints.txt '.[integrations]'"
 )
 from lightning.fabric.plugins import MixedPrecision as FabricMixedPrecision  # noqa: E402
 from lightning.pytorch.plugins import MixedPrecision  # noqa: E402
+
+pytestmark = pytest.mark.heavy  # real processes or a real trainer: make check leaves it out
 
 STEPS = 20
 

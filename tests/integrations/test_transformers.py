@@ -19,12 +19,14 @@ import pytest
 import torch
 
 import scaler
-from tests.integrations._runs import the_run
+from tests._helpers.integrations import the_run
 
 HOW = "pip install -c constraints.txt '.[integrations]'"
 transformers = pytest.importorskip("transformers", reason=f"needs transformers: {HOW}")
 pytest.importorskip("accelerate", reason=f"needs accelerate (the Trainer's): {HOW}")
 from accelerate.state import AcceleratorState  # noqa: E402
+
+pytestmark = pytest.mark.heavy  # real processes or a real trainer: make check leaves it out
 
 STEPS = 20
 

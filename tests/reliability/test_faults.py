@@ -14,12 +14,16 @@ from statistics import median
 from typing import Any
 
 import pytest
-from _faults import (
+from sqlalchemy import select
+
+from scaler.store import open_store
+from scaler.store.control import control_history, request_control
+from scaler.store.runs import HEARTBEAT_TIMEOUT_S
+from scaler.store.schema import runs, steps
+from tests._helpers.faults import (
     TOKEN,
     Service,
     alarms,
-    db_url,
-    end_process,
     integrity,
     killable_context,
     killable_trainer,
@@ -27,15 +31,11 @@ from _faults import (
     record_figures,
     service,
     start_trainer,
-    wait_for,
 )
-from sqlalchemy import select
-
-from scaler.store import open_store
-from scaler.store.control import control_history, request_control
-from scaler.store.runs import HEARTBEAT_TIMEOUT_S
-from scaler.store.schema import runs, steps
-from tests.scaler._dist import Ranks
+from tests._helpers.processes import end_process
+from tests._helpers.ranks import Ranks
+from tests._helpers.stored import db_url
+from tests._helpers.waiting import wait_for
 
 # ------------------------------------------------------------ SIGKILL at random steps
 
@@ -452,6 +452,8 @@ def _restarting_rank(rank: int, world: int, url: str, folder: str, phase: int) -
         torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
     )
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    if phase == 2:  # started beside phase 1, to restart in seconds once it is down
+        wait_for(Path(folder, "restart").exists, 180, "the job to go down")
     gs = scaler.ShardedGradScaler("cpu", growth_interval=1000, telemetry=url, run_name="restart")
     checkpoint = Path(folder, f"scaler-{rank}.json")
     if phase == 2:
@@ -488,14 +490,20 @@ def test_control_requested_while_the_job_restarts_applies_at_one_step_on_every_r
 ) -> None:
     url = db_url(tmp_path / "sw.db")
     open_store(url).close()
-    with Ranks(_restarting_rank, 2, url, str(tmp_path), 1) as ranks:
-        before = ranks.results(timeout=120)
-    with open_store(url) as store:
+    # The restarted job's ranks start (processes, torch, their group) while the first job
+    # trains: the restart then comes well within the heartbeat timeout, however loaded the
+    # machine is.
+    with (
+        Ranks(_restarting_rank, 2, url, str(tmp_path), 2) as restarted,
+        open_store(url) as store,
+    ):
+        with Ranks(_restarting_rank, 2, url, str(tmp_path), 1) as ranks:
+            before = ranks.results(timeout=120)
         run_id = before[0]["run_id"]
         # The job is down; its run has not timed out yet, so the request waits as pending.
         request = request_control(store, run_id, {"growth_interval": 7}, requested_by="test")
-        with Ranks(_restarting_rank, 2, url, str(tmp_path), 2) as ranks:
-            after = ranks.results(timeout=120)
+        Path(tmp_path, "restart").touch()
+        after = restarted.results(timeout=180)
         row = {r.id: r for r in control_history(store, run_id)}[request.id]
         with store.read() as conn:
             stored = [

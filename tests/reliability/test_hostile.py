@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import schemathesis
 import torch
+from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, Phase, given, settings
 from pydantic import SecretStr
 from schemathesis import GenerationMode
@@ -31,7 +32,14 @@ from scaler.store.control import control_history
 from scaler.store.engine import Store, open_store
 from scaler.store.identities import Role, create_identity, list_identities
 from scaler.store.runs import create_run, end_run, heartbeat
-from tests.app.conftest import CONTROL, LOCAL, TestClient, add_run, simulate
+from tests._helpers.service import (
+    CONTROL,
+    IDLE_AUTOPILOT_S,
+    LOCAL,
+    add_run,
+    after_first_autopilot_tick,
+    simulate,
+)
 
 TOKEN = "hostile-test-token-0123456789abcdef"
 load_all_checks()
@@ -61,11 +69,17 @@ def _refused_by_bounds(response: Any) -> bool:
 
 @pytest.fixture
 def client(db_url: str, store: Store, tmp_path: Path) -> Iterator[TestClient]:
-    settings = Settings(db=db_url, token=SecretStr(TOKEN), token_file=tmp_path / "token")
+    settings = Settings(
+        db=db_url,
+        token=SecretStr(TOKEN),
+        token_file=tmp_path / "token",
+        # The autopilot a test turns on is not evaluated while it reads the store back.
+        autopilot_interval_s=IDLE_AUTOPILOT_S,
+    )
     with TestClient(
         create_app(settings), raise_server_exceptions=False, base_url=LOCAL
     ) as test_client:
-        yield test_client
+        yield after_first_autopilot_tick(test_client)
 
 
 def auth(token: str = TOKEN, scheme: str = "Bearer") -> dict[str, str]:
@@ -75,6 +89,7 @@ def auth(token: str = TOKEN, scheme: str = "Bearer") -> dict[str, str]:
 # ------------------------------------------------------------ schema fuzzing
 
 
+@pytest.mark.heavy
 def test_schema_fuzzing_finds_no_5xx_and_no_undocumented_answer(
     db_url: str, store: Store, tmp_path: Path
 ) -> None:
@@ -141,6 +156,7 @@ def test_schema_fuzzing_finds_no_5xx_and_no_undocumented_answer(
     assert statuses[202] > 0 and statuses[404] > 0 and statuses[422] > 0
 
 
+@pytest.mark.heavy
 def test_schema_fuzzing_with_a_viewer_token_writes_nothing(
     db_url: str, store: Store, tmp_path: Path
 ) -> None:

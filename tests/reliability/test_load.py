@@ -14,18 +14,16 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from scaler.store.engine import open_store
 from scaler.store.runs import create_run, write_steps
-from tests.app.conftest import CONTROL
-from tests.reliability._load import BATCH, records, serving
+from tests._helpers.load import BATCH, records, result, serving, spawn, wait_streams_open
+from tests._helpers.service import CONTROL
 
 RATE = 10_000  # records/s, in batches of _load.BATCH
 SECONDS = int(os.environ.get("SCALEWATCH_LOAD_SECONDS", "20"))  # the loaded phase
@@ -37,7 +35,6 @@ HISTORY = 300_000  # steps in the run before the writer starts
 # Generous bounds, so a slow machine makes the figures worse, never the test flaky.
 CATCH_UP_S = 120  # after the writer's last step, for every stream to deliver it
 CHART_TIMEOUT_S = 120  # for one chart request's answer
-REPO = Path(__file__).resolve().parents[2]
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -57,35 +54,6 @@ def machine_busy() -> tuple[float, float]:
     ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     idle = ticks[3] + ticks[4]
     return (sum(ticks) - idle) / TICK, sum(ticks) / TICK
-
-
-def spawn(*args: object, stderr: int | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.reliability._load", *map(str, args)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        text=True,
-    )
-
-
-def wait_streams_open(clients: subprocess.Popen[str]) -> None:
-    """Until every SSE client's stream has started: a stream starts at the run's last step
-    when it opens, so one opened after the writer started would miss its first steps."""
-    assert clients.stderr is not None
-    lines = []
-    for line in clients.stderr:
-        if line.strip() == "streams open":
-            return
-        lines.append(line)
-    raise AssertionError(f"the SSE clients ended before their streams opened: {lines[-5:]}")
-
-
-def result(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
-    out, _ = process.communicate(timeout=timeout)
-    assert process.returncode == 0, out
-    parsed: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    return parsed
 
 
 @pytest.fixture

@@ -18,9 +18,8 @@ import pytest
 from scaler.store.engine import open_store
 from scaler.store.queries import last_step as store_last_step
 from scaler.store.runs import create_run, write_steps
-from tests.app.conftest import CONTROL
-from tests.reliability._load import records, serving
-from tests.reliability.test_load import result, spawn, wait_streams_open
+from tests._helpers.load import records, result, serving, spawn, wait_streams_open
+from tests._helpers.service import CONTROL
 
 CHART_WAIT_S = 0.5
 MAX_LAG_S = 1.0
@@ -59,6 +58,7 @@ def saturated() -> Iterator[None]:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 @pytest.mark.timeout(600)
 def test_a_saturated_machine_gets_bounded_answers_and_streams_and_keeps_every_step(
     server: tuple[str, str], saturated: None

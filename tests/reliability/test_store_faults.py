@@ -17,21 +17,21 @@ from typing import Any
 
 import pytest
 import torch
-from _faults import (
-    DISK_FULL,
-    READ_ONLY,
-    ConnectionFault,
-    db_url,
-    exclusive_lock,
-    record_figures,
-    wait_for,
-)
 from sqlalchemy import select
 
-import scaler
 from scaler.store import Store, open_store
 from scaler.store.schema import runs, steps, telemetry_gaps
 from scaler.telemetry import TelemetrySettings
+from tests._helpers.faults import (
+    DISK_FULL,
+    READ_ONLY,
+    ConnectionFault,
+    PacedTrainer,
+    exclusive_lock,
+    record_figures,
+)
+from tests._helpers.stored import db_url
+from tests._helpers.waiting import wait_for
 
 PERIOD = 0.005  # s per step: 200 steps/s
 QUEUE_BOUND = 100  # records; each fault outlasts it several times
@@ -41,46 +41,6 @@ MAX_FAULT_S = 20.0
 # The median step time during a fault, at most this times the one before and after it.
 SPEED_FACTOR = 2.0
 MAX_STEP_S = 0.5  # no single step waits for the store
-
-
-class Trainer:
-    """A small MLP trained with ``scaler.GradScaler`` on this thread, paced at ``PERIOD``."""
-
-    def __init__(self, telemetry: TelemetrySettings) -> None:
-        torch.manual_seed(0)
-        self.model = torch.nn.Sequential(
-            torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
-        )
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3)
-        self.gs = scaler.GradScaler(
-            "cpu", init_scale=2.0**10, growth_interval=20, telemetry=telemetry, run_name="faulty"
-        )
-        self.x = torch.randn(16, 32)
-        self.step = 0
-
-    def dropped(self) -> int:
-        """Records dropped so far by the telemetry writer."""
-        return int(self.gs._link.telemetry.dropped)
-
-    def run(self, seconds: float) -> list[float]:
-        """Train for ``seconds``; each step's own time (without the pacing)."""
-        times = []
-        end = time.monotonic() + seconds
-        next_at = time.monotonic()
-        while time.monotonic() < end:
-            self.step += 1
-            started = time.perf_counter()
-            self.opt.zero_grad()
-            loss = self.model(self.x).pow(2).mean()
-            if self.step % 50 == 0:
-                loss = loss * float("inf")
-            self.gs.scale(loss).backward()
-            self.gs.step(self.opt)
-            self.gs.update()
-            times.append(time.perf_counter() - started)
-            next_at += PERIOD
-            time.sleep(max(0.0, next_at - time.monotonic()))
-        return times
 
 
 def last_stored(db: Path) -> int:
@@ -145,7 +105,7 @@ def test_a_store_fault_never_slows_training_and_every_drop_is_a_recorded_gap(
     db = folder / "sw.db"
     url = db_url(db)
     store = open_store(url) if fault in ("read-only", "disk-full") else None
-    trainer = Trainer(TelemetrySettings(store or url, max_pending=QUEUE_BOUND))
+    trainer = PacedTrainer(TelemetrySettings(store or url, max_pending=QUEUE_BOUND), PERIOD)
     try:
         trainer.run(0.5)  # warm up
         before = trainer.run(1.0)

@@ -4,7 +4,8 @@ from collections.abc import Iterator
 
 import pytest
 import torch.distributed as dist
-from _twin import world1
+
+from tests._helpers.twin import world1
 
 
 @pytest.fixture(params=["plain", "sharded"])

@@ -10,8 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from _dist import Ranks, wait_for
-from _twin import batch, mlp, sgd, train_step
 from sqlalchemy import select
 
 import scaler
@@ -20,6 +18,9 @@ from scaler.store import control as store_control
 from scaler.store.control import control_history, control_state, request_control
 from scaler.store.runs import create_run, end_run
 from scaler.store.schema import control_requests, runs, steps
+from tests._helpers.ranks import Ranks
+from tests._helpers.twin import batch, mlp, sgd, train_step
+from tests._helpers.waiting import wait_for
 
 INIT = 2.0**16
 PAUSE_AT = 30  # every rank waits at this step until the test has queued its requests
@@ -319,6 +320,7 @@ def _ids(case: tuple[dict[str, Any], str]) -> str:
     return repr(case[0])
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("case", BAD, ids=[_ids(c) for c in BAD])
 def test_store_refuses_and_records_nothing(
     tmp_path: Path, case: tuple[dict[str, Any], str]
@@ -342,6 +344,7 @@ def test_store_refuses_a_finished_run(tmp_path: Path) -> None:
         assert control_history(store, run.id) == []
 
 
+@pytest.mark.heavy
 def test_requests_past_the_store_validation_are_refused_and_nothing_changes(
     tmp_path: Path,
 ) -> None:

@@ -17,9 +17,16 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from _twin import (
+from torch import nn
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
+
+import scaler
+from scaler import _torch_compat as compat
+from tests._helpers.twin import (
+    FACTORS,
     INJECT,
     batch,
+    fused_adam,
     make_pair,
     mlp,
     poison,
@@ -27,15 +34,10 @@ from _twin import (
     skip_unless_torchs_sharded_steps_fused_overflows,
     train,
     twin_run,
+    two_optimizers,
+    unscale_and_clip,
     world1,
 )
-from torch import nn
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
-
-import scaler
-from scaler import _torch_compat as compat
-
-FACTORS = {"init_scale": 2.0**10, "growth_factor": 1.7, "backoff_factor": 0.3}
 
 
 def test_non_trivial_factors(kind: str, device: str) -> None:
@@ -72,14 +74,6 @@ def test_autocast_fp16_training(kind: str, device: str) -> None:
     assert reference.skipped.count(True) == 3
 
 
-def two_optimizers(model: nn.Module) -> list[torch.optim.Optimizer]:
-    first, _, last = model  # type: ignore[misc]
-    return [
-        torch.optim.SGD(first.parameters(), lr=0.05),
-        torch.optim.Adam(last.parameters(), lr=0.01),
-    ]
-
-
 def test_several_optimizers(kind: str, device: str) -> None:
     # each optimizer skips on its own gradients' inf/NaN; any of them backs the scale off
     inject = {1: [(0, float("inf"))], 4: [(3, float("nan"))], 5: [(1, float("inf"))]}
@@ -97,12 +91,6 @@ def test_several_optimizers(kind: str, device: str) -> None:
     assert len(set(reference.scales)) > 2
 
 
-def unscale_and_clip(gs: Any, opt: torch.optim.Optimizer) -> None:
-    gs.unscale_(opt)
-    params = [p for group in opt.param_groups for p in group["params"]]
-    torch.nn.utils.clip_grad_norm_(params, max_norm=0.5)
-
-
 def test_unscale_then_clip_then_step(kind: str, device: str) -> None:
     reference, ours = twin_run(
         kind,
@@ -114,12 +102,6 @@ def test_unscale_then_clip_then_step(kind: str, device: str) -> None:
         device=device,
     )
     ours.assert_same(reference)
-
-
-def fused_adam(model: nn.Module) -> list[torch.optim.Optimizer]:
-    opt = torch.optim.Adam(model.parameters(), lr=0.01, fused=True)
-    assert opt._step_supports_amp_scaling  # type: ignore[attr-defined]
-    return [opt]
 
 
 @pytest.mark.parametrize("unscale_first", [False, True], ids=["step", "unscale-clip-step"])
@@ -179,7 +161,7 @@ def test_legacy_grad_scaler_kwarg_keeps_torchs_future_warning(kind: str) -> None
     # scalewatch's code, so a filter for the caller's module matches it as with torch's.
     assert sites[1] == sites[0]
     if compat.CUDA_WARNING_AT_CALLER:  # a torch that names its callers
-        assert {Path(name).name for name, _ in sites[0]} == {"_twin.py"}
+        assert {Path(name).name for name, _ in sites[0]} == {"twin.py"}
 
 
 def test_the_cuda_unavailable_warning_names_the_callers_line() -> None:

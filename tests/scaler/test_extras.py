@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 import torch
-from _twin import INJECT, Injection, Trace, make_pair, mlp, poison, sgd, train
 
 import scaler
+from tests._helpers.twin import INJECT, Injection, Trace, make_pair, mlp, poison, sgd, train
 
 
 def ours_cls(kind: str) -> type:

@@ -18,7 +18,7 @@ from scaler import _aliases
 from scaler.instrument import instrument, site_dir, uninstrument
 from scaler.store import open_store
 from scaler.store.queries import list_runs
-from tests._net import free_port
+from tests._helpers.net import free_port
 
 
 @pytest.fixture
@@ -121,6 +121,7 @@ def _instrument(tmp_path: Path, script: str, *launcher: str) -> subprocess.Compl
     )
 
 
+@pytest.mark.heavy
 def test_a_script_that_builds_torchs_scaler_records_a_run(tmp_path: Path) -> None:
     done = _instrument(tmp_path, SCRIPT, sys.executable)
     assert done.returncode == 0, done.stderr
@@ -144,6 +145,7 @@ def test_every_rank_that_torchrun_starts_is_instrumented(tmp_path: Path) -> None
     assert (run.name, run.status, run.steps, run.world_size) == ("unedited", "finished", 5, 2)
 
 
+@pytest.mark.heavy
 def test_instrument_without_a_command_says_how(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "app", "instrument"], capture_output=True, text=True, timeout=60

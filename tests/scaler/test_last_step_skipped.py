@@ -7,17 +7,21 @@ from typing import Any
 
 import pytest
 import torch
-from _twin import (
+from torch import nn
+
+from tests._helpers.twin import (
+    FACTORS,
     INJECT,
+    fused_adam,
     make_pair,
     mlp,
     sgd,
     skip_unless_torchs_sharded_steps_fused_overflows,
     train,
     twin_run,
+    two_optimizers,
+    unscale_and_clip,
 )
-from test_differential import FACTORS, fused_adam, two_optimizers, unscale_and_clip
-from torch import nn
 
 
 def _foreach_adam(model: nn.Module) -> list[torch.optim.Optimizer]:

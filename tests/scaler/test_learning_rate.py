@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 import torch
-from _twin import INJECT, batch, mlp, poison
-from test_telemetry import db_url, step_rows
 from torch import nn
 
 import scaler
 from scaler._recording.learning_rates import group_rates
 from scaler.store import open_store
+from tests._helpers.stored import db_url, step_rows
+from tests._helpers.twin import INJECT, batch, mlp, poison
 
 Optimizers = Callable[[nn.Module], list[torch.optim.Optimizer]]
 

@@ -12,14 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _dist import wait_for
-from _twin import GradScaler, ShardedGradScaler, mlp, sgd, train_step
 from sqlalchemy import select
 
+from scaler import GradScaler, ShardedGradScaler
 from scaler._recording import recorder as _recorder
 from scaler.store import open_store
 from scaler.store.schema import runs, steps
 from scaler.telemetry import TelemetrySettings, _writer
+from tests._helpers.twin import mlp, sgd, train_step
+from tests._helpers.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,6 +67,7 @@ def train_steps(gs: Any, steps: range) -> None:
         train_step(gs, model, opt, step)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("cls", ["GradScaler", "ShardedGradScaler"])
 def test_a_scaler_never_closed_in_a_function_that_returns_loses_no_step(
     tmp_path: Path, cls: str

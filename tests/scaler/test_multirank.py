@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from _dist import run_ranks
-from _nets import FSDP2_HERE, skip_unless_fsdp2_here
-from _twin import world1
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
 import scaler
+from tests._helpers.nets import FSDP2_HERE, skip_unless_fsdp2_here, wrap
+from tests._helpers.ranks import run_ranks
+from tests._helpers.twin import world1
 
 STEPS = 8
 WIDTH = 16
@@ -43,29 +43,6 @@ def model_copy() -> nn.Module:
 def local(t: torch.Tensor) -> torch.Tensor:
     inner = getattr(t, "_local_tensor", None)
     return inner if isinstance(inner, torch.Tensor) else t
-
-
-def wrap(kind: str, module: nn.Module, device: str) -> nn.Module:
-    if kind == "ddp":
-        # on cuda every rank shares the one GPU: gloo all-reduces cuda tensors too
-        return nn.parallel.DistributedDataParallel(module.to(device))
-    if kind == "fsdp2":
-        from scaler._torch_compat import fsdp2
-
-        fully_shard = fsdp2().fully_shard
-        policy = fsdp2().MixedPrecisionPolicy(param_dtype=torch.float16)
-        for layer in (module[0], module[2]):
-            fully_shard(layer, mp_policy=policy)
-        return fully_shard(module, mp_policy=policy)
-    from torch.distributed.fsdp import CPUOffload
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    if kind == "fsdp1":
-        return FSDP(module, device_id=torch.device("cpu"))
-    assert kind == "fsdp1-offload"
-    offload = CPUOffload(offload_params=True)
-    index = torch.cuda.current_device() if device == "cuda" else None
-    return FSDP(module, device_id=torch.device(device, index), cpu_offload=offload)
 
 
 def train(

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _twin import INJECT, mlp, sgd, train
 
 import scaler
 from scaler._recording.pinned_rows import PinnedRing, PinnedRings
 from scaler._recording.step_values import split_values
+from tests._helpers.twin import INJECT, mlp, sgd, train
 
 
 def test_split_gives_each_optimizers_payload_words() -> None:

@@ -8,8 +8,6 @@ from typing import Any
 
 import pytest
 import torch
-from _dist import wait_for
-from _twin import INJECT, mlp, sgd, train, train_step
 from sqlalchemy import select
 
 import scaler
@@ -17,7 +15,9 @@ from scaler.store import open_store
 from scaler.store.control import control_history, request_control
 from scaler.store.schema import runs, steps, telemetry_gaps
 from scaler.telemetry import TelemetrySettings
-from tests._postgres import Cluster
+from tests._helpers.postgres import Cluster
+from tests._helpers.twin import INJECT, mlp, sgd, train, train_step
+from tests._helpers.waiting import wait_for
 
 pytestmark = pytest.mark.postgres
 

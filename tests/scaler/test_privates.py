@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 import torch
-from _twin import make_pair, outcome
+
+from tests._helpers.twin import make_pair, outcome
 
 Case = Callable[[Any], Any]
 

@@ -16,8 +16,6 @@ from typing import Any
 
 import pytest
 import torch
-from _dist import run_ranks
-from _twin import mlp, sgd, train_step
 from sqlalchemy import select
 from torch import nn
 
@@ -25,6 +23,8 @@ import scaler
 from scaler.store import open_store
 from scaler.store.scale_loads import ScaleLoadRow, scale_loads_of
 from scaler.store.schema import runs, steps
+from tests._helpers.ranks import run_ranks
+from tests._helpers.twin import mlp, sgd, train_step
 
 
 def _url(tmp_path: Path) -> str:

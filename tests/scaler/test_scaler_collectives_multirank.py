@@ -36,13 +36,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-from _dist import run_ranks
-from _nets import FSDP2_HERE, Net, fully_shard_net
 from torch import nn
 from torch.distributed import distributed_c10d
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import scaler
+from tests._helpers.nets import FSDP2_HERE, Net, fully_shard_net
+from tests._helpers.ranks import run_ranks
 
 STEPS = 6
 # step -> the ranks whose encoder.weight gradient gets an inf after backward

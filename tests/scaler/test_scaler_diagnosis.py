@@ -13,15 +13,14 @@ from typing import Any
 
 import pytest
 import torch
-from _twin import world1
 from torch import nn
 
 import scaler
 from scaler._diagnosis import gather as _gather
 from scaler._diagnosis.findings import LIMIT, Report
 from scaler.store.records import ParamFinding, StepRecord
-
-INF, NAN = float("inf"), float("nan")
+from tests._helpers.diagnosis import INF, NAN, PLAN, Net, run
+from tests._helpers.twin import world1
 
 
 class RecordedPlain(scaler.GradScaler):
@@ -39,54 +38,6 @@ class RecordedSharded(scaler.ShardedGradScaler):
 def recorded(kind: str, device: str = "cpu") -> Any:
     cls = RecordedPlain if kind == "plain" else RecordedSharded
     return cls(device, init_scale=256.0, growth_interval=3)
-
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.encoder = nn.Linear(4, 8)
-        self.act = nn.Tanh()
-        self.decoder = nn.Linear(8, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.act(self.encoder(x)))
-
-
-def run(
-    gs: Any,
-    model: nn.Module,
-    plan: dict[int, list[tuple[str, int, float]]],
-    *,
-    steps: int = 5,
-    opt: torch.optim.Optimizer | None = None,
-    device: str = "cpu",
-    bad_loss: tuple[int, ...] = (),
-) -> list[float]:
-    """Train; ``plan``: step -> (parameter name, elements, value) written into its grad."""
-    params = dict(model.named_parameters())
-    opt = opt or torch.optim.SGD(model.parameters(), lr=0.01)
-    losses = []
-    for step in range(steps):
-        opt.zero_grad()
-        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(step)).to(device)
-        loss = model(x).pow(2).mean()
-        if step in bad_loss:
-            loss = loss * INF
-        losses.append(loss.item())
-        gs.scale(loss).backward()
-        for name, count, value in plan.get(step, []):
-            grad = params[name].grad
-            assert grad is not None
-            with torch.no_grad():
-                grad.view(-1)[:count] = value
-        gs.step(opt)
-        gs.update()
-    assert gs.flush()
-    return losses
-
-
-PLAN = {1: [("decoder.weight", 3, INF), ("encoder.bias", 1, NAN)], 3: [("encoder.weight", 2, NAN)]}
 
 
 def test_unwatched_parameters_are_named_by_optimizer_position_and_shape(kind: str) -> None:

@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from _dist import run_ranks
-from _nets import Net, fully_shard_net
 from sqlalchemy import select
 from torch import nn
 
 import scaler
 from scaler.store import open_store
 from scaler.store.schema import overflow_params, runs, steps
+from tests._helpers.nets import Net, fully_shard_net
+from tests._helpers.ranks import run_ranks
 
 INF, NAN = float("inf"), float("nan")
 STEPS = 7

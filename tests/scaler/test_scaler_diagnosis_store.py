@@ -8,18 +8,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _dist import wait_for
 from sqlalchemy import select
-from test_scaler_diagnosis import INF, NAN, PLAN, Net, run
 
 import scaler
 from scaler._recording.recorder import StepSample
 from scaler.store import Store, open_store
 from scaler.store import runs as store_runs
 from scaler.store.diagnosis import overflow_detail
-from scaler.store.records import ParamFinding, StepRecord
+from scaler.store.records import ParamFinding
 from scaler.store.schema import overflow_params, steps
 from scaler.telemetry._queue import Diagnosed, RecordQueue, findings_of
+from tests._helpers.diagnosis import INF, NAN, PLAN, Net, run
+from tests._helpers.records import step_record
+from tests._helpers.waiting import wait_for
 
 
 def stored(url: str, run_id: int) -> tuple[list[Any], list[tuple[Any, ...]]]:
@@ -76,19 +77,14 @@ def test_findings_and_losses_are_stored_on_postgresql(postgres_url: str) -> None
 
 def _record(step: int, params: tuple[ParamFinding, ...] = ()) -> StepSample:
     return StepSample(
-        StepRecord(
-            step=step,
+        step_record(
+            step,
             wall_time=0.0,
             scale=8.0,
             overflow=bool(params),
-            skipped=bool(params),
             inf_ranks=(0,) if params else (),
             scale_after=4.0,
-            growth_tracker=0,
             growth_interval=9,
-            growth_factor=2.0,
-            backoff_factor=0.5,
-            control_version=0,
             loss=0.5,
             params=params,
         )

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 import torch
-from _twin import INJECT, batch, mlp, poison
-from test_telemetry import db_url, step_rows
 from torch import nn
 from torch.optim import lr_scheduler
 
 import scaler
 from scaler.store import open_store
+from tests._helpers.stored import db_url, step_rows
+from tests._helpers.twin import INJECT, batch, mlp, poison
 
 STEPS = 12
 SKIPPED = sorted(INJECT)  # the steps (0-based) whose optimizers are skipped
@@ -309,7 +309,7 @@ RANK1_INF = {2, 5, 6}  # steps whose gradients hold inf on rank 1 only
 def _ranked(rank: int, world: int, kind: str) -> dict[str, Any]:
     """A model wrapped by ``kind`` (DDP, FSDP1, FSDP2) on each rank, inf on rank 1 only:
     every rank skips alike (the all-reduce)."""
-    from test_multirank import wrap
+    from tests._helpers.nets import wrap
 
     model = wrap(kind, mlp(), "cpu")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -352,7 +352,7 @@ def _poison_local(param: torch.Tensor, value: float) -> None:
 
 @pytest.mark.parametrize("kind", ["ddp", "fsdp1", "fsdp2"])
 def test_two_real_ranks_hold_and_count_alike(kind: str) -> None:
-    from _dist import run_ranks
+    from tests._helpers.ranks import run_ranks
 
     first, second = run_ranks(_ranked, 2, kind, timeout=120.0)
     assert first["held"] == second["held"] == STEPS - len(RANK1_INF)

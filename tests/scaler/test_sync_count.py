@@ -22,7 +22,12 @@ from typing import Any
 
 import pytest
 import torch
-from _twin import (
+from torch import nn
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
+
+import scaler
+from scaler._recording.step_values import read_cpu
+from tests._helpers.twin import (
     INJECT,
     batch,
     mlp,
@@ -30,11 +35,6 @@ from _twin import (
     skip_unless_torchs_sharded_steps_fused_overflows,
     world1,
 )
-from torch import nn
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
-
-import scaler
-from scaler._recording.step_values import read_cpu
 
 HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy")
 STEPS = 10

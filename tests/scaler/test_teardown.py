@@ -14,11 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
-from _dist import run_ranks
 
 import scaler
+from tests._helpers.ranks import run_ranks
 
 CYCLES = 40
 
@@ -47,6 +48,7 @@ def _jobs(rank: int, world: int, folder: str) -> int:
     return CYCLES
 
 
+@pytest.mark.heavy
 def test_ddp_freed_before_its_group_never_hangs_the_exit(tmp_path: Path) -> None:
     done = run_ranks(_jobs, 2, str(tmp_path), group=False, timeout=120)
     assert done == [CYCLES, CYCLES]
@@ -78,6 +80,7 @@ for store in sys.argv[1:]:
 """
 
 
+@pytest.mark.heavy
 def test_a_scaler_made_in_a_later_job_uses_that_jobs_group(tmp_path: Path) -> None:
     stores = [Path(tmp_path, f"store-{job}").as_uri() for job in range(2)]
     done = subprocess.run(

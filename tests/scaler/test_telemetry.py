@@ -22,37 +22,28 @@ from typing import Any
 
 import pytest
 import torch
-from _dist import run_ranks, wait_for
-from _twin import INJECT, batch, mlp, poison, sgd, train, train_step
 from sqlalchemy import create_engine, event, func, select, text
 from sqlalchemy.exc import DBAPIError
-from test_sync_count import DIAGNOSIS_READS, counting_host_reads
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
 import scaler
 from scaler._control import ControlOutcome, ControlSource
 from scaler._recording.recorder import StepSample
-from scaler.store import StepRecord, Store, open_store
+from scaler.store import Store, open_store
 from scaler.store import runs as store_runs
 from scaler.store.runs import HEARTBEAT_TIMEOUT_S, effective_status
 from scaler.store.schema import runs, steps, telemetry_gaps
 from scaler.telemetry import Telemetry, TelemetrySettings
 from scaler.telemetry._writer import one_line
+from tests._helpers.ranks import run_ranks
+from tests._helpers.records import step_record
+from tests._helpers.stored import db_url, step_rows
+from tests._helpers.twin import INJECT, batch, mlp, poison, sgd, train, train_step
+from tests._helpers.waiting import wait_for
+from tests.scaler.test_sync_count import DIAGNOSIS_READS, counting_host_reads
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def db_url(path: Path) -> str:
-    return f"sqlite:///{path}"
-
-
-def step_rows(store: Store, run_id: int | None = None) -> list[dict[str, Any]]:
-    query = select(steps).order_by(steps.c.run_id, steps.c.step)
-    if run_id is not None:
-        query = query.where(steps.c.run_id == run_id)
-    with store.read() as conn:
-        return [dict(row._mapping) for row in conn.execute(query)]
 
 
 def run_rows(store: Store) -> list[dict[str, Any]]:
@@ -604,20 +595,7 @@ def test_a_failed_batch_dropped_after_newer_records_is_in_the_same_gap(
 
 def _sample(step: int) -> StepSample:
     return StepSample(
-        StepRecord(
-            step=step,
-            wall_time=time.time(),
-            scale=1024.0,
-            overflow=False,
-            skipped=False,
-            inf_ranks=(),
-            scale_after=1024.0,
-            growth_tracker=step,
-            growth_interval=50,
-            growth_factor=2.0,
-            backoff_factor=0.5,
-            control_version=0,
-        )
+        step_record(step, wall_time=time.time(), growth_tracker=step, growth_interval=50)
     )
 
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 import torch
-from _twin import make_pair, mlp
 from torch.amp import grad_scaler as amp_grad_scaler
 
 import scaler
 from scaler import _torch_check as check
 from scaler import _torch_compat as compat
+from tests._helpers.twin import make_pair, mlp
 
 ROOT = Path(__file__).resolve().parents[2]
 

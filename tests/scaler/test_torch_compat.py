@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-from _twin import make_pair
 
 import scaler
 from scaler import _torch_compat as compat
+from tests._helpers.twin import make_pair
 
 
 def test_non_finite_check_and_unscale_multiplies_in_place_and_flags() -> None:

@@ -17,9 +17,8 @@ from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunni
 from scaler.store.runs import end_run, write_steps
 from scaler.store.states import AutopilotState, RequestSource, RunStatus
 from scaler.store.summaries import request_summary, step_summary
-from tests.app._histories import Simulated, above, window
-
-from .conftest import CONTROL
+from tests._helpers.histories import Simulated, above, window
+from tests._helpers.stored import CONTROL
 
 ON = {"enabled": True, "target_skip_rate": 0.01}
 

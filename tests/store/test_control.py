@@ -27,8 +27,7 @@ from scaler.store.control import (
 )
 from scaler.store.runs import HEARTBEAT_TIMEOUT_S, create_run, end_run, heartbeat, resume_run
 from scaler.store.states import RequestSource
-
-from .conftest import CONTROL
+from tests._helpers.stored import CONTROL
 
 TINY_WORDS = "< 1 and at least float32's smallest normal"
 

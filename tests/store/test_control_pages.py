@@ -9,8 +9,7 @@ import pytest
 from scaler.store import RunNotFound, RunRef, Store
 from scaler.store.control import control_history, control_history_page, request_control
 from scaler.store.runs import HEARTBEAT_TIMEOUT_S, create_run, heartbeat
-
-from .conftest import CONTROL
+from tests._helpers.stored import CONTROL
 
 
 def _request(store: Store, run: RunRef, interval: int) -> int:

@@ -14,9 +14,8 @@ from scaler.store.errors import NotAStoreURL
 from scaler.store.runs import create_run
 from scaler.store.schema import runs
 from scaler.store.timeouts import Timeouts
-from tests._postgres import Cluster
-
-from ._workers import open_together
+from tests._helpers.postgres import Cluster
+from tests._helpers.workers import open_together
 
 
 @pytest.mark.sqlite_only

@@ -18,23 +18,16 @@ from scaler.store.runs import (
     write_steps,
 )
 from scaler.store.schema import overflow_params, steps
+from tests._helpers.records import step_record
 
 
 def _record(step: int, *, loss: float | None = 2.5, **diagnosis: Any) -> StepRecord:
     overflow = bool(diagnosis.get("params") or diagnosis.get("loss_nonfinite_ranks"))
-    return StepRecord(
-        step=step,
-        wall_time=1_700_000_000.0 + step,
-        scale=1024.0,
+    return step_record(
+        step,
         overflow=overflow,
-        skipped=overflow,
         inf_ranks=tuple(sorted({p.rank for p in diagnosis.get("params", ())})),
         scale_after=512.0 if overflow else 1024.0,
-        growth_tracker=0,
-        growth_interval=2000,
-        growth_factor=2.0,
-        backoff_factor=0.5,
-        control_version=0,
         loss=loss,
         **diagnosis,
     )

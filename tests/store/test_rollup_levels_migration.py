@@ -20,7 +20,8 @@ from scaler.store.records import StepRecord
 from scaler.store.rollups import rollup_plan
 from scaler.store.runs import create_run, write_steps
 from scaler.store.schema import ROLLUP_LEVELS
-from tests.store.conftest import CONTROL, expected_rollups
+from tests._helpers.records import step_record
+from tests._helpers.stored import CONTROL, expected_rollups
 
 PREVIOUS = "4bfa51145dc1"  # steps and rollups WITHOUT ROWID, three levels
 REVISION = "394d114978d2"
@@ -31,19 +32,14 @@ Rollup = tuple[int | float, ...]
 
 def _record(rng: random.Random, step: int) -> StepRecord:
     overflow = rng.random() < 0.05
-    return StepRecord(
-        step=step,
-        wall_time=1_700_000_000.0 + step,
+    return step_record(
+        step,
         scale=2.0 ** rng.randint(-4, 24),
         overflow=overflow,
         skipped=overflow and rng.random() < 0.8,
         inf_ranks=(rng.randint(0, 7),) if overflow else (),
         scale_after=2.0 ** rng.randint(-4, 24),
         growth_tracker=rng.randint(0, 2000),
-        growth_interval=2000,
-        growth_factor=2.0,
-        backoff_factor=0.5,
-        control_version=0,
     )
 
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import scaler._control
 import scaler.store.control
@@ -44,6 +45,7 @@ def _imported_by(module: str) -> list[str]:
     return list(json.loads(out))
 
 
+@pytest.mark.heavy
 def test_the_store_and_the_service_import_neither_torch_nor_the_scalers_private_modules() -> None:
     for module in ("scaler.store", "app.main", "app.cli"):
         loaded = _imported_by(module)

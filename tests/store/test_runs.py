@@ -24,7 +24,8 @@ from scaler.store.runs import (
     write_steps,
 )
 from scaler.store.schema import ROLLUP_LEVELS, runs, step_rollups, steps, telemetry_gaps
-from tests.store.conftest import expected_rollups
+from tests._helpers.records import step_record
+from tests._helpers.stored import expected_rollups
 
 
 def _run_row(store: Store, run_id: int) -> dict[str, object]:
@@ -34,8 +35,8 @@ def _run_row(store: Store, run_id: int) -> dict[str, object]:
 
 def _record(rng: random.Random, step: int) -> StepRecord:
     overflow = rng.random() < 0.15
-    return StepRecord(
-        step=step,
+    return step_record(
+        step,
         wall_time=1_700_000_000.0 + step * 0.05,
         scale=2.0 ** rng.randint(-4, 24),
         overflow=overflow,
@@ -43,9 +44,6 @@ def _record(rng: random.Random, step: int) -> StepRecord:
         inf_ranks=tuple(sorted(rng.sample(range(4), rng.randint(1, 3)))) if overflow else (),
         scale_after=2.0 ** rng.randint(-4, 24),
         growth_tracker=rng.randint(0, 2000),
-        growth_interval=2000,
-        growth_factor=2.0,
-        backoff_factor=0.5,
         control_version=rng.randint(0, 3),
         # Mostly finite, some unseen, now and then not finite (stored as NULL).
         loss=rng.choice([rng.uniform(-1.0, 9.0)] * 6 + [None, math.inf, math.nan]),

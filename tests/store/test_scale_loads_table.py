@@ -9,8 +9,8 @@ from scaler.store import RunNotFound, RunRef, Store, open_store
 from scaler.store.engine import downgrade, head_revision, make_engine, upgrade
 from scaler.store.runs import create_run, write_steps
 from scaler.store.scale_loads import ScaleLoad, load_counts, record_scale_load, scale_loads_of
-from tests.app.conftest import simulate
-from tests.store.conftest import CONTROL
+from tests._helpers.service import simulate
+from tests._helpers.stored import CONTROL
 
 
 def test_a_load_with_the_scale_before_is_stored_as_the_scaler_saw_it(

@@ -10,8 +10,7 @@ from scaler.store.queries import get_run, run_status
 from scaler.store.runs import end_run
 from scaler.store.schema import control_requests, runs
 from scaler.store.states import RequestSource, RequestStatus, RunStatus
-
-from .conftest import CONTROL
+from tests._helpers.stored import CONTROL
 
 
 def test_a_run_reads_as_its_status_enum_and_is_stored_as_text(store: Store, run: RunRef) -> None:

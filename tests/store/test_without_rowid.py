@@ -9,7 +9,8 @@ from scaler.store import downgrade, open_store, upgrade
 from scaler.store.engine import make_engine
 from scaler.store.records import StepRecord
 from scaler.store.runs import create_run, write_steps
-from tests.store.conftest import CONTROL
+from tests._helpers.records import step_record
+from tests._helpers.stored import CONTROL
 
 INITIAL = "e3f1a9c07b42"
 # The columns of steps and step_rollups at INITIAL; later revisions append theirs.
@@ -20,19 +21,13 @@ pytestmark = pytest.mark.sqlite_only
 
 def _records(count: int) -> list[StepRecord]:
     return [
-        StepRecord(
-            step=step,
-            wall_time=1_700_000_000.0 + step,
-            scale=1024.0,
+        step_record(
+            step,
             overflow=step % 7 == 0,
-            skipped=step % 7 == 0,
             inf_ranks=(0, 1) if step % 7 == 0 else (),
             scale_after=512.0 if step % 7 == 0 else 1024.0,
             growth_tracker=step % 5,
             growth_interval=5,
-            growth_factor=2.0,
-            backoff_factor=0.5,
-            control_version=0,
         )
         for step in range(count)
     ]

@@ -5,7 +5,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _harness import CHROMIUM, CHROMIUM_ARGS, HOSTILE_NAME, Served, Tab, serve_live_run
+
+from tests._helpers.harness import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    HOSTILE_NAME,
+    Served,
+    Tab,
+    serve_live_run,
+)
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +41,9 @@ def _tab(browser: Any, served: Served, *, bypass_csp: bool) -> Iterator[Tab]:
         bypass_csp=bypass_csp,
     )
     page = context.new_page()
-    page.set_default_timeout(10_000)
+    # What a page waits for (a live step, a chart drawn) comes in well under a second on a
+    # quiet machine; the suite runs on several workers, beside other work.
+    page.set_default_timeout(30_000)
     tab = Tab(page)
     page.on("console", lambda message: message.type == "error" and tab.errors.append(message.text))
     page.on("pageerror", lambda error: tab.errors.append(f"uncaught: {error}"))

@@ -1,10 +1,10 @@
 """Screenshots of both dashboard pages, from a real service over real training runs.
 
-    .venv/bin/python tests/web/take_screenshots.py [--out docs/screenshots] [--steps 450]
+    .venv/bin/python -m tests.web.take_screenshots [--out docs/screenshots] [--steps 450]
 
 Trains ``scaler.examples.tiny_lm`` (an fp16 transformer, FSDP2 on 2 gloo ranks, with
 ``ShardedGradScaler`` telemetry) while ``scalewatch serve`` serves its store, next to two
-small runs of ``_trainer.py``: one trained to the end and one killed mid-run (it reads
+small runs of ``tests/_helpers/trainer.py``: one trained to the end and one killed mid-run (it reads
 as crashed once its heartbeat is stale). Past two thirds of the language model's
 steps, a growth_interval change is submitted on the run page with the token and
 applied by the training ranks; then ``run.png`` (the run page), ``runs.png`` (the
@@ -27,7 +27,11 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import IO
 
-from _harness import (
+from playwright.sync_api import sync_playwright
+
+from scaler.store import queries
+from scaler.store.engine import Store, open_store
+from tests._helpers.harness import (
     CHROMIUM,
     CHROMIUM_ARGS,
     TOKEN,
@@ -38,13 +42,9 @@ from _harness import (
     wait_for_exit,
     wait_for_steps,
 )
-from playwright.sync_api import sync_playwright
-
-from scaler.store import queries
-from scaler.store.engine import Store, open_store
+from tests._helpers.pages import POINTS
 
 ROOT = Path(__file__).resolve().parents[2]
-POINTS = "Number(document.getElementById('chart').dataset.points)"
 LM_NAME = "tiny-lm fp16 fsdp2 (2 ranks)"
 STEP_TIMEOUT_S = 600.0
 

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _harness import CHROMIUM, Served, Tab
-from test_browser_dashboard import open_run
 
 from scaler.store import StepRecord, runs
+from tests._helpers.harness import CHROMIUM, Served, Tab
+from tests._helpers.pages import open_run
+from tests._helpers.records import step_record
 
 pytestmark = pytest.mark.browser
 
@@ -31,19 +32,13 @@ def _steps(first: int, last: int, *, low_from: int, skipped: range) -> list[Step
         scale = 0.5 if step > low_from else 1024.0
         after = 0.5 if step >= low_from else 1024.0
         records.append(
-            StepRecord(
-                step=step,
+            step_record(
+                step,
                 wall_time=now,
                 scale=scale,
                 overflow=step in skipped,
-                skipped=step in skipped,
                 inf_ranks=(0,) * (step in skipped),
                 scale_after=after,
-                growth_tracker=0,
-                growth_interval=2000,
-                growth_factor=2.0,
-                backoff_factor=0.5,
-                control_version=0,
             )
         )
     return records

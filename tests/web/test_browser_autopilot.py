@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _harness import CHROMIUM, HOSTILE_NAME, Served, Tab
 
-from scaler.store import StepRecord, control, runs
+from scaler.store import control, runs
 from scaler.store.autopilot import get_autopilot, set_autopilot
 from scaler.store.states import RequestSource
+from tests._helpers.harness import CHROMIUM, HOSTILE_NAME, Served, Tab
+from tests._helpers.records import step_record
 
 pytestmark = pytest.mark.browser
 
@@ -67,23 +68,7 @@ def test_the_autopilot_of_a_run_that_ends_reads_as_ended_and_its_request_keeps_w
     state.pop("version")
     run = runs.create_run(served.store, name="ending", world_size=1, config={}, control=state)
     interval = state["growth_interval"]
-    records = [
-        StepRecord(
-            step=step,
-            wall_time=1_700_000_000.0 + step,
-            scale=1024.0,
-            overflow=False,
-            skipped=False,
-            inf_ranks=(),
-            scale_after=1024.0,
-            growth_tracker=0,
-            growth_interval=interval,
-            growth_factor=2.0,
-            backoff_factor=0.5,
-            control_version=0,
-        )
-        for step in range(1, 21)
-    ]
+    records = [step_record(step, growth_interval=interval) for step in range(1, 21)]
     runs.write_steps(served.store, run.id, records)
     set_autopilot(served.store, run.id, {"enabled": True, "target_skip_rate": 0.01})
     why = "skipped-step rate 5.00% over 500 steps"

@@ -11,9 +11,10 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from _harness import CHROMIUM, Served, Tab
 
-from scaler.store import StepRecord, runs
+from scaler.store import runs
+from tests._helpers.harness import CHROMIUM, Served, Tab
+from tests._helpers.records import step_record
 
 pytestmark = pytest.mark.browser
 
@@ -27,21 +28,7 @@ BUSY = json.dumps({"detail": "busy: no chart query could start within 1 s; ask a
 def _run(served: Served, steps: int) -> int:
     run = runs.create_run(served.store, name="busy", world_size=1, config={}, control={})
     records = [
-        StepRecord(
-            step=step,
-            wall_time=1_700_000_000.0 + step,
-            scale=65536.0,
-            overflow=False,
-            skipped=False,
-            inf_ranks=(),
-            scale_after=65536.0,
-            growth_tracker=step % 2000,
-            growth_interval=2000,
-            growth_factor=2.0,
-            backoff_factor=0.5,
-            control_version=0,
-        )
-        for step in range(1, steps + 1)
+        step_record(step, scale=65536.0, growth_tracker=step % 2000) for step in range(1, steps + 1)
     ]
     runs.write_steps(served.store, run.id, records)
     return run.id

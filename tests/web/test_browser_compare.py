@@ -7,9 +7,9 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from _harness import CHROMIUM, HOSTILE_NAME, Served, Tab
 
 from scaler.store import queries
+from tests._helpers.harness import CHROMIUM, HOSTILE_NAME, Served, Tab
 
 pytestmark = pytest.mark.browser
 

@@ -4,40 +4,22 @@ from __future__ import annotations
 
 import csv
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from _harness import CHROMIUM, HOSTILE_NAME, Served, Tab
 from sqlalchemy import select
 
-from scaler.store import StepRecord, control, queries, rules, runs
+from scaler.store import control, queries, rules, runs
 from scaler.store.schema import steps
+from tests._helpers.harness import CHROMIUM, HOSTILE_NAME, Served, Tab
+from tests._helpers.pages import POINTS, chart, open_run, zoom
+from tests._helpers.records import rising_records
 
 pytestmark = pytest.mark.browser
 
 if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
 pytest.importorskip("playwright.sync_api")
-
-POINTS = "Number(document.getElementById('chart').dataset.points)"
-
-
-def open_run(tab: Tab, run_id: int) -> None:
-    tab.page.goto(f"/run.html?run={run_id}")
-    tab.page.wait_for_function(f"{POINTS} > 0")
-
-
-def zoom(tab: Tab, start: int, end: int) -> None:
-    """Zoom the chart to steps ``start``..``end``, as a drag does, and wait until it is drawn."""
-    tab.page.evaluate(
-        f"Plotly.relayout(document.getElementById('chart'), {{'xaxis.range': [{start}, {end}]}})"
-    )
-    tab.page.locator(f"#chart[data-view='{start}-{end}']").wait_for(state="attached")
-
-
-def chart(tab: Tab, expression: str) -> object:
-    return tab.page.evaluate(f"(gd => {expression})(document.getElementById('chart'))")
 
 
 def submit(tab: Tab, token: str | None = None, **values: object) -> None:
@@ -66,7 +48,7 @@ def test_runs_page_lists_runs_live_and_links_to_them(tab: Tab, served: Served) -
             return Number(cell.textContent.replace(/,/g, "")) > before;
         }""",
         arg=[served.run_id, before],
-        timeout=5000,
+        timeout=30_000,
     )
 
     row.locator("a").click()
@@ -95,7 +77,7 @@ def test_run_chart_grows_live_with_overflows_marked(tab: Tab, served: Served) ->
     # Read together: live steps may land between two separate reads.
     before, shown = chart(tab, "[gd.data[2].x.length, Number(gd.dataset.points)]")
     assert shown == before
-    tab.page.wait_for_function(f"{POINTS} > {before}", timeout=2000)
+    tab.page.wait_for_function(f"{POINTS} > {before}", timeout=30_000)
 
     tab.page.wait_for_function("document.getElementById('chart').data[3].x.length > 0")
     marked = chart(tab, "gd.data[3].x.map((step, i) => [step, gd.data[3].customdata[i][1]])")
@@ -127,29 +109,6 @@ def test_zoom_requeries_finer_buckets_and_autoscale_returns(tab: Tab, served: Se
     assert tab.unexpected_errors() == []
 
 
-def _rising(
-    steps: range, power: Callable[[int], int], overflows: frozenset[int] = frozenset()
-) -> list[StepRecord]:
-    """Steps whose scale is 2**power(step), overflowing (on rank 0) at ``overflows``."""
-    return [
-        StepRecord(
-            step=step,
-            wall_time=1_700_000_000.0 + step,
-            scale=2.0 ** power(step),
-            overflow=step in overflows,
-            skipped=step in overflows,
-            inf_ranks=(0,) if step in overflows else (),
-            scale_after=2.0 ** power(step + 1),
-            growth_tracker=0,
-            growth_interval=46,
-            growth_factor=2.0,
-            backoff_factor=0.5,
-            control_version=0,
-        )
-        for step in steps
-    ]
-
-
 def test_a_zoomed_view_ticks_its_own_scales_and_widens_for_live_steps(
     tab: Tab, served: Served
 ) -> None:
@@ -158,7 +117,7 @@ def test_a_zoomed_view_ticks_its_own_scales_and_widens_for_live_steps(
     page = tab.page
     run = runs.create_run(served.store, name="rising", world_size=1, config={}, control={})
     # Overflows far outside the view, at the run's lowest and highest scales.
-    rising = _rising(range(1, 1001), lambda s: 2 + s // 46, frozenset({5, 995}))
+    rising = rising_records(range(1, 1001), lambda s: 2 + s // 46, frozenset({5, 995}))
     runs.write_steps(served.store, run.id, rising)
     open_run(tab, run.id)
     zoom(tab, 600, 740)
@@ -167,7 +126,7 @@ def test_a_zoomed_view_ticks_its_own_scales_and_widens_for_live_steps(
 
     zoom(tab, 950, 1100)
     page.locator("#live[data-state=live]").wait_for()
-    runs.write_steps(served.store, run.id, _rising(range(1001, 1006), lambda s: 30))
+    runs.write_steps(served.store, run.id, rising_records(range(1001, 1006), lambda s: 30))
     page.wait_for_function(
         "(gd => 10 ** gd.layout.yaxis.range[1] >= 2 ** 30)(document.getElementById('chart'))"
     )
@@ -178,7 +137,7 @@ def test_a_zoomed_view_ticks_its_own_scales_and_widens_for_live_steps(
 def test_a_zoomed_views_skipped_rate_counts_the_steps_before_it(tab: Tab, served: Served) -> None:
     """It started from nothing at the view's left edge: 0 right after 200 skipped steps."""
     run = runs.create_run(served.store, name="skipping", world_size=1, config={}, control={})
-    records = _rising(range(1, 801), lambda s: 16, frozenset(range(400, 600)))
+    records = rising_records(range(1, 801), lambda s: 16, frozenset(range(400, 600)))
     runs.write_steps(served.store, run.id, records)
     open_run(tab, run.id)
     zoom(tab, 600, 700)
@@ -203,7 +162,7 @@ def test_control_change_asks_token_again_then_applies_and_marks_chart(
 
     submit(tab, token=served.token)
     row = page.locator("#history tbody tr[data-status=applied]", has_text="growth_interval = 37")
-    row.wait_for(timeout=5000)
+    row.wait_for(timeout=30_000)
     applied_step = int(row.locator("[data-cell=applied-step]").inner_text())
     stored = [
         r

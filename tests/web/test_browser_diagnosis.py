@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _harness import CHROMIUM, Served, Tab
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from scaler.store import StepRecord, runs
+from scaler.store import runs
 from scaler.store.records import ParamFinding
+from tests._helpers.harness import CHROMIUM, Served, Tab
+from tests._helpers.records import step_record
 
 pytestmark = pytest.mark.browser
 
@@ -39,19 +40,12 @@ def _diagnosed_run(served: Served) -> int:
     ranks) and 200 (forward: the loss on rank 1 was inf)."""
     run = runs.create_run(served.store, name="diagnosed", world_size=2, config={}, control={})
     records = [
-        StepRecord(
-            step=step,
-            wall_time=1_700_000_000.0 + step,
+        step_record(
+            step,
             scale=65536.0,
             overflow=step in FINDINGS,
-            skipped=step in FINDINGS,
             inf_ranks=tuple(sorted({p.rank for p in FINDINGS.get(step, ())})),
             scale_after=32768.0 if step in FINDINGS else 65536.0,
-            growth_tracker=0,
-            growth_interval=2000,
-            growth_factor=2.0,
-            backoff_factor=0.5,
-            control_version=0,
             loss=float("inf") if step == 200 else 3.0 - step / 200,
             loss_nonfinite_ranks=(1,) if step == 200 else (),
             params=FINDINGS.get(step, ()),

@@ -8,12 +8,13 @@ import re
 from pathlib import Path
 
 import pytest
-from _harness import CHROMIUM, Served, Tab
 from sqlalchemy import update
-from test_browser_dashboard import _rising, chart, open_run, zoom
 
-from scaler.store import StepRecord, control, runs
+from scaler.store import control, runs
 from scaler.store.schema import runs as runs_table
+from tests._helpers.harness import CHROMIUM, Served, Tab
+from tests._helpers.pages import chart, open_run, zoom
+from tests._helpers.records import rising_records, step_record
 
 pytestmark = pytest.mark.browser
 
@@ -48,7 +49,7 @@ def test_the_scale_line_steps_and_meets_each_overflow_marker(
     backoff where the marker showed the scale used."""
     run = runs.create_run(served.store, name="stepping", world_size=1, config={}, control={})
     overflows = frozenset({40, 41, 90})
-    records = _rising(range(1, 121), lambda s: 10 + s // 20 - sum(o < s for o in overflows),
+    records = rising_records(range(1, 121), lambda s: 10 + s // 20 - sum(o < s for o in overflows),
                       overflows)  # fmt: skip
     runs.write_steps(served.store, run.id, records)
     open_run(tab, run.id)
@@ -75,7 +76,7 @@ def test_the_scale_line_steps_and_meets_each_overflow_marker(
 def test_control_labels_thin_out_zoomed_out_and_return_zoomed_in(tab: Tab, served: Served) -> None:
     """Eighty changes two steps apart drew eighty labels on top of one another."""
     run = runs.create_run(served.store, name="tuned", world_size=1, config={}, control={})
-    runs.write_steps(served.store, run.id, _rising(range(1, 2001), lambda s: 16))
+    runs.write_steps(served.store, run.id, rising_records(range(1, 2001), lambda s: 16))
     for k in range(80):
         control.record_code_change(served.store, run.id, {"growth_interval": 100 + k},
                                    step=1000 + 2 * k, at=1.0, state={}, version=k + 1)  # fmt: skip
@@ -98,13 +99,7 @@ def test_a_number_and_a_time_read_the_same_on_every_panel(tab: Tab, served: Serv
     scale = 65536.0390625
     run = runs.create_run(served.store, name="odd-scale", world_size=1, config={},
                           control={"scale": scale})  # fmt: skip
-    records = [
-        StepRecord(step=s, wall_time=1_700_000_000.0 + s, scale=scale, overflow=False,
-                   skipped=False, inf_ranks=(), scale_after=scale, growth_tracker=s,
-                   growth_interval=2000, growth_factor=2.0, backoff_factor=0.5,
-                   control_version=0)
-        for s in range(1, 11)
-    ]  # fmt: skip
+    records = [step_record(s, scale=scale, growth_tracker=s) for s in range(1, 11)]
     runs.write_steps(served.store, run.id, records)
     page = tab.page
     page.goto("/")
@@ -137,7 +132,7 @@ def test_the_fact_cards_hold_each_value_on_one_line(tab: Tab, served: Served, wi
             .where(runs_table.c.id == run.id)
             .values(host="node-0042.example.org", pid=4_194_304)
         )
-    runs.write_steps(served.store, run.id, _rising(range(1, 11), lambda s: 16))
+    runs.write_steps(served.store, run.id, rising_records(range(1, 11), lambda s: 16))
     tab.page.set_viewport_size({"width": width, "height": 900})
     open_run(tab, run.id)
     tab.page.locator("[data-fact=host]", has_text="node-0042").wait_for()
@@ -159,7 +154,7 @@ def test_a_bidi_override_in_a_run_name_is_shown_not_obeyed(tab: Tab, served: Ser
     name = "report\u202efdp.exe"
     shown = "report<U+202E>fdp.exe"
     run = runs.create_run(served.store, name=name, world_size=1, config={}, control={})
-    runs.write_steps(served.store, run.id, _rising(range(1, 11), lambda s: 16))
+    runs.write_steps(served.store, run.id, rising_records(range(1, 11), lambda s: 16))
     page = tab.page
     page.goto("/")
     link = page.locator(f'#runs tbody tr[data-run-id="{run.id}"] a')
@@ -238,7 +233,7 @@ def test_the_cards_show_the_step_the_chart_has_drawn(tab: Tab, served: Served) -
         return 10 + step // 20 - sum(o < step for o in overflows)
 
     def write(steps: range) -> None:
-        runs.write_steps(served.store, run.id, _rising(steps, power, overflows))
+        runs.write_steps(served.store, run.id, rising_records(steps, power, overflows))
 
     write(range(1, 51))
     open_run(tab, run.id)

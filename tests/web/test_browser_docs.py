@@ -8,7 +8,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from _harness import CHROMIUM, Served, Tab
+
+from tests._helpers.harness import CHROMIUM, Served, Tab
 
 pytestmark = pytest.mark.browser
 

@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
-from _harness import CHROMIUM, HOSTILE_NAME, Served, Tab
 
 from app.dashboard import plotly_js_path
+from tests._helpers.harness import CHROMIUM, HOSTILE_NAME, Served, Tab
 
 pytestmark = pytest.mark.browser
 

@@ -3,10 +3,13 @@ the history names who made it)."""
 
 from __future__ import annotations
 
-from _harness import Served, Tab
+import pytest
 
 from scaler.store.control import control_history
 from scaler.store.identities import Role, create_identity
+from tests._helpers.harness import Served, Tab
+
+pytestmark = pytest.mark.browser
 
 POINTS = "(document.getElementById('chart').data || []).reduce((n, t) => n + (t.x || []).length, 0)"
 

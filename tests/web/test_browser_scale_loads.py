@@ -7,10 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _harness import CHROMIUM, Served, Tab
 
-from scaler.store import StepRecord, runs
+from scaler.store import runs
 from scaler.store.scale_loads import ScaleLoad, record_scale_load
+from tests._helpers.harness import CHROMIUM, Served, Tab
+from tests._helpers.records import step_record
 
 pytestmark = pytest.mark.browser
 
@@ -32,21 +33,7 @@ def _resumed_run(served: Served) -> int:
     a load of the same scale at the end."""
     run = runs.create_run(served.store, name="resumed", world_size=1, config={}, control={})
     records = [
-        StepRecord(
-            step=step,
-            wall_time=1_700_000_000.0 + step,
-            scale=1024.0 if step <= 100 else 65536.0,
-            overflow=False,
-            skipped=False,
-            inf_ranks=(),
-            scale_after=1024.0 if step <= 100 else 65536.0,
-            growth_tracker=0,
-            growth_interval=2000,
-            growth_factor=2.0,
-            backoff_factor=0.5,
-            control_version=0,
-        )
-        for step in range(1, 201)
+        step_record(step, scale=1024.0 if step <= 100 else 65536.0) for step in range(1, 201)
     ]
     runs.write_steps(served.store, run.id, records[:100])
     record_scale_load(served.store, run.id, ScaleLoad(step=100, at=1.0, scale_after=65536.0))

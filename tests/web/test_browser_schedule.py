@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _harness import CHROMIUM, Served, Tab
 
-from scaler.store import StepRecord, runs
+from scaler.store import runs
+from tests._helpers.harness import CHROMIUM, Served, Tab
+from tests._helpers.records import step_record
 
 pytestmark = pytest.mark.browser
 
@@ -27,19 +28,12 @@ def _run(served: Served, name: str, schedulers: list[dict[str, object]] | None) 
     records, drift = [], 0
     for step in range(1, 51):
         records.append(
-            StepRecord(
-                step=step,
-                wall_time=1_700_000_000.0 + step,
+            step_record(
+                step,
                 scale=65536.0,
                 overflow=step in SKIPPED,
-                skipped=step in SKIPPED,
                 inf_ranks=(0,) if step in SKIPPED else (),
                 scale_after=32768.0 if step in SKIPPED else 65536.0,
-                growth_tracker=0,
-                growth_interval=2000,
-                growth_factor=2.0,
-                backoff_factor=0.5,
-                control_version=0,
                 lr=0.001,
                 schedule_drift=None if schedulers is None else drift,
             )

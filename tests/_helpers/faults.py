@@ -2,7 +2,7 @@
 
 Run as a script, this module is a trainer that prints ``step wall_time work_s`` per step::
 
-    python tests/reliability/_faults.py sqlite:///x.db NAME --period 0.005 --stop STOPFILE
+    python tests/_helpers/faults.py sqlite:///x.db NAME --period 0.005 --stop STOPFILE
 """
 
 from __future__ import annotations
@@ -24,12 +24,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, event
 
-from tests._process import end_process
-from tests.scaler._dist import free_port, wait_for
+from tests._helpers.net import free_port
+from tests._helpers.processes import end_process
+from tests._helpers.waiting import wait_for
+
+if TYPE_CHECKING:
+    from scaler.telemetry import TelemetrySettings
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[2]
@@ -38,10 +42,6 @@ FIGURES_ENV = "SCALEWATCH_RELIABILITY_OUT"
 # Lines of a trainer's stderr that mean something reached the user: a traceback, a store
 # error, or one of the telemetry's own warnings.
 ALARMS = ("Traceback", "locked", "scalewatch:", "Error")
-
-
-def db_url(path: Path) -> str:
-    return f"sqlite:///{path}"
 
 
 def ratio(during: Sequence[float], before: Sequence[float]) -> float:
@@ -154,7 +154,7 @@ def alarms(text: str) -> list[str]:
 # ------------------------------------------------------------ trainers forked from a warm server
 
 
-_FORKSERVER_PRELOAD = ["torch", "scaler", "scaler.store.engine", "_faults"]
+_FORKSERVER_PRELOAD = ["torch", "scaler", "scaler.store.engine", "tests._helpers.faults"]
 
 
 def killable_context() -> Any:
@@ -171,6 +171,55 @@ def killable_trainer(url: str, name: str, out_path: str, period: float) -> None:
     os.close(fd)
     stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (the process's stdout)
     train(url, name, period=period, out=stdout)
+
+
+# ------------------------------------------------------------ a trainer on the test's thread
+
+
+class PacedTrainer:
+    """A small MLP trained with ``scaler.GradScaler`` on this thread, a step every
+    ``period`` seconds."""
+
+    def __init__(self, telemetry: TelemetrySettings, period: float) -> None:
+        import torch  # as train() does: this module starts trainers before torch is imported
+
+        import scaler
+
+        self.period = period
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
+        )
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3)
+        self.gs = scaler.GradScaler(
+            "cpu", init_scale=2.0**10, growth_interval=20, telemetry=telemetry, run_name="faulty"
+        )
+        self.x = torch.randn(16, 32)
+        self.step = 0
+
+    def dropped(self) -> int:
+        """Records dropped so far by the telemetry writer."""
+        return int(self.gs._link.telemetry.dropped)
+
+    def run(self, seconds: float) -> list[float]:
+        """Train for ``seconds``; each step's own time (without the pacing)."""
+        times = []
+        end = time.monotonic() + seconds
+        next_at = time.monotonic()
+        while time.monotonic() < end:
+            self.step += 1
+            started = time.perf_counter()
+            self.opt.zero_grad()
+            loss = self.model(self.x).pow(2).mean()
+            if self.step % 50 == 0:
+                loss = loss * float("inf")
+            self.gs.scale(loss).backward()
+            self.gs.step(self.opt)
+            self.gs.update()
+            times.append(time.perf_counter() - started)
+            next_at += self.period
+            time.sleep(max(0.0, next_at - time.monotonic()))
+        return times
 
 
 # ------------------------------------------------------------ the service

@@ -10,7 +10,7 @@ prints ``{"run_id": N}`` once the run exists; the job stops after ``--steps`` (0
 or on SIGTERM/SIGINT, all ranks at the same step, and closes the scaler so the run ends
 as finished. ``--crash-at`` kills rank 0 instead.
 
-    python tests/web/_trainer.py --db sqlite:///x.db --name demo --rate 20 --burst 200
+    python tests/_helpers/trainer.py --db sqlite:///x.db --port 29500 --name demo --burst 200
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import datetime
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -35,7 +34,7 @@ if TYPE_CHECKING:
     from scaler import ShardedGradScaler
 
 IN, HIDDEN = 16, 64
-RUN_ID_TIMEOUT_S = 30.0
+RUN_ID_TIMEOUT_S = 120.0
 STOP_CHECK_EVERY = 5  # steps
 
 
@@ -61,7 +60,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--crash-at", type=int, default=0, help="SIGKILL rank 0 at this step")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, required=True, help="the gloo store's, on 127.0.0.1")
     args = parser.parse_args(argv)
     if args.world_size < 1 or args.steps < 0 or args.rate < 0:
         parser.error("--world-size must be >= 1, --steps and --rate >= 0")
@@ -190,12 +189,6 @@ def exit_with_parent() -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     stop = threading.Event()
@@ -205,12 +198,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.rank > 0:
         exit_with_parent()
     else:
-        args.port = args.port or free_port()
         raw = list(sys.argv[1:] if argv is None else argv)
         for rank in range(1, args.world_size):
             others.append(
                 subprocess.Popen(
-                    [sys.executable, __file__, *raw, "--rank", str(rank), "--port", str(args.port)],
+                    [sys.executable, __file__, *raw, "--rank", str(rank)],
                     stdout=subprocess.DEVNULL,
                 )
             )

@@ -1,9 +1,9 @@
 """The load test's processes: a paced writer, SSE clients and chart clients, each bounded in
 time, each printing one JSON line of results (with the CPU seconds it used).
 
-    python -m tests.reliability._load writer URL RUN FIRST_STEP RATE SECONDS  (RATE 0: unpaced)
-    python -m tests.reliability._load sse BASE RUNS CLIENTS LAST_STEP SECONDS
-    python -m tests.reliability._load charts BASE RUNS RATE SECONDS LAST_STEP TIMEOUT
+    python -m tests._helpers.load writer URL RUN FIRST_STEP RATE SECONDS  (RATE 0: unpaced)
+    python -m tests._helpers.load sse BASE RUNS CLIENTS LAST_STEP SECONDS
+    python -m tests._helpers.load charts BASE RUNS RATE SECONDS LAST_STEP TIMEOUT
 
 and, for the test and ``bench/fleet.py`` that drive them, :func:`serving`: the service
 itself, a real ``scalewatch serve``.
@@ -43,8 +43,9 @@ import httpx
 from scaler.store.engine import open_store
 from scaler.store.records import StepRecord
 from scaler.store.runs import write_steps
-from tests._net import free_port
-from tests._process import end_process
+from tests._helpers.net import free_port
+from tests._helpers.processes import end_process
+from tests._helpers.records import step_record
 
 READY_TIMEOUT_S = 60.0  # for every stream's answer to start
 BATCH = 500  # records per write: a telemetry thread's batch at 10k records/s, 20 writes/s
@@ -98,19 +99,14 @@ def serving(
 
 def records(first: int, count: int, wall_time: float) -> list[StepRecord]:
     return [
-        StepRecord(
-            step=step,
+        step_record(
+            step,
             wall_time=wall_time,
             scale=65536.0,
             overflow=step % 1000 == 0,
-            skipped=step % 1000 == 0,
             inf_ranks=(1,) if step % 1000 == 0 else (),
             scale_after=32768.0 if step % 1000 == 0 else 65536.0,
             growth_tracker=step % 2000,
-            growth_interval=2000,
-            growth_factor=2.0,
-            backoff_factor=0.5,
-            control_version=0,
         )
         for step in range(first, first + count)
     ]
@@ -424,6 +420,37 @@ def charts(
 
 def _runs(arg: str) -> list[int]:
     return [int(run) for run in arg.split(",")]
+
+
+def spawn(*args: object, stderr: int | None = None) -> subprocess.Popen[str]:
+    """This module as a process (``writer``, ``sse`` or ``charts`` and their arguments)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests._helpers.load", *map(str, args)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+    )
+
+
+def wait_streams_open(clients: subprocess.Popen[str]) -> None:
+    """Until every SSE client's stream has started: a stream starts at the run's last step
+    when it opens, so one opened after the writer started would miss its first steps."""
+    assert clients.stderr is not None
+    lines = []
+    for line in clients.stderr:
+        if line.strip() == "streams open":
+            return
+        lines.append(line)
+    raise AssertionError(f"the SSE clients ended before their streams opened: {lines[-5:]}")
+
+
+def result(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
+    """What a process of this module printed last, once it has ended well."""
+    out, _ = process.communicate(timeout=timeout)
+    assert process.returncode == 0, out
+    parsed: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return parsed
 
 
 def main(argv: list[str]) -> int:

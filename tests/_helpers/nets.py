@@ -1,4 +1,5 @@
-"""The small named model the multi-rank diagnosis and collective tests train."""
+"""The small named model the multi-rank diagnosis and collective tests train, and a model
+wrapped as DDP, FSDP1 (offloading or not) or FSDP2 shards it on real ranks (``wrap``)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,27 @@ def fully_shard_net(net: Net) -> nn.Module:
     fully_shard(net.encoder)
     fully_shard(net.decoder)
     return fully_shard(net)
+
+
+def wrap(kind: str, module: nn.Module, device: str) -> nn.Module:
+    """``module`` wrapped by ``kind``: ``ddp``, ``fsdp1``, ``fsdp1-offload`` or ``fsdp2``."""
+    if kind == "ddp":
+        # on cuda every rank shares the one GPU: gloo all-reduces cuda tensors too
+        return nn.parallel.DistributedDataParallel(module.to(device))
+    if kind == "fsdp2":
+        from scaler._torch_compat import fsdp2
+
+        fully_shard = fsdp2().fully_shard
+        policy = fsdp2().MixedPrecisionPolicy(param_dtype=torch.float16)
+        for layer in (module[0], module[2]):
+            fully_shard(layer, mp_policy=policy)
+        return fully_shard(module, mp_policy=policy)
+    from torch.distributed.fsdp import CPUOffload
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    if kind == "fsdp1":
+        return FSDP(module, device_id=torch.device("cpu"))
+    assert kind == "fsdp1-offload"
+    offload = CPUOffload(offload_params=True)
+    index = torch.cuda.current_device() if device == "cuda" else None
+    return FSDP(module, device_id=torch.device(device, index), cpu_offload=offload)

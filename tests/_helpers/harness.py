@@ -25,8 +25,8 @@ from typing import IO, Any
 
 from scaler.store import queries
 from scaler.store.engine import Store, open_store
-from tests._net import free_port
-from tests._process import end_process
+from tests._helpers.net import free_port
+from tests._helpers.processes import end_process
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -38,9 +38,9 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-TRAINER = Path(__file__).with_name("_trainer.py")
+TRAINER = Path(__file__).with_name("trainer.py")
 TOKEN = "web-test-token"
-START_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 180.0  # the trainers start torch and train their burst: slow on a loaded machine
 HOSTILE_NAME = "<img src=x onerror=alert(1)>"
 
 
@@ -121,9 +121,10 @@ def _wait_healthy(base_url: str, server: subprocess.Popen[bytes], log: Path) -> 
 def start_trainer(
     db_url: str, name: str, *options: str, stderr: IO[bytes]
 ) -> subprocess.Popen[str]:
-    """``_trainer.py`` training a run called ``name``; it prints the run's id on stdout."""
+    """``trainer.py`` training a run called ``name``; it prints the run's id on stdout."""
+    port = str(free_port())
     return subprocess.Popen(
-        [sys.executable, str(TRAINER), "--db", db_url, "--name", name, *options],
+        [sys.executable, str(TRAINER), "--db", db_url, "--port", port, "--name", name, *options],
         stdout=subprocess.PIPE,
         stderr=stderr,
         text=True,

@@ -226,3 +226,27 @@ def skip_unless_torchs_sharded_steps_fused_overflows() -> None:
             f"torch {torch.__version__}'s own ShardedGradScaler fails a fused optimizer's"
             f" overflow step on cpu: {error}"
         )
+
+
+# Factors other than torch's defaults: the sequences differ wherever a rule is misread.
+FACTORS = {"init_scale": 2.0**10, "growth_factor": 1.7, "backoff_factor": 0.3}
+
+
+def two_optimizers(model: nn.Module) -> list[torch.optim.Optimizer]:
+    first, _, last = model  # type: ignore[misc]
+    return [
+        torch.optim.SGD(first.parameters(), lr=0.05),
+        torch.optim.Adam(last.parameters(), lr=0.01),
+    ]
+
+
+def unscale_and_clip(gs: Any, opt: torch.optim.Optimizer) -> None:
+    gs.unscale_(opt)
+    params = [p for group in opt.param_groups for p in group["params"]]
+    torch.nn.utils.clip_grad_norm_(params, max_norm=0.5)
+
+
+def fused_adam(model: nn.Module) -> list[torch.optim.Optimizer]:
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, fused=True)
+    assert opt._step_supports_amp_scaling  # type: ignore[attr-defined]
+    return [opt]

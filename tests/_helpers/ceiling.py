@@ -5,6 +5,8 @@ writing telemetry to a store: before ``step()``, a gradient gets an inf whenever
 scale in use is above ``ceiling``. At growth_interval G such a run skips one step in
 G + 1 once its scale has come down to the ceiling. The test drives it step by step
 (:meth:`CeilingTrainer.run_until`), so that it waits on a condition without sleeping.
+``enable`` turns the service's autopilot on for its run; ``settled`` says when the
+autopilot has brought the skip rate within its target.
 """
 
 from __future__ import annotations
@@ -13,11 +15,18 @@ import time
 from collections.abc import Callable
 
 import torch
+from fastapi.testclient import TestClient
 
 from scaler import GradScaler
+from scaler.store.engine import Store
+from scaler.store.summaries import request_summary, step_summary
 from scaler.telemetry import TelemetrySettings
+from tests._helpers.service import auth
 
 CHECK_EVERY = 25  # steps between two looks at the condition
+COOLDOWN = 200
+SETTLED_STEPS = 3 * COOLDOWN  # steps within the target since the last change
+TARGET = 0.01
 
 
 class CeilingTrainer:
@@ -63,3 +72,31 @@ class CeilingTrainer:
 
     def close(self) -> None:
         self.scaler.close()
+
+
+def skip_rate_since_change(store: Store, run: int, after: int = 0) -> tuple[float, int]:
+    """The skipped-step rate since the last change (or ``after``, if later), and of how
+    many steps."""
+    changed = request_summary(store, run, since=0).changed_at_step
+    steps = step_summary(store, run, after=max(changed, after))
+    return (steps.skipped / steps.steps, steps.steps) if steps else (1.0, 0)
+
+
+def settled(store: Store, run: int, after: int = 0) -> bool:
+    """The autopilot made a change, and the steps since (and since ``after``) are within
+    the target, ``SETTLED_STEPS`` of them at least."""
+    summary = request_summary(store, run, since=0)
+    rate, steps = skip_rate_since_change(store, run, after)
+    return (
+        summary.changed_at_step > 0
+        and not summary.pending
+        and steps >= SETTLED_STEPS
+        and (rate <= TARGET)
+    )
+
+
+def enable(client: TestClient, run: int) -> None:
+    body = {"enabled": True, "target_skip_rate": TARGET, "cooldown_steps": COOLDOWN}
+    response = client.put(f"/api/runs/{run}/autopilot", json=body, headers=auth())
+    assert response.status_code == 200, response.text
+    assert response.json()["state"] == "watching"

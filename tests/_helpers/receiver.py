@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,14 +20,6 @@ class Receiver:
     bodies: list[dict[str, Any]] = field(default_factory=list)
     attempts: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
-    """Return once ``condition()`` holds; fail the test after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what or condition}"
-        time.sleep(0.005)
 
 
 @contextmanager

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from tests._net import free_port
+from tests._helpers.net import free_port
 
 # A worker is called as fn(rank, world, *args) inside an initialised gloo group; what it returns
 # (picklable) is handed back to the test.
@@ -120,15 +120,3 @@ def run_ranks(
     """
     with Ranks(fn, world, *args, group=group) as ranks:
         return ranks.results(timeout)
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.01)

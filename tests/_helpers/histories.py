@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from app.autopilot.policy import Window
 from scaler.store.records import StepRecord
+from tests._helpers.records import step_record
 
 
 @dataclass
@@ -35,19 +36,14 @@ class Simulated:
             if self.min_scale is not None:
                 after = max(after, self.min_scale)
             records.append(
-                StepRecord(
-                    step=self.step,
-                    wall_time=1_700_000_000.0 + self.step,
+                step_record(
+                    self.step,
                     scale=scale,
                     overflow=overflow,
-                    skipped=overflow,
                     inf_ranks=(0,) if overflow else (),
                     scale_after=after,
                     growth_tracker=self.tracker,
                     growth_interval=self.interval,
-                    growth_factor=2.0,
-                    backoff_factor=0.5,
-                    control_version=0,
                 )
             )
             self.scale = after

@@ -11,18 +11,22 @@ import glob
 import itertools
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests._helpers.net import free_port
+
 HOW_TO_GET_ONE = (
     "no PostgreSQL server binaries (initdb, pg_ctl) found: install them with"
     " `apt-get install postgresql` (or put their directory on PATH) to run the PostgreSQL tests"
 )
 START_TIMEOUT_S = 60
+# The tests' server trusts 127.0.0.1, so the password is never checked; it must still
+# never be shown.
+PASSWORD = "pg-s3cret-pw"
 
 
 def server_bindir() -> Path | None:
@@ -37,13 +41,6 @@ def server_bindir() -> Path | None:
         ),
     )
     return Path(found[-1]).parent if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _as_server_user(argv: list[str]) -> list[str]:
@@ -119,7 +116,7 @@ def cluster(bindir: Path) -> Iterator[Cluster]:
         initdb = [str(bindir / "initdb"), "-D", str(root / "data"), "-U", "postgres"]
         initdb += ["--auth=trust", "-E", "UTF8", "--no-sync"]
         subprocess.run(_as_server_user(initdb), check=True, capture_output=True)
-        server = Cluster(bindir, root, _free_port())
+        server = Cluster(bindir, root, free_port())
         server.start()
         try:
             yield server
