@@ -65,6 +65,8 @@ def test_hostile_run_name_renders_as_text(tab: Tab, served: Served) -> None:
     assert page.locator("#runs img").count() == 0
 
     open_run(tab, run_id)
+    # The name comes with the run's detail, a request of its own beside the chart's.
+    page.locator("#run-name", has_text=HOSTILE_NAME).wait_for()
     assert page.inner_text("#run-name") == HOSTILE_NAME
     assert page.title() == f"{HOSTILE_NAME} · scalewatch"
     assert page.locator("main img").count() == 0
