@@ -72,7 +72,7 @@ def _store_url(args: argparse.Namespace) -> Any:
         with tempfile.TemporaryDirectory(prefix="scalewatch-fleet-") as tmp:
             yield f"sqlite:///{Path(tmp) / 'fleet.db'}"
         return
-    from tests import _postgres
+    from tests._helpers import postgres as _postgres
 
     bindir = _postgres.server_bindir()
     if bindir is None:
@@ -211,8 +211,8 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
     def component(pid: int, name: str) -> str | None:
         return parts.get(pid) or ("PostgreSQL" if name == "postgres" else None)
 
-    split = CpuSplit(component).__enter__()
-    queries = QuerySampler(url).__enter__() if url.startswith("postgresql") else None
+    split = CpuSplit(component).start()
+    queries = QuerySampler(url).start() if url.startswith("postgresql") else None
     charts = _spawn(
         [
             "-m",
@@ -233,9 +233,9 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         loaded = _merge([_result(p, args.seconds + 120) for p in writers])
         server_cpu = cpu_seconds(server_pid) - server0
         busy1, total1 = machine_busy()
-        split.__exit__()
+        split.finish()
         if queries is not None:
-            queries.__exit__()
+            queries.finish()
         chart = _result(charts, CHART_TIMEOUT_S + 60)
         streams = _result(sse, CATCH_UP_S + 60)["clients"]
     finally:

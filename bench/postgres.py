@@ -46,7 +46,7 @@ def _database(url: str | None) -> Iterator[str]:
     if url is not None:
         yield url
         return
-    from tests import _postgres
+    from tests._helpers import postgres as _postgres
 
     bindir = _postgres.server_bindir()
     if bindir is None:

@@ -252,7 +252,7 @@ def _record(step: int) -> StepRecord:
 
 
 def _postgres_database(stack: contextlib.ExitStack) -> str:
-    from tests import _postgres
+    from tests._helpers import postgres as _postgres
 
     bindir = _postgres.server_bindir()
     if bindir is None:
