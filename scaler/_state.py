@@ -19,7 +19,7 @@ from typing import Any
 from ._extras import Extras
 from ._recording import RunLink
 from .stats import ScalerCheckpoint
-from .store.scale_loads import ScaleLoad
+from .store.records import ScaleLoad
 
 STATE_KEY = "scalewatch"
 # What a checkpoint's STATE_KEY entry holds (the rest of it is torch's entries).

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._control import ControlOutcome, ControlUpdate
 from ..stats import ScalerStats
-from ..store.scale_loads import ScaleLoad
+from ..store.records import ScaleLoad
 from .learning_rates import Rates
 from .pinned_rows import PinnedRings
 from .recorder import Recorder, Sink, Snapshot

@@ -97,3 +97,25 @@ def _json_float(value: float | None) -> str:
 def format_inf_ranks(ranks: tuple[int, ...]) -> str:
     """``(1, 3)`` -> ``"1,3"``; ``()`` -> ``""``."""
     return ",".join(map(str, ranks))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScaleLoad:
+    """A load as its scaler noted it. ``scale_before`` and ``from_step`` are None when the
+    scaler had not stepped in this run (a new process resuming it): the store's last
+    recorded step gives them, when the write comes.
+
+    ``step`` is the step count loaded (the run's next step is ``step + 1``);
+    ``from_step`` the step the run was at; ``at`` the wall time of the load.
+    """
+
+    step: int
+    at: float
+    scale_after: float
+    scale_before: float | None = None
+    from_step: int | None = None
+
+    @property
+    def jump(self) -> bool | None:
+        """Whether the scale changed at the load; None while the scale before is unknown."""
+        return None if self.scale_before is None else self.scale_before != self.scale_after

@@ -20,31 +20,10 @@ from sqlalchemy import Connection, Integer, cast, func, select
 
 from scaler.store.engine import Store
 from scaler.store.errors import RunNotFound
+from scaler.store.records import ScaleLoad
 from scaler.store.schema import runs, scale_loads, steps
 
 __all__ = ["ScaleLoad", "ScaleLoadRow", "load_counts", "record_scale_load", "scale_loads_of"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ScaleLoad:
-    """A load as its scaler noted it. ``scale_before`` and ``from_step`` are None when the
-    scaler had not stepped in this run (a new process resuming it): the store's last
-    recorded step gives them, when the write comes.
-
-    ``step`` is the step count loaded (the run's next step is ``step + 1``);
-    ``from_step`` the step the run was at; ``at`` the wall time of the load.
-    """
-
-    step: int
-    at: float
-    scale_after: float
-    scale_before: float | None = None
-    from_step: int | None = None
-
-    @property
-    def jump(self) -> bool | None:
-        """Whether the scale changed at the load; None while the scale before is unknown."""
-        return None if self.scale_before is None else self.scale_before != self.scale_after
 
 
 @dataclass(frozen=True, slots=True)

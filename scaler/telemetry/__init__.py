@@ -29,7 +29,7 @@ from .._control import ControlUpdate
 from .._recording.recorder import StepSample
 from ..store import runs as store_runs
 from ..store.engine import Store
-from ..store.scale_loads import ScaleLoad
+from ..store.records import ScaleLoad
 from ..store.states import RunStatus
 from ._poller import Poller
 from ._queue import RecordQueue

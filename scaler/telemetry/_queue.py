@@ -14,8 +14,8 @@ from typing import Any
 
 from .._control import ControlOutcome
 from .._recording.recorder import StepSample
+from ..store.records import ScaleLoad
 from ..store.runs import finding_rows, step_values
-from ..store.scale_loads import ScaleLoad
 
 Gap = tuple[int, int, int]  # (first step, last step, records dropped): a whole range
 
