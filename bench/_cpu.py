@@ -57,13 +57,13 @@ class CpuSplit:
         self.thread = threading.Thread(target=self._sample, daemon=True)
         self.began = self.ended = 0.0
 
-    def __enter__(self) -> CpuSplit:
+    def start(self) -> CpuSplit:
         self.began = time.monotonic()
         self.first = {pid: cpu for pid, (_, cpu) in _processes().items()}
         self.thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def finish(self) -> None:
         self.stop.set()
         self.thread.join()
         self.last.update(_processes())
@@ -103,11 +103,11 @@ class QuerySampler:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
 
-    def __enter__(self) -> QuerySampler:
+    def start(self) -> QuerySampler:
         self.thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def finish(self) -> None:
         self.stop.set()
         self.thread.join()
 

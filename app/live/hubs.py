@@ -15,7 +15,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -179,14 +178,7 @@ class Hub:
                 # with the control requests.
                 known = RunStatus.RUNNING if woken and (polls + 1) % CONTROL_EVERY else None
                 status, chunks = await run_in_threadpool(
-                    partial(
-                        _read_new,
-                        self.store,
-                        self.run_id,
-                        self.after,
-                        status=known,
-                        newest=late,
-                    )
+                    _read_new, self.store, self.run_id, self.after, status=known, newest=late
                 )
                 for chunk in chunks:
                     self._keep(chunk)
