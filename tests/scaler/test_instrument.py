@@ -18,16 +18,14 @@ from scaler import _aliases
 from scaler.instrument import instrument, site_dir, uninstrument
 from scaler.store import open_store
 from scaler.store.queries import list_runs
+from tests._helpers import integrations
 from tests._helpers.net import free_port
 
 
 @pytest.fixture
 def instrumented() -> Iterator[None]:
-    instrument()
-    try:
+    with integrations.instrumented():
         yield
-    finally:
-        uninstrument()
 
 
 def test_every_name_of_torchs_scalers_builds_ours(instrumented: None) -> None:
