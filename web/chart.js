@@ -388,7 +388,7 @@ export class RunChart {
   }
 
   // Loads of the scaler's state, as a line across the scale panel at the step loaded:
-  // solid orange where the scale jumped, dotted grey where it did not.
+  // solid red where the scale jumped, dotted grey where it did not.
   setLoadMarks(marks) {
     const key = JSON.stringify(marks);
     if (key === this.loadMarksKey) return;
