@@ -319,7 +319,7 @@ def _ranked(rank: int, world: int, kind: str) -> dict[str, Any]:
     gs.hold(held)
     gs.watch_schedulers(watched)
     params = list(model.parameters())
-    rates = []
+    rates, skips = [], []
     for step in range(STEPS):
         opt.zero_grad()
         gs.scale(model(batch(step + rank)).float().pow(2).mean()).backward()
@@ -328,6 +328,7 @@ def _ranked(rank: int, world: int, kind: str) -> dict[str, Any]:
         rates.append(float(opt.param_groups[0]["lr"]))
         gs.step(opt)
         gs.update()
+        skips.append(gs.last_step_skipped)
         held.step()
         watched.step()
     gs.flush(30)
@@ -337,7 +338,9 @@ def _ranked(rank: int, world: int, kind: str) -> dict[str, Any]:
         "held": held.last_epoch,
         "watched": watched.last_epoch,
         "rates": rates,
+        "skips": skips,
         "drift": None if samples is None else [s.record.schedule_drift for s in samples],
+        "lr": None if samples is None else [s.record.lr for s in samples],
     }
 
 
@@ -351,12 +354,15 @@ def _poison_local(param: torch.Tensor, value: float) -> None:
 
 
 @pytest.mark.parametrize("kind", ["ddp", "fsdp1", "fsdp2"])
-def test_two_real_ranks_hold_and_count_alike(kind: str) -> None:
+def test_two_real_ranks_agree_on_skips_rates_holding_and_drift(kind: str) -> None:
     from tests._helpers.ranks import run_ranks
 
     first, second = run_ranks(_ranked, 2, kind, timeout=120.0)
     assert first["held"] == second["held"] == STEPS - len(RANK1_INF)
     assert first["watched"] == second["watched"] == STEPS
     assert first["rates"] == second["rates"]  # one schedule, on both ranks
+    # Every rank knows at once which steps skipped, and records the rate each step used.
+    assert first["skips"] == second["skips"] == [s in RANK1_INF for s in range(STEPS)]
+    assert first["lr"] == second["lr"] == first["rates"]
     assert first["drift"] == [sum(1 for s in RANK1_INF if s < k - 1) for k in range(1, STEPS + 1)]
     assert second["drift"] == first["drift"]  # each rank's recorder counts alike
