@@ -235,8 +235,11 @@ def test_a_control_event_names_who_asked(server: str, store: Store) -> None:
     run = add_run(store, simulate(5, set()))
     token = create_identity(store, "olga", Role.OPERATOR, by="test").token
     url = f"/api/runs/{run}/control"
+    # A hub reads control changes every 5th poll; a PostgreSQL hub with no new steps polls
+    # once a second (stream_listen_fallback_s), so the event may take 5 s and more on a busy
+    # machine: the read waits for it longer than that.
     with (
-        httpx.Client(base_url=server, timeout=5) as http,
+        httpx.Client(base_url=server, timeout=30) as http,
         http.stream("GET", f"/api/runs/{run}/stream") as response,
     ):
         stream = events(response)
