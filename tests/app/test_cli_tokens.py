@@ -29,7 +29,7 @@ def test_create_prints_the_token_once_and_it_works(
         "NAME", "ROLE", "KIND", "CREATED", "LAST", "USED", "EXPIRES", "REVOKED"
     ]  # fmt: skip
     assert listed.stdout.splitlines()[1].split()[:3] == ["ada", "operator", "token"]
-    assert token not in listed.output and token.split("_")[2] not in listed.output
+    assert token not in listed.output and token.split("_", 2)[2] not in listed.output
 
     revoked = scalewatch("tokens", "revoke", "ada", "--db", db_url)
     assert revoked.exit_code == 0 and "ada revoked" in revoked.stdout

@@ -61,7 +61,7 @@ def test_a_stream_and_an_export_open_with_a_ticket(exposed: TestClient, store: S
     issued = exposed.post("/api/tickets", headers=auth(viewer)).json()
     assert issued["expires_in"] == TICKET_S
     ticket = issued["ticket"]
-    assert viewer not in ticket and viewer.split("_")[2] not in ticket
+    assert viewer not in ticket and viewer.split("_", 2)[2] not in ticket
     streamed = exposed.get(f"/api/runs/{run}/stream?after=0&ticket={ticket}")
     assert streamed.status_code == 200 and "event: end" in streamed.text
     exported = exposed.get(f"/api/runs/{run}/export?format=jsonl&ticket={ticket}")
