@@ -94,12 +94,15 @@ def _gist(query: str) -> str:
 
 
 class QuerySampler:
-    """The active queries of a PostgreSQL server, counted by gist every ``period`` s."""
+    """The active queries of a PostgreSQL server, counted by gist every ``period`` s, and
+    the sessions (connections) opened to its database meanwhile: each one a new backend
+    process, forked and set up, which costs the server more than most queries."""
 
     def __init__(self, url: str, period: float = 0.1) -> None:
         self.url, self.period = url, period
         self.counts: Counter[str] = Counter()
         self.samples = 0
+        self.sessions = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -115,7 +118,9 @@ class QuerySampler:
         import psycopg
 
         dsn = self.url.replace("postgresql+psycopg://", "postgresql://", 1)
+        sessions = "SELECT sessions FROM pg_stat_database WHERE datname = current_database()"
         with psycopg.connect(dsn, autocommit=True) as conn:
+            first = _one(conn.execute(sessions).fetchone())
             while not self.stop.wait(self.period):
                 rows: list[Any] = conn.execute(
                     "SELECT query FROM pg_stat_activity"
@@ -123,6 +128,13 @@ class QuerySampler:
                 ).fetchall()
                 self.samples += 1
                 self.counts.update(_gist(row[0]) for row in rows if row[0])
+            # Counted at each session's end; the statistics are a snapshot per transaction.
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            self.sessions = _one(conn.execute(sessions).fetchone()) - first
+
+
+def _one(row: Any) -> int:
+    return int(row[0]) if row and row[0] is not None else 0
 
 
 def shares(counts: Mapping[str, int], top: int = 6) -> list[tuple[str, float]]:

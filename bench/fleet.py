@@ -289,7 +289,13 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         "chart_p99_ms": 1000 * percentile(latencies, 0.99) if latencies else None,
         "cpu_cores_by_component": split.cores(),
         "postgres_active_queries": (
-            {"samples": queries.samples, "shares": shares(queries.counts)} if queries else None
+            {
+                "samples": queries.samples,
+                "shares": shares(queries.counts),
+                "sessions_per_s": queries.sessions / args.seconds,
+            }
+            if queries
+            else None
         ),
         "cpu_s_server": server_cpu,
         "machine_busy_share": (busy1 - busy0) / (total1 - total0),
@@ -348,7 +354,10 @@ def report(f: dict[str, Any], backend: str) -> bool:
     print(f"CPU by component (cores, over the loaded phase; {os.cpu_count()} in all): {split}")
     active = f["postgres_active_queries"]
     if active:
-        print(f"PostgreSQL's active queries ({active['samples']} samples of pg_stat_activity):")
+        print(
+            f"PostgreSQL: {active['sessions_per_s']:.1f} connections opened a second;"
+            f" its active queries ({active['samples']} samples of pg_stat_activity):"
+        )
         for gist, share in active["shares"]:
             print(f"  {share:5.0%}  {gist}")
     for name, value, goal, ok, baseline in rows:

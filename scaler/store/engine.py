@@ -42,8 +42,9 @@ log = logging.getLogger("scaler.store")
 ENV_VAR = "SCALEWATCH_DB"
 DEFAULT_URL = "sqlite:///scalewatch.db"
 BUSY_TIMEOUT_MS = DEFAULTS.busy_ms  # the default (bench/telemetry.py's raw connections)
-# Connections an engine on a file keeps open, and the most it opens beyond those.
-POOL_SIZE, POOL_OVERFLOW = 10, 30
+# Connections an engine on a file keeps open (one per worker thread of the service), and
+# the most it opens beyond those: as on PostgreSQL (scaler.store.postgres says why).
+POOL_SIZE, POOL_OVERFLOW = 40, 10
 
 _PRAGMAS = (
     "PRAGMA synchronous = NORMAL",
@@ -233,7 +234,7 @@ def make_engine(url: str, *, timeouts: Timeouts = DEFAULTS) -> Engine:
     if database and database != ":memory:" and "mode=memory" not in database:
         # A file store gets SQLAlchemy's QueuePool; with WAL, readers never wait for the
         # writer, so let every worker thread of the service hold a connection at once
-        # (anyio runs sync routes in up to 40 threads) instead of queueing on 5 + 10.
+        # (anyio runs sync routes in up to 40 threads) and keep it.
         pool = {"pool_size": POOL_SIZE, "max_overflow": POOL_OVERFLOW}
     engine = create_engine(url, **pool)
     event.listen(engine, "connect", functools.partial(_on_connect, busy_ms=timeouts.busy_ms))

@@ -52,7 +52,8 @@ _STEP_SELECT = {
         for c in EXPORT_COLUMNS
     ),
 }
-_TOP_LEVEL = max(ROLLUP_LEVELS)
+# The widest level: a run's totals are the sum of its fewest rows.
+_TOP_LEVEL = max(ROLLUP_LEVELS, key=ROLLUP_LEVELS.__getitem__)
 # (level, width), coarsest first.
 _LEVELS: tuple[tuple[int, int], ...] = tuple(
     sorted(ROLLUP_LEVELS.items(), key=lambda item: item[1], reverse=True)
@@ -223,8 +224,8 @@ def _bucket_width(span: int, max_points: int) -> tuple[int, list[tuple[int, int]
     ``max_points``; the width is rounded up to a multiple of the coarsest rollup width
     not above ``2 w``, so buckets are whole rollup buckets and at least about half of
     ``max_points`` remain. Below the finest rollup width that allowance is ``4 w`` (at
-    least about a quarter remain): a window would otherwise read every raw step of up
-    to ``32 max_points`` steps, the slowest query there is.
+    least about a quarter remain): only a window of ``max_points`` steps or fewer is
+    read from ``steps``, one bucket a step.
     """
     width = max(1, -(-(span - 1) // (max_points - 1)))
     usable = [(level, w) for level, w in _LEVELS if w <= 2 * width]

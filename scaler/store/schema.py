@@ -26,12 +26,13 @@ NAMING_CONVENTION = {
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
-# Bucket widths, in steps, of the pre-aggregated levels charts read from. Each level is
-# 8 times the one below, so a chart of at most N buckets whose buckets span 32 steps or
-# more reads at most about 4 N rollup rows (with levels 64 times apart, windows of a few
-# million steps read up to 64k rows). Narrower buckets are read from ``steps``: up to
-# 32 N rows. Changing the levels needs a revision that rebuilds step_rollups.
-ROLLUP_LEVELS: dict[int, int] = {1: 64, 2: 512, 3: 4096, 4: 32768, 5: 262144}
+# Bucket widths, in steps, of the pre-aggregated levels charts read from, by level. Each
+# level is 8 times the one below, so a chart of at most N buckets reads at most about 4 N
+# rollup rows (with levels 64 times apart, windows of a few million steps read up to 64k
+# rows); only a chart of one step per bucket reads ``steps`` (at most N rows). Level 6, the
+# finest (8 steps), came last: before it a chart of 20k steps at 2000 points read every
+# step. Changing the levels needs a revision that builds or rebuilds their rows.
+ROLLUP_LEVELS: dict[int, int] = {6: 8, 1: 64, 2: 512, 3: 4096, 4: 32768, 5: 262144}
 
 runs = Table(
     "runs",

@@ -1,4 +1,5 @@
-"""The revision that moves step_rollups to levels 8 times apart, on a store filled before it."""
+"""The revisions that move step_rollups to levels 8 times apart and add the finest (8 steps),
+each on a store filled before it."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from tests._helpers.stored import CONTROL, expected_rollups
 PREVIOUS = "4bfa51145dc1"  # steps and rollups WITHOUT ROWID, three levels
 REVISION = "394d114978d2"
 OLD_LEVELS = {1: 64, 2: 4096, 3: 262144}
+FIVE_LEVELS = {1: 64, 2: 512, 3: 4096, 4: 32768, 5: 262144}  # REVISION's
+BEFORE_LEVEL_8, LEVEL_8 = "c7d3e9a1b5f2", "d4b8f2a6c1e9"
 
 Rollup = tuple[int | float, ...]
 
@@ -102,8 +105,12 @@ def test_the_revision_builds_the_levels_of_the_schema() -> None:
         f"migrations.versions.{REVISION}_rollup_levels_eight_times_apart"
     )
     assert module.down_revision == PREVIOUS
-    assert module.NEW_LEVELS == ROLLUP_LEVELS  # a later change of levels needs a revision
+    assert module.NEW_LEVELS == FIVE_LEVELS
     assert module.OLD_LEVELS == OLD_LEVELS
+    finest = importlib.import_module(f"migrations.versions.{LEVEL_8}_rollup_level_of_8_steps")
+    assert finest.down_revision == BEFORE_LEVEL_8
+    # A later change of levels needs a revision of its own.
+    assert FIVE_LEVELS | {finest.LEVEL: finest.WIDTH} == ROLLUP_LEVELS
 
 
 def test_upgrade_rebuilds_the_rollups_of_a_store_filled_before_it(
@@ -154,6 +161,35 @@ def test_upgrade_rebuilds_the_rollups_of_a_store_filled_before_it(
         write_steps(store, 1, batch)
         stored[1].update((r.step, r) for r in batch)
     assert _rollups(db_url) == _brute_force(ROLLUP_LEVELS, stored)
+
+
+def test_the_level_of_8_steps_is_built_for_a_store_filled_before_it(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    upgrade(db_url)
+    # The writer before LEVEL_8: five levels, the finest 64 steps.
+    monkeypatch.setattr(store_rollups, "PLAN", rollup_plan(FIVE_LEVELS))
+    rng = random.Random(8)
+    stored: dict[int, dict[int, StepRecord]] = {}
+    with Store(db_url, make_engine(db_url)) as store:
+        stored[1] = _fill(store, rng, {*range(0, 700), *range(4090, 4300), 9000})
+        stored[2] = _fill(store, rng, range(3, 900, 5))
+    monkeypatch.undo()
+    downgrade(db_url, BEFORE_LEVEL_8)
+    assert _rollups(db_url) == _brute_force(FIVE_LEVELS, stored)
+
+    upgrade(db_url)
+    assert _rollups(db_url) == _brute_force(ROLLUP_LEVELS, stored)
+    with Store(db_url, make_engine(db_url)) as store:  # and keeps them up to date
+        batches = [range(9001, 9100), range(650, 720)]  # new steps, then some replayed
+        for numbers in batches:
+            batch = [_record(rng, step) for step in numbers]
+            write_steps(store, 1, batch)
+            stored[1].update((r.step, r) for r in batch)
+    assert _rollups(db_url) == _brute_force(ROLLUP_LEVELS, stored)
+
+    downgrade(db_url, BEFORE_LEVEL_8)
+    assert _rollups(db_url) == _brute_force(FIVE_LEVELS, stored)
 
 
 def test_upgrade_of_an_empty_store_and_of_runs_without_steps(db_url: str) -> None:
