@@ -12,7 +12,6 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from itertools import chain
 from typing import Any
 
 from sqlalchemy import URL, Connection, Engine, create_engine, event, exc, text
@@ -30,8 +29,6 @@ MIGRATION_LOCK_KEY = 0x7363616C65776174
 # sets up (the fleet bench's service opened 15 a second).
 # A trainer's engine opens only the few its threads use at once.
 POOL_SIZE, POOL_OVERFLOW = 40, 10
-# Rows of one multi-row statement, at most; and the server's limit of parameters.
-MAX_ROWS_PER_STATEMENT, MAX_PARAMETERS = 256, 65535
 # Where a step transaction announces its run's new steps (scaler.store.notify listens).
 STEPS_CHANNEL = "scalewatch_steps"
 NOTIFY_STEPS = f"SELECT pg_notify('{STEPS_CHANNEL}', %s)"
@@ -137,34 +134,22 @@ def upsert_rows(
     rows: Sequence[Sequence[Any]],
 ) -> None:
     """Insert ``rows`` into ``table``, replacing the row of the same ``key`` (SQLite's
-    ``INSERT OR REPLACE``), in a few multi-row statements of ``2**k`` rows: the server
-    parses and plans one statement for many rows, where ``executemany`` sent one a row
-    (and a few statement texts serve every batch, each prepared once by the driver).
+    ``INSERT OR REPLACE``); psycopg pipelines the statements of one ``executemany``.
 
-    Of rows with the same key the later one is written, as if each were written in turn
-    (one statement may not update a row twice).
+    One statement a row, prepared once: a multi-row statement's text and parameters are
+    too many for the driver's cache of parsed queries, and parsing it again for each batch
+    cost more than it saved (an ``unnest`` of arrays a column saved the client nothing
+    and cost the server more).
     """
-    if not rows:
-        return
-    at = [list(columns).index(name) for name in key]
-    latest = {tuple(row[i] for i in at): row for row in rows}
-    unique = list(latest.values()) if len(latest) < len(rows) else rows
-    most = 1 << (min(MAX_ROWS_PER_STATEMENT, MAX_PARAMETERS // len(columns)).bit_length() - 1)
-    start = 0
-    while start < len(unique):
-        count = min(most, 1 << ((len(unique) - start).bit_length() - 1))
-        cursor.execute(
-            _upsert_sql(table, tuple(columns), tuple(key), count),
-            tuple(chain.from_iterable(unique[start : start + count])),
-        )
-        start += count
+    if rows:
+        cursor.executemany(_upsert_sql(table, tuple(columns), tuple(key)), rows)
 
 
 @functools.cache
-def _upsert_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...], rows: int) -> str:
-    row = f"({', '.join(['%s'] * len(columns))})"
+def _upsert_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...]) -> str:
+    values = ", ".join(["%s"] * len(columns))
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns if c not in key)
     return (
-        f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join([row] * rows)}"
+        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({values})"
         f" ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}"
     )
