@@ -31,7 +31,15 @@ MIGRATION_LOCK_KEY = 0x7363616C65776174
 POOL_SIZE, POOL_OVERFLOW = 40, 10
 # Where a step transaction announces its run's new steps (scaler.store.notify listens).
 STEPS_CHANNEL = "scalewatch_steps"
-NOTIFY_STEPS = f"SELECT pg_notify('{STEPS_CHANNEL}', %s)"
+# A step transaction's first statement: the run's last step before it (no row: no such
+# run), the run advanced to the batch's last step, and its new steps announced (delivered
+# at commit, to live streams anywhere), in one trip. The row is locked first, so a
+# concurrent write of the same run reads the last step that one wrote.
+ADVANCE_AND_NOTIFY = (
+    "WITH before AS (SELECT last_step FROM runs WHERE id = %s FOR UPDATE)"
+    " UPDATE runs SET last_step = GREATEST(runs.last_step, %s), heartbeat_at = %s"
+    f" FROM before WHERE runs.id = %s RETURNING before.last_step, pg_notify('{STEPS_CHANNEL}', %s)"
+)
 # Reads autocommit (one round trip a statement, where a transaction adds BEGIN and
 # ROLLBACK: under READ COMMITTED each statement has its own snapshot either way); writes
 # and migrations run in transactions of this level.

@@ -267,7 +267,13 @@ def write_step_values(
         # The driver's own cursor: SQLAlchemy's work per statement was a third of the write.
         cursor = conn.connection.cursor()
         try:
-            cursor.execute(driver_sql(_LAST_STEP, dialect), (run_id,))
+            newest, now = max(step_numbers), time.time()
+            if dialect == "postgresql":  # one trip: the run's last step read and advanced
+                cursor.execute(
+                    postgres.ADVANCE_AND_NOTIFY, (run_id, newest, now, run_id, str(run_id))
+                )
+            else:
+                cursor.execute(driver_sql(_LAST_STEP, dialect), (run_id,))
             found = cursor.fetchone()
             if found is None:
                 raise RunNotFound(run_id)
@@ -279,9 +285,8 @@ def write_step_values(
             if found_rows:
                 _insert_findings(cursor, found_rows, dialect=dialect)
             refresh_rollups(cursor, run_id, rows, fresh=fresh)
-            cursor.execute(driver_sql(_ADVANCE, dialect), (max(step_numbers), time.time(), run_id))
-            if dialect == "postgresql":  # delivered at commit, to live streams anywhere
-                cursor.execute(postgres.NOTIFY_STEPS, (str(run_id),))
+            if dialect != "postgresql":
+                cursor.execute(driver_sql(_ADVANCE, dialect), (newest, now, run_id))
         finally:
             cursor.close()
 
