@@ -94,7 +94,8 @@ def _gist(query: str) -> str:
 
 
 class QuerySampler:
-    """The active queries of a PostgreSQL server, counted by gist every ``period`` s, and
+    """The active queries of a PostgreSQL server, counted by gist (and what each waits for,
+    if anything) every ``period`` s, and
     the sessions (connections) opened to its database meanwhile: each one a new backend
     process, forked and set up, which costs the server more than most queries."""
 
@@ -123,11 +124,15 @@ class QuerySampler:
             first = _one(conn.execute(sessions).fetchone())
             while not self.stop.wait(self.period):
                 rows: list[Any] = conn.execute(
-                    "SELECT query FROM pg_stat_activity"
+                    "SELECT query, wait_event FROM pg_stat_activity"
                     " WHERE state = 'active' AND pid <> pg_backend_pid()"
                 ).fetchall()
                 self.samples += 1
-                self.counts.update(_gist(row[0]) for row in rows if row[0])
+                # A query that waits (for its client to read its rows: ClientWrite; for a
+                # lock) is active but not on a CPU: its wait is named before it.
+                self.counts.update(
+                    (f"[{row[1]}] " if row[1] else "") + _gist(row[0]) for row in rows if row[0]
+                )
             # Counted at each session's end; the statistics are a snapshot per transaction.
             conn.execute("SELECT pg_stat_clear_snapshot()")
             self.sessions = _one(conn.execute(sessions).fetchone()) - first

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -36,7 +37,7 @@ from _cpu import CpuSplit, QuerySampler, shares  # noqa: E402
 from _figures import figure  # noqa: E402
 
 from scaler.store.engine import open_store  # noqa: E402
-from scaler.store.runs import create_run, write_steps  # noqa: E402
+from scaler.store.runs import create_run, heartbeat, write_steps  # noqa: E402
 from scaler.store.schema import steps  # noqa: E402
 from tests._helpers.load import ServiceDidNotStart, records, serving  # noqa: E402
 
@@ -189,6 +190,12 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         f"under load for {args.seconds} s: steps {first:,}..{last_step:,} of each run", flush=True
     )
     run_list = ",".join(map(str, runs))
+    # Every run's heartbeat fresh as its streams open: a run silent for 15 s reads as
+    # crashed and its streams end at once (a trainer's heartbeat thread beats every 2 s;
+    # the bench's writers only write, and they start after the streams).
+    with open_store(url) as store:
+        for run in runs:
+            heartbeat(store, run)
     sse = _spawn(
         [
             "-m",
@@ -291,7 +298,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         "postgres_active_queries": (
             {
                 "samples": queries.samples,
-                "shares": shares(queries.counts),
+                "shares": shares(queries.counts, top=8),
                 "sessions_per_s": queries.sessions / args.seconds,
             }
             if queries
@@ -304,6 +311,11 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
     }
 
 
+def _ms(p99: float | None, p50: float | None) -> str:
+    """A percentile pair, or "none" where nothing was measured (no stream sent an event)."""
+    return "none" if p99 is None or p50 is None else f"{p99:.0f} ms (p50 {p50:.0f} ms)"
+
+
 def report(f: dict[str, Any], backend: str) -> bool:
     charts_whole = f["chart_requests"] > 0 and set(f["chart_statuses"]) == {"200"}
     lost_ok = f["every_step_stored"] and f["every_stream_whole"] and charts_whole
@@ -311,16 +323,16 @@ def report(f: dict[str, Any], backend: str) -> bool:
     rows = [
         (
             "chart p99",
-            f"{f['chart_p99_ms']:.0f} ms (p50 {f['chart_p50_ms']:.0f} ms)",
+            _ms(f["chart_p99_ms"], f["chart_p50_ms"]),
             "< 250 ms",
-            f["chart_p99_ms"] < 250,
+            (f["chart_p99_ms"] or math.inf) < 250,
             f"{f['chart_requests']} requests, statuses {f['chart_statuses']}",
         ),
         (
             "SSE lag p99",
-            f"{f['sse_lag_p99_ms']:.0f} ms (p50 {f['sse_lag_p50_ms']:.0f} ms)",
+            _ms(f["sse_lag_p99_ms"], f["sse_lag_p50_ms"]),
             "< 1000 ms",
-            f["sse_lag_p99_ms"] < 1000,
+            (f["sse_lag_p99_ms"] or math.inf) < 1000,
             f"{f['sse_clients']} clients, {f['sse_events']:,} events",
         ),
         (
@@ -360,6 +372,7 @@ def report(f: dict[str, Any], backend: str) -> bool:
         )
         for gist, share in active["shares"]:
             print(f"  {share:5.0%}  {gist}")
+        print("  ([wait]: active but waiting, e.g. for the service to read the rows)")
     for name, value, goal, ok, baseline in rows:
         figure(f"fleet ({backend}, {load}): {name}", value, goal, ok, baseline)
     return all(ok for *_, ok, _ in rows)
