@@ -147,3 +147,47 @@ def shares(counts: Mapping[str, int], top: int = 6) -> list[tuple[str, float]]:
     total = sum(counts.values()) or 1
     ranked = sorted(counts.items(), key=lambda item: -item[1])[:top]
     return [(name, count / total) for name, count in ranked]
+
+
+class Statements:
+    """What ``pg_stat_statements`` counts over a span: each statement's calls and its time
+    executing (on a CPU, or waiting inside, e.g. for its client to read rows), by gist.
+    Only where the server loads the module (the bench's own server does); elsewhere
+    ``available`` is False and it reports nothing."""
+
+    def __init__(self, url: str) -> None:
+        self.dsn = url.replace("postgresql+psycopg://", "postgresql://", 1)
+        self.available = False
+        self.rows: list[tuple[str, int, float]] = []  # gist, calls, ms
+
+    def start(self) -> Statements:
+        import psycopg
+
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                conn.execute("SELECT pg_stat_statements_reset()")
+            self.available = True
+        except psycopg.Error:
+            self.available = False
+        return self
+
+    def finish(self) -> None:
+        import psycopg
+
+        if not self.available:
+            return
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            rows: list[Any] = conn.execute(
+                "SELECT query, calls, total_exec_time + total_plan_time FROM pg_stat_statements"
+                " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            ).fetchall()
+        by_gist: dict[str, list[float]] = {}
+        for query, calls, ms in rows:
+            entry = by_gist.setdefault(_gist(query), [0, 0.0])
+            entry[0] += calls
+            entry[1] += ms
+        self.rows = sorted(
+            ((gist, int(calls), ms) for gist, (calls, ms) in by_gist.items()),
+            key=lambda row: -row[2],
+        )

@@ -33,7 +33,7 @@ from sqlalchemy import func, select
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from _cpu import CpuSplit, QuerySampler, shares  # noqa: E402
+from _cpu import CpuSplit, QuerySampler, Statements, shares  # noqa: E402
 from _figures import figure  # noqa: E402
 
 from scaler.store.engine import open_store  # noqa: E402
@@ -78,7 +78,9 @@ def _store_url(args: argparse.Namespace) -> Any:
     bindir = _postgres.server_bindir()
     if bindir is None:
         sys.exit(f"bench/fleet.py: {_postgres.HOW_TO_GET_ONE}, or pass --db or --sqlite")
-    with _postgres.cluster(bindir) as server:
+    # pg_stat_statements: each statement's time, for the report's split.
+    statements = ("shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track=all")
+    with _postgres.cluster(bindir, settings=statements) as server:
         yield server.url(server.new_database())
 
 
@@ -219,7 +221,9 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         return parts.get(pid) or ("PostgreSQL" if name == "postgres" else None)
 
     split = CpuSplit(component).start()
-    queries = QuerySampler(url).start() if url.startswith("postgresql") else None
+    postgres = url.startswith("postgresql")
+    queries = QuerySampler(url).start() if postgres else None
+    statements = Statements(url).start() if postgres else None
     charts = _spawn(
         [
             "-m",
@@ -241,8 +245,9 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         server_cpu = cpu_seconds(server_pid) - server0
         busy1, total1 = machine_busy()
         split.finish()
-        if queries is not None:
+        if queries is not None and statements is not None:
             queries.finish()
+            statements.finish()
         chart = _result(charts, CHART_TIMEOUT_S + 60)
         streams = _result(sse, CATCH_UP_S + 60)["clients"]
     finally:
@@ -300,6 +305,13 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
                 "samples": queries.samples,
                 "shares": shares(queries.counts, top=8),
                 "sessions_per_s": queries.sessions / args.seconds,
+                # gist, calls a second, share of a CPU (executing and planning)
+                "statements": [
+                    (gist, calls / args.seconds, ms / 1000 / args.seconds)
+                    for gist, calls, ms in statements.rows[:8]
+                ]
+                if statements is not None
+                else [],
             }
             if queries
             else None
@@ -373,6 +385,13 @@ def report(f: dict[str, Any], backend: str) -> bool:
         for gist, share in active["shares"]:
             print(f"  {share:5.0%}  {gist}")
         print("  ([wait]: active but waiting, e.g. for the service to read the rows)")
+        if active["statements"]:
+            print(
+                "PostgreSQL's statements by time executing"
+                " (pg_stat_statements; a wait inside counts):"
+            )
+            for gist, calls, cores in active["statements"]:
+                print(f"  {cores:5.2f} cores  {calls:7.1f} calls/s  {gist}")
     for name, value, goal, ok, baseline in rows:
         figure(f"fleet ({backend}, {load}): {name}", value, goal, ok, baseline)
     return all(ok for *_, ok, _ in rows)

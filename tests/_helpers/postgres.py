@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +57,7 @@ class Cluster:
     root: Path
     port: int
     _names: Iterator[int] = field(default_factory=itertools.count)
+    settings: Sequence[str] = ()  # more server settings, "name=value" each
 
     @property
     def datadir(self) -> Path:
@@ -92,7 +93,7 @@ class Cluster:
             f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories=''"
             " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
             " -c max_connections=200 -c shared_buffers=64MB"
-        )
+        ) + "".join(f" -c {setting}" for setting in self.settings)
         log = str(self.root / "server.log")
         self._pg_ctl(
             "start", "-w", "-t", str(START_TIMEOUT_S), "-o", options, "-l", log, check=True
@@ -106,8 +107,9 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster(bindir: Path) -> Iterator[Cluster]:
-    """Start a cluster in a temporary directory; stop it and remove the directory after."""
+def cluster(bindir: Path, settings: Sequence[str] = ()) -> Iterator[Cluster]:
+    """Start a cluster in a temporary directory (with ``settings``, "name=value" each, beside
+    the tests' own); stop it and remove the directory after."""
     root = Path(tempfile.mkdtemp(prefix="scalewatch-pg-"))
     try:
         if os.geteuid() == 0:
@@ -116,7 +118,7 @@ def cluster(bindir: Path) -> Iterator[Cluster]:
         initdb = [str(bindir / "initdb"), "-D", str(root / "data"), "-U", "postgres"]
         initdb += ["--auth=trust", "-E", "UTF8", "--no-sync"]
         subprocess.run(_as_server_user(initdb), check=True, capture_output=True)
-        server = Cluster(bindir, root, free_port())
+        server = Cluster(bindir, root, free_port(), settings=settings)
         server.start()
         try:
             yield server
