@@ -225,6 +225,18 @@ def test_postgresql_reads_autocommit_and_writes_are_transactions(postgres_url: s
 
 
 @pytest.mark.postgres
+def test_postgresql_sessions_compile_no_query(postgres_url: str) -> None:
+    """No JIT: compiling the evaluator's statement over many runs cost 90 ms a run of it;
+    options in the URL itself are left as they are."""
+    with open_store(postgres_url) as store, store.read() as conn:
+        assert conn.exec_driver_sql("SHOW jit").scalar_one() == "off"
+    own = f"{postgres_url}?options=-c%20work_mem%3D8MB"
+    with open_store(own) as store, store.read() as conn:
+        assert conn.exec_driver_sql("SHOW work_mem").scalar_one() == "8MB"
+        assert conn.exec_driver_sql("SHOW jit").scalar_one() == "on"
+
+
+@pytest.mark.postgres
 @pytest.mark.parametrize("idle_s", [0.0, 3600.0])
 def test_a_pooled_connection_the_server_dropped_is_replaced_once_it_sat_idle(
     postgres_url: str, idle_s: float
