@@ -42,11 +42,13 @@ class Settings(BaseSettings):
     # TLS served by uvicorn itself (else: none, or at the proxy).
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
-    # Seconds between two polls of the store by a live stream, and between keep-alives.
+    # Seconds between two polls of the store by a live stream where nothing tells it of
+    # new steps (an in-memory store), and between keep-alives.
     stream_poll_s: float = Field(default=0.05, gt=0)
     stream_keepalive_s: float = Field(default=15.0, gt=0)
-    # Seconds between two polls of a stream that PostgreSQL tells of new steps: for the
-    # run's end and control changes, which are not announced.
+    # Seconds between two polls of a stream that the store tells of new steps (PostgreSQL's
+    # NOTIFY; a SQLite file's one poller of every streamed run, scaler.store.notify): for
+    # the run's end and control changes, which are not announced.
     stream_listen_fallback_s: float = Field(default=1.0, gt=0)
     # Step events a run's hub keeps for streams a little behind (a slow client, a resume);
     # streams further behind read aligned pages of stream_behind_page steps, each read and

@@ -160,7 +160,8 @@ class Hub:
         self.task = asyncio.create_task(self._poll())
 
     async def _poll(self) -> None:
-        # PostgreSQL announces new steps (LISTEN/NOTIFY); then a poll is only the fallback.
+        # The store announces new steps (PostgreSQL's NOTIFY, a SQLite file's poller): then
+        # a poll is only the fallback.
         waiter = notify.subscribe(self.store, self.run_id)
         try:
             marks = await run_in_threadpool(_control_marks, self.store, self.run_id)

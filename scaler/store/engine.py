@@ -35,7 +35,7 @@ from scaler.store.errors import NotAStoreURL, StoreDamaged
 from scaler.store.timeouts import DEFAULTS, Timeouts
 
 if TYPE_CHECKING:
-    from scaler.store.notify import Listener
+    from scaler.store.notify import Announcer
 
 log = logging.getLogger("scaler.store")
 
@@ -165,7 +165,7 @@ class Store:
         self.engine = engine
         # PostgreSQL: the LISTEN connection of this store's live streams, while any wait
         # (scaler.store.notify).
-        self.listener: Listener | None = None
+        self.listener: Announcer | None = None  # scaler.store.notify's, while streams wait
 
     def __repr__(self) -> str:
         return f"Store({shown_url(self.url)!r})"

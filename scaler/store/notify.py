@@ -1,10 +1,14 @@
-"""New steps announced by PostgreSQL's LISTEN/NOTIFY, so live streams on any machine need
-not poll the store several times a second per run.
+"""New steps announced to live streams, so the service's reads of the store grow with the
+runs it streams, not with its streams or their polls.
 
-A writer's step transaction sends ``NOTIFY scalewatch_steps, '<run id>'`` (delivered at
-commit). A service process holds one listening connection per store, on a thread of its
-own, and wakes the asyncio waiters of that run. SQLite has no such thing: there
-:func:`subscribe` returns ``None`` and streams poll.
+On PostgreSQL a writer's step transaction sends ``NOTIFY scalewatch_steps, '<run id>'``
+(delivered at commit); a service process holds one listening connection per store, on a
+thread of its own (:class:`Listener`), and wakes the asyncio waiters of that run. A
+SQLite file has no such thing, and its writers are processes of the same host: one thread
+per store (:class:`Poller`) reads every streamed run's last step in one statement every
+``SQLITE_POLL_S`` and wakes the waiters of the runs that moved (each stream's hub polled
+its run 20 times a second before: 1000 reads a second for 50 streamed runs). An in-memory
+SQLite store has neither: there :func:`subscribe` returns ``None`` and streams poll.
 """
 
 from __future__ import annotations
@@ -12,18 +16,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import threading
+from collections.abc import Iterable
+from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, exc
 
 from scaler.store.engine import Store
 from scaler.store.postgres import STEPS_CHANNEL
 
-__all__ = ["Listener", "Waiter", "subscribe", "unsubscribe"]
+__all__ = ["SQLITE_POLL_S", "Announcer", "Listener", "Poller", "Waiter", "subscribe", "unsubscribe"]
 # How often the listening thread looks whether it should stop, and waits after losing
 # its connection before it connects again.
 _TICK_S = 0.5
 _RECONNECT_S = 1.0
+# How often a SQLite store's poller reads its streamed runs' last steps.
+SQLITE_POLL_S = 0.05
 
 log = logging.getLogger("scaler.store")
 
@@ -52,37 +61,20 @@ class Waiter:
         return True
 
 
-class Listener:
-    """One LISTEN connection of a store's engine, while it has waiters."""
+class Announcer:
+    """The waiters of one store, by run, and the thread that wakes them while it has any."""
 
-    def __init__(self, engine: Engine, first: Waiter) -> None:
-        self._args, self._kwargs = engine.dialect.create_connect_args(engine.url)
+    def __init__(self, first: Waiter, name: str) -> None:
         self.waiters: dict[int, set[Waiter]] = {first.run_id: {first}}
         self.listening = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="scalewatch-listen", daemon=True)
-        self._thread.start()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def _run(self) -> None:
-        import psycopg
+        raise NotImplementedError
 
-        while self.waiters:
-            try:
-                with psycopg.connect(*self._args, **self._kwargs, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {STEPS_CHANNEL}")
-                    self.listening.set()
-                    self._wake_all()  # steps written while nobody listened
-                    while self.waiters:
-                        for note in conn.notifies(timeout=_TICK_S):
-                            self._wake(note.payload)
-            except psycopg.Error as error:
-                self.listening.clear()
-                log.warning("scalewatch: listening for new steps failed (%s); retrying", error)
-                threading.Event().wait(_RECONNECT_S)
-        self.listening.clear()
-
-    def _wake(self, payload: str) -> None:
+    def _wake_runs(self, run_ids: Iterable[int]) -> None:
         with _LOCK:
-            waiters = list(self.waiters.get(int(payload), ())) if payload.isdigit() else []
+            waiters = [w for run_id in run_ids for w in self.waiters.get(run_id, ())]
         for waiter in waiters:
             waiter.wake()
 
@@ -96,25 +88,115 @@ class Listener:
         return self._thread.is_alive()
 
 
+class Listener(Announcer):
+    """One LISTEN connection of a PostgreSQL store's engine, while it has waiters."""
+
+    def __init__(self, engine: Engine, first: Waiter) -> None:
+        super().__init__(first, "scalewatch-listen")
+        self._args, self._kwargs = engine.dialect.create_connect_args(engine.url)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psycopg
+
+        while self.waiters:
+            try:
+                with psycopg.connect(*self._args, **self._kwargs, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {STEPS_CHANNEL}")
+                    self.listening.set()
+                    self._wake_all()  # steps written while nobody listened
+                    while self.waiters:
+                        for note in conn.notifies(timeout=_TICK_S):
+                            if note.payload.isdigit():
+                                self._wake_runs((int(note.payload),))
+            except psycopg.Error as error:
+                self.listening.clear()
+                log.warning("scalewatch: listening for new steps failed (%s); retrying", error)
+                threading.Event().wait(_RECONNECT_S)
+        self.listening.clear()
+
+
+class Poller(Announcer):
+    """One thread of a SQLite file store's engine, while it has waiters: every
+    ``SQLITE_POLL_S`` one read of the waiters' runs' last steps (``PRAGMA data_version``
+    first: nothing at all when no other connection has committed since)."""
+
+    def __init__(self, engine: Engine, first: Waiter) -> None:
+        super().__init__(first, "scalewatch-poll")
+        self._engine = engine
+        self._thread.start()
+
+    def _run(self) -> None:
+        seen: dict[int, int] = {}
+        while self.waiters:
+            try:
+                raw = self._engine.raw_connection()
+                try:
+                    self.listening.set()
+                    self._wake_all()  # steps written before the first read
+                    version = None
+                    while self.waiters:
+                        cursor = raw.cursor()
+                        now = cursor.execute("PRAGMA data_version").fetchone()[0]
+                        if now != version:
+                            version = now
+                            self._wake_runs(self._moved(cursor, seen))
+                        cursor.close()
+                        threading.Event().wait(SQLITE_POLL_S)
+                finally:
+                    raw.close()
+            except (exc.SQLAlchemyError, sqlite3.Error) as error:  # unreadable: try again
+                self.listening.clear()
+                log.warning("scalewatch: watching for new steps failed (%s); retrying", error)
+                threading.Event().wait(_RECONNECT_S)
+        self.listening.clear()
+
+    def _moved(self, cursor: Any, seen: dict[int, int]) -> list[int]:
+        """The runs whose last step differs from the one in ``seen`` (kept up to date)."""
+        with _LOCK:
+            runs = sorted(self.waiters)
+        if not runs:
+            return []
+        marks = ", ".join("?" * len(runs))
+        rows = cursor.execute(
+            f"SELECT id, last_step FROM runs WHERE id IN ({marks})", runs
+        ).fetchall()
+        moved = [run_id for run_id, last in rows if seen.get(run_id) != last]
+        seen.clear()
+        seen.update(rows)
+        return moved
+
+
 # Guards every store's listener and its waiters: taken briefly, by the event loops that
 # subscribe and by the listening threads that wake them.
 _LOCK = threading.Lock()
 
 
 def subscribe(store: Store, run_id: int) -> Waiter | None:
-    """A waiter for new steps of ``run_id`` on the running event loop; None on SQLite.
+    """A waiter for new steps of ``run_id`` on the running event loop; None on an
+    in-memory SQLite store.
 
-    The store holds its one listener (``store.listener``) while any waiter does."""
-    if store.engine.dialect.name != "postgresql":
+    The store holds its one listener or poller (``store.listener``) while any waiter does."""
+    kind: type[Listener] | type[Poller]
+    if store.engine.dialect.name == "postgresql":
+        kind = Listener
+    elif _is_file(store.engine):
+        kind = Poller
+    else:
         return None
     waiter = Waiter(run_id, asyncio.get_running_loop())
     with _LOCK:
         listener = store.listener
         if listener is None or not listener.alive():
-            store.listener = Listener(store.engine, waiter)
+            store.listener = kind(store.engine, waiter)
         else:
             listener.waiters.setdefault(run_id, set()).add(waiter)
     return waiter
+
+
+def _is_file(engine: Engine) -> bool:
+    database = engine.url.database or ""
+    return bool(database) and database != ":memory:" and "mode=memory" not in database
 
 
 def unsubscribe(store: Store, waiter: Waiter | None) -> None:

@@ -42,7 +42,7 @@ for line in sys.stdin:
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Live streams on both backends: each polls the store for new steps."""
+    """Live streams on both backends, each told of new steps by the store."""
     if request.param == "postgresql":
         url: str = request.getfixturevalue("postgres_url")
         return url
@@ -108,18 +108,17 @@ def test_live_steps_resume_and_end(server: str, db_url: str, store: Store) -> No
         writer.close()
 
 
-@pytest.mark.postgres
-def test_postgresql_tells_a_stream_of_new_steps_without_a_poll(
-    postgres_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """LISTEN/NOTIFY: a step another process writes reaches the stream within a second,
-    though the stream would poll the store only every 30 s."""
-    with open_store(postgres_url) as store:
+def test_the_store_tells_a_stream_of_new_steps_without_a_poll(db_url: str) -> None:
+    """PostgreSQL's LISTEN/NOTIFY, a SQLite file's one poller of every streamed run: a step
+    another process writes reaches the stream within a second, though the stream would
+    poll the store only every 30 s."""
+    url = db_url
+    with open_store(url) as store:
         run = add_run(store, simulate(5, set()))
-    writer = Writer(postgres_url, run)
+    writer = Writer(url, run)
     try:
         with (
-            serve_on_thread(postgres_url, poll_s=30.0, stream_listen_fallback_s=30.0) as server,
+            serve_on_thread(url, poll_s=30.0, stream_listen_fallback_s=30.0) as server,
             httpx.Client(base_url=server, timeout=5) as http,
             http.stream("GET", f"/api/runs/{run}/stream") as response,
         ):
