@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from starlette.concurrency import run_in_threadpool
+import anyio
 
 from app.live.sse import coalesced_event, sse_event, step_events
 from app.models import ControlRequestOut
@@ -29,11 +30,17 @@ from scaler.store.states import RunStatus
 
 __all__ = ["Chunk", "Hub", "Hubs", "Pacing"]
 
+T = TypeVar("T")
+
 log = logging.getLogger("app.stream")
 
 # Control requests change rarely; look at them every few polls of the steps.
 CONTROL_EVERY = 5
 STEP_PAGE = 1000
+# Reads of the store by all the hubs of an app at once. New steps are announced in bursts
+# (50 runs writing every 0.2 s), and a worker thread a hub, up to 40, then fought over the
+# GIL with the chart requests: short reads in a few threads serve 250 a second.
+HUB_READS = 4
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,8 +149,16 @@ class Hub:
     """The poller of one run and what it has read: the chunks of its latest steps, and the
     control events so far."""
 
-    def __init__(self, store: Store, run_id: int, after: int, pacing: Pacing) -> None:
+    def __init__(
+        self,
+        store: Store,
+        run_id: int,
+        after: int,
+        pacing: Pacing,
+        reads: anyio.CapacityLimiter | None = None,
+    ) -> None:
         self.store, self.run_id, self.pacing = store, run_id, pacing
+        self.reads = reads  # shared by the app's hubs (None: anyio's default threads)
         self.after = self.floor = after  # the chunks hold every step in (floor, after]
         self.chunks: list[Chunk] = []
         self.lasts: list[int] = []  # the last step of each chunk
@@ -159,12 +174,18 @@ class Hub:
     def start(self) -> None:
         self.task = asyncio.create_task(self._poll())
 
+    async def _run(self, read: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``read(*args, **kwargs)`` in a worker thread, among the hubs' few."""
+        return await anyio.to_thread.run_sync(
+            functools.partial(read, *args, **kwargs), limiter=self.reads
+        )
+
     async def _poll(self) -> None:
         # The store announces new steps (PostgreSQL's NOTIFY, a SQLite file's poller): then
         # a poll is only the fallback.
         waiter = notify.subscribe(self.store, self.run_id)
         try:
-            marks = await run_in_threadpool(_control_marks, self.store, self.run_id)
+            marks = await self._run(_control_marks, self.store, self.run_id)
             polls, woken = 0, False
             began = None
             while True:
@@ -178,7 +199,7 @@ class Hub:
                 # at the first poll that finds none (or PostgreSQL's fallback poll), or
                 # with the control requests.
                 known = RunStatus.RUNNING if woken and (polls + 1) % CONTROL_EVERY else None
-                status, chunks = await run_in_threadpool(
+                status, chunks = await self._run(
                     _read_new, self.store, self.run_id, self.after, status=known, newest=late
                 )
                 for chunk in chunks:
@@ -209,7 +230,7 @@ class Hub:
             self.wake()
 
     async def _read_control(self, marks: dict[int, tuple[str, Any]]) -> None:
-        history = await run_in_threadpool(control_history, self.store, self.run_id)
+        history = await self._run(control_history, self.store, self.run_id)
         for row in history:
             mark = (row.status, row.applied_step)
             if marks.get(row.id) != mark:
@@ -243,7 +264,7 @@ class Hub:
         page = self.pages.get(key)
         if page is None:
             page = asyncio.ensure_future(
-                run_in_threadpool(_read_page, self.store, self.run_id, first, last)
+                self._run(_read_page, self.store, self.run_id, first, last)
             )
             # Retrieved here, so a failed read nobody waits for any more is not logged.
             page.add_done_callback(lambda done: done.cancelled() or done.exception())
@@ -298,6 +319,7 @@ class Hubs:
 
     def __init__(self, store: Store, pacing: Pacing) -> None:
         self.store, self.pacing = store, pacing
+        self.reads = anyio.CapacityLimiter(HUB_READS)
         self._hubs: dict[int, Hub] = {}
 
     def __len__(self) -> int:
@@ -307,7 +329,7 @@ class Hubs:
         """The run's hub, started by its first stream (from ``after``)."""
         hub = self._hubs.get(run_id)
         if hub is None:
-            hub = self._hubs[run_id] = Hub(self.store, run_id, after, self.pacing)
+            hub = self._hubs[run_id] = Hub(self.store, run_id, after, self.pacing, self.reads)
             hub.start()
         hub.streams += 1
         return hub
