@@ -32,8 +32,10 @@ class Settings(BaseSettings):
     # proxy's name); "*" for any. NoDecode: the environment gives them comma-separated,
     # not as the JSON list pydantic-settings reads for a list by default.
     allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
-    # Reads need a viewer's token beyond loopback, unless this says they are public.
+    # Reads need a viewer's token beyond loopback, unless this says they are public; and
+    # on loopback too when private_read says so (a host whose other users reach loopback).
     public_read: bool = False
+    private_read: bool = False
     # Addresses (CIDR) of an authenticating proxy, whose header proxy_user_header names
     # the user (and proxy_role_header, when set, the role); from elsewhere both are ignored.
     trust_proxy: Annotated[tuple[str, ...], NoDecode] = ()

@@ -11,6 +11,7 @@ under load >= 0.8 x their rate alone (the same writers, paced, before the load).
     python bench/fleet.py --db postgresql+psycopg://...   # an empty scratch database
     python bench/fleet.py --sqlite             # a SQLite file
     python bench/fleet.py --seconds 10         # shorter
+    python bench/fleet.py --auth               # reads need a viewer's token (and carry one)
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ from _cpu import CpuSplit, QuerySampler, Statements, shares  # noqa: E402
 from _figures import figure  # noqa: E402
 
 from scaler.store.engine import open_store  # noqa: E402
+from scaler.store.identities import Role, create_identity  # noqa: E402
 from scaler.store.runs import create_run, heartbeat, write_steps  # noqa: E402
 from scaler.store.schema import steps  # noqa: E402
-from tests._helpers.load import ServiceDidNotStart, records, serving  # noqa: E402
+from tests._helpers.load import TOKEN_ENV, ServiceDidNotStart, records, serving  # noqa: E402
 
 CONTROL = {"growth_interval": 2000, "growth_factor": 2.0, "backoff_factor": 0.5}
 CATCH_UP_S = 120  # after the writers' last step, for every stream to deliver it
@@ -82,6 +84,15 @@ def _store_url(args: argparse.Namespace) -> Any:
     statements = ("shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track=all")
     with _postgres.cluster(bindir, settings=statements) as server:
         yield server.url(server.new_database())
+
+
+def _guard_reads(url: str) -> tuple[str, ...]:
+    """A viewer identity in the store, its token given to the bench's clients, and the
+    ``serve`` option that makes every read need one, on loopback too."""
+    with open_store(url) as store:
+        token = create_identity(store, "fleet-viewer", Role.VIEWER, by="bench").token
+    os.environ[TOKEN_ENV] = token  # the chart and stream clients are child processes
+    return ("--private-read",)
 
 
 def _what_the_service_said(log: Path) -> None:
@@ -278,6 +289,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
     ]
     return {
         "runs": args.runs,
+        "auth": args.auth,
         "rate_per_run": args.rate,
         "seconds": args.seconds,
         "writers_solo": solo | {"last_step": None},
@@ -332,6 +344,8 @@ def report(f: dict[str, Any], backend: str) -> bool:
     charts_whole = f["chart_requests"] > 0 and set(f["chart_statuses"]) == {"200"}
     lost_ok = f["every_step_stored"] and f["every_stream_whole"] and charts_whole
     load = f"{f['runs']} runs x {f['rate_per_run']:.0f} steps/s, {f['seconds']:.0f} s"
+    if f["auth"]:
+        load += ", reads with a viewer's token"
     rows = [
         (
             "chart p99",
@@ -411,10 +425,16 @@ def main() -> int:
     parser.add_argument("--solo-seconds", type=float, default=10, help="the writers alone")
     parser.add_argument("--history", type=int, default=20_000, help="steps of each run before")
     parser.add_argument("--writer-procs", type=int, default=5, help="processes for the runs")
+    parser.add_argument(
+        "--auth",
+        action="store_true",
+        help="reads guarded (serve --private-read): every chart and stream with a viewer's token",
+    )
     args = parser.parse_args()
     with _store_url(args) as url, tempfile.TemporaryDirectory() as tmp:
         try:
-            with serving(url, Path(tmp), token="fleet") as (base, pid):
+            options = _guard_reads(url) if args.auth else ()
+            with serving(url, Path(tmp), token="fleet", options=options) as (base, pid):
                 figures = run_fleet(url, base, pid, args)
         except ServiceDidNotStart as error:
             sys.exit(str(error))

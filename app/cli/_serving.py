@@ -142,9 +142,13 @@ def access_line(settings: Settings) -> str:
 
     >>> access_line(Settings(host="0.0.0.0", public_read=True))
     'reads are public (--public-read); writes need an operator token'
+    >>> access_line(Settings(private_read=True))
+    'reads need a viewer token (--private-read); writes need an operator token'
     """
     if settings.public_read:
         reads = "reads are public (--public-read)"
+    elif settings.private_read:
+        reads = "reads need a viewer token (--private-read)"
     elif is_loopback(settings.host):
         reads = "reads are open on loopback"
     else:

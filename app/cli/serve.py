@@ -36,6 +36,13 @@ __all__ = ["serve"]
     " token; writes still need one",
 )
 @click.option(
+    "--private-read",
+    is_flag=True,
+    default=None,
+    help="reads need a viewer token on loopback too: a host shared with other users, who"
+    " reach its loopback",
+)
+@click.option(
     "--trust-proxy",
     metavar="CIDRS",
     help="addresses of an authenticating proxy, comma-separated CIDRs (10.0.0.5/32), whose"
@@ -63,6 +70,8 @@ def serve(
     chosen = settings(host=host, port=port, alerts=alerts, **access)
     if (chosen.ssl_certfile is None) != (chosen.ssl_keyfile is None):
         raise Refused("--ssl-certfile and --ssl-keyfile go together")
+    if chosen.public_read and chosen.private_read:
+        raise Refused("--public-read and --private-read say opposite things: choose one")
     if chosen.trust_proxy and not chosen.proxy_user_header:
         raise Refused("--trust-proxy needs --proxy-user-header")
     try:

@@ -59,7 +59,9 @@ class Access:
 
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app, self.settings = app, settings
-        self.reads_open = is_loopback(settings.host) or settings.public_read
+        self.reads_open = settings.public_read or (
+            is_loopback(settings.host) and not settings.private_read
+        )
         self.trusted = tuple(
             ipaddress.ip_network(cidr, strict=False) for cidr in settings.trust_proxy
         )

@@ -33,7 +33,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -60,13 +60,29 @@ class ServiceDidNotStart(RuntimeError):
     ends with its log."""
 
 
+# The clients' bearer token, when the service guards its reads (``serve --private-read``).
+TOKEN_ENV = "SCALEWATCH_LOAD_TOKEN"
+
+
+def _authorization() -> str:
+    """The clients' ``Authorization`` header line (with its CRLF), or nothing."""
+    token = os.environ.get(TOKEN_ENV)
+    return f"Authorization: Bearer {token}\r\n" if token else ""
+
+
 @contextlib.contextmanager
 def serving(
-    url: str, tmp: Path, *, token: str, start_timeout_s: float = 60.0
+    url: str,
+    tmp: Path,
+    *,
+    token: str,
+    start_timeout_s: float = 60.0,
+    options: Sequence[str] = (),
 ) -> Iterator[tuple[str, int]]:
     """``scalewatch serve --db url`` on a free port of 127.0.0.1, its output in
-    ``tmp/serve.log`` and its token file in ``tmp``: yields (base URL, pid) once
-    ``/healthz`` answers 200, and terminates it at the end (killed if it takes over 15 s).
+    ``tmp/serve.log`` and its token file in ``tmp`` (more ``serve`` ``options`` if
+    given): yields (base URL, pid) once ``/healthz`` answers 200, and terminates it at the
+    end (killed if it takes over 15 s).
 
     Raises :class:`ServiceDidNotStart` if it exits or does not answer in
     ``start_timeout_s`` seconds.
@@ -74,7 +90,7 @@ def serving(
     port = free_port()
     env = {**os.environ, "SCALEWATCH_TOKEN": token, "SCALEWATCH_TOKEN_FILE": str(tmp / "token")}
     log_path = tmp / "serve.log"
-    argv = [sys.executable, "-m", "app", "serve", "--db", url, "--port", str(port)]
+    argv = [sys.executable, "-m", "app", "serve", "--db", url, "--port", str(port), *options]
     with log_path.open("wb") as log:
         process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         base = f"http://127.0.0.1:{port}"
@@ -157,7 +173,8 @@ class _Stream(asyncio.Protocol):
 
     def __init__(self, host: str, path: str, out: dict[str, Any], last_step: int) -> None:
         self.request = (
-            f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n\r\n"
+            f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\n"
+            f"{_authorization()}\r\n"
         ).encode()
         self.out = out
         self.last_step = last_step
@@ -375,7 +392,7 @@ async def _charts(
         began = time.monotonic()
         request = (
             f"GET /api/runs/{run}/steps?{urlencode(params)} HTTP/1.1\r\n"
-            f"Host: {host}:{port}\r\nConnection: close\r\n\r\n"
+            f"Host: {host}:{port}\r\nConnection: close\r\n{_authorization()}\r\n"
         ).encode()
         try:
             reader, writer = await asyncio.open_connection(host, port)

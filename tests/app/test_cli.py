@@ -52,6 +52,7 @@ def test_usage_mistakes_exit_2_through_clicks_usage_error() -> None:
         (["db"], "Usage: scalewatch db"),
         (["db", "downgrade"], "No such command 'downgrade'"),
         (["instrument"], "scalewatch instrument: give the command to run after --"),
+        (["serve", "--public-read", "--private-read"], "--public-read and --private-read say"),
     ):
         result = scalewatch(*argv)
         assert result.exit_code == 2, (argv, result.output)

@@ -73,3 +73,20 @@ def test_a_stream_and_an_export_open_with_a_ticket(exposed: TestClient, store: S
     stale = exposed.app.state.services.tickets.issue(Identity("v", Role.VIEWER, "token"), now=0.0)  # type: ignore[attr-defined]
     refused = exposed.get(f"/api/runs/{run}/export?ticket={stale}")
     assert refused.status_code == 401 and "ticket" in refused.json()["detail"]
+
+
+def test_private_read_guards_reads_on_loopback_too(
+    db_url: str, store: Store, tmp_path: Path
+) -> None:
+    """A host whose other users reach its loopback: reads need a viewer there as well."""
+    run = add_run(store, simulate(3, set()))
+    viewer = create_identity(store, "v", Role.VIEWER, by="test").token
+    settings = Settings(
+        db=db_url, token=SecretStr(TOKEN), token_file=tmp_path / "t", private_read=True
+    )
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
+        refused = client.get(f"/api/runs/{run}/steps")
+        assert refused.status_code == 401
+        assert refused.json()["detail"].startswith("a bearer token is required")
+        assert client.get(f"/api/runs/{run}/steps", headers=auth(viewer)).status_code == 200
+        assert client.get("/healthz").status_code == 200
