@@ -15,11 +15,11 @@ from app.dashboard import mount_dashboard
 from app.docs import install_docs
 from app.errors import install_error_handlers
 from app.live.hubs import Hubs, Pacing
-from app.middleware.access import Access
+from app.middleware.access import Access, reads_open
 from app.middleware.head import HeadAsGet
 from app.middleware.headers import SecurityHeaders
 from app.middleware.health import StorageGuard, StoreHealth
-from app.middleware.identity import Tickets
+from app.middleware.identity import KnownTokens, Tickets, UsageClock
 from app.middleware.limits import BodyLimit
 from app.middleware.penalty import FailurePenalty
 from app.middleware.roles import undeclared
@@ -64,6 +64,7 @@ def create_app(
     config = alerts
 
     health, tickets = StoreHealth(), Tickets()
+    known_tokens = KnownTokens(UsageClock())
     penalty = penalty if penalty is not None else FailurePenalty()
 
     @asynccontextmanager
@@ -86,7 +87,8 @@ def create_app(
                     health=health,
                     penalty=penalty,
                     tickets=tickets,
-                    reads_open=is_loopback(settings.host) or settings.public_read,
+                    known_tokens=known_tokens,
+                    reads_open=reads_open(settings),
                 )
                 tasks.start_soon(run_loop, autopilot, settings.autopilot_interval_s)
                 yield

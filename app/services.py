@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from app.autopilot.loop import AutopilotLoop
     from app.live.hubs import Hubs
     from app.middleware.health import StoreHealth
-    from app.middleware.identity import Tickets
+    from app.middleware.identity import KnownTokens, Tickets
     from app.middleware.penalty import FailurePenalty
     from scaler.store.engine import Store
 
@@ -31,8 +31,9 @@ __all__ = ["Services", "services_of"]
 class Services:
     """What the routes and the middleware of a serving app share.
 
-    ``health``, ``penalty`` and ``tickets`` are the app's, made once in ``create_app``;
-    the others are opened by each start of its lifespan and closed by its end.
+    ``health``, ``penalty``, ``tickets`` and ``known_tokens`` are the app's, made once in
+    ``create_app``; the others are opened by each start of its lifespan and closed by its
+    end.
     """
 
     store: Store
@@ -44,7 +45,8 @@ class Services:
     health: StoreHealth  # the last storage failure a request met
     penalty: FailurePenalty  # wrong tokens per client
     tickets: Tickets  # the streams' and exports' tickets
-    reads_open: bool  # anonymous reads allowed (loopback or --public-read)
+    known_tokens: KnownTokens  # tokens checked in the last few seconds
+    reads_open: bool  # anonymous reads allowed (loopback unless --private-read, or --public-read)
 
 
 def services_of(app: Starlette) -> Services:

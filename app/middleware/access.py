@@ -22,7 +22,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app.middleware.identity import (
     BOOTSTRAP_NAME,
     Identity,
-    UsageClock,
     from_proxy,
     from_token,
     in_networks,
@@ -33,7 +32,7 @@ from app.services import services_of
 from app.settings import Settings
 from scaler.store.identities import Role, TokenRefusal
 
-__all__ = ["Access", "Refusal", "current_identity"]
+__all__ = ["Access", "Refusal", "current_identity", "reads_open"]
 
 MISSING = "a bearer token is required: 'Authorization: Bearer <token>'"
 REFUSED = {
@@ -54,18 +53,21 @@ def current_identity(scope: Scope) -> Identity | None:
     return identity
 
 
+def reads_open(settings: Settings) -> bool:
+    """Whether a read needs no token: bound to loopback (unless ``private_read``), or
+    ``public_read``."""
+    return settings.public_read or (is_loopback(settings.host) and not settings.private_read)
+
+
 class Access:
     """The guard, as ASGI middleware of the app built with ``settings``."""
 
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app, self.settings = app, settings
-        self.reads_open = settings.public_read or (
-            is_loopback(settings.host) and not settings.private_read
-        )
+        self.reads_open = reads_open(settings)
         self.trusted = tuple(
             ipaddress.ip_network(cidr, strict=False) for cidr in settings.trust_proxy
         )
-        self.clock = UsageClock()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -111,8 +113,11 @@ class Access:
             if scheme.lower() != "bearer" or not token:
                 found = TokenRefusal.UNKNOWN
             else:
-                found = self._bootstrap(token) or await _from_store(
-                    from_token, store, token, self.clock
+                known = services.known_tokens
+                found = (
+                    self._bootstrap(token)
+                    or known.identity(token)
+                    or await _from_store(from_token, store, token, known.clock, known)
                 )
         elif path in TICKET_PATHS and "ticket" in (query := _query(scope)):
             found = services.tickets.check(query["ticket"])

@@ -35,6 +35,7 @@ __all__ = [
     "DURATION_PATTERN",
     "TICKET_S",
     "Identity",
+    "KnownTokens",
     "Tickets",
     "UsageClock",
     "from_proxy",
@@ -48,6 +49,9 @@ BOOTSTRAP_NAME = "admin"
 TICKET_S = 60.0
 # The last-used time of an identity is written at most once a minute: not a write a request.
 TOUCH_EVERY_S = 60.0
+# How long a checked token is known without reading the store again, and the most kept.
+KNOWN_S = 5.0
+KNOWN_MOST = 10_000
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -72,13 +76,61 @@ class Identity:
     source: str  # token | proxy | ticket | bootstrap
 
 
-def from_token(store: Store, token: str, clock: UsageClock) -> Identity | TokenRefusal:
-    """The identity of a bearer ``token`` of the store (not ``SCALEWATCH_TOKEN``'s)."""
+def from_token(
+    store: Store, token: str, clock: UsageClock, known: KnownTokens | None = None
+) -> Identity | TokenRefusal:
+    """The identity of a bearer ``token`` of the store (not ``SCALEWATCH_TOKEN``'s), kept
+    in ``known`` when it names one."""
     found = check_token(store, token)
     if isinstance(found, TokenRefusal):
         return found
     clock.used(store, found.id)
-    return Identity(found.name, found.role, "token")
+    identity = Identity(found.name, found.role, "token")
+    if known is not None:
+        known.keep(token, identity, found.id, found.expires_at)
+    return identity
+
+
+class KnownTokens:
+    """The identities of the tokens checked in the last ``KNOWN_S`` seconds, by each token's
+    SHA-256 (not the token): a request with one costs no read of the store and no trip to a
+    worker thread. One revoked through this service is forgotten at once (:meth:`forget`);
+    revoked elsewhere (the CLI, another service) it is refused within ``KNOWN_S``. Expiry
+    is checked at each use; one whose last-used time is due goes to the store again."""
+
+    def __init__(self, clock: UsageClock) -> None:
+        self.clock = clock
+        self._known: dict[bytes, tuple[float, Identity, int, float | None]] = {}
+        self._lock = threading.Lock()
+
+    def identity(self, token: str) -> Identity | None:
+        digest = hashlib.sha256(token.encode()).digest()
+        with self._lock:
+            entry = self._known.get(digest)
+        if entry is None:
+            return None
+        until, identity, identity_id, expires_at = entry
+        now = time.time()
+        stale = now >= until or (expires_at is not None and now >= expires_at)
+        if stale or self.clock.due(identity_id, now):
+            with self._lock:
+                self._known.pop(digest, None)
+            return None
+        return identity
+
+    def keep(
+        self, token: str, identity: Identity, identity_id: int, expires_at: float | None
+    ) -> None:
+        digest = hashlib.sha256(token.encode()).digest()
+        with self._lock:
+            if len(self._known) >= KNOWN_MOST:  # many tokens at once: start again
+                self._known.clear()
+            self._known[digest] = (time.time() + KNOWN_S, identity, identity_id, expires_at)
+
+    def forget(self) -> None:
+        """Forget every token (an identity was revoked through this service)."""
+        with self._lock:
+            self._known.clear()
 
 
 def from_proxy(store: Store, user: str, role: str | None) -> Identity | TokenRefusal:
@@ -111,6 +163,11 @@ class UsageClock:
     def __init__(self) -> None:
         self._written: dict[int, float] = {}
         self._lock = threading.Lock()
+
+    def due(self, identity_id: int, now: float) -> bool:
+        """Whether the identity's last-used time is to be written again."""
+        with self._lock:
+            return now - self._written.get(identity_id, float("-inf")) >= TOUCH_EVERY_S
 
     def used(self, store: Store, identity_id: int) -> None:
         now = time.time()

@@ -138,8 +138,12 @@ def new_token(store: StoreDep, actor: ActorDep, body: TokenRequest) -> NewToken:
 
 
 @router.delete("/tokens/{name}", responses=NO_IDENTITY)
-def revoke(store: StoreDep, actor: ActorDep, name: Annotated[str, Path()]) -> IdentityOut:
+def revoke(
+    store: StoreDep, services: ServicesDep, actor: ActorDep, name: Annotated[str, Path()]
+) -> IdentityOut:
     try:
-        return IdentityOut.of(revoke_identity(store, name, by=actor.name))
+        revoked = revoke_identity(store, name, by=actor.name)
     except IdentityNotFound as missing:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(missing)) from None
+    services.known_tokens.forget()  # refused from the next request on
+    return IdentityOut.of(revoked)

@@ -90,3 +90,7 @@ def test_private_read_guards_reads_on_loopback_too(
         assert refused.json()["detail"].startswith("a bearer token is required")
         assert client.get(f"/api/runs/{run}/steps", headers=auth(viewer)).status_code == 200
         assert client.get("/healthz").status_code == 200
+        # The dashboard asks for a token, and once given one is told reads are not open.
+        assert client.get("/api/whoami").status_code == 401
+        who = client.get("/api/whoami", headers=auth(viewer)).json()
+        assert (who["name"], who["reads_open"]) == ("v", False)

@@ -21,8 +21,17 @@ from pathlib import Path
 import pytest
 
 from scaler.store.engine import open_store
+from scaler.store.identities import Role, create_identity
 from scaler.store.runs import create_run, write_steps
-from tests._helpers.load import BATCH, records, result, serving, spawn, wait_streams_open
+from tests._helpers.load import (
+    BATCH,
+    TOKEN_ENV,
+    records,
+    result,
+    serving,
+    spawn,
+    wait_streams_open,
+)
 from tests._helpers.service import CONTROL
 
 RATE = 10_000  # records/s, in batches of _load.BATCH
@@ -57,9 +66,18 @@ def machine_busy() -> tuple[float, float]:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[str, str, int]]:
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str, int]]:
     url = f"sqlite:///{tmp_path / 'load.db'}"
-    with serving(url, tmp_path, token="load-token", start_timeout_s=30) as (base, pid):
+    options: tuple[str, ...] = ()
+    if os.environ.get("SCALEWATCH_LOAD_AUTH") == "1":  # bench/load.py --auth
+        with open_store(url) as store:
+            viewer = create_identity(store, "load-viewer", Role.VIEWER, by="test").token
+        monkeypatch.setenv(TOKEN_ENV, viewer)  # the clients are child processes
+        options = ("--private-read",)
+    with serving(url, tmp_path, token="load-token", start_timeout_s=30, options=options) as (
+        base,
+        pid,
+    ):
         yield url, base, pid
 
 
