@@ -230,7 +230,7 @@ def bench_stream(http: httpx.Client, url: str, count: int) -> list[str]:
         f"step -> SSE client ({count} steps)",
         f"{statistics.median(latencies):.0f} ms median",
         f"{max(latencies):.0f} ms max",
-        "LISTEN/NOTIFY" if url.startswith("postgresql") else "poll every 50 ms",
+        "LISTEN/NOTIFY" if url.startswith("postgresql") else "one poller, every 20 ms",
     ]
 
 
