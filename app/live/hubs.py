@@ -71,12 +71,17 @@ class Chunk:
     """The ``event: step`` events of some consecutive steps, encoded once, as one ``bytes``
     that every stream of the run writes as it is; or the ``event: coalesced`` of steps
     the hub skipped (:meth:`gap`). ``read_at``: when it was read (``time.monotonic()``,
-    the event loop's clock)."""
+    the event loop's clock).
+
+    A hub keeps up to ``stream_buffered_steps`` of them (50k steps, 1250 chunks a run), and
+    the garbage collector's full passes walk every object it tracks: the step numbers are a
+    tuple of ints, which the collector stops tracking at its first pass, so a chunk is one
+    such object, not two (a list is tracked for life; so is an ``array``)."""
 
     __slots__ = ("data", "read_at", "steps")
 
     def __init__(self, rows: Sequence[Sequence[Any]]) -> None:
-        self.steps = [row[0] for row in rows]
+        self.steps = tuple(row[0] for row in rows)
         # JSON is ASCII here (ensure_ascii): one character, one byte.
         self.data = step_events(rows).encode("ascii")
         self.read_at = time.monotonic()
@@ -85,7 +90,7 @@ class Chunk:
     def gap(cls, after: int, to: int) -> Chunk:
         """The steps after ``after`` up to ``to``, left out: one marker event."""
         chunk = cls(())
-        chunk.steps, chunk.data = [to], coalesced_event(after, to)
+        chunk.steps, chunk.data = (to,), coalesced_event(after, to)
         return chunk
 
     def after(self, step: int) -> bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import time
 from collections import Counter
 from typing import Any
@@ -12,8 +13,9 @@ from typing import Any
 import pytest
 
 from app.live import hubs as hubs_module
-from app.live.hubs import Hubs
+from app.live.hubs import Chunk, Hubs
 from scaler.store.engine import Store
+from scaler.store.queries import step_rows_after
 from tests._helpers.service import add_run, simulate
 from tests.app.test_stream_coalesce import PACING
 
@@ -52,3 +54,14 @@ def test_streams_of_a_run_share_its_hub_and_its_reads(
             hubs.close()
 
     asyncio.run(streams())
+
+
+def test_a_buffered_chunk_is_one_object_the_collector_walks(store: Store) -> None:
+    """A hub keeps 1250 chunks a run: their parts hold nothing the collector must walk."""
+    run = add_run(store, simulate(40, set()))
+    chunk = Chunk(step_rows_after(store, run, 0, limit=40))
+    gap = Chunk.gap(40, 90)
+    gc.collect()  # a tuple of ints is no longer tracked once a pass has seen it
+    assert list(chunk.steps) == list(range(1, 41)) and list(gap.steps) == [90]
+    parts = (chunk.steps, chunk.data, chunk.read_at, gap.steps, gap.data)
+    assert not any(gc.is_tracked(part) for part in parts)

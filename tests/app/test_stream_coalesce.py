@@ -84,10 +84,10 @@ def test_a_late_poll_reads_the_newest_page_after_a_gap(store: Store) -> None:
     assert status == "running"
     gap, page = chunks
     assert _events([gap.data]) == [("coalesced", {"after": 0, "to": total - STEP_PAGE})]
-    assert page.steps == list(range(total - STEP_PAGE + 1, total + 1))
+    assert list(page.steps) == list(range(total - STEP_PAGE + 1, total + 1))
     # An on-time poll reads the whole backlog, a page a chunk.
     _, chunks = _read_new(store, run, 0)
     assert [step for chunk in chunks for step in chunk.steps] == list(range(1, total + 1))
     # A late poll with less than a page to read skips nothing.
     _, chunks = _read_new(store, run, total - 10, newest=True)
-    assert [chunk.steps for chunk in chunks] == [list(range(total - 9, total + 1))]
+    assert [list(chunk.steps) for chunk in chunks] == [list(range(total - 9, total + 1))]
