@@ -42,11 +42,22 @@ def trainer(db_url: str) -> Iterator[CeilingTrainer]:
         job.close()
 
 
+def _stored_to(store: Store, run: int) -> int:
+    """The run's last stored step (0: none yet)."""
+    summary = step_summary(store, run, after=0)
+    return 0 if summary is None else summary.last_step
+
+
 def test_a_run_skipping_5_percent_settles_under_a_1_percent_target(
     client: TestClient, trainer: CeilingTrainer, store: Store
 ) -> None:
     run = trainer.run_id
-    trainer.run_until(lambda: trainer.steps >= 500, timeout_s=30, what="500 steps")
+    # 500 steps trained and stored: the telemetry writes behind the training thread.
+    trainer.run_until(
+        lambda: trainer.steps >= 500 and _stored_to(store, run) >= 500,
+        timeout_s=60,
+        what="500 steps stored",
+    )
     before = step_summary(store, run, after=100)
     assert before is not None and 0.04 <= before.skipped / before.steps <= 0.06
     enable(client, run)
