@@ -118,7 +118,7 @@ class QuerySampler:
     def _sample(self) -> None:
         import psycopg
 
-        dsn = self.url.replace("postgresql+psycopg://", "postgresql://", 1)
+        dsn = _dsn(self.url)
         sessions = "SELECT sessions FROM pg_stat_database WHERE datname = current_database()"
         with psycopg.connect(dsn, autocommit=True) as conn:
             first = _one(conn.execute(sessions).fetchone())
@@ -136,6 +136,11 @@ class QuerySampler:
             # Counted at each session's end; the statistics are a snapshot per transaction.
             conn.execute("SELECT pg_stat_clear_snapshot()")
             self.sessions = _one(conn.execute(sessions).fetchone()) - first
+
+
+def _dsn(url: str) -> str:
+    """A store's SQLAlchemy URL as libpq takes it."""
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
 
 
 def _one(row: Any) -> int:
@@ -156,7 +161,7 @@ class Statements:
     ``available`` is False and it reports nothing."""
 
     def __init__(self, url: str) -> None:
-        self.dsn = url.replace("postgresql+psycopg://", "postgresql://", 1)
+        self.dsn = _dsn(url)
         self.available = False
         self.rows: list[tuple[str, int, float]] = []  # gist, calls, ms
 
