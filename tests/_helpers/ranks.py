@@ -19,6 +19,9 @@ from tests._helpers.net import free_port
 # (picklable) is handed back to the test.
 Worker = Callable[..., Any]
 
+# How long a rank that has sent its result may take to leave before it is killed.
+_EXIT_S = 20.0
+
 
 def _entry(
     rank: int,
@@ -39,16 +42,29 @@ def _entry(
         import torch
 
         torch.set_num_threads(1)
-        if not group:  # fn makes its own groups
-            results.put((rank, "ok", fn(rank, world, *args)))
-            return
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
-        try:
-            results.put((rank, "ok", fn(rank, world, *args)))
-        finally:
-            dist.destroy_process_group()
+        if group:
+            dist.init_process_group(
+                "gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+            )
+        value = fn(rank, world, *args)
     except BaseException:
-        results.put((rank, "error", traceback.format_exc()))
+        _send(results, (rank, "error", traceback.format_exc()))
+        return
+    _send(results, (rank, "ok", value))
+    if group:
+        # torch 2.4's gloo destroys its group holding the GIL, joining worker threads; one
+        # still letting go of a tensor a collective used needs the GIL: a hang. A barrier
+        # first waits (GIL released) for the work before it to be done with.
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def _send(results: Any, item: tuple[int, str, Any]) -> None:
+    """Put ``item`` and wait until it has left this process: a queue's feeder thread sends
+    it, and a teardown that then holds the GIL would keep it from ever doing so."""
+    results.put(item)
+    results.close()
+    results.join_thread()
 
 
 class Ranks:
@@ -106,8 +122,8 @@ class Ranks:
             if status != "ok":
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
             got[rank] = value
-        for proc in self._procs:
-            proc.join(max(0.1, deadline - time.monotonic()))
+        for proc in self._procs:  # a rank hung in its teardown is killed on exit
+            proc.join(min(_EXIT_S, max(0.1, deadline - time.monotonic())))
         return [got[rank] for rank in range(self.world)]
 
 
