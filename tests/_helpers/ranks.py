@@ -52,11 +52,18 @@ def _entry(
         return
     _send(results, (rank, "ok", value))
     if group:
-        # torch 2.4's gloo destroys its group holding the GIL, joining worker threads; one
-        # still letting go of a tensor a collective used needs the GIL: a hang. A barrier
-        # first waits (GIL released) for the work before it to be done with.
-        dist.barrier()
-        dist.destroy_process_group()
+        leave_group()
+
+
+def leave_group() -> None:
+    """Destroy this process's default group, after a barrier.
+
+    torch 2.4's gloo destroys its group holding the GIL, joining worker threads; one still
+    letting go of a tensor a collective used needs the GIL: a hang. A barrier first waits
+    (GIL released) for the work before it to be done with.
+    """
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def _send(results: Any, item: tuple[int, str, Any]) -> None:

@@ -21,6 +21,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as Torc
 # default ``process_group=dist.group.WORLD`` is bound when the module is first imported,
 # and ``scaler`` imports its classes lazily.
 from scaler import GradScaler, ShardedGradScaler
+from tests._helpers.ranks import leave_group
 
 # step -> [(parameter index, value written into its gradient)]
 Injection = dict[int, list[tuple[int, float]]]
@@ -37,11 +38,7 @@ def world1(backend: str = "gloo") -> Iterator[None]:
         try:
             yield
         finally:
-            # torch 2.4's gloo destroys its group holding the GIL, joining worker threads; one
-            # still letting go of a tensor a collective used needs the GIL: a hang. A barrier
-            # first waits (GIL released) for the work before it to be done with.
-            dist.barrier()
-            dist.destroy_process_group()
+            leave_group()
 
 
 def make_pair(kind: str, **kwargs: Any) -> tuple[Any, Any]:
