@@ -10,15 +10,28 @@ DEMO_STAMP := $(VENV)/.installed-demo
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,integrations]'
-	touch $(STAMP) $(DEMO_STAMP)
+# The package as users import it, by its one name: setuptools' strict editable mode lays a
+# tree of links named as the wheel names them (build/__editable__.*/scalewatch/...), so the
+# tests, mypy and the demo see ``scalewatch`` and nothing else. A file added or removed in a
+# package folder (its mtime) lays the links again.
+EDITABLE := --config-settings editable_mode=strict
+PACKAGE_DIRS := $(shell find scaler app migrations web -type d -not -name __pycache__ \
+	-not -path 'web/tests*' 2>/dev/null)
+LINKS := $(VENV)/.links
 
-$(DEMO_STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e .
-	touch $(DEMO_STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt $(EDITABLE) -e '.[dev,integrations]'
+	touch $(STAMP) $(DEMO_STAMP) $(LINKS)
+
+$(DEMO_STAMP): pyproject.toml setup.py constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -c constraints.txt $(EDITABLE) -e .
+	touch $(DEMO_STAMP) $(LINKS)
+
+$(LINKS): $(PACKAGE_DIRS)
+	$(BIN)/python -m pip install --quiet --no-deps $(EDITABLE) -e .
+	touch $(LINKS)
 
 # The suite on $(JOBS) xdist workers: most of its time is spent waiting on subprocesses (ranks,
 # servers, trainers), so more workers than cores pay. A group (the browser tests, which share
@@ -27,19 +40,19 @@ $(DEMO_STAMP): pyproject.toml constraints.txt
 JOBS ?= 3
 XDIST := -n $(JOBS) --dist loadgroup
 
-test: $(STAMP)
+test: $(STAMP) $(LINKS)
 	node --test web/tests/
 	$(BIN)/python -m pytest -q $(XDIST) -m "not alone"
 	$(BIN)/python -m pytest -q -m alone
 
 # Before a commit (about a minute): lint, then every test but the slow and heavy ones (real
 # ranks, trainers, servers, fuzzing), Chromium's and PostgreSQL's, stopping at the first failure.
-check: $(STAMP)
+check: $(STAMP) $(LINKS)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q $(XDIST) -x -m "not slow and not heavy and not browser and not postgres"
 
-lint: $(STAMP)
+lint: $(STAMP) $(LINKS)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -50,7 +63,7 @@ lint: $(STAMP)
 LOWEST := .venv-lowest
 PURELIB := import sysconfig; print(sysconfig.get_paths()["purelib"])
 
-lowest: $(STAMP)
+lowest: $(STAMP) $(LINKS)
 	rm -rf $(LOWEST)
 	$(PYTHON) -m venv $(LOWEST)
 	$(LOWEST)/bin/python -m pip install --quiet -r constraints-lowest.txt
@@ -62,7 +75,7 @@ lowest: $(STAMP)
 # The distribution as users install it: the sdist and the wheel built from the tracked tree,
 # the wheel installed (not editable) into a fresh venv beside torch as pinned, then trained,
 # migrated and served from outside the checkout (tests/test_wheel.py; a few minutes).
-wheel-check: $(STAMP)
+wheel-check: $(STAMP) $(LINKS)
 	$(BIN)/python -m pytest -q -p no:cacheprovider --wheel tests/test_wheel.py
 
 # The scaler beside torch's own class on the oldest and the newest torch pyproject admits,
@@ -75,11 +88,11 @@ torch-lanes:
 clean:
 	rm -rf $(VENV) $(LOWEST) build *.egg-info
 
-demo: $(DEMO_STAMP)
+demo: $(DEMO_STAMP) $(LINKS)
 	$(BIN)/scalewatch demo
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py $(ONLY)
 
-cuda-check: $(STAMP)
+cuda-check: $(STAMP) $(LINKS)
 	bash bench/cuda_check.sh

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.main import create_app
-from app.settings import Settings, get_settings
+from .main import create_app
+from .settings import Settings, get_settings
 
 __all__ = ["Settings", "create_app", "get_settings"]

@@ -1,9 +1,9 @@
-"""``python -m app``: the ``scalewatch`` command line."""
+"""``python -m scalewatch.app``: the ``scalewatch`` command line."""
 
 from __future__ import annotations
 
 import sys
 
-from app.cli import main
+from .cli import main
 
 sys.exit(main())

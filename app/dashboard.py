@@ -17,7 +17,7 @@ __all__ = ["mount_dashboard", "plotly_js_path", "web_dir"]
 
 
 def web_dir() -> Path:
-    return Path(str(files("web")))
+    return Path(str(files("scalewatch.web")))
 
 
 def plotly_js_path() -> Path:
@@ -64,6 +64,8 @@ def mount_dashboard(app: FastAPI) -> None:
     # The API's fixed paths: those in its schema, and the schema and docs pages themselves.
     paths = [*app.openapi()["paths"], *(r.path for r in app.routes if isinstance(r, Route))]
     api_paths = frozenset(path for path in paths if "{" not in path)
-    app.router.routes.append(
-        _DashboardMount(api_paths, app=_WebFiles(directory=web_dir(), html=True), name="web")
-    )
+    # A file of the installed package may be a link to the checkout's (an editable install
+    # in strict mode, as make venv lays it): served, as the wheel's own file would be; a
+    # path that leaves web/ is refused as before (its absolute path, not its target, counts).
+    web = _WebFiles(directory=web_dir(), html=True, follow_symlink=True)
+    app.router.routes.append(_DashboardMount(api_paths, app=web, name="web"))

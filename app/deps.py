@@ -7,10 +7,11 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, Security, status
 from fastapi.security import HTTPBearer
 
-from app.middleware.identity import Identity
-from app.services import Services, services_of
-from app.settings import Settings
-from scaler.store.engine import Store
+from scalewatch.store.engine import Store
+
+from .middleware.identity import Identity
+from .services import Services, services_of
+from .settings import Settings
 
 __all__ = [
     "ActorDep",
@@ -31,7 +32,7 @@ def app_settings(request: Request) -> Settings:
 
 
 def app_services(request: Request) -> Services:
-    """The services of the serving app (:mod:`app.services`)."""
+    """The services of the serving app (:mod:`scalewatch.app.services`)."""
     return services_of(request.app)
 
 
@@ -44,12 +45,12 @@ def get_store(services: ServicesDep) -> Store:
 
 
 # Declares the bearer scheme in the OpenAPI document (Swagger UI's "Authorize"); the
-# check itself is app.middleware.access's, before the route runs.
+# check itself is scalewatch.app.middleware.access's, before the route runs.
 _BEARER = HTTPBearer(auto_error=False, description="a token of `scalewatch tokens create`")
 
 
 def who(request: Request, _scheme: Annotated[object, Security(_BEARER)] = None) -> Identity:
-    """The identity app.middleware.access let through to a route that needs one."""
+    """The identity scalewatch.app.middleware.access let through to a route that needs one."""
     identity: Identity | None = getattr(request.state, "identity", None)
     if identity is None:  # a route that needs a role is never reached anonymously
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "a bearer token is required")

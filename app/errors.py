@@ -13,9 +13,10 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.middleware.head import allowed_methods
-from app.middleware.health import store_unavailable
-from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning, StoreDamaged
+from scalewatch.store.errors import ControlValidationError, RunNotFound, RunNotRunning, StoreDamaged
+
+from .middleware.head import allowed_methods
+from .middleware.health import store_unavailable
 
 __all__ = ["install_error_handlers", "unprocessable"]
 

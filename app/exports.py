@@ -10,10 +10,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from typing import Any
 
-from scaler.store import queries
-from scaler.store.diagnosis import Finding, finding_dicts, findings_between
-from scaler.store.engine import Store
-from scaler.store.queries import EXPORT_COLUMNS
+from scalewatch.store import queries
+from scalewatch.store.diagnosis import Finding, finding_dicts, findings_between
+from scalewatch.store.engine import Store
+from scalewatch.store.queries import EXPORT_COLUMNS
 
 __all__ = ["MEDIA_TYPES", "OVERFLOW_COLUMNS", "export_chunks", "export_filename", "format_params"]
 

@@ -8,28 +8,29 @@ from contextlib import asynccontextmanager
 import anyio
 from fastapi import FastAPI
 
-from app.alerts.config import AlertConfig, default_rules, load_rules
-from app.alerts.service import watching
-from app.autopilot import AutopilotLoop, run_loop
-from app.dashboard import mount_dashboard
-from app.docs import install_docs
-from app.errors import install_error_handlers
-from app.live.hubs import Hubs, Pacing
-from app.middleware.access import Access, reads_open
-from app.middleware.head import HeadAsGet
-from app.middleware.headers import SecurityHeaders
-from app.middleware.health import StorageGuard, StoreHealth
-from app.middleware.identity import KnownTokens, Tickets, UsageClock
-from app.middleware.limits import BodyLimit
-from app.middleware.penalty import FailurePenalty
-from app.middleware.roles import undeclared
-from app.middleware.security import LoopbackHost, is_loopback
-from app.openapi import install_openapi
-from app.routes import router
-from app.routes.metrics import metrics_registry
-from app.services import Services
-from app.settings import Settings, get_settings
-from scaler.store.engine import open_store
+from scalewatch.store.engine import open_store
+
+from .alerts.config import AlertConfig, default_rules, load_rules
+from .alerts.service import watching
+from .autopilot import AutopilotLoop, run_loop
+from .dashboard import mount_dashboard
+from .docs import install_docs
+from .errors import install_error_handlers
+from .live.hubs import Hubs, Pacing
+from .middleware.access import Access, reads_open
+from .middleware.head import HeadAsGet
+from .middleware.headers import SecurityHeaders
+from .middleware.health import StorageGuard, StoreHealth
+from .middleware.identity import KnownTokens, Tickets, UsageClock
+from .middleware.limits import BodyLimit
+from .middleware.penalty import FailurePenalty
+from .middleware.roles import undeclared
+from .middleware.security import LoopbackHost, is_loopback
+from .openapi import install_openapi
+from .routes import router
+from .routes.metrics import metrics_registry
+from .services import Services
+from .settings import Settings, get_settings
 
 __all__ = ["CHART_THREADS", "create_app"]
 
@@ -48,11 +49,11 @@ def create_app(
     """The service over the store at ``settings.db`` (default: ``get_settings()``), with
     the alert rules ``alerts`` (default: the file ``settings.alerts``, else the default
     rules). ``penalty``: the lockout of clients whose tokens are wrong (default:
-    :class:`~app.middleware.penalty.FailurePenalty`'s).
+    :class:`~scalewatch.app.middleware.penalty.FailurePenalty`'s).
 
-    Every route needs the role :mod:`app.middleware.roles` gives it
-    (:mod:`app.middleware.access`): a route without one makes this raise RuntimeError. A
-    rules file that cannot be used raises :class:`app.alerts.RulesFileError` here.
+    Every route needs the role :mod:`scalewatch.app.middleware.roles` gives it
+    (:mod:`scalewatch.app.middleware.access`): a route without one makes this raise RuntimeError. A
+    rules file that cannot be used raises :class:`scalewatch.app.alerts.RulesFileError` here.
     """
     settings = settings if settings is not None else get_settings()
     if alerts is None:
@@ -119,5 +120,7 @@ def create_app(
     install_openapi(app)
     mount_dashboard(app)
     if missing := undeclared(app.openapi()):
-        raise RuntimeError(f"routes without a role in app.middleware.roles: {', '.join(missing)}")
+        raise RuntimeError(
+            f"routes without a role in scalewatch.app.middleware.roles: {', '.join(missing)}"
+        )
     return app

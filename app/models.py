@@ -6,9 +6,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
-from scaler.store.queries import INT64_MAX
-from scaler.store.rules import SCHEMAS
-from scaler.store.states import AlertState, RequestSource, RequestStatus, RunStatus
+from scalewatch.store.queries import INT64_MAX
+from scalewatch.store.rules import SCHEMAS
+from scalewatch.store.states import AlertState, RequestSource, RequestStatus, RunStatus
 
 __all__ = [
     "AlertList",

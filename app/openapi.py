@@ -10,8 +10,9 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from app.middleware.roles import ROUTE_ROLES
-from scaler.store.identities import Role
+from scalewatch.store.identities import Role
+
+from .middleware.roles import ROUTE_ROLES
 
 __all__ = ["install_openapi", "with_roles", "without_null_parameters"]
 
@@ -49,8 +50,8 @@ REFUSALS: dict[str, dict[str, Any]] = {
 
 
 def with_roles(document: dict[str, Any]) -> dict[str, Any]:
-    """``document`` with the role each operation needs (``app.middleware.roles``) in its description
-    and ``x-role``, and the refusals that role brings among its responses."""
+    """``document`` with the role each operation needs (``scalewatch.app.middleware.roles``) in
+    its description and ``x-role``, and the refusals that role brings among its responses."""
     error = {
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorMessage"}}}
     }

@@ -1,8 +1,8 @@
 """The services of one app, typed, in one object.
 
-The app's lifespan (:func:`app.main.create_app`) builds a :class:`Services` in the event
+The app's lifespan (:func:`scalewatch.app.main.create_app`) builds a :class:`Services` in the event
 loop's thread and holds it on ``app.state.services`` while the app serves; routes reach
-it through :data:`app.deps.ServicesDep`, middleware through :func:`services_of`.
+it through :data:`scalewatch.app.deps.ServicesDep`, middleware through :func:`services_of`.
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from starlette.applications import Starlette
 
-    from app.alerts.service import Alerts
-    from app.autopilot.loop import AutopilotLoop
-    from app.live.hubs import Hubs
-    from app.middleware.health import StoreHealth
-    from app.middleware.identity import KnownTokens, Tickets
-    from app.middleware.penalty import FailurePenalty
-    from scaler.store.engine import Store
+    from scalewatch.store.engine import Store
+
+    from .alerts.service import Alerts
+    from .autopilot.loop import AutopilotLoop
+    from .live.hubs import Hubs
+    from .middleware.health import StoreHealth
+    from .middleware.identity import KnownTokens, Tickets
+    from .middleware.penalty import FailurePenalty
 
 __all__ = ["Services", "services_of"]
 

@@ -10,7 +10,7 @@ from typing import Annotated
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from scaler.store.engine import default_url, store_url
+from scalewatch.store.engine import default_url, store_url
 
 __all__ = ["TOKEN_DIR", "Settings", "get_settings"]
 
@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     stream_poll_s: float = Field(default=0.05, gt=0)
     stream_keepalive_s: float = Field(default=15.0, gt=0)
     # Seconds between two polls of a stream that the store tells of new steps (PostgreSQL's
-    # NOTIFY; a SQLite file's one poller of every streamed run, scaler.store.notify): for
+    # NOTIFY; a SQLite file's one poller of every streamed run, scalewatch.store.notify): for
     # the run's end and control changes, which are not announced.
     stream_listen_fallback_s: float = Field(default=1.0, gt=0)
     # Step events a run's hub keeps for streams a little behind (a slow client, a resume);

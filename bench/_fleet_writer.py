@@ -21,8 +21,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scaler.store.engine import open_store  # noqa: E402
-from scaler.store.runs import write_steps  # noqa: E402
+from scalewatch.store.engine import open_store  # noqa: E402
+from scalewatch.store.runs import write_steps  # noqa: E402
 from tests._helpers.load import records  # noqa: E402
 
 

@@ -15,10 +15,10 @@ from typing import Any
 
 from sqlalchemy import make_url
 
-from scaler.store.engine import open_store
-from scaler.store.runs import create_run, end_run
-from scaler.store.schema import ROLLUP_LEVELS, step_rollups, steps
-from scaler.store.schema import steps as steps_table
+from scalewatch.store.engine import open_store
+from scalewatch.store.runs import create_run, end_run
+from scalewatch.store.schema import ROLLUP_LEVELS, step_rollups, steps
+from scalewatch.store.schema import steps as steps_table
 
 CONTROL = {"growth_interval": 2000, "growth_factor": 2.0, "backoff_factor": 0.5}
 CHUNK = 1_000_000

@@ -2,7 +2,7 @@
 
 A training process (a child, ``GradScaler`` on cpu, paced to ~20 steps/s) writes to a
 store in a temporary directory; this process inserts requests one at a time through
-``scaler.store.control.request_control`` and waits for each to be applied. Latency is
+``scalewatch.store.control.request_control`` and waits for each to be applied. Latency is
 ``applied_at - requested_at`` and, in steps, the trainer's steps in that interval.
 Goal (issue 4): under 1 s plus two steps.
 
@@ -25,17 +25,17 @@ from sqlalchemy import func, select
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scaler.store import open_store  # noqa: E402
-from scaler.store.control import control_history, request_control  # noqa: E402
-from scaler.store.schema import runs, steps  # noqa: E402
+from scalewatch.store import open_store  # noqa: E402
+from scalewatch.store.control import control_history, request_control  # noqa: E402
+from scalewatch.store.schema import runs, steps  # noqa: E402
 
 TRAINER = """
-import sys, time, torch, scaler
+import sys, time, torch, scalewatch
 from pathlib import Path
 url, period, stop = sys.argv[1], 1.0 / float(sys.argv[2]), Path(sys.argv[3])
 model = torch.nn.Linear(16, 1)
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-with scaler.GradScaler("cpu", growth_interval=100, telemetry=url, run_name="latency") as gs:
+with scalewatch.GradScaler("cpu", growth_interval=100, telemetry=url, run_name="latency") as gs:
     next_at = time.monotonic()
     while not stop.exists():
         opt.zero_grad()

@@ -1,7 +1,7 @@
 """What explaining an overflow step costs, as a ratio to the unscale pass over the same
 gradients (torch's ``_amp_foreach_non_finite_check_and_unscale_``, which every step pays).
 
-An overflow step runs the diagnosis scan once (``scaler._diagnosis.findings.scan``): one fused
+An overflow step runs the diagnosis scan once (``scalewatch._diagnosis.findings.scan``): one fused
 2-norm pass over every gradient, then inf and NaN counts of the gradients that hold one.
 Three cases: one gradient of ~200 poisoned (an overflow in one layer), every gradient
 with an inf (an inf that reached every layer), and every gradient with inf and NaN (the
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from scaler._diagnosis.findings import scan
-from scaler._diagnosis.names import Names
-from scaler._torch_compat import non_finite_check_and_unscale_
+from scalewatch._diagnosis.findings import scan
+from scalewatch._diagnosis.names import Names
+from scalewatch._torch_compat import non_finite_check_and_unscale_
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _figures import figure, median_interval

@@ -37,10 +37,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _cpu import CpuSplit, QuerySampler, Statements, shares  # noqa: E402
 from _figures import figure  # noqa: E402
 
-from scaler.store.engine import open_store  # noqa: E402
-from scaler.store.identities import Role, create_identity  # noqa: E402
-from scaler.store.runs import create_run, heartbeat, write_steps  # noqa: E402
-from scaler.store.schema import steps  # noqa: E402
+from scalewatch.store.engine import open_store  # noqa: E402
+from scalewatch.store.identities import Role, create_identity  # noqa: E402
+from scalewatch.store.runs import create_run, heartbeat, write_steps  # noqa: E402
+from scalewatch.store.schema import steps  # noqa: E402
 from tests._helpers.load import TOKEN_ENV, ServiceDidNotStart, records, serving  # noqa: E402
 
 CONTROL = {"growth_interval": 2000, "growth_factor": 2.0, "backoff_factor": 0.5}

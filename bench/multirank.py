@@ -46,7 +46,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
-import scaler
+import scalewatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _figures import figure, median_interval
@@ -102,7 +102,7 @@ def make_scaler(variant: str, device: str, store_url: str) -> Any:
     if variant == "torch":
         return TorchSharded(device)
     telemetry = store_url if variant.endswith("on") else False
-    return scaler.ShardedGradScaler(device, telemetry=telemetry, run_name="bench-multirank")
+    return scalewatch.ShardedGradScaler(device, telemetry=telemetry, run_name="bench-multirank")
 
 
 class Case:
@@ -139,7 +139,7 @@ class Case:
         self.sync()
         step_cpu = thread_clock() - began_cpu
         timed = (clock() - began) / steps, step_cpu / steps, in_scaler / steps, cpu / steps
-        if isinstance(gs, scaler.ShardedGradScaler):
+        if isinstance(gs, scalewatch.ShardedGradScaler):
             # Untimed: what its threads still have to write would otherwise run into the
             # next variant's round (torch's never follows telemetry on: ours off does).
             gs.flush()
@@ -150,7 +150,7 @@ class Case:
             torch.cuda.synchronize()
 
     def close(self) -> None:
-        if isinstance(self.gs, scaler.ShardedGradScaler):
+        if isinstance(self.gs, scalewatch.ShardedGradScaler):
             self.gs.close()
 
 

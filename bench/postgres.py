@@ -1,6 +1,6 @@
 """PostgreSQL writer benchmark, side by side in one run.
 
-Sustained records/s of ``scaler.store.runs.write_steps`` into a PostgreSQL store (steps
+Sustained records/s of ``scalewatch.store.runs.write_steps`` into a PostgreSQL store (steps
 by COPY, rollups upserted, run row; one transaction per batch) against raw psycopg COPY of
 the same rows into the identical ``steps`` table, one transaction per batch. Goals:
 >= 100k records/s and >= half the raw rate.
@@ -32,9 +32,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _figures import figure  # noqa: E402
 from telemetry import make_records  # noqa: E402
 
-from scaler.store import downgrade, open_store, upgrade  # noqa: E402
-from scaler.store.runs import create_run, step_rows, write_steps  # noqa: E402
-from scaler.store.schema import steps  # noqa: E402
+from scalewatch.store import downgrade, open_store, upgrade  # noqa: E402
+from scalewatch.store.runs import create_run, step_rows, write_steps  # noqa: E402
+from scalewatch.store.schema import steps  # noqa: E402
 
 WRITER_GOAL_RECORDS_PER_S = 100_000
 WRITER_GOAL_RATIO = 0.5

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
-import scaler
+import scalewatch
 
 GOALS = {"a": 1.0, "b": 1.0, "c": 1.2}
 LIMIT = "limit (_foreach_mul_)"
@@ -79,12 +79,12 @@ def timed(fn: Callable[[], None], device: str, inner: int) -> float:
 
 
 def scalers(device: str, store_url: str, **kwargs: Any) -> dict[str, Any]:
-    kept = scaler.ShardedGradScaler(device, telemetry=False, **kwargs)
+    kept = scalewatch.ShardedGradScaler(device, telemetry=False, **kwargs)
     kept._reduce_alone = True
     return {
         "torch": TorchSharded(device, **kwargs),
-        "ours (telemetry off)": scaler.ShardedGradScaler(device, telemetry=False, **kwargs),
-        "ours (telemetry on)": scaler.ShardedGradScaler(
+        "ours (telemetry off)": scalewatch.ShardedGradScaler(device, telemetry=False, **kwargs),
+        "ours (telemetry on)": scalewatch.ShardedGradScaler(
             device, telemetry=store_url, run_name="bench", **kwargs
         ),
         KEPT: kept,
@@ -148,7 +148,7 @@ def unscale_cases(device: str, params: list[torch.Tensor]) -> dict[str, Callable
     cases: dict[str, Callable[[], None]] = {LIMIT: lambda: torch._foreach_mul_(grads, inv_scale)}
     for name, gs in (
         ("torch", TorchSharded(device)),
-        ("ours", scaler.ShardedGradScaler(device, telemetry=False)),
+        ("ours", scalewatch.ShardedGradScaler(device, telemetry=False)),
     ):
         gs.scale(inv_scale)  # creates the scale on the device
 

@@ -40,15 +40,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _figures import figure  # noqa: E402
 from _synthetic import CONTROL, build  # noqa: E402
 
-from scaler.store.engine import open_store  # noqa: E402
-from scaler.store.records import StepRecord  # noqa: E402
-from scaler.store.runs import create_run, end_run, write_steps  # noqa: E402
+from scalewatch.store.engine import open_store  # noqa: E402
+from scalewatch.store.records import StepRecord  # noqa: E402
+from scalewatch.store.runs import create_run, end_run, write_steps  # noqa: E402
 
 SERVER = """
 import sys, uvicorn
 from pydantic import SecretStr
-from app.main import create_app
-from app.settings import Settings
+from scalewatch.app.main import create_app
+from scalewatch.app.settings import Settings
 settings = Settings(db=sys.argv[1], token=SecretStr("bench"))
 uvicorn.run(create_app(settings), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
 """

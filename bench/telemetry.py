@@ -1,6 +1,6 @@
 """Telemetry benchmarks, side by side in one run.
 
-Writer: sustained records/s of ``scaler.store.runs.write_steps`` (batches into a fresh
+Writer: sustained records/s of ``scalewatch.store.runs.write_steps`` (batches into a fresh
 file store: steps, rollups, run row, one transaction per batch) against a raw
 ``sqlite3`` ``executemany`` of the same rows into an identical table with the same
 pragmas. Goals: >= 100k records/s and >= half the raw rate.
@@ -36,11 +36,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
-import scaler
-from scaler.store import StepRecord, open_store, upgrade
-from scaler.store.engine import BUSY_TIMEOUT_MS
-from scaler.store.records import ParamFinding
-from scaler.store.runs import create_run, step_rows, write_steps
+import scalewatch
+from scalewatch.store import StepRecord, open_store, upgrade
+from scalewatch.store.engine import BUSY_TIMEOUT_MS
+from scalewatch.store.records import ParamFinding
+from scalewatch.store.runs import create_run, step_rows, write_steps
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _figures import figure, median_interval
@@ -206,9 +206,9 @@ def _variants(kind: str, url: str, device: str) -> dict[str, Any]:
     """
     kwargs = {"device": device, "init_scale": INIT_SCALE, "growth_interval": 100}
     theirs, ours = (
-        (torch.amp.GradScaler, scaler.GradScaler)
+        (torch.amp.GradScaler, scalewatch.GradScaler)
         if kind == "GradScaler"
-        else (TorchSharded, scaler.ShardedGradScaler)
+        else (TorchSharded, scalewatch.ShardedGradScaler)
     )
     return {
         "torch": theirs(**kwargs),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from scaler.store.schema import metadata
+from scalewatch.store.schema import metadata
 
 config = context.config
 target_metadata = metadata
@@ -18,7 +18,7 @@ def _configure(connection: Connection) -> None:
         render_as_batch=True,
         compare_type=True,
     )
-    # A caller that opened a transaction (scaler.store.engine holds the SQLite write lock
+    # A caller that opened a transaction (scalewatch.store.engine holds the SQLite write lock
     # that way) commits it; otherwise each revision runs in its own transaction.
     with context.begin_transaction():
         context.run_migrations()
@@ -29,9 +29,9 @@ def run_migrations_online() -> None:
     if isinstance(connection, Connection):
         _configure(connection)
         return
-    # Run by hand (``alembic -c ...``) rather than through scaler.store.engine.upgrade().
-    from scaler.store.engine import default_url, make_engine
-    from scaler.store.postgres import in_transactions
+    # Run by hand (``alembic -c ...``) rather than through scalewatch.store.engine.upgrade().
+    from scalewatch.store.engine import default_url, make_engine
+    from scalewatch.store.postgres import in_transactions
 
     engine = make_engine(config.get_main_option("sqlalchemy.url") or default_url())
     try:

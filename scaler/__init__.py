@@ -1,6 +1,6 @@
 """scalewatch: an instrumented, drop-in ShardedGradScaler and GradScaler for PyTorch.
 
-The scalers are imported on first use, so ``import scaler.store`` (all the service
+The scalers are imported on first use, so ``import scalewatch.store`` (all the service
 needs) does not import torch.
 """
 
@@ -38,7 +38,7 @@ _HOMES = {
 def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
-        raise AttributeError(f"module 'scaler' has no attribute {name!r}")
+        raise AttributeError(f"module 'scalewatch' has no attribute {name!r}")
     value = getattr(importlib.import_module(home, __name__), name)
     globals()[name] = value
     return value

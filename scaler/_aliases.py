@@ -1,5 +1,5 @@
 """Ours in place of torch's deprecated ``torch.cuda.amp.GradScaler`` and
-``torch.cpu.amp.GradScaler`` (for ``scaler.instrument``): the same signature, and torch's
+``torch.cpu.amp.GradScaler`` (for ``scalewatch.instrument``): the same signature, and torch's
 own FutureWarning, naming the caller's line."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The scale rules scalewatch adds to torch's: min/max bounds and Megatron's hysteresis.
 
 All off by default, so that a scaler without them behaves exactly as torch's. A pickled
-scaler names this module (``scaler._extras.Extras``), so it keeps its path.
+scaler names this module (``scalewatch._extras.Extras``), so it keeps its path.
 """
 
 from __future__ import annotations

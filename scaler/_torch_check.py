@@ -1,4 +1,4 @@
-"""Whether the torch we run on is one whose internals ``scaler._torch_compat`` knows.
+"""Whether the torch we run on is one whose internals ``scalewatch._torch_compat`` knows.
 
 Each scaler checks at construction (once a process) what it relies on: the signatures of
 the privates it overrides or calls (``PINNED``), the shape of torch's per-optimizer state,
@@ -22,7 +22,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as _Tor
 
 _TorchPlain = torch.amp.GradScaler
 
-log = logging.getLogger("scaler")
+log = logging.getLogger("scalewatch")
 
 # FSDP2's fully_shard is public (torch.distributed.fsdp) from torch 2.6.
 FSDP2_PUBLIC = hasattr(fsdp, "fully_shard")

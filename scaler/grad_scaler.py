@@ -47,7 +47,7 @@ class GradScaler(Instrumented, TorchGradScaler):
             many overflows since the last growth (Megatron's meaning).
         telemetry (None, str, store, TelemetrySettings or False, keyword-only): None
             records to the default store (``$SCALEWATCH_DB`` or ``sqlite:///scalewatch.db``),
-            a URL or store picks another, ``scaler.telemetry.TelemetrySettings`` also sets
+            a URL or store picks another, ``scalewatch.telemetry.TelemetrySettings`` also sets
             the writer's queue bound and cadence, False turns recording off.
         run_name (str, keyword-only): the run's name in the store.
 

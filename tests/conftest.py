@@ -3,15 +3,42 @@ that want a store of their own take ``db_url`` and ``store``."""
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import shutil
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
-from scaler.store import Store, open_store
-from tests._helpers import postgres as _postgres
+
+class _CheckoutFolders(importlib.abc.MetaPathFinder):
+    """The checkout's folders are the package ``scalewatch``, not packages of their own: the
+    tests' process has the checkout on ``sys.path`` (pytest puts the root there for
+    ``tests``), but where users have the wheel there is no ``scaler``, ``app``, ``web`` or
+    ``migrations`` of ours, so here neither. A module imported under two names would be
+    two modules (two classes, two registries)."""
+
+    NAMES = frozenset({"scaler", "app", "web", "migrations"})
+
+    def find_spec(
+        self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if name in self.NAMES:
+            raise ModuleNotFoundError(
+                f"No module named {name!r} (the checkout's {name}/ is part of scalewatch)",
+                name=name,
+            )
+        return None
+
+
+sys.meta_path.insert(0, _CheckoutFolders())
+
+from scalewatch.store import Store, open_store  # noqa: E402
+from tests._helpers import postgres as _postgres  # noqa: E402
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

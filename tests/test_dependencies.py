@@ -25,7 +25,7 @@ def test_torch_imports_without_a_warning() -> None:
             "-W",
             "error",
             "-c",
-            "import torch; import scaler; torch.zeros(1).numpy()",
+            "import torch; import scalewatch; torch.zeros(1).numpy()",
         ],
         capture_output=True,
         text=True,

@@ -15,9 +15,9 @@ import yaml
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.main import create_app
-from app.settings import Settings
-from scaler.store.runs import create_run, write_steps
+from scalewatch.app.main import create_app
+from scalewatch.app.settings import Settings
+from scalewatch.store.runs import create_run, write_steps
 from tests._helpers.records import step_record
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"

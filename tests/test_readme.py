@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from scaler.store.engine import open_store
-from scaler.store.queries import list_runs
+from scalewatch.store.engine import open_store
+from scalewatch.store.queries import list_runs
 from tests._helpers.net import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

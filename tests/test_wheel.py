@@ -1,6 +1,7 @@
 """The distribution as users get it: the sdist and the wheel hold the whole product, and the
-wheel, installed (not editable) into a fresh venv beside the pinned torch, trains, migrates
-and serves from a directory where the checkout is not importable.
+wheel, installed (not editable) into a fresh venv beside the pinned torch, puts one name in
+its top level, ``scalewatch``, and trains, migrates and serves from a project folder of the
+user's that holds packages named ``app``, ``web``, ``migrations`` and ``scaler`` of its own.
 
 It builds and installs (a minute or two, torch included), so ``make wheel-check`` runs it
 (``pytest --wheel``); elsewhere it is skipped.
@@ -27,11 +28,18 @@ import pytest
 
 from tests._helpers.net import free_port
 from tests._helpers.processes import end_process
+from tests._helpers.projects import own_packages
 
 pytestmark = [pytest.mark.slow, pytest.mark.wheel]
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = ("scaler", "app", "migrations", "web")
+# Each folder of the checkout and the name it is installed under.
+PRODUCT = {
+    "scaler": "scalewatch",
+    "app": "scalewatch/app",
+    "migrations": "scalewatch/migrations",
+    "web": "scalewatch/web",
+}
 # Tracked under the product's folders but not shipped: the dashboard's Node unit tests and
 # the package.json that lets Node import web/'s modules for them.
 NOT_SHIPPED = re.compile(r"^web/(tests/|package\.json$)")
@@ -42,7 +50,7 @@ START_TIMEOUT_S = 60.0
 TRAIN = """
 import json
 import torch
-from scaler import GradScaler
+from scalewatch import GradScaler
 
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 1)
@@ -55,7 +63,7 @@ for _ in range(20):
     scaler.step(optimizer)
     scaler.update()
 scaler.close()
-print(json.dumps({"run_id": scaler.run_id, "steps": scaler.stats().steps}))
+print(json.dumps({"run_id": scaler.run_id, "steps": scalewatch.stats().steps}))
 """
 
 
@@ -69,6 +77,12 @@ def _shipped_files() -> set[str]:
         check=True,
     ).stdout.splitlines()
     return {name for name in listed if (ROOT / name).is_file() and not NOT_SHIPPED.match(name)}
+
+
+def _installed_as(name: str) -> str:
+    """A checkout's path as the wheel names it: ``app/main.py`` -> ``scalewatch/app/main.py``."""
+    folder, _, rest = name.partition("/")
+    return f"{PRODUCT[folder]}/{rest}"
 
 
 @dataclass
@@ -109,17 +123,30 @@ def test_the_wheel_holds_the_product_and_nothing_else(built: Built) -> None:
     with zipfile.ZipFile(built.wheel) as wheel:
         names = {n for n in wheel.namelist() if ".dist-info/" not in n}
         entry_points = next(n for n in wheel.namelist() if n.endswith("entry_points.txt"))
-        assert "scalewatch = app.cli:main" in wheel.read(entry_points).decode()
+        assert "scalewatch = scalewatch.app.cli:main" in wheel.read(entry_points).decode()
     shipped = _shipped_files()
     assert "app/alerts/__init__.py" in shipped
     assert "web/run.html" in shipped
-    assert names == shipped
+    assert names == {_installed_as(name) for name in shipped}
+
+
+def test_the_wheel_puts_one_name_in_the_users_environment(built: Built) -> None:
+    with zipfile.ZipFile(built.wheel) as wheel:
+        top = {name.split("/")[0] for name in wheel.namelist()}
+        (info,) = (name for name in top if name.endswith(".dist-info"))
+        listed = (
+            wheel.read(f"{info}/top_level.txt").decode().split()
+            if (f"{info}/top_level.txt" in wheel.namelist())
+            else ["scalewatch"]
+        )
+    assert top - {info} == {"scalewatch"}
+    assert listed == ["scalewatch"]
 
 
 def test_the_sdist_holds_the_product(built: Built) -> None:
     with tarfile.open(built.sdist) as sdist:
         names = {name.partition("/")[2] for name in sdist.getnames()}
-    missing = (_shipped_files() | {"pyproject.toml", "README.md", "LICENSE"}) - names
+    missing = (_shipped_files() | {"pyproject.toml", "setup.py", "README.md", "LICENSE"}) - names
     assert missing == set()
 
 
@@ -164,21 +191,33 @@ def installed(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Install
     )
     assert done.returncode == 0, done.stdout + done.stderr
     cwd = tmp_path_factory.mktemp("elsewhere")
+    own_packages(cwd)
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
     env["SCALEWATCH_DB"] = f"sqlite:///{cwd / 'scalewatch.db'}"
     return Installed(venv, cwd, env)
 
 
 def test_the_installed_packages_are_the_wheels(installed: Installed) -> None:
-    """Not the checkout's: the folders the fresh venv imports lie inside it."""
+    """Not the checkout's, nor the project folder's: what the fresh venv imports lies in it."""
     found = installed.run(
         "python",
         "-c",
-        "import json, app, migrations, scaler, web;"
-        "print(json.dumps([m.__file__ for m in (app, migrations, scaler, web)]))",
+        "import json, scalewatch, scalewatch.app, scalewatch.migrations, scalewatch.web as web;"
+        "print(json.dumps([m.__file__ for m in (scalewatch, scalewatch.app, "
+        "scalewatch.migrations, web)]))",
     )
     for path in json.loads(found):
         assert Path(path).is_relative_to(installed.venv), path
+
+
+def test_the_version_is_the_distributions(installed: Installed) -> None:
+    """As the console script and as ``python -m``, which puts the project folder first."""
+    said = installed.run("scalewatch", "--version")
+    assert installed.run("python", "-m", "scalewatch.app", "--version") == said
+    version = installed.run(
+        "python", "-c", "import importlib.metadata as m; print(m.version('scalewatch'))"
+    ).strip()
+    assert said.strip() == f"scalewatch, version {version}"
 
 
 def test_the_migrations_run_from_the_installed_package(installed: Installed) -> None:
@@ -243,6 +282,8 @@ def test_a_run_trained_from_the_wheel_is_served_by_it(served: str, trained: dict
     assert kind.startswith("application/json")
     listed = [(run["id"], run["name"]) for run in json.loads(body)["runs"]]
     assert listed == [(trained["run_id"], "from the wheel")]
+    _, body = _get(f"{served}/api/runs/{trained['run_id']}/export?format=jsonl")
+    assert [json.loads(line)["step"] for line in body.splitlines()] == list(range(1, 21))
 
     kind, body = _get(f"{served}/run.html?run={trained['run_id']}")
     assert kind.startswith("text/html")

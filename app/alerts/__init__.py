@@ -3,8 +3,8 @@ the API, ``/metrics``, the CLI and webhooks."""
 
 from __future__ import annotations
 
-from app.alerts.config import AlertConfig, Rule, RulesFileError, Webhook, default_rules, load_rules
-from app.alerts.kinds import KINDS, Kind, Params, Reading, RunView, StepView, Watch, kind
+from .config import AlertConfig, Rule, RulesFileError, Webhook, default_rules, load_rules
+from .kinds import KINDS, Kind, Params, Reading, RunView, StepView, Watch, kind
 
 __all__ = [
     "KINDS",

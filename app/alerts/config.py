@@ -21,9 +21,10 @@ from typing import Any
 
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, ValidationError
 
-from app.alerts.kinds import KINDS, Params, RunView
-from scaler.store.autopilot import validate_autopilot
-from scaler.store.errors import ControlValidationError
+from scalewatch.store.autopilot import validate_autopilot
+from scalewatch.store.errors import ControlValidationError
+
+from .kinds import KINDS, Params, RunView
 
 __all__ = [
     "AlertConfig",

@@ -17,13 +17,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.alerts.config import Rule
-from app.alerts.kinds import KINDS, Reading, RunView, StepView, Watch
-from scaler.store.alerts import AlertRow, Firing, fire_alert, firing_alerts, resolve_alert
-from scaler.store.engine import Store
-from scaler.store.queries import parse_ranks
-from scaler.store.states import RunStatus
-from scaler.store.watched import RUNS_PER_READ, new_steps, recorded_last_step, watched_runs
+from scalewatch.store.alerts import AlertRow, Firing, fire_alert, firing_alerts, resolve_alert
+from scalewatch.store.engine import Store
+from scalewatch.store.queries import parse_ranks
+from scalewatch.store.states import RunStatus
+from scalewatch.store.watched import RUNS_PER_READ, new_steps, recorded_last_step, watched_runs
+
+from .config import Rule
+from .kinds import KINDS, Reading, RunView, StepView, Watch
 
 __all__ = ["BATCH_STEPS", "TICK_STEPS", "Evaluator"]
 

@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.alerts.units import Unit
+from .units import Unit
 
 __all__ = [
     "KINDS",

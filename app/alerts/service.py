@@ -8,14 +8,15 @@ from contextlib import asynccontextmanager
 
 import anyio
 
-from app.alerts.config import AlertConfig
-from app.alerts.evaluate import Evaluator
-from app.alerts.webhooks import WebhookSender
-from scaler.store.engine import Store, storage_failure
+from scalewatch.store.engine import Store, storage_failure
+
+from .config import AlertConfig
+from .evaluate import Evaluator
+from .webhooks import WebhookSender
 
 __all__ = ["Alerts", "watching"]
 
-log = logging.getLogger("app.alerts")
+log = logging.getLogger("scalewatch.app.alerts")
 
 
 class Alerts:

@@ -8,10 +8,11 @@
 
 from __future__ import annotations
 
-from app.alerts.kinds import KINDS
-from app.alerts.units import Unit
-from scaler.store.alerts import AlertRow
-from scaler.store.states import AlertState
+from scalewatch.store.alerts import AlertRow
+from scalewatch.store.states import AlertState
+
+from .kinds import KINDS
+from .units import Unit
 
 __all__ = ["alert_text", "said", "unit_of"]
 

@@ -17,13 +17,14 @@ from typing import Any
 
 import httpx
 
-from app.alerts.config import Webhook
-from app.alerts.text import alert_text, said
-from scaler.store.alerts import AlertRow
+from scalewatch.store.alerts import AlertRow
+
+from .config import Webhook
+from .text import alert_text, said
 
 __all__ = ["QUEUE_SIZE", "Delivery", "WebhookSender", "payload"]
 
-log = logging.getLogger("app.alerts")
+log = logging.getLogger("scalewatch.app.alerts")
 
 QUEUE_SIZE = 1000  # deliveries waiting per webhook at most
 

@@ -1,9 +1,10 @@
-"""The service's autopilot: a policy over a run's recent steps (:mod:`app.autopilot.policy`),
-a loop that files its changes as control requests (:mod:`app.autopilot.loop`), and the
-endpoints that switch it (:mod:`app.routes.autopilot`)."""
+"""The service's autopilot: a policy over a run's recent steps
+(:mod:`scalewatch.app.autopilot.policy`), a loop that files its changes as control
+requests (:mod:`scalewatch.app.autopilot.loop`), and the endpoints that switch it
+(:mod:`scalewatch.app.routes.autopilot`)."""
 
 from __future__ import annotations
 
-from app.autopilot.loop import AutopilotLoop, run_loop
+from .loop import AutopilotLoop, run_loop
 
 __all__ = ["AutopilotLoop", "run_loop"]

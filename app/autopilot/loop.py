@@ -16,9 +16,7 @@ from typing import Any
 
 import anyio
 
-from app.alerts.config import AutopilotRule
-from app.autopilot.policy import Action, Control, Decision, Memory, Settings, Window, decide
-from scaler.store.autopilot import (
+from scalewatch.store.autopilot import (
     REQUESTED_BY,
     AutopilotRow,
     RunFacts,
@@ -27,10 +25,13 @@ from scaler.store.autopilot import (
     save_decision,
     set_autopilot,
 )
-from scaler.store.engine import Store
-from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning
-from scaler.store.states import RunStatus
-from scaler.store.summaries import request_summary, step_summary
+from scalewatch.store.engine import Store
+from scalewatch.store.errors import ControlValidationError, RunNotFound, RunNotRunning
+from scalewatch.store.states import RunStatus
+from scalewatch.store.summaries import request_summary, step_summary
+
+from ..alerts.config import AutopilotRule
+from .policy import Action, Control, Decision, Memory, Settings, Window, decide
 
 __all__ = ["REFRESH_S", "REQUESTED_BY", "WINDOW_COOLDOWNS", "AutopilotLoop", "run_loop"]
 
@@ -40,7 +41,7 @@ WINDOW_COOLDOWNS = 4
 # figures this recent; a new reason is written at once.
 REFRESH_S = 5.0
 
-log = logging.getLogger("scaler.autopilot")
+log = logging.getLogger("scalewatch.app.autopilot")
 
 
 class AutopilotLoop:

@@ -6,15 +6,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.autopilot.policy import DEFAULT_FLOOR
-from app.models import StrictFloat, StrictInt
-from scaler.store.autopilot import (
+from scalewatch.store.autopilot import (
     AUTOPILOT_SCHEMAS,
     DEFAULT_COOLDOWN_STEPS,
     DEFAULT_MAX_CHANGES_PER_HOUR,
     DEFAULT_MAX_GROWTH_INTERVAL,
 )
-from scaler.store.states import AutopilotState
+from scalewatch.store.states import AutopilotState
+
+from ..models import StrictFloat, StrictInt
+from .policy import DEFAULT_FLOOR
 
 __all__ = ["AutopilotIn", "AutopilotOut"]
 

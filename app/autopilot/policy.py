@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from scaler.store.autopilot import DEFAULT_COOLDOWN_STEPS, DEFAULT_MAX_CHANGES_PER_HOUR
+from scalewatch.store.autopilot import DEFAULT_COOLDOWN_STEPS, DEFAULT_MAX_CHANGES_PER_HOUR
 
 __all__ = [
     "AIM",

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import click
 
-from app.cli import alerts, control, db, demo, export, instrument, runs, serve, tokens
+from . import alerts, control, db, demo, export, instrument, runs, serve, tokens
 
 __all__ = ["cli", "main"]
 
@@ -35,6 +35,8 @@ cli = click.Group(
         tokens.tokens,
     ],
 )
+# The installed distribution's version, as ``pip show scalewatch`` gives it.
+click.version_option(package_name="scalewatch", prog_name="scalewatch")(cli)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

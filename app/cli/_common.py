@@ -11,7 +11,7 @@ import click
 from click.core import ParameterSource
 from pydantic import ValidationError
 
-from app.settings import Settings
+from ..settings import Settings
 
 __all__ = [
     "Command",
@@ -130,7 +130,7 @@ def refused(error: ValidationError, given: set[str]) -> str:
 
 def existing_store() -> str:
     """The store URL of this command, when it names a store that is there to be read."""
-    from app.cli._store_files import existing_store
+    from ._store_files import existing_store
 
     return existing_store(settings().db)
 
@@ -140,8 +140,9 @@ def user_error(error: Exception) -> str | None:
     from alembic.util.exc import CommandError
     from sqlalchemy.exc import ArgumentError, DBAPIError
 
-    from app.alerts.config import RulesFileError
-    from scaler.store.errors import NotAStoreURL, StoreDamaged
+    from scalewatch.store.errors import NotAStoreURL, StoreDamaged
+
+    from ..alerts.config import RulesFileError
 
     if isinstance(error, RulesFileError):  # $SCALEWATCH_ALERTS, read where the app is built
         return f"alert rules: {error}"

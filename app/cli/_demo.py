@@ -1,6 +1,6 @@
 """What ``scalewatch demo`` runs: the dashboard plus a real multi-rank fp16 training writing to it.
 
-The training runs in its own processes (``python -m scaler.examples.tiny_lm``); this
+The training runs in its own processes (``python -m scalewatch.examples.tiny_lm``); this
 process serves the dashboard on 127.0.0.1 until Ctrl-C, which also stops training
 cleanly (the run is marked finished).
 """
@@ -17,12 +17,12 @@ import threading
 import time
 from typing import TYPE_CHECKING, TextIO
 
-from app.settings import Settings
+from ..settings import Settings
 
 if TYPE_CHECKING:
     import uvicorn
 
-TRAINER = "scaler.examples.tiny_lm"
+TRAINER = "scalewatch.examples.tiny_lm"
 DEFAULT_STEPS = 10_000  # minutes at 10-60 it/s: 1500 ended before a reader had sent a change
 WAIT_POLL_S = 0.1  # how often the demo looks whether its trainer has ended
 STOP_S = 30.0  # for the trainer to stop after a Ctrl-C (its ranks get 20 s of it)
@@ -109,8 +109,8 @@ def _start_trainer(
 def _start_server(
     settings: Settings, sock: socket.socket
 ) -> tuple[uvicorn.Server, threading.Thread]:
-    from app.cli._serving import CannotServe, make_server
-    from app.main import create_app
+    from ..main import create_app
+    from ._serving import CannotServe, make_server
 
     server = make_server(create_app(settings), settings, sock, log_level="warning")
     thread = threading.Thread(

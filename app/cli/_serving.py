@@ -10,9 +10,10 @@ from typing import Any, TextIO
 import uvicorn
 from pydantic import SecretStr
 
-from app.middleware.security import is_loopback, new_token, write_token_file
-from app.settings import Settings
-from scaler.store.engine import open_store
+from scalewatch.store.engine import open_store
+
+from ..middleware.security import is_loopback, new_token, write_token_file
+from ..settings import Settings
 
 __all__ = [
     "MIN_TOKEN_CHARS",

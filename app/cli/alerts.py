@@ -7,7 +7,7 @@ import time
 
 import click
 
-from app.cli._common import Failed, Refused, aligned, command, db_option, existing_store
+from ._common import Failed, Refused, aligned, command, db_option, existing_store
 
 __all__ = ["alerts"]
 
@@ -15,7 +15,7 @@ COLUMNS = ["ID", "RUN", "RULE", "STATE", "STEP", "FIRED", "RESOLVED", "VALUE", "
 
 
 def _said(kind: str, value: float) -> str:
-    from app.alerts.text import unit_of
+    from ..alerts.text import unit_of
 
     unit = unit_of(kind)
     return f"{value:.4g}" if unit is None else unit.say(value).replace(" ", "")
@@ -32,11 +32,12 @@ def _when(at: float | None) -> str:
 @click.option("--jsonl", is_flag=True, help="one JSON object a line")
 @db_option
 def alerts(run: int | None, firing: bool, limit: int, jsonl: bool, db: str | None) -> None:
-    from app.alerts.text import alert_text
-    from scaler.store.alerts import alert_page
-    from scaler.store.engine import open_store
-    from scaler.store.queries import run_status
-    from scaler.store.states import AlertState
+    from scalewatch.store.alerts import alert_page
+    from scalewatch.store.engine import open_store
+    from scalewatch.store.queries import run_status
+    from scalewatch.store.states import AlertState
+
+    from ..alerts.text import alert_text
 
     if limit < 1:
         raise Refused("--limit must be 1 or more")

@@ -1,6 +1,6 @@
 """``scalewatch control``: a change to a running job's scaler, one option per control field.
 
-The options are the fields of :mod:`scaler.store.rules`, each with its type and its rule
+The options are the fields of :mod:`scalewatch.store.rules`, each with its type and its rule
 from there; the store checks a request by the same rules.
 """
 
@@ -13,8 +13,9 @@ from typing import Any
 
 import click
 
-from app.cli._common import Failed, Refused, command, db_option, existing_store
-from scaler.store.rules import FIELDS, PURPOSES, SCHEMAS, requirement
+from scalewatch.store.rules import FIELDS, PURPOSES, SCHEMAS, requirement
+
+from ._common import Failed, Refused, command, db_option, existing_store
 
 __all__ = ["control", "option_help", "option_metavar"]
 
@@ -48,10 +49,10 @@ def _field_options(function: Callable[..., Any]) -> Callable[..., Any]:
 @_field_options
 @db_option
 def control(run: int, db: str | None, **fields: int | float | None) -> None:
-    from scaler.store.control import request_control
-    from scaler.store.engine import open_store
-    from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning
-    from scaler.store.states import RequestSource
+    from scalewatch.store.control import request_control
+    from scalewatch.store.engine import open_store
+    from scalewatch.store.errors import ControlValidationError, RunNotFound, RunNotRunning
+    from scalewatch.store.states import RequestSource
 
     values = {name: value for name, value in fields.items() if value is not None}
     with open_store(existing_store(), check=True) as store:

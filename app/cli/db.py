@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from app.cli._common import Command, db_option, settings
+from ._common import Command, db_option, settings
 
 __all__ = ["db"]
 
@@ -17,8 +17,9 @@ def db() -> None:
 @db.command("upgrade", cls=Command, help="Migrate the store to the head revision.")
 @db_option
 def upgrade_command(db: str | None) -> None:
-    from app.cli._store_files import refuse_foreign
-    from scaler.store.engine import shown_url, upgrade
+    from scalewatch.store.engine import shown_url, upgrade
+
+    from ._store_files import refuse_foreign
 
     url = settings().db
     refuse_foreign(url)  # upgrading would add a store's tables to another program's data

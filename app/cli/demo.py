@@ -6,8 +6,8 @@ import sys
 
 import click
 
-import app.cli._demo as demo_run
-from app.cli._common import Failed, Refused, command, db_option, settings
+from . import _demo as demo_run
+from ._common import Failed, Refused, command, db_option, settings
 
 __all__ = ["demo"]
 
@@ -26,8 +26,9 @@ __all__ = ["demo"]
 @db_option
 @click.option("--port", type=int, help="dashboard port (default 8765)")
 def demo(steps: int, world_size: int, run_name: str, db: str | None, port: int | None) -> None:
-    from app.cli._serving import BindRefused, CannotServe, ready_to_serve
-    from scaler.examples.tiny_lm import world_size_refused
+    from scalewatch.examples.tiny_lm import world_size_refused
+
+    from ._serving import BindRefused, CannotServe, ready_to_serve
 
     too_many = world_size_refused(world_size)
     if too_many is not None:  # before anything starts: the trainer would refuse it too

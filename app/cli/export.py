@@ -13,7 +13,7 @@ from typing import TextIO
 
 import click
 
-from app.cli._common import Failed, Refused, command, db_option, existing_store
+from ._common import Failed, Refused, command, db_option, existing_store
 
 __all__ = ["export"]
 
@@ -44,9 +44,10 @@ def export(
     output: str | None,
     db: str | None,
 ) -> None:
-    from app.exports import export_chunks
-    from scaler.store.engine import open_store
-    from scaler.store.queries import run_status
+    from scalewatch.store.engine import open_store
+    from scalewatch.store.queries import run_status
+
+    from ..exports import export_chunks
 
     refused = step_range_refused(start, end)
     if refused is not None:  # before a byte of output
@@ -65,7 +66,7 @@ def export(
 
 def step_range_refused(start: int | None, end: int | None) -> str | None:
     """Why ``start`` and ``end`` are refused, as one line; None if they are taken. The
-    bounds are the API's own (:data:`app.models.Step`), which it refuses with 422; a
+    bounds are the API's own (:data:`scalewatch.app.models.Step`), which it refuses with 422; a
     start after the end, which the API answers with an empty range, is a usage mistake.
 
     >>> step_range_refused(9, 3)
@@ -73,7 +74,7 @@ def step_range_refused(start: int | None, end: int | None) -> str | None:
     """
     from pydantic import TypeAdapter, ValidationError
 
-    from app.models import Step
+    from ..models import Step
 
     step = TypeAdapter(Step)
     for name, value in (("--start", start), ("--end", end)):

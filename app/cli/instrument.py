@@ -1,5 +1,5 @@
 """``scalewatch instrument -- COMMAND``: run COMMAND with scalewatch's scalers in place of
-torch's, in every Python process it starts (see :mod:`scaler.instrument`)."""
+torch's, in every Python process it starts (see :mod:`scalewatch.instrument`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from app.cli._common import Failed, Refused, command, db_option
+from ._common import Failed, Refused, command, db_option
 
 __all__ = ["instrument"]
 
@@ -29,7 +29,7 @@ def instrument(db: str | None, run_name: str | None, command_line: tuple[str, ..
         argv = argv[1:]
     if not argv:
         raise Refused(USAGE)
-    from scaler.instrument import site_dir
+    from scalewatch.instrument import site_dir
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(

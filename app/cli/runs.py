@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from app.cli._common import aligned, command, db_option, existing_store
+from ._common import aligned, command, db_option, existing_store
 
 __all__ = ["runs"]
 
@@ -14,8 +14,8 @@ COLUMNS = ["ID", "NAME", "STATUS", "WORLD", "STEPS", "SCALE", "OVERFLOWS", "SKIP
 @command("runs", help="List the runs in the store.")
 @db_option
 def runs(db: str | None) -> None:
-    from scaler.store import queries
-    from scaler.store.engine import open_store
+    from scalewatch.store import queries
+    from scalewatch.store.engine import open_store
 
     with open_store(existing_store(), check=True) as store:
         infos = queries.list_runs(store)

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from app.cli._common import Failed, Refused, command, db_option, settings
+from ._common import Failed, Refused, command, db_option, settings
 
 __all__ = ["serve"]
 
@@ -63,9 +63,9 @@ def serve(
     alerts: str | None,
     **access: str | bool | None,
 ) -> None:
-    from app.alerts.config import RulesFileError, load_rules
-    from app.cli._serving import BindRefused, CannotServe, access_line, make_server, ready_to_serve
-    from app.main import create_app
+    from ..alerts.config import RulesFileError, load_rules
+    from ..main import create_app
+    from ._serving import BindRefused, CannotServe, access_line, make_server, ready_to_serve
 
     chosen = settings(host=host, port=port, alerts=alerts, **access)
     if (chosen.ssl_certfile is None) != (chosen.ssl_keyfile is None):

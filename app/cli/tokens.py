@@ -7,7 +7,7 @@ import time
 
 import click
 
-from app.cli._common import Command, Failed, Refused, aligned, db_option, existing_store
+from ._common import Command, Failed, Refused, aligned, db_option, existing_store
 
 __all__ = ["tokens"]
 
@@ -47,9 +47,10 @@ def tokens() -> None:
 @click.option("--expires", metavar="DURATION", help="30d, 12h, 45m, 2w (default: never)")
 @db_option
 def create(name: str, role: str, expires: str | None, db: str | None) -> None:
-    from app.middleware.identity import parse_duration
-    from scaler.store.engine import open_store
-    from scaler.store.identities import IdentityExists, Role, create_identity
+    from scalewatch.store.engine import open_store
+    from scalewatch.store.identities import IdentityExists, Role, create_identity
+
+    from ..middleware.identity import parse_duration
 
     try:
         lasts = parse_duration(expires) if expires is not None else None
@@ -71,8 +72,8 @@ def create(name: str, role: str, expires: str | None, db: str | None) -> None:
 @tokens.command("list", cls=Command, help="List the identities (never a token).")
 @db_option
 def list_command(db: str | None) -> None:
-    from scaler.store.engine import open_store
-    from scaler.store.identities import list_identities
+    from scalewatch.store.engine import open_store
+    from scalewatch.store.identities import list_identities
 
     with open_store(existing_store(), check=True) as store:
         rows = list_identities(store)
@@ -97,8 +98,8 @@ def list_command(db: str | None) -> None:
 @click.argument("name")
 @db_option
 def revoke(name: str, db: str | None) -> None:
-    from scaler.store.engine import open_store
-    from scaler.store.identities import IdentityNotFound, revoke_identity
+    from scalewatch.store.engine import open_store
+    from scalewatch.store.identities import IdentityNotFound, revoke_identity
 
     with open_store(existing_store(), check=True) as store:
         try:

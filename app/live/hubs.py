@@ -2,7 +2,7 @@
 
 A hub reads a run's new steps and control changes once and encodes each poll's steps
 once, into chunks of bytes that every stream of the run sends as they are. The app's
-:class:`Hubs` is made in its lifespan (one of its :class:`~app.services.Services`); a hub
+:class:`Hubs` is made in its lifespan (one of its :class:`~scalewatch.app.services.Services`); a hub
 starts with the first stream of its run and stops when the last one leaves.
 """
 
@@ -20,19 +20,20 @@ from typing import Any, TypeVar
 
 import anyio
 
-from app.live.sse import coalesced_event, sse_event, step_events
-from app.models import ControlRequestOut
-from app.settings import Settings
-from scaler.store import notify, queries
-from scaler.store.control import control_history
-from scaler.store.engine import Store, storage_failure
-from scaler.store.states import RunStatus
+from scalewatch.store import notify, queries
+from scalewatch.store.control import control_history
+from scalewatch.store.engine import Store, storage_failure
+from scalewatch.store.states import RunStatus
+
+from ..models import ControlRequestOut
+from ..settings import Settings
+from .sse import coalesced_event, sse_event, step_events
 
 __all__ = ["Chunk", "Hub", "Hubs", "Pacing"]
 
 T = TypeVar("T")
 
-log = logging.getLogger("app.stream")
+log = logging.getLogger("scalewatch.app.stream")
 
 # Control requests change rarely; look at them every few polls of the steps.
 CONTROL_EVERY = 5
@@ -46,7 +47,7 @@ HUB_READS = 4
 @dataclass(frozen=True, kw_only=True)
 class Pacing:
     """How often a hub reads the store and how much it keeps: the app's settings
-    ``stream_*`` (:class:`~app.settings.Settings` says what each one is)."""
+    ``stream_*`` (:class:`~scalewatch.app.settings.Settings` says what each one is)."""
 
     poll_s: float  # between polls of the store
     listen_fallback_s: float  # between polls, where PostgreSQL tells of new steps

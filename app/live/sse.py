@@ -13,7 +13,7 @@ from itertools import chain
 from math import isfinite
 from typing import Any
 
-from scaler.store import queries
+from scalewatch.store import queries
 
 __all__ = ["KEEP_ALIVE", "coalesced_event", "opening", "sse_event", "step_events"]
 

@@ -1,9 +1,10 @@
 """Who may do what: every request to a guarded route is let through, or refused (401,
 403, 429), before its body is read or its route runs.
 
-The role a route needs is :mod:`app.middleware.roles`'s; who the request comes from is
-:mod:`app.middleware.identity`'s; the identity let through is in ``request.state.identity`` (None:
-an anonymous read, open on a service bound to loopback or started ``--public-read``).
+The role a route needs is :mod:`scalewatch.app.middleware.roles`'s; who the request comes from is
+:mod:`scalewatch.app.middleware.identity`'s; the identity let through is in
+``request.state.identity`` (None: an anonymous read, open on a service bound to loopback
+or started ``--public-read``).
 """
 
 from __future__ import annotations
@@ -19,18 +20,19 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.middleware.identity import (
+from scalewatch.store.identities import Role, TokenRefusal
+
+from ..services import services_of
+from ..settings import Settings
+from .identity import (
     BOOTSTRAP_NAME,
     Identity,
     from_proxy,
     from_token,
     in_networks,
 )
-from app.middleware.roles import TICKET_PATHS, needed
-from app.middleware.security import is_loopback
-from app.services import services_of
-from app.settings import Settings
-from scaler.store.identities import Role, TokenRefusal
+from .roles import TICKET_PATHS, needed
+from .security import is_loopback
 
 __all__ = ["Access", "Refusal", "current_identity", "reads_open"]
 

@@ -13,12 +13,13 @@ from fastapi import Request, status
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.services import services_of
-from scaler.store.engine import storage_failure
+from scalewatch.store.engine import storage_failure
+
+from ..services import services_of
 
 __all__ = ["FAILURE_MEMORY_S", "StorageGuard", "StoreHealth", "store_unavailable"]
 
-log = logging.getLogger("app.health")
+log = logging.getLogger("scalewatch.app.health")
 
 # How long /healthz reports a failure a request met after the last one.
 FAILURE_MEMORY_S = 30.0

@@ -4,8 +4,8 @@ header, a stream ticket, or nobody.
 A stream ticket is what a browser puts in the URL of an EventSource or a download link,
 which cannot carry an ``Authorization`` header: ``<expiry>.<role>.<name>.<signature>``,
 HMAC-SHA256 under a key this process drew at start, good for ``TICKET_S`` seconds and
-only on the routes of ``app.middleware.roles.TICKET_PATHS``. A URL lands in access logs; a ticket
-there is of no use a minute later, where a token would be.
+only on the routes of ``scalewatch.app.middleware.roles.TICKET_PATHS``. A URL lands in access
+logs; a ticket there is of no use a minute later, where a token would be.
 
 >>> tickets = Tickets(key=b"k" * 32)
 >>> ticket = tickets.issue(Identity("ada", Role.VIEWER, "token"), now=100.0)
@@ -27,8 +27,14 @@ import threading
 import time
 from dataclasses import dataclass
 
-from scaler.store.engine import Store
-from scaler.store.identities import Role, TokenRefusal, check_token, proxy_identity, touch_identity
+from scalewatch.store.engine import Store
+from scalewatch.store.identities import (
+    Role,
+    TokenRefusal,
+    check_token,
+    proxy_identity,
+    touch_identity,
+)
 
 __all__ = [
     "BOOTSTRAP_NAME",

@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.routing import compile_path
 
-from scaler.store.identities import Role
+from scalewatch.store.identities import Role
 
 __all__ = ["ROUTE_ROLES", "TICKET_PATHS", "needed", "undeclared"]
 

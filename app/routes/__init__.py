@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.models import ErrorMessage
-from app.routes import (
+from ..models import ErrorMessage
+from . import (
     alerts,
     autopilot,
     control,

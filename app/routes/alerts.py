@@ -6,13 +6,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from app.alerts.text import alert_text, said
-from app.deps import StoreDep
-from app.models import AlertList, AlertOut, AlertRun
-from app.routes.runs import NOT_FOUND, RunId, require_run_exists
-from scaler.store.alerts import AlertRow, alert_page
-from scaler.store.queries import INT64_MAX
-from scaler.store.states import AlertState
+from scalewatch.store.alerts import AlertRow, alert_page
+from scalewatch.store.queries import INT64_MAX
+from scalewatch.store.states import AlertState
+
+from ..alerts.text import alert_text, said
+from ..deps import StoreDep
+from ..models import AlertList, AlertOut, AlertRun
+from .runs import NOT_FOUND, RunId, require_run_exists
 
 router = APIRouter(tags=["alerts"])
 

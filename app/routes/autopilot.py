@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.autopilot.models import AutopilotIn, AutopilotOut
-from app.deps import ActorDep, StoreDep
-from app.routes.runs import NOT_FOUND, RunId
-from app.routes.writes import WRITE_RESPONSES
-from scaler.store.autopilot import AutopilotRow, disable_autopilot, get_autopilot, set_autopilot
-from scaler.store.states import AutopilotState
+from scalewatch.store.autopilot import AutopilotRow, disable_autopilot, get_autopilot, set_autopilot
+from scalewatch.store.states import AutopilotState
+
+from ..autopilot.models import AutopilotIn, AutopilotOut
+from ..deps import ActorDep, StoreDep
+from .runs import NOT_FOUND, RunId
+from .writes import WRITE_RESPONSES
 
 router = APIRouter(prefix="/api/runs", tags=["autopilot"])
 

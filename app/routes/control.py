@@ -6,12 +6,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, status
 
-from app.deps import ActorDep, StoreDep
-from app.models import ControlRequest, ControlRequestOut, ControlView
-from app.routes.runs import NOT_FOUND, RunId, require_run
-from app.routes.writes import WRITE_RESPONSES
-from scaler.store.control import control_history_page, request_control
-from scaler.store.queries import INT64_MAX
+from scalewatch.store.control import control_history_page, request_control
+from scalewatch.store.queries import INT64_MAX
+
+from ..deps import ActorDep, StoreDep
+from ..models import ControlRequest, ControlRequestOut, ControlView
+from .runs import NOT_FOUND, RunId, require_run
+from .writes import WRITE_RESPONSES
 
 router = APIRouter(prefix="/api/runs", tags=["control"])
 

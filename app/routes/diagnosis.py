@@ -7,11 +7,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query, status
 
-from app.deps import StoreDep
-from app.models import ErrorMessage, OverflowDetail, ParamRanking
-from app.routes.runs import NonNegative, RunId, require_run_exists
-from scaler.store import diagnosis
-from scaler.store.queries import INT64_MAX
+from scalewatch.store import diagnosis
+from scalewatch.store.queries import INT64_MAX
+
+from ..deps import StoreDep
+from ..models import ErrorMessage, OverflowDetail, ParamRanking
+from .runs import NonNegative, RunId, require_run_exists
 
 router = APIRouter(prefix="/api/runs", tags=["diagnosis"])
 

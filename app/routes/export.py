@@ -7,9 +7,9 @@ from typing import Literal
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
-from app.deps import StoreDep
-from app.exports import MEDIA_TYPES, export_chunks, export_filename
-from app.routes.runs import NOT_FOUND, NonNegative, RunId, require_run
+from ..deps import StoreDep
+from ..exports import MEDIA_TYPES, export_chunks, export_filename
+from .runs import NOT_FOUND, NonNegative, RunId, require_run
 
 router = APIRouter(prefix="/api/runs", tags=["export"])
 

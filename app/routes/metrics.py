@@ -10,13 +10,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from app.alerts.webhooks import WebhookSender
-from app.deps import ServicesDep, StoreDep
-from app.models import Health, Unhealthy
-from scaler.store import queries
-from scaler.store.alerts import firing_alerts
-from scaler.store.engine import Store, storage_failure
-from scaler.store.states import RunStatus
+from scalewatch.store import queries
+from scalewatch.store.alerts import firing_alerts
+from scalewatch.store.engine import Store, storage_failure
+from scalewatch.store.states import RunStatus
+
+from ..alerts.webhooks import WebhookSender
+from ..deps import ServicesDep, StoreDep
+from ..models import Health, Unhealthy
 
 router = APIRouter(tags=["metrics"])
 

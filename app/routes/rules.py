@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.models import ControlFieldRule, ControlRules
-from scaler.store.rules import FIELDS, PURPOSES, RULES, SCHEMAS, requirement
+from scalewatch.store.rules import FIELDS, PURPOSES, RULES, SCHEMAS, requirement
+
+from ..models import ControlFieldRule, ControlRules
 
 __all__ = ["CONTROL_RULES", "router"]
 

@@ -7,8 +7,12 @@ from typing import Annotated
 import anyio
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
-from app.deps import ServicesDep, SettingsDep, StoreDep
-from app.models import (
+from scalewatch.store import diagnosis, queries, scale_loads
+from scalewatch.store.engine import Store
+from scalewatch.store.queries import INT64_MAX, RunInfo
+
+from ..deps import ServicesDep, SettingsDep, StoreDep
+from ..models import (
     ErrorMessage,
     OverflowItem,
     OverflowPage,
@@ -20,9 +24,6 @@ from app.models import (
     Step,
     StepSeries,
 )
-from scaler.store import diagnosis, queries, scale_loads
-from scaler.store.engine import Store
-from scaler.store.queries import INT64_MAX, RunInfo
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 

@@ -12,11 +12,12 @@ from fastapi import APIRouter, Header
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
-from app.deps import ServicesDep, SettingsDep, StoreDep
-from app.live.hubs import Hub, Hubs
-from app.live.sse import opening, sse_event
-from app.routes.runs import NOT_FOUND, After, RunId, require_run_exists
-from scaler.store import queries
+from scalewatch.store import queries
+
+from ..deps import ServicesDep, SettingsDep, StoreDep
+from ..live.hubs import Hub, Hubs
+from ..live.sse import opening, sse_event
+from .runs import NOT_FOUND, After, RunId, require_run_exists
 
 __all__ = ["router"]
 

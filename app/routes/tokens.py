@@ -8,11 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Path, Request, status
 from pydantic import BaseModel, Field
 
-from app.deps import ActorDep, ServicesDep, StoreDep
-from app.middleware.identity import DURATION_PATTERN, TICKET_S, Identity, parse_duration
-from app.models import ErrorMessage
-from app.routes.writes import WRITE_RESPONSES
-from scaler.store.identities import (
+from scalewatch.store.identities import (
     NAME_PATTERN,
     IdentityExists,
     IdentityNotFound,
@@ -22,6 +18,11 @@ from scaler.store.identities import (
     list_identities,
     revoke_identity,
 )
+
+from ..deps import ActorDep, ServicesDep, StoreDep
+from ..middleware.identity import DURATION_PATTERN, TICKET_S, Identity, parse_duration
+from ..models import ErrorMessage
+from .writes import WRITE_RESPONSES
 
 __all__ = ["IdentityOut", "NewToken", "TokenRequest", "WhoAmI", "router"]
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from app.middleware.limits import MAX_BODY_BYTES
-from app.models import ErrorMessage
+from ..middleware.limits import MAX_BODY_BYTES
+from ..models import ErrorMessage
 
 __all__ = ["WRITE_RESPONSES"]
 

@@ -13,7 +13,7 @@ downgrade recomputes the three old levels the same way. The schema itself does n
 change. Either way takes about 12 s per 10M stored steps (2 CPUs), under the store's
 write lock.
 
-The levels are written out here rather than read from ``scaler.store.schema``: this
+The levels are written out here rather than read from ``scalewatch.store.schema``: this
 revision must keep producing these levels whatever the schema says later.
 """
 

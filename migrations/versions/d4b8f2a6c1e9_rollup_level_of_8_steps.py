@@ -13,7 +13,7 @@ bucket. The upgrade computes every run's level-6 rows from ``steps`` in one stat
 steps, under the store's write lock); the downgrade deletes them. The schema itself does
 not change.
 
-The statement is written out here rather than taken from ``scaler.store.rollups``: this
+The statement is written out here rather than taken from ``scalewatch.store.rollups``: this
 revision must keep producing these rows whatever the code says later.
 """
 

@@ -1,7 +1,7 @@
 """Runtime control on the scaler side: what a request carries (its rules: ``store.rules``).
 
 Runs on the training thread of every rank. A request reaches the scaler's inbox from the
-reporting rank's poller (:mod:`scaler.telemetry`), and a ``ShardedGradScaler`` hands it
+reporting rank's poller (:mod:`scalewatch.telemetry`), and a ``ShardedGradScaler`` hands it
 to its other ranks in the broadcast of ``_agreement``; a setter is called by the training
 script. Every change goes through ``apply`` (the pure rule over a :class:`ControlState`),
 then the scaler adopts it (``changes``).

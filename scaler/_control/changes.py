@@ -2,7 +2,7 @@
 
 Runs on the training thread of every rank. Functions over the control state, which lives
 in torch's attributes of the scaler (the factors, the scale and growth tracker tensors)
-and in its :class:`~scaler._extras.Extras` (min/max scale, hysteresis): every change goes
+and in its :class:`~scalewatch._extras.Extras` (min/max scale, hysteresis): every change goes
 through ``_control.apply`` (the pure rule over a :class:`ControlState`) and then
 :func:`adopt`, which makes it hold on the tensors.
 """

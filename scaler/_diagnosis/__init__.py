@@ -39,7 +39,7 @@ from .names import Names
 if TYPE_CHECKING:
     from .._recording.step_values import StepValues
 
-log = logging.getLogger("scaler")
+log = logging.getLogger("scalewatch")
 
 Group = tuple[int, int]  # (rank, size) of the group whose rank 0 reports
 

@@ -2,7 +2,7 @@
 
 Every rank knows from the agreed found_inf that a step overflowed, so every rank enters
 the gather at the same point. Each sends a fixed-size encoding of its
-:class:`~scaler._diagnosis.findings.Report` (a size agreed beforehand would cost a collective of
+:class:`~scalewatch._diagnosis.findings.Report` (a size agreed beforehand would cost a collective of
 its own), so one ``dist.gather`` is the whole exchange:
 
 >>> report = Report(1, (("layers.0.weight", FindingKind.INF, 3),), 0, True)

@@ -34,7 +34,7 @@ class _InstrumentTorch(importlib.abc.MetaPathFinder):
 
         def exec_module(module: ModuleType) -> None:
             run(module)
-            from scaler.instrument import instrument
+            from scalewatch.instrument import instrument
 
             instrument()
 

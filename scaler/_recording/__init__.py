@@ -4,7 +4,7 @@ On every rank the training thread snapshots a step at ``update()``: a cpu step's
 are read at once (``step_values.read_cpu``: no sync), a cuda step's copied asynchronously
 into a reused pinned row (``step_values``, ``pinned_rows``). On the reporting rank with
 telemetry on, the recorder thread (``recorder``) reads the rows, folds ``stats()`` and
-hands the samples to :mod:`scaler.telemetry`; elsewhere there is no thread, and the
+hands the samples to :mod:`scalewatch.telemetry`; elsewhere there is no thread, and the
 training thread folds the steps in batches.
 
 ``RunLink``, here, is what a scaler holds only while it trains, never pickled: the

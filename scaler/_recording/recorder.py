@@ -26,7 +26,7 @@ from .step_values import Captured, StepValues
 if TYPE_CHECKING:
     from .._diagnosis.findings import Diagnosis
 
-log = logging.getLogger("scaler")
+log = logging.getLogger("scalewatch")
 
 # The defaults of a Recorder's tunables (its keyword arguments).
 MAX_PENDING = 65536

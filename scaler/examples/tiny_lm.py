@@ -1,6 +1,6 @@
 """A small transformer language model trained with FSDP2 in fp16 and ``ShardedGradScaler``.
 
-Run it with ``python -m scaler.examples.tiny_lm --steps 300 --world-size 2``. It makes its
+Run it with ``python -m scalewatch.examples.tiny_lm --steps 300 --world-size 2``. It makes its
 own text (no downloads), uses gloo on CPU or NCCL on GPUs, and writes every step's
 loss-scale state to the store. The initial scale is deliberately high, so the first
 steps overflow and back off; afterwards the scale grows every ``growth_interval`` steps
@@ -28,8 +28,8 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from scaler import ShardedGradScaler
-from scaler._torch_compat import fsdp2
+from .. import ShardedGradScaler
+from .._torch_compat import fsdp2
 
 VOCAB = 128
 SEQ = 32

@@ -1,7 +1,7 @@
 """Alerts in the store: fired once, resolved once, listed for the API, the CLI and metrics.
 
->>> from scaler.store.engine import open_store
->>> from scaler.store.runs import create_run
+>>> from scalewatch.store.engine import open_store
+>>> from scalewatch.store.runs import create_run
 >>> store = open_store("sqlite://")
 >>> run = create_run(store, name="demo", world_size=1, config={}, control={})
 >>> alert = fire_alert(store, Firing(run.id, "floor", "scale_below", 1.0, 0.5, "", 7, 70.0))
@@ -21,9 +21,9 @@ from typing import Any
 
 from sqlalchemy import RowMapping, exc, select, update
 
-from scaler.store.engine import Store
-from scaler.store.schema import alerts, runs
-from scaler.store.states import AlertState
+from .engine import Store
+from .schema import alerts, runs
+from .states import AlertState
 
 __all__ = [
     "AlertRow",

@@ -1,8 +1,8 @@
 """The autopilot's row of a run: its settings (validated against the run's control), its
-state and last decision. What it decides on: :mod:`scaler.store.summaries`.
+state and last decision. What it decides on: :mod:`scalewatch.store.summaries`.
 
 The service's autopilot (``app/autopilot``) reads and writes these; its changes are
-ordinary control requests (:func:`scaler.store.control.request_control`).
+ordinary control requests (:func:`scalewatch.store.control.request_control`).
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from typing import Any
 
 from sqlalchemy import Connection, RowMapping, select, update
 
-from scaler.store.control import file_request
-from scaler.store.engine import Store
-from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning
-from scaler.store.rules import INT32_MAX, RULES, SCHEMAS, bounds_problems, normalise
-from scaler.store.runs import effective_status
-from scaler.store.schema import autopilots, runs
-from scaler.store.states import AutopilotState, RequestSource, RunStatus
+from .control import file_request
+from .engine import Store
+from .errors import ControlValidationError, RunNotFound, RunNotRunning
+from .rules import INT32_MAX, RULES, SCHEMAS, bounds_problems, normalise
+from .runs import effective_status
+from .schema import autopilots, runs
+from .states import AutopilotState, RequestSource, RunStatus
 
 __all__ = [
     "AUTOPILOT_FIELDS",

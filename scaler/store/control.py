@@ -17,19 +17,19 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, RowMapping, select, update
 
-from scaler.store.engine import Store
-from scaler.store.errors import (
+from .engine import Store
+from .errors import (
     ControlValidationError,
     RequestNotFound,
     RunNotFound,
     RunNotRunning,
 )
-from scaler.store.records import ControlRequestRow
-from scaler.store.rules import EMPTY, FIELDS, RULES, UNKNOWN, bounds_problems, normalise
-from scaler.store.runs import effective_status, ended_first
-from scaler.store.schema import control_requests, runs
-from scaler.store.sql import driver_sql
-from scaler.store.states import RequestSource, RequestStatus, RunStatus
+from .records import ControlRequestRow
+from .rules import EMPTY, FIELDS, RULES, UNKNOWN, bounds_problems, normalise
+from .runs import effective_status, ended_first
+from .schema import control_requests, runs
+from .sql import driver_sql
+from .states import RequestSource, RequestStatus, RunStatus
 
 __all__ = [
     "CONTROL_FIELDS",

@@ -14,9 +14,9 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from scaler.store.engine import Store
-from scaler.store.queries import EXPORT_COLUMNS, INT64_MAX, parse_ranks, step_dict
-from scaler.store.sql import driver_sql
+from .engine import Store
+from .queries import EXPORT_COLUMNS, INT64_MAX, parse_ranks, step_dict
+from .sql import driver_sql
 
 __all__ = [
     "Finding",

@@ -24,26 +24,28 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from alembic import command
+from alembic import util as alembic_util
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import URL, Connection, Engine, create_engine, event, exc, make_url
 
-import migrations
-from scaler.store import postgres
-from scaler.store.errors import NotAStoreURL, StoreDamaged
-from scaler.store.timeouts import DEFAULTS, Timeouts
+from scalewatch import migrations
+
+from . import postgres
+from .errors import MigrationsUnusable, NotAStoreURL, StoreDamaged
+from .timeouts import DEFAULTS, Timeouts
 
 if TYPE_CHECKING:
-    from scaler.store.notify import Announcer
+    from .notify import Announcer
 
-log = logging.getLogger("scaler.store")
+log = logging.getLogger("scalewatch.store")
 
 ENV_VAR = "SCALEWATCH_DB"
 DEFAULT_URL = "sqlite:///scalewatch.db"
 BUSY_TIMEOUT_MS = DEFAULTS.busy_ms  # the default (bench/telemetry.py's raw connections)
 # Connections an engine on a file keeps open (one per worker thread of the service), and
-# the most it opens beyond those: as on PostgreSQL (scaler.store.postgres says why).
+# the most it opens beyond those: as on PostgreSQL (scalewatch.store.postgres says why).
 POOL_SIZE, POOL_OVERFLOW = 40, 10
 
 _PRAGMAS = (
@@ -164,8 +166,8 @@ class Store:
         self.url = url
         self.engine = engine
         # PostgreSQL: the LISTEN connection of this store's live streams, while any wait
-        # (scaler.store.notify).
-        self.listener: Announcer | None = None  # scaler.store.notify's, while streams wait
+        # (scalewatch.store.notify).
+        self.listener: Announcer | None = None  # scalewatch.store.notify's, while streams wait
 
     def __repr__(self) -> str:
         return f"Store({shown_url(self.url)!r})"
@@ -213,7 +215,7 @@ class Store:
 
 def make_engine(url: str, *, timeouts: Timeouts = DEFAULTS) -> Engine:
     """An engine on a SQLite ``url`` whose every connection has the store's pragmas (a
-    PostgreSQL one: :func:`scaler.store.postgres.make_engine`), waiting as ``timeouts`` say.
+    PostgreSQL one: :func:`scalewatch.store.postgres.make_engine`), waiting as ``timeouts`` say.
 
     Transactions are begun by SQLAlchemy itself (the driver's implicit BEGIN skips DDL),
     as ``BEGIN`` or, with the execution option ``sqlite_begin="IMMEDIATE"``, ``BEGIN
@@ -332,12 +334,27 @@ def _alembic_config(connection: Connection | None = None) -> Config:
     return config
 
 
+def _scripts() -> ScriptDirectory:
+    return ScriptDirectory.from_config(_alembic_config())
+
+
+def _versions_folder() -> str:
+    return str(Path(migrations.__file__).parent / "versions")
+
+
 def head_revision() -> str:
     """The revision the installed migrations lead to."""
-    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+    head = _scripts().get_current_head()
     if head is None:
-        raise RuntimeError("the installed migrations package has no revisions")
+        raise MigrationsUnusable("no revision files", _versions_folder())
     return head
+
+
+def _known(revision: str) -> bool:
+    try:
+        return _scripts().get_revision(revision) is not None
+    except alembic_util.CommandError:
+        return False
 
 
 def _current_revision(conn: Connection) -> str | None:
@@ -375,6 +392,13 @@ def upgrade_engine(engine: Engine, *, wait_s: float = DEFAULTS.migration_wait_s)
         try:
             with _migration_lock(engine) as conn:
                 current = _current_revision(conn)
+                if current is not None and current != head and not _known(current):
+                    raise MigrationsUnusable(
+                        f"{engine.url.render_as_string(hide_password=True)} is at revision"
+                        f" {current}, which this scalewatch does not know (its head is {head});"
+                        " a newer scalewatch wrote it",
+                        _versions_folder(),
+                    )
                 if current != head:
                     if current is not None:  # a store of an older scalewatch, not a new one
                         log.warning(

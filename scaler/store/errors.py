@@ -56,6 +56,15 @@ class ControlValidationError(ValueError):
         self.errors = errors
 
 
+class MigrationsUnusable(RuntimeError):
+    """The schema's revisions, as installed, cannot bring the store to its head: none are
+    found where the package lies, or the store is at a revision they do not know."""
+
+    def __init__(self, problem: str, folder: str) -> None:
+        super().__init__(f"the store cannot be opened: {problem} (revisions read from {folder})")
+        self.folder = folder
+
+
 class StoreDamaged(RuntimeError):
     """SQLite's ``quick_check`` finds the store's file damaged, or it is no database at all:
     reading it would fail part-way (the service answers 503)."""

@@ -7,7 +7,7 @@ cannot be guessed from its hash however fast the hash; the salt keeps two stores
 (or one token made twice) from telling anything by their hashes. A slow hash (bcrypt)
 would cost every request tens of milliseconds for nothing.
 
->>> from scaler.store.engine import open_store
+>>> from scalewatch.store.engine import open_store
 >>> store = open_store("sqlite://")
 >>> made = create_identity(store, "ada", Role.OPERATOR, by="admin", now=10.0)
 >>> made.token.startswith("sw_"), len(made.token) >= 20 + 43
@@ -33,8 +33,8 @@ from enum import StrEnum
 
 from sqlalchemy import Connection, RowMapping, insert, select, update
 
-from scaler.store.engine import Store
-from scaler.store.schema import identities, identity_events
+from .engine import Store
+from .schema import identities, identity_events
 
 __all__ = [
     "NAME_PATTERN",

@@ -23,8 +23,8 @@ from typing import Any
 
 from sqlalchemy import Engine, exc
 
-from scaler.store.engine import Store
-from scaler.store.postgres import STEPS_CHANNEL
+from .engine import Store
+from .postgres import STEPS_CHANNEL
 
 __all__ = ["SQLITE_POLL_S", "Announcer", "Listener", "Poller", "Waiter", "subscribe", "unsubscribe"]
 # How often the listening thread looks whether it should stop, and waits after losing
@@ -36,7 +36,7 @@ _RECONNECT_S = 1.0
 # commit, for a statement or two 50 times a second whatever the number of streams.
 SQLITE_POLL_S = 0.02
 
-log = logging.getLogger("scaler.store")
+log = logging.getLogger("scalewatch.store")
 
 
 class Waiter:

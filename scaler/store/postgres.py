@@ -16,8 +16,8 @@ from typing import Any
 
 from sqlalchemy import URL, Connection, Engine, create_engine, event, exc, text
 
-from scaler.store.errors import UnsupportedDriver
-from scaler.store.timeouts import DEFAULTS, Timeouts
+from .errors import UnsupportedDriver
+from .timeouts import DEFAULTS, Timeouts
 
 DRIVER = "psycopg"
 # pg_advisory_xact_lock's key: "scalewatch" in ASCII, truncated to 63 bits. Any key would
@@ -34,7 +34,7 @@ POOL_SIZE, POOL_OVERFLOW = 40, 10
 # compiled at each run, 90 ms of the server's CPU for a 7 ms query (0.14 of a CPU under
 # the fleet bench).
 SESSION_OPTIONS = "-c jit=off"
-# Where a step transaction announces its run's new steps (scaler.store.notify listens).
+# Where a step transaction announces its run's new steps (scalewatch.store.notify listens).
 STEPS_CHANNEL = "scalewatch_steps"
 # A step transaction's first statement: the run's last step before it (no row: no such
 # run), the run advanced to the batch's last step, and its new steps announced (delivered

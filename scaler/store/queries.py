@@ -1,5 +1,5 @@
 """Read queries for the service: runs, chart series, exports, live tails (overflow pages and
-their parameters: :mod:`scaler.store.diagnosis`).
+their parameters: :mod:`scalewatch.store.diagnosis`).
 
 Chart series are spike-preserving: every bucket carries the min, max and last of the
 scale, the growth tracker, the loss (its finite values; null when the bucket has none)
@@ -16,12 +16,12 @@ from typing import Any
 
 from sqlalchemy import Boolean, Connection, RowMapping, text
 
-from scaler.store.engine import Store
-from scaler.store.records import parse_lr_groups
-from scaler.store.runs import effective_status
-from scaler.store.schema import ROLLUP_LEVELS, runs, steps
-from scaler.store.sql import driver_sql
-from scaler.store.states import RunStatus
+from .engine import Store
+from .records import parse_lr_groups
+from .runs import effective_status
+from .schema import ROLLUP_LEVELS, runs, steps
+from .sql import driver_sql
+from .states import RunStatus
 
 # SQLite's largest integer: a larger id or step fails in the driver, it does not match nothing.
 INT64_MAX = 2**63 - 1

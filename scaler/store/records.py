@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from math import isfinite
 from typing import Any
 
-from scaler.store.states import RequestSource, RequestStatus
+from .states import RequestSource, RequestStatus
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,10 +19,10 @@ from itertools import chain
 from operator import itemgetter
 from typing import Any
 
-from scaler.store import postgres
-from scaler.store.engine import insert_rows
-from scaler.store.schema import ROLLUP_LEVELS
-from scaler.store.sql import cursor_dialect, driver_sql
+from . import postgres
+from .engine import insert_rows
+from .schema import ROLLUP_LEVELS
+from .sql import cursor_dialect, driver_sql
 
 __all__ = ["contiguous", "refresh_rollups", "rollup_plan"]
 

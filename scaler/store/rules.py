@@ -1,7 +1,7 @@
 """The control fields and the rules a value of each must keep.
 
 One source for every side that checks a control request: the service and the CLI
-before it is stored (:mod:`scaler.store.control`), the poller before a training thread
+before it is stored (:mod:`scalewatch.store.control`), the poller before a training thread
 sees it, the scaler again before it applies it. Plain Python, so the service needs
 neither torch nor the scaler to check one.
 

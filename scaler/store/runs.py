@@ -17,12 +17,12 @@ from typing import Any
 
 from sqlalchemy import Connection, RowMapping, exc, select, update
 
-from scaler.store import postgres
-from scaler.store.engine import Store, insert_rows
-from scaler.store.errors import RunNotFound
-from scaler.store.records import RunRef, StepRecord, format_inf_ranks, format_lr_groups
-from scaler.store.rollups import contiguous, refresh_rollups
-from scaler.store.schema import (
+from . import postgres
+from .engine import Store, insert_rows
+from .errors import RunNotFound
+from .records import RunRef, StepRecord, format_inf_ranks, format_lr_groups
+from .rollups import contiguous, refresh_rollups
+from .schema import (
     PARAM_NAME_LENGTH,
     control_requests,
     overflow_params,
@@ -30,8 +30,8 @@ from scaler.store.schema import (
     steps,
     telemetry_gaps,
 )
-from scaler.store.sql import driver_sql
-from scaler.store.states import RequestStatus, RunStatus
+from .sql import driver_sql
+from .states import RequestStatus, RunStatus
 
 __all__ = [
     "HEARTBEAT_INTERVAL_S",

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, Integer, cast, func, select
 
-from scaler.store.engine import Store
-from scaler.store.errors import RunNotFound
-from scaler.store.records import ScaleLoad
-from scaler.store.schema import runs, scale_loads, steps
+from .engine import Store
+from .errors import RunNotFound
+from .records import ScaleLoad
+from .schema import runs, scale_loads, steps
 
 __all__ = ["ScaleLoad", "ScaleLoadRow", "load_counts", "record_scale_load", "scale_loads_of"]
 

@@ -43,7 +43,7 @@ runs = Table(
     Column("status", String(16), nullable=False),  # running | finished | crashed
     Column("world_size", Integer, nullable=False),
     Column("config", JSON, nullable=False),  # the scaler's constructor configuration
-    Column("control", JSON, nullable=False),  # values in effect, see scaler.store.control
+    Column("control", JSON, nullable=False),  # values in effect, see scalewatch.store.control
     Column("control_version", Integer, nullable=False, default=0),
     Column("torch_version", String(64), nullable=False),
     Column("host", String(255), nullable=False),
@@ -167,7 +167,7 @@ telemetry_gaps = Table(
     Column("reason", Text, nullable=False),
 )
 
-# A scaler's state loaded into a run that has steps (scaler.store.scale_loads): the step
+# A scaler's state loaded into a run that has steps (scalewatch.store.scale_loads): the step
 # the run continues from, the one it was at, the scale before and after, and whether the
 # scale jumped (the loaded scale differs from the run's last recorded one).
 scale_loads = Table(
@@ -237,7 +237,7 @@ Index(
 )
 
 # Who may use the service (app/access): a name, a role, and for a bearer token the salted
-# hash of its secret part, never the token (scaler.store.identities). An identity named by
+# hash of its secret part, never the token (scalewatch.store.identities). An identity named by
 # a trusted proxy has no token.
 identities = Table(
     "identities",

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from sqlalchemy import and_, case, func, select, true
 
-from scaler.store.engine import Store
-from scaler.store.schema import control_requests, steps
-from scaler.store.states import RequestSource, RequestStatus
+from .engine import Store
+from .schema import control_requests, steps
+from .states import RequestSource, RequestStatus
 
 __all__ = ["RequestSummary", "StepSummary", "request_summary", "step_summary"]
 

@@ -1,6 +1,6 @@
 """How long a store waits: for a lock, for another process's upgrade, for a server.
 
-Given to :func:`scaler.store.engine.open_store` (and ``make_engine``) by whoever opens a
+Given to :func:`scalewatch.store.engine.open_store` (and ``make_engine``) by whoever opens a
 store; the defaults are the product's, a test passes shorter or longer ones.
 
 >>> Timeouts().busy_ms, Timeouts(ping_idle_s=0.0).ping_idle_s

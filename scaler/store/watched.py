@@ -2,8 +2,8 @@
 thread: every run with what its autopilot says, a run's recorded last step, and the new
 steps of many runs at once.
 
->>> from scaler.store.engine import open_store
->>> from scaler.store.runs import create_run
+>>> from scalewatch.store.engine import open_store
+>>> from scalewatch.store.runs import create_run
 >>> store = open_store("sqlite://")
 >>> run = create_run(store, name="demo", world_size=2, config={}, control={})
 >>> [(r.name, r.status, r.world_size, r.autopilot_gave_up) for r in watched_runs(store)]
@@ -21,10 +21,10 @@ from typing import Any
 
 from sqlalchemy import and_, case, func, select
 
-from scaler.store.engine import Store
-from scaler.store.schema import autopilots, runs
-from scaler.store.sql import driver_sql
-from scaler.store.states import AutopilotState
+from .engine import Store
+from .schema import autopilots, runs
+from .sql import driver_sql
+from .states import AutopilotState
 
 __all__ = [
     "RUNS_PER_READ",

@@ -37,7 +37,7 @@ from ._writer import RunSpec, Writer, one_line
 
 __all__ = ["Telemetry", "TelemetrySettings"]
 
-log = logging.getLogger("scaler.telemetry")
+log = logging.getLogger("scalewatch.telemetry")
 _UNSET = object()  # a field a pickle does not hold
 
 # Runs that a Telemetry of this process writes: two writers would interleave one run's steps.
@@ -67,7 +67,7 @@ class TelemetrySettings:
         retry_s: the pause after a failed write before the next try.
         close_failing_s: how long ``close()`` waits for records once the store fails.
         heartbeat_s: how often an idle run tells the store it is alive (a run silent for
-            ``scaler.store.runs.HEARTBEAT_TIMEOUT_S`` reads as crashed); a batch of steps
+            ``scalewatch.store.runs.HEARTBEAT_TIMEOUT_S`` reads as crashed); a batch of steps
             counts as one.
     """
 

@@ -19,7 +19,7 @@ from ..store.rules import check
 from ._queue import QueuedOutcome, RecordQueue
 from ._writer import Writer
 
-log = logging.getLogger("scaler.telemetry")
+log = logging.getLogger("scalewatch.telemetry")
 
 
 class Poller:

@@ -25,7 +25,7 @@ from ..store import scale_loads as store_scale_loads
 from ..store.engine import Store, open_store
 from ._queue import Gap, QueuedOutcome, RecordQueue, findings_of
 
-log = logging.getLogger("scaler.telemetry")
+log = logging.getLogger("scalewatch.telemetry")
 
 
 @dataclass(frozen=True)

@@ -13,5 +13,7 @@ free_port``):
 - ``twin``, ``nets``, ``diagnosis``: torch's scaler beside ours, small models to train;
 - the background trainers and services: ``ceiling`` (a thread), ``trainer`` (a process
   with its ranks), ``harness`` (a served live run) and ``pages`` (its run page), ``faults``,
-  ``load``, ``receiver``, ``histories``, ``integrations``; ``workers``: process targets.
+  ``load``, ``receiver``, ``histories``, ``integrations``; ``workers``: process targets;
+- ``projects``: a user's project folder with ``app``, ``web``, ``migrations`` and ``scaler``
+  packages of its own.
 """

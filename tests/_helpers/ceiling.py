@@ -17,10 +17,10 @@ from collections.abc import Callable
 import torch
 from fastapi.testclient import TestClient
 
-from scaler import GradScaler
-from scaler.store.engine import Store
-from scaler.store.summaries import request_summary, step_summary
-from scaler.telemetry import TelemetrySettings
+from scalewatch import GradScaler
+from scalewatch.store.engine import Store
+from scalewatch.store.summaries import request_summary, step_summary
+from scalewatch.telemetry import TelemetrySettings
 from tests._helpers.service import auth
 
 CHECK_EVERY = 25  # steps between two looks at the condition

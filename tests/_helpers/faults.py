@@ -33,7 +33,7 @@ from tests._helpers.processes import end_process
 from tests._helpers.waiting import wait_for
 
 if TYPE_CHECKING:
-    from scaler.telemetry import TelemetrySettings
+    from scalewatch.telemetry import TelemetrySettings
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[2]
@@ -72,7 +72,7 @@ def train(
     stop: Path | None = None,
     max_steps: int = 1_000_000,
 ) -> int:
-    """Train a small MLP with ``scaler.GradScaler`` writing to ``url``; one line per step.
+    """Train a small MLP with ``scalewatch.GradScaler`` writing to ``url``; one line per step.
 
     Every 50th step overflows (an inf loss), so the scale backs off and grows again.
     Steps are paced at ``period`` seconds; ``work_s`` is the step's own time, without
@@ -80,13 +80,13 @@ def train(
     """
     import torch
 
-    import scaler
+    import scalewatch
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    gs = scaler.GradScaler(
+    gs = scalewatch.GradScaler(
         "cpu", init_scale=2.0**10, growth_interval=20, telemetry=url, run_name=name
     )
     x = torch.randn(16, 32)
@@ -154,7 +154,7 @@ def alarms(text: str) -> list[str]:
 # ------------------------------------------------------------ trainers forked from a warm server
 
 
-_FORKSERVER_PRELOAD = ["torch", "scaler", "scaler.store.engine", "tests._helpers.faults"]
+_FORKSERVER_PRELOAD = ["torch", "scalewatch", "scalewatch.store.engine", "tests._helpers.faults"]
 
 
 def killable_context() -> Any:
@@ -177,13 +177,13 @@ def killable_trainer(url: str, name: str, out_path: str, period: float) -> None:
 
 
 class PacedTrainer:
-    """A small MLP trained with ``scaler.GradScaler`` on this thread, a step every
+    """A small MLP trained with ``scalewatch.GradScaler`` on this thread, a step every
     ``period`` seconds."""
 
     def __init__(self, telemetry: TelemetrySettings, period: float) -> None:
         import torch  # as train() does: this module starts trainers before torch is imported
 
-        import scaler
+        import scalewatch
 
         self.period = period
         torch.manual_seed(0)
@@ -191,7 +191,7 @@ class PacedTrainer:
             torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
         )
         self.opt = torch.optim.SGD(self.model.parameters(), lr=1e-3)
-        self.gs = scaler.GradScaler(
+        self.gs = scalewatch.GradScaler(
             "cpu", init_scale=2.0**10, growth_interval=20, telemetry=telemetry, run_name="faulty"
         )
         self.x = torch.randn(16, 32)

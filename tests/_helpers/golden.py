@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from scaler.store.records import ParamFinding, StepRecord
+from scalewatch.store.records import ParamFinding, StepRecord
 from tests._helpers.service import simulate
 
 ROWS = [

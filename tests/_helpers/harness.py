@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from scaler.store import queries
-from scaler.store.engine import Store, open_store
+from scalewatch.store import queries
+from scalewatch.store.engine import Store, open_store
 from tests._helpers.net import free_port
 from tests._helpers.processes import end_process
 
@@ -85,7 +85,7 @@ def _scalewatch_command() -> list[str]:
     found = shutil.which("scalewatch")
     if found:
         return [found]
-    return [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())"]
+    return [sys.executable, "-m", "scalewatch.app"]
 
 
 def read_run_id(trainer: subprocess.Popen[str], deadline: float) -> int:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from app.autopilot.policy import Window
-from scaler.store.records import StepRecord
+from scalewatch.app.autopilot.policy import Window
+from scalewatch.store.records import StepRecord
 from tests._helpers.records import step_record
 
 

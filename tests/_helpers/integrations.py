@@ -7,9 +7,9 @@ from contextlib import contextmanager
 
 import torch
 
-from scaler.instrument import instrument, uninstrument
-from scaler.store.engine import open_store
-from scaler.store.queries import RunInfo, list_runs
+from scalewatch.instrument import instrument, uninstrument
+from scalewatch.store.engine import open_store
+from scalewatch.store.queries import RunInfo, list_runs
 
 # Well above what fp16 gradients of these models hold, so the first steps overflow and back off.
 INIT_SCALE = 2.0**18
@@ -34,7 +34,7 @@ def the_run(db: str) -> RunInfo:
 
 @contextmanager
 def instrumented() -> Iterator[None]:
-    """scalewatch's scalers in place of torch's for the block (``scaler.instrument``)."""
+    """scalewatch's scalers in place of torch's for the block (``scalewatch.instrument``)."""
     instrument()
     try:
         yield

@@ -40,9 +40,9 @@ from urllib.parse import urlencode, urlsplit
 
 import httpx
 
-from scaler.store.engine import open_store
-from scaler.store.records import StepRecord
-from scaler.store.runs import write_steps
+from scalewatch.store.engine import open_store
+from scalewatch.store.records import StepRecord
+from scalewatch.store.runs import write_steps
 from tests._helpers.net import free_port
 from tests._helpers.processes import end_process
 from tests._helpers.records import step_record
@@ -90,7 +90,17 @@ def serving(
     port = free_port()
     env = {**os.environ, "SCALEWATCH_TOKEN": token, "SCALEWATCH_TOKEN_FILE": str(tmp / "token")}
     log_path = tmp / "serve.log"
-    argv = [sys.executable, "-m", "app", "serve", "--db", url, "--port", str(port), *options]
+    argv = [
+        sys.executable,
+        "-m",
+        "scalewatch.app",
+        "serve",
+        "--db",
+        url,
+        "--port",
+        str(port),
+        *options,
+    ]
     with log_path.open("wb") as log:
         process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         base = f"http://127.0.0.1:{port}"

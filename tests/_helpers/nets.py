@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from scaler._torch_compat import FSDP2_PUBLIC
+from scalewatch._torch_compat import FSDP2_PUBLIC
 
 # torch's FSDP2 before 2.6 (torch.distributed._composable.fsdp) makes CUDA streams at its
 # first forward: on cpu ranks only the public one (torch 2.6 and newer) runs.
@@ -37,7 +37,7 @@ class Net(nn.Module):
 
 def fully_shard_net(net: Net) -> nn.Module:
     """``net`` under FSDP2: each linear layer a unit of its own, then the whole."""
-    from scaler._torch_compat import fsdp2
+    from scalewatch._torch_compat import fsdp2
 
     fully_shard = fsdp2().fully_shard
     fully_shard(net.encoder)
@@ -51,7 +51,7 @@ def wrap(kind: str, module: nn.Module, device: str) -> nn.Module:
         # on cuda every rank shares the one GPU: gloo all-reduces cuda tensors too
         return nn.parallel.DistributedDataParallel(module.to(device))
     if kind == "fsdp2":
-        from scaler._torch_compat import fsdp2
+        from scalewatch._torch_compat import fsdp2
 
         fully_shard = fsdp2().fully_shard
         policy = fsdp2().MixedPrecisionPolicy(param_dtype=torch.float16)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from scaler.store.records import StepRecord
+from scalewatch.store.records import StepRecord
 
 
 def step_record(

@@ -13,10 +13,10 @@ from typing import cast
 from fastapi.testclient import TestClient
 from starlette.applications import Starlette
 
-from app.services import services_of
-from scaler.store.engine import Store
-from scaler.store.records import StepRecord
-from scaler.store.runs import create_run, write_steps
+from scalewatch.app.services import services_of
+from scalewatch.store.engine import Store
+from scalewatch.store.records import StepRecord
+from scalewatch.store.runs import create_run, write_steps
 from tests._helpers.records import step_record
 from tests._helpers.waiting import wait_for
 

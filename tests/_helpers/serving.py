@@ -19,8 +19,8 @@ import httpx
 import uvicorn
 from pydantic import SecretStr
 
-from app.main import create_app
-from app.settings import Settings
+from scalewatch.app.main import create_app
+from scalewatch.app.settings import Settings
 
 
 @dataclass

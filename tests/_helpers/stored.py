@@ -14,8 +14,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from scaler.store import StepRecord, Store
-from scaler.store.schema import ROLLUP_LEVELS, steps
+from scalewatch.store import StepRecord, Store
+from scalewatch.store.schema import ROLLUP_LEVELS, steps
 
 CONTROL = {
     "growth_interval": 2000,

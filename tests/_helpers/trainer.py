@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from torch import nn
 
-    from scaler import ShardedGradScaler
+    from scalewatch import ShardedGradScaler
 
 IN, HIDDEN = 16, 64
 RUN_ID_TIMEOUT_S = 120.0
@@ -107,7 +107,7 @@ def train(args: argparse.Namespace, stop: threading.Event) -> None:
     import torch.distributed as dist
     from torch import nn
 
-    from scaler import ShardedGradScaler
+    from scalewatch import ShardedGradScaler
 
     rank = args.rank
     torch.set_num_threads(1)

@@ -20,7 +20,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as Torc
 # Imported here, before any test initialises a process group: as in torch's class, the
 # default ``process_group=dist.group.WORLD`` is bound when the module is first imported,
 # and ``scaler`` imports its classes lazily.
-from scaler import GradScaler, ShardedGradScaler
+from scalewatch import GradScaler, ShardedGradScaler
 from tests._helpers.ranks import leave_group
 
 # step -> [(parameter index, value written into its gradient)]

@@ -14,8 +14,8 @@ def open_together(
     ``how`` is ``"store"`` (``open_store``: pragmas and upgrade) or ``"connect"`` (one
     engine connection: the pragmas alone, which switch a new file to WAL).
     """
-    from scaler.store import open_store
-    from scaler.store.engine import make_engine
+    from scalewatch.store import open_store
+    from scalewatch.store.engine import make_engine
 
     for url, how in rounds:
         barrier.wait(timeout=120)

@@ -7,9 +7,9 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from app.main import create_app
-from app.settings import Settings
-from scaler.store.engine import Store, open_store
+from scalewatch.app.main import create_app
+from scalewatch.app.settings import Settings
+from scalewatch.store.engine import Store, open_store
 from tests._helpers.postgres import PASSWORD
 from tests._helpers.service import LOCAL, TOKEN
 from tests._helpers.serving import serve_on_thread

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from app.alerts.config import RulesFileError, default_rules, load_rules, parse_rules
-from app.alerts.kinds import KINDS, RunView
-from app.alerts.webhooks import payload
-from scaler.store.alerts import AlertRow
-from scaler.store.states import AlertState
+from scalewatch.app.alerts.config import RulesFileError, default_rules, load_rules, parse_rules
+from scalewatch.app.alerts.kinds import KINDS, RunView
+from scalewatch.app.alerts.webhooks import payload
+from scalewatch.store.alerts import AlertRow
+from scalewatch.store.states import AlertState
 
 PAGE = (Path(__file__).resolve().parents[2] / "docs" / "ALERTS.md").read_text(encoding="utf-8")
 

@@ -8,17 +8,17 @@ from typing import Any
 
 import pytest
 
-from app.alerts import evaluate
-from app.alerts.config import default_rules, parse_rules
-from app.alerts.evaluate import Evaluator
-from app.alerts.text import alert_text
-from scaler.store import watched as watched_store
-from scaler.store.alerts import AlertRow, alert_page
-from scaler.store.autopilot import disable_autopilot, save_decision, set_autopilot
-from scaler.store.engine import Store, open_store
-from scaler.store.records import StepRecord
-from scaler.store.runs import create_run, end_run, write_steps
-from scaler.store.states import AlertState
+from scalewatch.app.alerts import evaluate
+from scalewatch.app.alerts.config import default_rules, parse_rules
+from scalewatch.app.alerts.evaluate import Evaluator
+from scalewatch.app.alerts.text import alert_text
+from scalewatch.store import watched as watched_store
+from scalewatch.store.alerts import AlertRow, alert_page
+from scalewatch.store.autopilot import disable_autopilot, save_decision, set_autopilot
+from scalewatch.store.engine import Store, open_store
+from scalewatch.store.records import StepRecord
+from scalewatch.store.runs import create_run, end_run, write_steps
+from scalewatch.store.states import AlertState
 from tests._helpers.records import step_record
 
 RULES = parse_rules(
@@ -222,7 +222,7 @@ def test_a_run_that_never_steps_stalls_at_step_0(any_store: Store) -> None:
 def test_a_new_kind_is_a_params_model_and_a_watch_registered(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.alerts.kinds import KINDS, Params, Reading, StepView, Watch, kind
+    from scalewatch.app.alerts.kinds import KINDS, Params, Reading, StepView, Watch, kind
 
     monkeypatch.setitem(KINDS, "scale_above", None)  # gone again after the test
 

@@ -2,18 +2,18 @@ from __future__ import annotations
 
 import types
 
-import app.alerts
+import scalewatch.app.alerts
 
 
 def test_all_pins_the_public_names() -> None:
     public = {
         name
-        for name, value in vars(app.alerts).items()
+        for name, value in vars(scalewatch.app.alerts).items()
         if not name.startswith("_") and not isinstance(value, types.ModuleType)
     }
     public.discard("annotations")
-    assert set(app.alerts.__all__) == public
-    assert sorted(app.alerts.__all__) == [
+    assert set(scalewatch.app.alerts.__all__) == public
+    assert sorted(scalewatch.app.alerts.__all__) == [
         "AlertConfig",
         "KINDS",
         "Kind",

@@ -6,9 +6,9 @@ from collections.abc import Iterable
 
 import pytest
 
-from app.alerts.kinds import KINDS, Reading, RunView, StepView
-from app.alerts.text import said
-from app.alerts.units import Unit
+from scalewatch.app.alerts.kinds import KINDS, Reading, RunView, StepView
+from scalewatch.app.alerts.text import said
+from scalewatch.app.alerts.units import Unit
 
 RUN = RunView(1, "bert", 4, True, 1000.0, 0, None)
 

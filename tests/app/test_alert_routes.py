@@ -10,11 +10,11 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.cli import main
-from app.main import create_app
-from app.settings import Settings
-from scaler.store.engine import Store
-from scaler.store.runs import write_steps
+from scalewatch.app.cli import main
+from scalewatch.app.main import create_app
+from scalewatch.app.settings import Settings
+from scalewatch.store.engine import Store
+from scalewatch.store.runs import write_steps
 from tests._helpers.service import LOCAL, add_run, simulate
 
 RULES = """

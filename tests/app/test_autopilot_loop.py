@@ -11,20 +11,20 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Connection
 
-from app.alerts.config import RulesFileError, parse_rules
-from app.autopilot import AutopilotLoop, run_loop
-from app.settings import Settings
-from scaler.store.autopilot import (
+from scalewatch.app.alerts.config import RulesFileError, parse_rules
+from scalewatch.app.autopilot import AutopilotLoop, run_loop
+from scalewatch.app.settings import Settings
+from scalewatch.store.autopilot import (
     disable_autopilot,
     enabled_autopilots,
     get_autopilot,
     set_autopilot,
 )
-from scaler.store.control import control_history, mark_rejected
-from scaler.store.engine import Store
-from scaler.store.errors import ControlValidationError, RunNotRunning
-from scaler.store.runs import create_run, end_run, write_steps
-from scaler.store.states import AutopilotState, RequestSource, RequestStatus, RunStatus
+from scalewatch.store.control import control_history, mark_rejected
+from scalewatch.store.engine import Store
+from scalewatch.store.errors import ControlValidationError, RunNotRunning
+from scalewatch.store.runs import create_run, end_run, write_steps
+from scalewatch.store.states import AutopilotState, RequestSource, RequestStatus, RunStatus
 from tests._helpers.service import (
     CONTROL,
     IDLE_AUTOPILOT_S,
@@ -180,7 +180,7 @@ def test_a_failing_store_is_logged_once_until_it_works_again(
         with pytest.raises(asyncio.CancelledError):
             await run_loop(Flaky(store), 0.001)
 
-    with caplog.at_level(logging.WARNING, logger="scaler.autopilot"):
+    with caplog.at_level(logging.WARNING, logger="scalewatch.app.autopilot"):
         asyncio.run(main())
     messages = [record.getMessage() for record in caplog.records]
     assert messages == [
@@ -213,7 +213,7 @@ def test_the_rules_files_autopilot_tables_turn_it_on_for_the_runs_they_name(
     off = add_run(store, simulate(600, EVERY_TENTH), name="bert-base")
     set_autopilot(store, off, {"enabled": False, "target_skip_rate": 0.01})  # a person's: kept
     loop = AutopilotLoop(store, rules=rules)
-    with caplog.at_level(logging.WARNING, logger="scaler.autopilot"):
+    with caplog.at_level(logging.WARNING, logger="scalewatch.app.autopilot"):
         loop.tick()
     row = get_autopilot(store, bert)
     assert row is not None and row.enabled and row.target_skip_rate == 0.01

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 from sqlalchemy import select
 
-from app.autopilot.policy import (
+from scalewatch.app.autopilot.policy import (
     AIM,
     Action,
     Control,
@@ -21,9 +21,9 @@ from app.autopilot.policy import (
     Window,
     decide,
 )
-from scaler.store.engine import open_store
-from scaler.store.records import StepRecord
-from scaler.store.schema import steps
+from scalewatch.store.engine import open_store
+from scalewatch.store.records import StepRecord
+from scalewatch.store.schema import steps
 from tests._helpers.ceiling import CeilingTrainer
 from tests._helpers.histories import Simulated, above, window
 

@@ -6,9 +6,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from scaler.store.engine import Store
-from scaler.store.runs import end_run, heartbeat, resume_run
-from scaler.store.schema import runs
+from scalewatch.store.engine import Store
+from scalewatch.store.runs import end_run, heartbeat, resume_run
+from scalewatch.store.schema import runs
 from tests._helpers.service import add_run, auth, simulate
 
 ON = {"enabled": True, "target_skip_rate": 0.01}

@@ -11,12 +11,12 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from app.main import create_app
-from app.settings import Settings
-from scaler.store.control import control_history, control_state
-from scaler.store.engine import Store
-from scaler.store.states import RequestSource, RequestStatus
-from scaler.store.summaries import step_summary
+from scalewatch.app.main import create_app
+from scalewatch.app.settings import Settings
+from scalewatch.store.control import control_history, control_state
+from scalewatch.store.engine import Store
+from scalewatch.store.states import RequestSource, RequestStatus
+from scalewatch.store.summaries import step_summary
 from tests._helpers.ceiling import CeilingTrainer, enable, settled, skip_rate_since_change
 from tests._helpers.service import LOCAL, TOKEN, auth
 

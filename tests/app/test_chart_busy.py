@@ -11,9 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from app.main import create_app
-from app.settings import Settings
-from scaler.store.engine import Store
+from scalewatch.app.main import create_app
+from scalewatch.app.settings import Settings
+from scalewatch.store.engine import Store
 from tests._helpers.service import LOCAL, TOKEN, add_run, simulate
 
 WAIT_S = 0.3

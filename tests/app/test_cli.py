@@ -12,12 +12,14 @@ import pytest
 from click.testing import CliRunner, Result
 from fastapi.testclient import TestClient
 
-import app.cli.export
-import app.exports
-from app.cli import cli, main
-from scaler.store.engine import Store
-from scaler.store.runs import end_run
+from scalewatch.app import cli as cli_package
+from scalewatch.app import exports
+from scalewatch.app.cli import cli, main
+from scalewatch.app.cli import export as export_command
+from scalewatch.store.engine import Store
+from scalewatch.store.runs import end_run
 from tests._helpers.golden import GOLDEN_CSV, ROWS
+from tests._helpers.imports import ROOT, imported
 from tests._helpers.service import add_run, simulate
 
 
@@ -30,7 +32,7 @@ def test_commands_are_registered() -> None:
     assert set(cli.commands) == {
         "serve", "runs", "export", "control", "alerts", "db", "demo", "instrument", "tokens",
     }  # fmt: skip
-    assert app.cli.__all__ == ["cli", "main"]
+    assert cli_package.__all__ == ["cli", "main"]
 
 
 def test_main_is_the_command_line_with_its_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
@@ -122,7 +124,7 @@ def test_an_interrupted_export_leaves_the_file_it_would_replace(
         yield "step,scale\n"
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(app.exports, "export_chunks", interrupted)
+    monkeypatch.setattr(exports, "export_chunks", interrupted)
     try:
         result = scalewatch("export", str(run), "-o", str(out), "--db", db_url)
     except KeyboardInterrupt:
@@ -157,7 +159,7 @@ def test_an_export_to_a_file_shows_its_rows_on_a_terminal(
     run = add_run(store, ROWS)
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
-    monkeypatch.setattr(app.cli.export, "PROGRESS_S", 0.0)
+    monkeypatch.setattr(export_command, "PROGRESS_S", 0.0)
     assert main(["export", str(run), "-o", str(tmp_path / "s.csv"), "--db", db_url]) == 0
     rows = GOLDEN_CSV.count("\n") - 1
     shown = terminal.getvalue()
@@ -402,33 +404,26 @@ def test_db_upgrade_refuses_another_programs_database_and_an_empty_file_is_no_st
 
 def test_the_commands_import_the_shared_module_alone_and_nothing_imports_the_cli() -> None:
     """No import cycle: app/cli/__init__.py gathers the commands; a command module imports
-    only the package's private helpers (app.cli._common, _serving, _demo, _store_files),
+    only the package's private helpers (scalewatch.app.cli._common, _serving, _demo, _store_files),
     never another command, and no module outside the package imports it (the demo's
     machinery in app/cli/_demo.py is the command's, not the other way round)."""
-    import ast
-
-    root = Path(app.cli.__file__).resolve().parents[2]
-
-    def imported(path: Path) -> set[str]:
-        names = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
-            elif isinstance(node, ast.Import):
-                names |= {a.name for a in node.names}
-        return names
+    root = ROOT
 
     for path in (root / "app" / "cli").glob("*.py"):
-        inside = {name for name in imported(path) if name.startswith("app.cli")}
+        inside = {name for name in imported(path) if name.startswith("scalewatch.app.cli")}
         if path.name == "__init__.py":
-            assert inside == {"app.cli", *(f"app.cli.{name}" for name in cli.commands)}
+            assert inside == {
+                "scalewatch.app.cli",
+                *(f"scalewatch.app.cli.{name}" for name in cli.commands),
+            }
         else:
-            helpers = [m for m in inside if m.split(".")[2].startswith("_")]
-            assert set(helpers) == inside, path  # no command imports another
+            modules = inside - {"scalewatch.app.cli"}  # ``from . import _demo`` names both
+            helpers = [m for m in modules if m.split(".")[3].startswith("_")]
+            assert set(helpers) == modules, path  # no command imports another
     users = [
         path.relative_to(root).as_posix()
         for path in [*(root / "app").rglob("*.py"), *(root / "scaler").rglob("*.py")]
         if "cli" not in path.relative_to(root).parts
-        and any(name.startswith("app.cli") for name in imported(path))
+        and any(name.startswith("scalewatch.app.cli") for name in imported(path))
     ]
     assert users == ["app/__main__.py"]

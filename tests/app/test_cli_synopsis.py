@@ -10,8 +10,8 @@ from pathlib import Path
 import click
 from click.testing import CliRunner
 
-from app.cli import cli
-from app.settings import Settings
+from scalewatch.app.cli import cli
+from scalewatch.app.settings import Settings
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "SERVICE.md"
 SYNOPSIS = re.search(r"## Command line\n\n```sh\n(.*?)```", PAGE.read_text(), re.S)

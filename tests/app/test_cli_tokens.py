@@ -5,10 +5,10 @@ import time
 from click.testing import CliRunner, Result
 from fastapi.testclient import TestClient
 
-from app.cli import cli
-from app.middleware.identity import KNOWN_S
-from scaler.store.engine import Store
-from scaler.store.identities import identity_events_page
+from scalewatch.app.cli import cli
+from scalewatch.app.middleware.identity import KNOWN_S
+from scalewatch.store.engine import Store
+from scalewatch.store.identities import identity_events_page
 from tests._helpers.service import auth
 
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from scaler.store.engine import Store
-from scaler.store.runs import end_run
+from scalewatch.store.engine import Store
+from scalewatch.store.runs import end_run
 from tests._helpers.service import TOKEN, add_run, auth, simulate
 
 
@@ -120,7 +120,7 @@ def test_control_of_a_finished_or_unknown_run(client: TestClient, store: Store) 
 
 def test_the_history_comes_in_pages(client: TestClient, store: Store) -> None:
     """It came whole, however long (an autopilot files many requests)."""
-    from scaler.store.control import request_control
+    from scalewatch.store.control import request_control
 
     run = add_run(store, simulate(10, set()))
     ids = [

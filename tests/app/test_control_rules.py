@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from scaler.store import rules
+from scalewatch.store import rules
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app import exports
-from app.exports import csv_page
-from scaler.store.queries import EXPORT_COLUMNS
+from scalewatch.app import exports
+from scalewatch.app.exports import csv_page
+from scalewatch.store.queries import EXPORT_COLUMNS
 
 
 def _csv_writer(rows: list[tuple[Any, ...]]) -> str:

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from scaler.store.engine import open_store
-from scaler.store.queries import list_runs
+from scalewatch.store.engine import open_store
+from scalewatch.store.queries import list_runs
 from tests._helpers.net import free_port
 from tests._helpers.waiting import wait_for
 
@@ -129,10 +129,19 @@ class _Demo:
             "SCALEWATCH_TEST_MARK": self.mark,
         }
         if rank_stop_s is not None:
-            from scaler.examples import tiny_lm
+            from scalewatch.examples import tiny_lm
 
             env[tiny_lm.RANK_STOP_ENV] = str(rank_stop_s)
-        command = [sys.executable, "-m", "app", "demo", "--steps", str(steps), "--db", self.db]
+        command = [
+            sys.executable,
+            "-m",
+            "scalewatch.app",
+            "demo",
+            "--steps",
+            str(steps),
+            "--db",
+            self.db,
+        ]
         self.process = subprocess.Popen(
             [*command, "--port", str(self.port)],
             env=env,
@@ -204,7 +213,7 @@ def test_ctrl_c_to_the_demo_alone_stops_every_rank_and_finishes_the_run(tmp_path
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
 @pytest.mark.parametrize(
-    "started", [b"scaler.examples.tiny_lm", b"spawn_main"], ids=["trainer", "ranks"]
+    "started", [b"scalewatch.examples.tiny_lm", b"spawn_main"], ids=["trainer", "ranks"]
 )
 def test_a_ctrl_c_while_torch_is_imported_stops_quietly(tmp_path: Path, started: bytes) -> None:
     """A Ctrl-C in the demo's first seconds, while its trainer (or its ranks) still imported
@@ -267,12 +276,12 @@ def test_the_ranks_stop_and_finish_the_run_when_the_demo_is_killed(tmp_path: Pat
 def test_the_ranks_stop_and_finish_the_run_when_the_trainer_is_stopped(
     tmp_path: Path, stop: signal.Signals
 ) -> None:
-    """``python -m scaler.examples.tiny_lm`` run directly: a SIGTERM to it (a process
+    """``python -m scalewatch.examples.tiny_lm`` run directly: a SIGTERM to it (a process
     manager's stop) stops its ranks as a Ctrl-C does; killed outright, its ranks notice by
     themselves (they ignore SIGINT, so torch's parent-death SIGINT no longer reaches them)."""
     db = tmp_path / "lm.db"
     mark = uuid.uuid4().hex
-    command = [sys.executable, "-m", "scaler.examples.tiny_lm", "--steps", "100000"]
+    command = [sys.executable, "-m", "scalewatch.examples.tiny_lm", "--steps", "100000"]
     trainer = subprocess.Popen(
         [*command, "--db", f"sqlite:///{db}"],
         env={**os.environ, "SCALEWATCH_TEST_MARK": mark},
@@ -304,7 +313,7 @@ def test_a_sigterm_while_the_trainer_starts_its_ranks_waits_until_they_have(
 ) -> None:
     """A SIGTERM (the demo passing on a Ctrl-C) in the middle of ``mp.spawn`` raised there:
     a traceback, and a rank left unable to start. It now stops the ranks once started."""
-    from scaler.examples import tiny_lm
+    from scalewatch.examples import tiny_lm
 
     class Started:
         processes: list[Any] = []
@@ -347,7 +356,7 @@ def test_a_rank_stuck_in_a_collective_ends_when_its_launcher_is_killed(
     stopped: list[int] = []
     try:
         wait_for(demo.training, 240, "the ranks to train")
-        (trainer,) = demo.marked(b"scaler.examples.tiny_lm")
+        (trainer,) = demo.marked(b"scalewatch.examples.tiny_lm")
         first, second = sorted(demo.marked(b"spawn_main"))
         os.kill(second, signal.SIGSTOP)
         stopped.append(second)
@@ -367,9 +376,9 @@ def test_the_demo_refuses_more_ranks_than_the_machine_runs_before_it_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``demo --world-size 500`` started 500 ranks on a 24 GB machine and exhausted it."""
-    from app.cli import _demo as demo
-    from app.cli import main
-    from scaler.examples import tiny_lm
+    from scalewatch.app.cli import _demo as demo
+    from scalewatch.app.cli import main
+    from scalewatch.examples import tiny_lm
 
     def started(*args: object, **kwargs: object) -> None:
         raise AssertionError("the trainer was started")
@@ -393,7 +402,7 @@ def test_the_demo_refuses_more_ranks_than_the_machine_runs_before_it_starts(
 
 
 def test_the_machine_runs_a_rank_per_core_or_per_gpu() -> None:
-    from scaler.examples import tiny_lm
+    from scalewatch.examples import tiny_lm
 
     cores, gpus = tiny_lm.max_world_size()
     assert cores == len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
@@ -413,7 +422,7 @@ class _Stream(io.StringIO):
 @pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "log"])
 def test_the_progress_redraws_one_line_on_a_terminal_only_and_ends_it(terminal: bool) -> None:
     """It wrote ``\\r`` into logs and pipes too, one long line of redraws."""
-    from scaler.examples.tiny_lm import Progress
+    from scalewatch.examples.tiny_lm import Progress
 
     out = _Stream(terminal)
     progress = Progress(250, out)
@@ -438,8 +447,8 @@ def test_a_ctrl_c_while_the_trainer_is_being_started_stops_it_as_any_other(
     trainer, without its handle, was never told to stop."""
     import socket as socket_module
 
-    import app.cli._demo as demo_module
-    from app.settings import Settings
+    import scalewatch.app.cli._demo as demo_module
+    from scalewatch.app.settings import Settings
 
     class Trainer:
         pid = 0
@@ -474,7 +483,7 @@ def test_a_ctrl_c_while_the_trainer_is_being_started_stops_it_as_any_other(
 def test_the_ranks_grace_is_the_default_unless_the_environment_names_a_positive_one(
     monkeypatch: pytest.MonkeyPatch, raw: str | None, expected: float
 ) -> None:
-    from scaler.examples import tiny_lm
+    from scalewatch.examples import tiny_lm
 
     if raw is None:
         monkeypatch.delenv(tiny_lm.RANK_STOP_ENV, raising=False)

@@ -10,7 +10,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from scaler.store.engine import Store
+from scalewatch.store.engine import Store
 from tests._helpers.golden import FC1, HEAD, diagnosed
 from tests._helpers.service import add_run, simulate
 

@@ -7,7 +7,7 @@ from html.parser import HTMLParser
 
 from fastapi.testclient import TestClient
 
-from app.dashboard import web_dir
+from scalewatch.app.dashboard import web_dir
 
 PAGES = ("/", "/run.html", "/docs")
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from app.live import hubs as hubs_module
-from app.live.hubs import Chunk, Hubs
-from scaler.store.engine import Store
-from scaler.store.queries import step_rows_after
+from scalewatch.app.live import hubs as hubs_module
+from scalewatch.app.live.hubs import Chunk, Hubs
+from scalewatch.store.engine import Store
+from scalewatch.store.queries import step_rows_after
 from tests._helpers.service import add_run, simulate
 from tests.app.test_stream_coalesce import PACING
 

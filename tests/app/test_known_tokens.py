@@ -12,11 +12,11 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from app.main import create_app
-from app.middleware import identity as identity_module
-from app.settings import Settings
-from scaler.store.engine import Store
-from scaler.store.identities import Role, create_identity, revoke_identity
+from scalewatch.app.main import create_app
+from scalewatch.app.middleware import identity as identity_module
+from scalewatch.app.settings import Settings
+from scalewatch.store.engine import Store
+from scalewatch.store.identities import Role, create_identity, revoke_identity
 from tests._helpers.service import TOKEN, add_run, auth, simulate
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import app
+from scalewatch import app
 
 APP = Path(app.__file__).resolve().parent
 
@@ -21,7 +21,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_the_service_writes_no_sql_of_its_own() -> None:
-    """Statements are written in scaler.store; app/ may only catch the driver's errors."""
+    """Statements are written in scalewatch.store; app/ may only catch the driver's errors."""
     writes_sql = {
         path.relative_to(APP).as_posix(): sorted(
             name

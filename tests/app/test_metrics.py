@@ -5,7 +5,7 @@ import dataclasses
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from scaler.store.engine import Store
+from scalewatch.store.engine import Store
 from tests._helpers.service import add_run, simulate
 
 

@@ -15,9 +15,9 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from scaler.store.engine import open_store
-from scaler.store.runs import end_run
-from scaler.store.schema import identities
+from scalewatch.store.engine import open_store
+from scalewatch.store.runs import end_run
+from scalewatch.store.schema import identities
 from tests._helpers.net import free_port
 from tests._helpers.processes import end_process
 from tests._helpers.service import add_run, simulate
@@ -40,7 +40,7 @@ def test_no_secret_in_any_log_line_answer_metric_or_export(tmp_path: Path) -> No
         end_run(store, run)  # its streams end by themselves
     port = free_port()
     command = [
-        sys.executable, "-m", "app", "serve", "--port", str(port), "--db", url,
+        sys.executable, "-m", "scalewatch.app", "serve", "--port", str(port), "--db", url,
         "--trust-proxy", "127.0.0.1/32", "--proxy-user-header", "X-Forwarded-User",
     ]  # fmt: skip
     log = tmp_path / "serve.log"

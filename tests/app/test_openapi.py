@@ -9,7 +9,7 @@ import jsonschema_rs
 import pytest
 from fastapi.testclient import TestClient
 
-from scaler._control import normalise
+from scalewatch._control import normalise
 
 
 @pytest.fixture

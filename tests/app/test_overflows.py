@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from scaler.store.engine import Store
+from scalewatch.store.engine import Store
 from tests._helpers.service import add_run, simulate
 
 

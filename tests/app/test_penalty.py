@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from app.middleware.penalty import FailurePenalty
-from scaler.store.engine import Store
+from scalewatch.app.middleware.penalty import FailurePenalty
+from scalewatch.store.engine import Store
 from tests._helpers.service import TOKEN, add_run, auth, simulate
 
 

@@ -9,11 +9,11 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from app.cli import main
-from app.main import create_app
-from app.settings import Settings
-from scaler.store.control import control_history
-from scaler.store.engine import Store, open_store
+from scalewatch.app.cli import main
+from scalewatch.app.main import create_app
+from scalewatch.app.settings import Settings
+from scalewatch.store.control import control_history
+from scalewatch.store.engine import Store, open_store
 from tests._helpers.ceiling import CeilingTrainer, enable, settled
 from tests._helpers.golden import GOLDEN_CSV, ROWS, diagnosed
 from tests._helpers.postgres import PASSWORD

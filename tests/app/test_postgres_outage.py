@@ -9,7 +9,7 @@ import logging
 import pytest
 from fastapi.testclient import TestClient
 
-from scaler.store.engine import Store
+from scalewatch.store.engine import Store
 from tests._helpers.postgres import Cluster
 from tests._helpers.service import add_run, simulate
 from tests._helpers.waiting import wait_for

@@ -8,10 +8,10 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from app.main import create_app
-from app.settings import Settings
-from scaler.store.engine import Store
-from scaler.store.identities import identity_events_page, list_identities, revoke_identity
+from scalewatch.app.main import create_app
+from scalewatch.app.settings import Settings
+from scalewatch.store.engine import Store
+from scalewatch.store.identities import identity_events_page, list_identities, revoke_identity
 from tests._helpers.service import TOKEN, add_run, auth, simulate
 
 USER, ROLE = "X-Forwarded-User", "X-Forwarded-Role"

@@ -10,12 +10,12 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from app.main import create_app
-from app.middleware.identity import TICKET_S, Identity
-from app.settings import Settings
-from scaler.store.engine import Store
-from scaler.store.identities import Role, create_identity
-from scaler.store.runs import end_run
+from scalewatch.app.main import create_app
+from scalewatch.app.middleware.identity import TICKET_S, Identity
+from scalewatch.app.settings import Settings
+from scalewatch.store.engine import Store
+from scalewatch.store.identities import Role, create_identity
+from scalewatch.store.runs import end_run
 from tests._helpers.service import TOKEN, add_run, auth, simulate
 
 

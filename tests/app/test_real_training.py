@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from scaler.store.engine import Store
+from scalewatch.store.engine import Store
 from tests._helpers.serving import events
 from tests._helpers.waiting import wait_for
 
@@ -25,13 +25,12 @@ TRAINER = """
 import sys, time
 from pathlib import Path
 import torch
-import scaler
-
+import scalewatch
 url, stop, poisoned = sys.argv[1], Path(sys.argv[2]), {int(s) for s in sys.argv[3].split(",")}
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-gs = scaler.GradScaler("cpu", growth_interval=4, telemetry=url, run_name="real-training")
+gs = scalewatch.GradScaler("cpu", growth_interval=4, telemetry=url, run_name="real-training")
 step = 0
 while not stop.exists() and step < 2000:
     step += 1

@@ -1,6 +1,6 @@
 """Every operation of the OpenAPI document against every kind of caller: let through,
 401 or 403, as the role the operation needs says. A route added without a role in
-app.middleware.roles makes create_app refuse to start, and this matrix with it."""
+scalewatch.app.middleware.roles makes create_app refuse to start, and this matrix with it."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from app.main import create_app
-from app.middleware.penalty import FailurePenalty
-from app.middleware.roles import ROUTE_ROLES, undeclared
-from app.settings import Settings
-from scaler.store.engine import Store
-from scaler.store.identities import Role, create_identity, revoke_identity
-from scaler.store.runs import end_run
+from scalewatch.app.main import create_app
+from scalewatch.app.middleware.penalty import FailurePenalty
+from scalewatch.app.middleware.roles import ROUTE_ROLES, undeclared
+from scalewatch.app.settings import Settings
+from scalewatch.store.engine import Store
+from scalewatch.store.identities import Role, create_identity, revoke_identity
+from scalewatch.store.runs import end_run
 from tests._helpers.service import LOCAL, TOKEN, add_run, auth, simulate
 
 CALLERS = ("anonymous", "viewer", "operator", "admin", "revoked", "expired", "bootstrap")

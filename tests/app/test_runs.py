@@ -4,8 +4,8 @@ import re
 
 from fastapi.testclient import TestClient
 
-from scaler.store.engine import Store
-from scaler.store.runs import end_run
+from scalewatch.store.engine import Store
+from scalewatch.store.runs import end_run
 from tests._helpers.service import add_run, simulate
 
 

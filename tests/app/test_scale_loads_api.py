@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from app.middleware.roles import ROUTE_ROLES
-from scaler.store.engine import Store
-from scaler.store.identities import Role
-from scaler.store.scale_loads import ScaleLoad, record_scale_load
+from scalewatch.app.middleware.roles import ROUTE_ROLES
+from scalewatch.store.engine import Store
+from scalewatch.store.identities import Role
+from scalewatch.store.scale_loads import ScaleLoad, record_scale_load
 from tests._helpers.service import add_run, simulate
 
 

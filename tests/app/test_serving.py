@@ -18,8 +18,8 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from app.cli import main
-from app.cli._serving import (
+from scalewatch.app.cli import main
+from scalewatch.app.cli._serving import (
     MIN_TOKEN_CHARS,
     SHUTDOWN_GRACE_S,
     BindRefused,
@@ -28,11 +28,11 @@ from app.cli._serving import (
     prepare,
     ready_to_serve,
 )
-from app.main import create_app
-from app.middleware.security import check_token, host_name, is_loopback
-from app.settings import Settings
-from scaler.store.engine import open_store
-from scaler.store.runs import write_steps
+from scalewatch.app.main import create_app
+from scalewatch.app.middleware.security import check_token, host_name, is_loopback
+from scalewatch.app.settings import Settings
+from scalewatch.store.engine import open_store
+from scalewatch.store.runs import write_steps
 from tests._helpers.service import add_run, simulate
 
 
@@ -107,11 +107,11 @@ def test_an_empty_token_is_no_token(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_exported_members() -> None:
-    import app
+    from scalewatch import app
 
     assert app.__all__ == ["Settings", "create_app", "get_settings"]
     for name in app.__all__:
-        assert getattr(app, name).__module__.startswith("app.")
+        assert getattr(app, name).__module__.startswith("scalewatch.app.")
 
 
 def test_a_port_in_use_fails_before_any_token_is_written(
@@ -208,7 +208,7 @@ def test_ctrl_c_stops_serve_while_a_live_stream_is_open(tmp_path: Path) -> None:
     port = sock.getsockname()[1]
     sock.close()
     env = {**os.environ, "SCALEWATCH_TOKEN": "t"}
-    command = [sys.executable, "-m", "app", "serve", "--port", str(port), "--db", url]
+    command = [sys.executable, "-m", "scalewatch.app", "serve", "--port", str(port), "--db", url]
     with subprocess.Popen(
         command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     ) as server:

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from app import Settings, create_app
+from scalewatch.app import Settings, create_app
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,10 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scaler.store.engine import Store, open_store
-from scaler.store.queries import chart_series
-from scaler.store.records import StepRecord
-from scaler.store.schema import ROLLUP_LEVELS
+from scalewatch.store.engine import Store, open_store
+from scalewatch.store.queries import chart_series
+from scalewatch.store.records import StepRecord
+from scalewatch.store.schema import ROLLUP_LEVELS
 from tests._helpers.service import add_run, simulate
 
 BIG = max(ROLLUP_LEVELS.values()) + 40_000  # every rollup level has whole buckets

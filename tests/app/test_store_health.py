@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.cli import main
-from scaler.store.engine import Store, storage_failure
+from scalewatch.app.cli import main
+from scalewatch.store.engine import Store, storage_failure
 from tests._helpers.service import add_run, simulate
 
 DAMAGE_AT, DAMAGE_BYTES = 8192, 16 * 1024
@@ -120,7 +120,7 @@ def test_an_export_the_store_fails_part_way_is_cut_short_in_one_line(
     the log one line: it got uvicorn's traceback."""
     import httpx
 
-    import app.routes.export
+    import scalewatch.app.routes.export
 
     run = add_run(store, simulate(20, set()))
 
@@ -128,7 +128,7 @@ def test_an_export_the_store_fails_part_way_is_cut_short_in_one_line(
         yield "step,wall_time\n"
         raise sqlite3.DatabaseError("database disk image is malformed")
 
-    monkeypatch.setattr(app.routes.export, "export_chunks", failing)
+    monkeypatch.setattr(scalewatch.app.routes.export, "export_chunks", failing)
     caplog.set_level(logging.WARNING)
     with pytest.raises(httpx.RemoteProtocolError):
         httpx.get(f"{server}/api/runs/{run}/export", timeout=10)

@@ -12,18 +12,18 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-import app.live.hubs as hubs_module
-from app.live.sse import sse_event
-from scaler.store.engine import Store, open_store
-from scaler.store.identities import Role, create_identity
-from scaler.store.runs import end_run
+import scalewatch.app.live.hubs as hubs_module
+from scalewatch.app.live.sse import sse_event
+from scalewatch.store.engine import Store, open_store
+from scalewatch.store.identities import Role, create_identity
+from scalewatch.store.runs import end_run
 from tests._helpers.service import add_run, simulate
 from tests._helpers.serving import events, serve_on_thread
 
 WRITER = """
 import sys, time
-from scaler.store.engine import open_store
-from scaler.store.runs import end_run, heartbeat, write_steps
+from scalewatch.store.engine import open_store
+from scalewatch.store.runs import end_run, heartbeat, write_steps
 from tests._helpers.service import simulate
 url, run = sys.argv[1], int(sys.argv[2])
 store = open_store(url)

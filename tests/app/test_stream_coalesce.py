@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import time
 
-from app.live.hubs import STEP_PAGE, Chunk, Hub, Pacing, _read_new
-from scaler.store.engine import Store
-from scaler.store.queries import step_rows_after
+from scalewatch.app.live.hubs import STEP_PAGE, Chunk, Hub, Pacing, _read_new
+from scalewatch.store.engine import Store
+from scalewatch.store.queries import step_rows_after
 from tests._helpers.service import add_run, simulate
 
 PACING = Pacing(

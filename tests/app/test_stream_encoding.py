@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from app.live.sse import sse_event, step_events
-from scaler.store.queries import step_dict
+from scalewatch.app.live.sse import sse_event, step_events
+from scalewatch.store.queries import step_dict
 
 
 def row(step: int, **changes: Any) -> tuple[Any, ...]:

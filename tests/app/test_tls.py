@@ -40,7 +40,7 @@ def test_serve_answers_https_with_the_certificate(tmp_path: Path) -> None:
     cert, key = self_signed(tmp_path)
     port = free_port()
     command = [
-        sys.executable, "-m", "app", "serve", "--port", str(port),
+        sys.executable, "-m", "scalewatch.app", "serve", "--port", str(port),
         "--db", f"sqlite:///{tmp_path / 'sw.db'}",
         "--ssl-certfile", str(cert), "--ssl-keyfile", str(key),
     ]  # fmt: skip
@@ -72,7 +72,7 @@ def test_serve_answers_https_with_the_certificate(tmp_path: Path) -> None:
 def test_a_certificate_without_its_key_is_refused(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from app.cli import cli
+    from scalewatch.app.cli import cli
 
     result = CliRunner().invoke(cli, ["serve", "--ssl-certfile", "c.pem", "--db", "x.db"])
     assert result.exit_code == 2

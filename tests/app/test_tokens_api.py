@@ -4,8 +4,8 @@ import time
 
 from fastapi.testclient import TestClient
 
-from scaler.store.engine import Store
-from scaler.store.identities import identity_events_page
+from scalewatch.store.engine import Store
+from scalewatch.store.identities import identity_events_page
 from tests._helpers.service import TOKEN, add_run, auth, simulate
 
 

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.alerts.config import Webhook
-from app.alerts.webhooks import WebhookSender, payload
-from app.main import create_app
-from app.settings import Settings
-from scaler.store.alerts import AlertRow
-from scaler.store.engine import Store
-from scaler.store.runs import write_steps
-from scaler.store.states import AlertState
+from scalewatch.app.alerts.config import Webhook
+from scalewatch.app.alerts.webhooks import WebhookSender, payload
+from scalewatch.app.main import create_app
+from scalewatch.app.settings import Settings
+from scalewatch.store.alerts import AlertRow
+from scalewatch.store.engine import Store
+from scalewatch.store.runs import write_steps
+from scalewatch.store.states import AlertState
 from tests._helpers.receiver import receiver
 from tests._helpers.service import LOCAL, add_run, simulate
 from tests._helpers.waiting import wait_for

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-import scaler
+import scalewatch
 from tests._helpers.integrations import INIT_SCALE, batches, the_run, tiny_model
 
 accelerate = pytest.importorskip(
@@ -61,7 +61,9 @@ def _train(grad_scaler: Any) -> tuple[list[float], list[bool]]:
 
 def test_accelerate_trains_with_our_scaler_as_with_torchs(db_url: str) -> None:
     theirs = _train(torch.amp.GradScaler("cpu", init_scale=INIT_SCALE))
-    ours = scaler.GradScaler("cpu", init_scale=INIT_SCALE, telemetry=db_url, run_name="accelerate")
+    ours = scalewatch.GradScaler(
+        "cpu", init_scale=INIT_SCALE, telemetry=db_url, run_name="accelerate"
+    )
     scales, skipped = _train(ours)
     ours.close()
     assert (scales, skipped) == theirs
@@ -75,10 +77,9 @@ ON_A_GPU = """
 import torch
 from accelerate import Accelerator
 
-import scaler
-
+import scalewatch
 accelerator = Accelerator(mixed_precision="fp16")
-assert isinstance(accelerator.scaler, scaler.GradScaler), type(accelerator.scaler)
+assert isinstance(accelerator.scaler, scalewatch.GradScaler), type(accelerator.scaler)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 model, optimizer = accelerator.prepare(model, optimizer)
@@ -97,7 +98,16 @@ def test_the_scaler_accelerate_builds_on_a_gpu_is_ours_under_instrument(tmp_path
     path = tmp_path / "train.py"
     path.write_text(textwrap.dedent(ON_A_GPU))
     db = f"sqlite:///{tmp_path / 'sw.db'}"
-    command = [sys.executable, "-m", "app", "instrument", "--db", db, "--run-name", "unedited"]
+    command = [
+        sys.executable,
+        "-m",
+        "scalewatch.app",
+        "instrument",
+        "--db",
+        db,
+        "--run-name",
+        "unedited",
+    ]
     done = subprocess.run(
         [*command, "--", sys.executable, str(path)],
         capture_output=True,
@@ -115,7 +125,7 @@ def _scheduled(optimizer: str, hold: bool) -> tuple[int, int, int]:
     """``STEPS`` steps through ``AcceleratedScheduler``, the scheduler inside it held or
     not: (its last_epoch, the optimizer steps skipped, those accelerate saw skipped)."""
     accelerator = accelerate.Accelerator(mixed_precision="fp16", cpu=True)
-    grad_scaler = scaler.GradScaler("cpu", init_scale=INIT_SCALE, telemetry=False)
+    grad_scaler = scalewatch.GradScaler("cpu", init_scale=INIT_SCALE, telemetry=False)
     accelerator.scaler = grad_scaler
     module = tiny_model()
     opt = (

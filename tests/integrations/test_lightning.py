@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-import scaler
+import scalewatch
 from tests._helpers.integrations import INIT_SCALE, batches, instrumented, the_run, tiny_model
 
 L = pytest.importorskip(
@@ -52,7 +52,7 @@ def _fabric_scales(grad_scaler: Any) -> tuple[list[float], list[torch.Tensor]]:
 
 def test_fabric_trains_with_our_scaler_as_with_torchs(db_url: str) -> None:
     theirs, their_params = _fabric_scales(torch.amp.GradScaler("cpu", init_scale=INIT_SCALE))
-    ours = scaler.GradScaler("cpu", init_scale=INIT_SCALE, telemetry=db_url, run_name="fabric")
+    ours = scalewatch.GradScaler("cpu", init_scale=INIT_SCALE, telemetry=db_url, run_name="fabric")
     scales, params = _fabric_scales(ours)
     ours.close()
     assert scales == theirs
@@ -98,7 +98,7 @@ def _fit(precision: MixedPrecision, root: Path, steps: int = STEPS) -> Regressio
 def test_trainer_fits_a_lightning_module_with_our_scaler(db_url: str, tmp_path: Path) -> None:
     theirs = torch.amp.GradScaler("cpu", init_scale=INIT_SCALE)
     their_module = _fit(MixedPrecision("16-mixed", "cpu", scaler=theirs), tmp_path)
-    ours = scaler.GradScaler("cpu", init_scale=INIT_SCALE, telemetry=db_url, run_name="trainer")
+    ours = scalewatch.GradScaler("cpu", init_scale=INIT_SCALE, telemetry=db_url, run_name="trainer")
     module = _fit(MixedPrecision("16-mixed", "cpu", scaler=ours), tmp_path)
     ours.close()
     pairs = zip(module.parameters(), their_module.parameters(), strict=True)
@@ -117,7 +117,7 @@ def test_the_scaler_lightning_builds_is_ours_under_instrument(
     monkeypatch.setenv("SCALEWATCH_RUN_NAME", "unedited")
     with instrumented():
         precision = MixedPrecision("16-mixed", "cpu")  # Lightning builds torch.amp.GradScaler
-        assert isinstance(precision.scaler, scaler.GradScaler)
+        assert isinstance(precision.scaler, scalewatch.GradScaler)
         _fit(precision, tmp_path, steps=10)
         precision.scaler.close()
     run = the_run(db)
@@ -131,12 +131,12 @@ def test_fsdp_precision_takes_our_scaler_only_afterwards_or_instrumented(plugins
     it, or ``instrument``, is the way in. Its FSDP needs CUDA: the training is below."""
     fsdp_precision = importlib.import_module(plugins).FSDPPrecision
     with pytest.raises(ValueError, match="does not use a scaler"):
-        fsdp_precision("16-mixed", scaler=scaler.ShardedGradScaler("cpu", telemetry=False))
+        fsdp_precision("16-mixed", scaler=scalewatch.ShardedGradScaler("cpu", telemetry=False))
     with instrumented(), warnings.catch_warnings():
         # It builds ShardedGradScaler() for "cuda", which torch's __init__ disables without one.
         warnings.filterwarnings("ignore", "torch.cuda.amp.GradScaler is enabled, but CUDA")
         built = fsdp_precision("16-mixed").scaler
-    assert isinstance(built, scaler.ShardedGradScaler)
+    assert isinstance(built, scalewatch.ShardedGradScaler)
     built.close()
 
 
@@ -145,7 +145,7 @@ import torch
 from lightning.fabric import Fabric
 from lightning.fabric.plugins import FSDPPrecision
 from lightning.fabric.strategies import FSDPStrategy
-from scaler import ShardedGradScaler
+from scalewatch import ShardedGradScaler
 
 precision = FSDPPrecision("16-mixed")
 precision.scaler = ShardedGradScaler("cuda", init_scale=2.0**24, run_name="fabric-fsdp")
@@ -163,7 +163,7 @@ precision.scaler.close()
 FSDP_TRAINER = """
 import lightning as L
 import torch
-from scaler import ShardedGradScaler
+from scalewatch import ShardedGradScaler
 
 
 class Regression(L.LightningModule):
@@ -212,7 +212,15 @@ def test_fabric_fsdp_trains_with_our_sharded_scaler(tmp_path: Path) -> None:
 
 @pytest.mark.cuda
 def test_trainer_fsdp_under_scalewatch_instrument(tmp_path: Path) -> None:
-    instrument = [sys.executable, "-m", "app", "instrument", "--run-name", "trainer-fsdp", "--"]
+    instrument = [
+        sys.executable,
+        "-m",
+        "scalewatch.app",
+        "instrument",
+        "--run-name",
+        "trainer-fsdp",
+        "--",
+    ]
     _run_script(tmp_path, FSDP_TRAINER, *instrument)
     run = the_run(f"sqlite:///{tmp_path / 'sw.db'}")
     assert (run.name, run.status, run.steps, run.world_size) == ("trainer-fsdp", "finished", 20, 1)
@@ -243,7 +251,7 @@ class Scheduled(Regression):
 def test_the_trainer_steps_a_held_scheduler_only_on_real_steps(
     db_url: str, tmp_path: Path, hold: bool
 ) -> None:
-    ours = scaler.GradScaler("cpu", init_scale=INIT_SCALE, telemetry=db_url, run_name="held")
+    ours = scalewatch.GradScaler("cpu", init_scale=INIT_SCALE, telemetry=db_url, run_name="held")
     data = torch.utils.data.TensorDataset(torch.cat(batches(STEPS)))
     trainer = L.Trainer(
         accelerator="cpu",

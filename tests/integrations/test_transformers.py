@@ -3,7 +3,7 @@
 ``TrainingArguments(fp16=True)`` on the CPU (transformers 5.23, accelerate 1.15) builds no
 scaler and does not autocast; ``trainer.accelerator.scaler`` set before ``train()`` is used
 for every step. On a GPU the Trainer's accelerator builds torch's, which
-``scaler.instrument.instrument()`` makes ours.
+``scalewatch.instrument.instrument()`` makes ours.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import scaler
+import scalewatch
 from tests._helpers.integrations import the_run
 
 HOW = "pip install -c constraints.txt '.[integrations]'"
@@ -75,7 +75,9 @@ def test_hf_trainer_steps_with_the_scaler_set_on_its_accelerator(
     )
     assert trainer.accelerator.scaler is None  # none built on the CPU
     # Gradients stay fp32 here: a scale near float32's largest makes the first steps overflow.
-    ours = scaler.GradScaler("cpu", init_scale=2.0**127, telemetry=db_url, run_name="hf-trainer")
+    ours = scalewatch.GradScaler(
+        "cpu", init_scale=2.0**127, telemetry=db_url, run_name="hf-trainer"
+    )
     trainer.accelerator.scaler = ours
     trainer.train()
     ours.close()
@@ -90,8 +92,8 @@ ON_A_GPU = """
 import torch
 import transformers
 
-import scaler
-from scaler.instrument import instrument
+import scalewatch
+from scalewatch.instrument import instrument
 
 instrument()
 config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2,
@@ -101,7 +103,8 @@ args = transformers.TrainingArguments(output_dir="out", fp16=True, per_device_tr
                                       max_steps=20, report_to="none", save_strategy="no")
 trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(config), args=args,
                                train_dataset=[{"input_ids": r, "labels": r} for r in ids])
-assert isinstance(trainer.accelerator.scaler, scaler.GradScaler), type(trainer.accelerator.scaler)
+ours = trainer.accelerator.scaler
+assert isinstance(ours, scalewatch.GradScaler), type(ours)
 trainer.train()
 trainer.accelerator.scaler.close()
 """

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from scaler.store import open_store
-from scaler.store.control import control_history, request_control
-from scaler.store.runs import HEARTBEAT_TIMEOUT_S
-from scaler.store.schema import runs, steps
+from scalewatch.store import open_store
+from scalewatch.store.control import control_history, request_control
+from scalewatch.store.runs import HEARTBEAT_TIMEOUT_S
+from scalewatch.store.schema import runs, steps
 from tests._helpers.faults import (
     TOKEN,
     Service,
@@ -331,14 +331,14 @@ def _slow_rank(rank: int, world: int, url: str, folder: str) -> dict[str, Any]:
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    import scaler
+    import scalewatch
 
     torch.manual_seed(0)
     model = DistributedDataParallel(
         torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     )
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    gs = scaler.ShardedGradScaler(
+    gs = scalewatch.ShardedGradScaler(
         "cpu", init_scale=INIT, growth_interval=1000, telemetry=url, run_name="slow-rank"
     )
     g = torch.Generator().manual_seed(rank)
@@ -445,7 +445,7 @@ def _restarting_rank(rank: int, world: int, url: str, folder: str, phase: int) -
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    import scaler
+    import scalewatch
 
     torch.manual_seed(phase)
     model = DistributedDataParallel(
@@ -454,7 +454,9 @@ def _restarting_rank(rank: int, world: int, url: str, folder: str, phase: int) -
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     if phase == 2:  # started beside phase 1, to restart in seconds once it is down
         wait_for(Path(folder, "restart").exists, 180, "the job to go down")
-    gs = scaler.ShardedGradScaler("cpu", growth_interval=1000, telemetry=url, run_name="restart")
+    gs = scalewatch.ShardedGradScaler(
+        "cpu", growth_interval=1000, telemetry=url, run_name="restart"
+    )
     checkpoint = Path(folder, f"scaler-{rank}.json")
     if phase == 2:
         gs.load_state_dict(json.loads(checkpoint.read_text()))

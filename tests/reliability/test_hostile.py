@@ -23,15 +23,15 @@ from schemathesis.core.failures import Failure, FailureGroup
 from schemathesis.openapi.checks import RejectedPositiveData
 from torch import nn
 
-import scaler
-from app.main import create_app
-from app.middleware.penalty import FailurePenalty
-from app.settings import Settings
-from scaler.store.autopilot import get_autopilot
-from scaler.store.control import control_history
-from scaler.store.engine import Store, open_store
-from scaler.store.identities import Role, create_identity, list_identities
-from scaler.store.runs import create_run, end_run, heartbeat
+import scalewatch
+from scalewatch.app.main import create_app
+from scalewatch.app.middleware.penalty import FailurePenalty
+from scalewatch.app.settings import Settings
+from scalewatch.store.autopilot import get_autopilot
+from scalewatch.store.control import control_history
+from scalewatch.store.engine import Store, open_store
+from scalewatch.store.identities import Role, create_identity, list_identities
+from scalewatch.store.runs import create_run, end_run, heartbeat
 from tests._helpers.service import (
     CONTROL,
     IDLE_AUTOPILOT_S,
@@ -266,7 +266,7 @@ class LiveScaler:
 
     def __init__(self, url: str) -> None:
         kwargs: dict[str, Any] = {"init_scale": 2.0**10, "growth_interval": 3}
-        self.ours = scaler.GradScaler(
+        self.ours = scalewatch.GradScaler(
             "cpu", min_scale=16.0, telemetry=url, run_name="live", **kwargs
         )
         self.torch = torch.amp.GradScaler("cpu", **kwargs)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from scaler.store.engine import open_store
-from scaler.store.identities import Role, create_identity
-from scaler.store.runs import create_run, write_steps
+from scalewatch.store.engine import open_store
+from scalewatch.store.identities import Role, create_identity
+from scalewatch.store.runs import create_run, write_steps
 from tests._helpers.load import (
     BATCH,
     TOKEN_ENV,

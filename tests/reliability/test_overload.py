@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from scaler.store.engine import open_store
-from scaler.store.queries import last_step as store_last_step
-from scaler.store.runs import create_run, write_steps
+from scalewatch.store.engine import open_store
+from scalewatch.store.queries import last_step as store_last_step
+from scalewatch.store.runs import create_run, write_steps
 from tests._helpers.load import records, result, serving, spawn, wait_streams_open
 from tests._helpers.service import CONTROL
 

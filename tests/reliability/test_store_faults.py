@@ -19,9 +19,9 @@ import pytest
 import torch
 from sqlalchemy import select
 
-from scaler.store import Store, open_store
-from scaler.store.schema import runs, steps, telemetry_gaps
-from scaler.telemetry import TelemetrySettings
+from scalewatch.store import Store, open_store
+from scalewatch.store.schema import runs, steps, telemetry_gaps
+from scalewatch.telemetry import TelemetrySettings
 from tests._helpers.faults import (
     DISK_FULL,
     READ_ONLY,

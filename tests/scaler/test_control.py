@@ -12,12 +12,12 @@ import pytest
 import torch
 from sqlalchemy import select
 
-import scaler
-from scaler.store import ControlValidationError, RunNotRunning, Store, open_store
-from scaler.store import control as store_control
-from scaler.store.control import control_history, control_state, request_control
-from scaler.store.runs import create_run, end_run
-from scaler.store.schema import control_requests, runs, steps
+import scalewatch
+from scalewatch.store import ControlValidationError, RunNotRunning, Store, open_store
+from scalewatch.store import control as store_control
+from scalewatch.store.control import control_history, control_state, request_control
+from scalewatch.store.runs import create_run, end_run
+from scalewatch.store.schema import control_requests, runs, steps
 from tests._helpers.ranks import Ranks
 from tests._helpers.twin import batch, mlp, sgd, train_step
 from tests._helpers.waiting import wait_for
@@ -53,7 +53,7 @@ def _controlled(
     # fused Adam steps on the device: no host read of the payload, so the request's flag
     # and then the request itself reach the host one update later (scaler/_agreement/host_copies.py)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True) if fused else sgd(model)[0]
-    gs = scaler.ShardedGradScaler(
+    gs = scalewatch.ShardedGradScaler(
         device, init_scale=INIT, growth_interval=1000, telemetry=url, run_name=f"control-{world}"
     )
     scales: list[float] = []
@@ -198,7 +198,7 @@ def test_idle_polls_only_probe_and_a_request_is_still_picked_up(
     url = db_url(tmp_path / "sw.db")
     model = mlp()
     opt = sgd(model)[0]
-    gs = scaler.GradScaler("cpu", init_scale=INIT, growth_interval=1000, telemetry=url)
+    gs = scalewatch.GradScaler("cpu", init_scale=INIT, growth_interval=1000, telemetry=url)
     train_step(gs, model, opt, 1)
     assert gs.flush(30)
     wait_for(lambda: len(probes) >= 3, 10, "three polls")
@@ -214,7 +214,7 @@ def test_idle_polls_only_probe_and_a_request_is_still_picked_up(
     store.close()
 
 
-@pytest.mark.parametrize("cls", [scaler.GradScaler, scaler.ShardedGradScaler])
+@pytest.mark.parametrize("cls", [scalewatch.GradScaler, scalewatch.ShardedGradScaler])
 def test_single_process_applies_at_the_next_update(tmp_path: Path, cls: type) -> None:
     url = db_url(tmp_path / "sw.db")
     model = mlp()
@@ -355,7 +355,7 @@ def test_requests_past_the_store_validation_are_refused_and_nothing_changes(
     model, twin = mlp(), mlp()
     opt, twin_opt = sgd(model)[0], sgd(twin)[0]
     kwargs = {"init_scale": 2.0**8, "growth_interval": 3}
-    gs = scaler.GradScaler("cpu", min_scale=16.0, max_scale=2.0**20, telemetry=url, **kwargs)
+    gs = scalewatch.GradScaler("cpu", min_scale=16.0, max_scale=2.0**20, telemetry=url, **kwargs)
     reference = torch.amp.GradScaler("cpu", **kwargs)
     train_step(gs, model, opt, 1)
     train_step(reference, twin, twin_opt, 1)

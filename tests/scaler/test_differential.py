@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
-import scaler
-from scaler import _torch_compat as compat
+import scalewatch
+from scalewatch import _torch_compat as compat
 from tests._helpers.twin import (
     FACTORS,
     INJECT,
@@ -168,7 +168,7 @@ def test_the_cuda_unavailable_warning_names_the_callers_line() -> None:
     if torch.cuda.is_available():
         pytest.skip("warns only without CUDA")
     records = []
-    for cls in (torch.amp.GradScaler, scaler.GradScaler):
+    for cls in (torch.amp.GradScaler, scalewatch.GradScaler):
         with pytest.warns(UserWarning, match="CUDA is not available") as w:
             gs = cls("cuda")  # one line for both: the warning names it
         assert not gs.is_enabled()
@@ -223,7 +223,7 @@ def test_plain_refuses_fp16_gradients_as_torch_naming_them_and_the_fixes(device:
     errors = []
     for gs in make_pair("plain", device=device):
         model = mlp(dtype=torch.float16).to(device)
-        if gs.__module__.startswith("scaler"):
+        if gs.__module__.startswith("scalewatch"):
             gs.watch(model)
         with pytest.raises(ValueError) as caught:
             train(gs, model, sgd(model), steps=1, dtype=torch.float16)
@@ -444,7 +444,7 @@ def test_a_disabled_sharded_scaler_given_its_group_pickles_as_torchs(group: None
     held the group (which does not pickle) even when disabled."""
     pg = dist.new_group([0])
     theirs = TorchSharded("cpu", enabled=False, process_group=pg)
-    ours = scaler.ShardedGradScaler("cpu", enabled=False, process_group=pg, telemetry=False)
+    ours = scalewatch.ShardedGradScaler("cpu", enabled=False, process_group=pg, telemetry=False)
     for gs in (theirs, ours):
         assert not hasattr(gs, "process_group")
         for restored in (pickle.loads(pickle.dumps(gs)), copy.deepcopy(gs)):
@@ -515,7 +515,7 @@ def test_misuse_errors_match_torch(kind: str, device: str, case: str) -> None:
 @pytest.mark.parametrize("kind_name", ["plain", "sharded"])
 def test_nonsense_values_torch_accepts_are_refused(kind_name: str) -> None:
     """Intended difference: torch takes growth_interval 0 and a zero backoff silently."""
-    cls = scaler.GradScaler if kind_name == "plain" else scaler.ShardedGradScaler
+    cls = scalewatch.GradScaler if kind_name == "plain" else scalewatch.ShardedGradScaler
     reference_cls = torch.amp.GradScaler if kind_name == "plain" else TorchSharded
     for bad in ({"growth_interval": 0}, {"backoff_factor": 0.0}, {"init_scale": float("nan")}):
         reference_cls("cpu", **bad)
@@ -535,7 +535,7 @@ def test_sharded_without_process_group_equals_torch_with_world_of_one(
 ) -> None:
     """Intended difference: torch's sharded class needs a process group even for one process."""
     kwargs = {**FACTORS, "growth_interval": 2, "device": device}
-    ours = sharded_trace(scaler.ShardedGradScaler(telemetry=False, **kwargs))
+    ours = sharded_trace(scalewatch.ShardedGradScaler(telemetry=False, **kwargs))
     lonely = TorchSharded(**kwargs)
     with pytest.raises(ValueError, match="Default process group has not been initialized"):
         sharded_trace(lonely)

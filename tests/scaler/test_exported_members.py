@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-import scaler
+import scalewatch
 
 
 def test_all_is_pinned() -> None:
-    assert scaler.__all__ == [
+    assert scalewatch.__all__ == [
         "GradScaler",
         "ScalerCheckpoint",
         "ScalerConfigError",
@@ -15,5 +15,5 @@ def test_all_is_pinned() -> None:
 
 
 def test_every_exported_name_is_defined() -> None:
-    for name in scaler.__all__:
-        assert getattr(scaler, name).__name__ == name
+    for name in scalewatch.__all__:
+        assert getattr(scalewatch, name).__name__ == name

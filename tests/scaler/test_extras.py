@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import torch
 
-import scaler
+import scalewatch
 from tests._helpers.twin import INJECT, Injection, Trace, make_pair, mlp, poison, sgd, train
 
 
 def ours_cls(kind: str) -> type:
-    return scaler.GradScaler if kind == "plain" else scaler.ShardedGradScaler
+    return scalewatch.GradScaler if kind == "plain" else scalewatch.ShardedGradScaler
 
 
 def run(gs: Any, steps: int = 16, inject: Injection | None = INJECT, seed: int = 0) -> Trace:
@@ -22,10 +22,10 @@ def run(gs: Any, steps: int = 16, inject: Injection | None = INJECT, seed: int =
     return train(gs, model, sgd(model), steps=steps, inject=inject)
 
 
-def expected_stats(init_scale: float, trace: Trace, inject: Injection) -> scaler.ScalerStats:
+def expected_stats(init_scale: float, trace: Trace, inject: Injection) -> scalewatch.ScalerStats:
     before = [init_scale, *trace.scales[:-1]]
     seen = [init_scale, *trace.scales]
-    return scaler.ScalerStats(
+    return scalewatch.ScalerStats(
         steps=len(trace.scales),
         skipped=sum(trace.skipped),
         overflows=len([s for s in inject if s < len(trace.scales)]),
@@ -52,7 +52,7 @@ def test_stats_count_what_torchs_run_shows(kind: str, device: str) -> None:
 
 def test_stats_before_any_step(kind: str) -> None:
     _, ours = make_pair(kind, init_scale=8.0)
-    assert ours.stats() == scaler.ScalerStats(
+    assert ours.stats() == scalewatch.ScalerStats(
         current_scale=8.0, min_scale_seen=8.0, max_scale_seen=8.0
     )
     assert not ours.had_overflow()
@@ -75,12 +75,12 @@ def test_checkpoint_round_trip_continues_identically(kind: str, device: str) -> 
     _, original = make_pair(kind, growth_interval=3, device=device, **kwargs)
     run(original, steps=7)
     checkpoint = original.checkpoint()
-    assert isinstance(checkpoint, scaler.ScalerCheckpoint)
+    assert isinstance(checkpoint, scalewatch.ScalerCheckpoint)
     assert checkpoint.scale == original.get_scale()
     assert checkpoint.growth_tracker == original._get_growth_tracker()
     assert (checkpoint.growth_factor, checkpoint.backoff_factor) == (1.7, 0.3)
     assert (checkpoint.growth_interval, checkpoint.step) == (3, 7)
-    assert scaler.ScalerCheckpoint.from_dict(checkpoint.to_dict()) == checkpoint
+    assert scalewatch.ScalerCheckpoint.from_dict(checkpoint.to_dict()) == checkpoint
 
     _, restored = make_pair(kind, device=device)
     restored.load_checkpoint(checkpoint)

@@ -1,4 +1,4 @@
-"""No code change: scalewatch's scalers where a script builds torch's (scaler.instrument)."""
+"""No code change: scalewatch's scalers where a script builds torch's (scalewatch.instrument)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import scaler
-from scaler import _aliases
-from scaler.instrument import instrument, site_dir, uninstrument
-from scaler.store import open_store
-from scaler.store.queries import list_runs
+import scalewatch
+from scalewatch import _aliases
+from scalewatch.instrument import instrument, site_dir, uninstrument
+from scalewatch.store import open_store
+from scalewatch.store.queries import list_runs
 from tests._helpers import integrations
 from tests._helpers.net import free_port
 
@@ -31,13 +31,13 @@ def instrumented() -> Iterator[None]:
 def test_every_name_of_torchs_scalers_builds_ours(instrumented: None) -> None:
     from torch.distributed.fsdp import sharded_grad_scaler
 
-    assert torch.amp.GradScaler is torch.GradScaler is scaler.GradScaler
-    assert torch.amp.grad_scaler.GradScaler is scaler.GradScaler
+    assert torch.amp.GradScaler is torch.GradScaler is scalewatch.GradScaler
+    assert torch.amp.grad_scaler.GradScaler is scalewatch.GradScaler
     assert torch.cuda.amp.GradScaler is _aliases.CudaGradScaler
     assert torch.cpu.amp.GradScaler is _aliases.CpuGradScaler
-    assert sharded_grad_scaler.ShardedGradScaler is scaler.ShardedGradScaler
+    assert sharded_grad_scaler.ShardedGradScaler is scalewatch.ShardedGradScaler
     gs = torch.amp.GradScaler("cpu", telemetry=False)
-    assert isinstance(gs, scaler.GradScaler)
+    assert isinstance(gs, scalewatch.GradScaler)
 
 
 def test_undone_torchs_classes_are_back() -> None:
@@ -62,7 +62,7 @@ def test_the_deprecated_aliases_warn_as_torchs_do() -> None:
     finally:
         uninstrument()
     gs.close()
-    assert isinstance(gs, scaler.GradScaler) and gs.get_scale() == 8.0
+    assert isinstance(gs, scalewatch.GradScaler) and gs.get_scale() == 8.0
     [want] = [w for w in theirs if w.category is FutureWarning]
     [got] = [w for w in ours if w.category is FutureWarning]
     assert str(got.message) == str(want.message)
@@ -108,7 +108,14 @@ def _instrument(tmp_path: Path, script: str, *launcher: str) -> subprocess.Compl
     path = tmp_path / "train.py"
     path.write_text(textwrap.dedent(script))
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "app", "instrument", "--db", f"sqlite:///{tmp_path / 'sw.db'}"]
+    command = [
+        sys.executable,
+        "-m",
+        "scalewatch.app",
+        "instrument",
+        "--db",
+        f"sqlite:///{tmp_path / 'sw.db'}",
+    ]
     return subprocess.run(
         [*command, "--run-name", "unedited", "--", *launcher, str(path)],
         capture_output=True,
@@ -123,7 +130,7 @@ def _instrument(tmp_path: Path, script: str, *launcher: str) -> subprocess.Compl
 def test_a_script_that_builds_torchs_scaler_records_a_run(tmp_path: Path) -> None:
     done = _instrument(tmp_path, SCRIPT, sys.executable)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["scaler.grad_scaler"]
+    assert done.stdout.split() == ["scalewatch.grad_scaler"]
     assert "Error in sitecustomize" not in done.stderr
     with open_store(f"sqlite:///{tmp_path / 'sw.db'}") as store:
         [run] = list_runs(store)
@@ -137,7 +144,9 @@ def test_every_rank_that_torchrun_starts_is_instrumented(tmp_path: Path) -> None
     torchrun += ["--master-port", str(free_port())]
     done = _instrument(tmp_path, SHARDED, *torchrun)
     assert done.returncode == 0, done.stderr
-    assert sorted(done.stdout.split()) == ["scaler.sharded:0", "scaler.sharded:1"], done.stdout
+    assert sorted(done.stdout.split()) == ["scalewatch.sharded:0", "scalewatch.sharded:1"], (
+        done.stdout
+    )
     with open_store(f"sqlite:///{tmp_path / 'sw.db'}") as store:
         [run] = list_runs(store)  # rank 0 reports
     assert (run.name, run.status, run.steps, run.world_size) == ("unedited", "finished", 5, 2)
@@ -146,7 +155,10 @@ def test_every_rank_that_torchrun_starts_is_instrumented(tmp_path: Path) -> None
 @pytest.mark.heavy
 def test_instrument_without_a_command_says_how(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "app", "instrument"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "scalewatch.app", "instrument"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 2
     assert done.stderr.startswith("scalewatch instrument: give the command to run after --")

@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch import nn
 
-import scaler
-from scaler._recording.learning_rates import group_rates
-from scaler.store import open_store
+import scalewatch
+from scalewatch._recording.learning_rates import group_rates
+from scalewatch.store import open_store
 from tests._helpers.stored import db_url, step_rows
 from tests._helpers.twin import INJECT, batch, mlp, poison
 
@@ -38,7 +38,7 @@ def _run(
 ) -> tuple[list[list[list[float]]], list[dict[str, Any]]]:
     """Train with a LambdaLR per optimizer, stepped after every ``step()`` as users do;
     returns what ``param_groups`` held at each ``step()`` and the stored rows."""
-    cls = scaler.GradScaler if kind == "plain" else scaler.ShardedGradScaler
+    cls = scalewatch.GradScaler if kind == "plain" else scalewatch.ShardedGradScaler
     gs = cls(device, init_scale=2.0**10, growth_interval=2, telemetry=url)
     model = mlp().to(device)
     opts = optimizers(model)

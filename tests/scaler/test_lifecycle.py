@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from scaler import GradScaler, ShardedGradScaler
-from scaler._recording import recorder as _recorder
-from scaler.store import open_store
-from scaler.store.schema import runs, steps
-from scaler.telemetry import TelemetrySettings, _writer
+from scalewatch import GradScaler, ShardedGradScaler
+from scalewatch._recording import recorder as _recorder
+from scalewatch.store import open_store
+from scalewatch.store.schema import runs, steps
+from scalewatch.telemetry import TelemetrySettings, _writer
 from tests._helpers.twin import mlp, sgd, train_step
 from tests._helpers.waiting import wait_for
 
@@ -27,8 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DROPPED = """
 import sys
 import torch
-import scaler
-
+import scalewatch
 def main():
     gs = getattr(scaler, sys.argv[2])("cpu", telemetry=sys.argv[1], run_name="dropped")
     model = torch.nn.Linear(4, 1)
@@ -176,7 +175,7 @@ def test_close_waits_only_briefly_for_a_store_that_is_failing(
     telemetry = gs._link.telemetry
     wait_for(lambda: telemetry.failing, 30, "the writer to find the store failing")
     closer = threading.Thread(target=gs.close)
-    with caplog.at_level(logging.WARNING, logger="scaler.telemetry"):
+    with caplog.at_level(logging.WARNING, logger="scalewatch.telemetry"):
         closer.start()
         closer.join(20)  # 30 s, the close() default, before the bound
         assert not closer.is_alive()
@@ -201,7 +200,7 @@ def test_close_waits_only_briefly_for_a_store_that_fails_while_it_waits(
     train_steps(gs, range(1, 4))
     telemetry = gs._link.telemetry
     closer = threading.Thread(target=gs.close)
-    with caplog.at_level(logging.WARNING, logger="scaler.telemetry"):
+    with caplog.at_level(logging.WARNING, logger="scalewatch.telemetry"):
         closer.start()
         wait_for(lambda: telemetry.closed, 30, "close() to start")
         assert telemetry.failing is None  # not failing yet when close() began waiting
@@ -234,7 +233,7 @@ def test_a_copy_recording_beside_its_original_writes_a_run_of_its_own(
     else:
         twin = GradScaler("cpu", telemetry=url, run_name="twin")
         twin.load_state_dict(original.state_dict())
-    with caplog.at_level(logging.WARNING, logger="scaler.telemetry"):
+    with caplog.at_level(logging.WARNING, logger="scalewatch.telemetry"):
         train_steps(original, range(3, 5))
         train_steps(twin, range(3, 5))
         twin.flush(30)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
-import scaler
+import scalewatch
 from tests._helpers.nets import FSDP2_HERE, skip_unless_fsdp2_here, wrap
 from tests._helpers.ranks import run_ranks
 from tests._helpers.twin import world1
@@ -27,7 +27,7 @@ STEPS = 8
 WIDTH = 16
 
 
-class Recorded(scaler.ShardedGradScaler):
+class Recorded(scalewatch.ShardedGradScaler):
     """Ours, keeping the per-step samples the recorder hands to telemetry (testing only)."""
 
     def _make_sink(self) -> Any:
@@ -206,7 +206,7 @@ def _threads_after_steps(rank: int, world: int, url: str) -> list[str]:
 
     model = nn.parallel.DistributedDataParallel(model_copy())
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    gs = scaler.ShardedGradScaler("cpu", telemetry=url, run_name="threads")
+    gs = scalewatch.ShardedGradScaler("cpu", telemetry=url, run_name="threads")
     for step in range(5):
         opt.zero_grad()
         g = torch.Generator().manual_seed(step + rank)
@@ -231,7 +231,7 @@ def test_only_the_reporting_rank_runs_threads(tmp_path: Any) -> None:
 def worker_float64(rank: int, world: int, kinds: list[str]) -> dict[str, Any]:
     """``worker`` with the payload a float64 copy of found_inf, as past 23 ranks, on
     several devices and on cuda (on cpu, up to 23 ranks, found_inf is agreed in place)."""
-    from scaler._agreement import payload as _payload
+    from scalewatch._agreement import payload as _payload
 
     _payload.IN_PLACE_RANKS = 0
     return worker(rank, world, kinds)

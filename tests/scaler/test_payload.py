@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from scaler._agreement import payload as _payload
+from scalewatch._agreement import payload as _payload
 
 
 def _reduced(world: int, overflowed: set[int], request: bool) -> list[float]:

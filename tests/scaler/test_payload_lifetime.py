@@ -14,8 +14,8 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from scaler import ShardedGradScaler
-from scaler._agreement import KEEP_REDUCED
+from scalewatch import ShardedGradScaler
+from scalewatch._agreement import KEEP_REDUCED
 
 
 def _step(gs: ShardedGradScaler, param: torch.nn.Parameter, opt: torch.optim.Optimizer) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import scaler
-from scaler._recording.pinned_rows import PinnedRing, PinnedRings
-from scaler._recording.step_values import split_values
+import scalewatch
+from scalewatch._recording.pinned_rows import PinnedRing, PinnedRings
+from scalewatch._recording.step_values import split_values
 from tests._helpers.twin import INJECT, mlp, sgd, train
 
 
@@ -97,12 +97,15 @@ def test_rows_match_torch_when_the_ring_fills_up(kind: str, rows: int | None, de
     """A full ring falls back to a buffer of the step's own: no step is lost or misread."""
     kwargs = {"device": device, "init_scale": 2.0**10, "growth_interval": 2}
     if kind == "plain":
-        theirs, ours = torch.amp.GradScaler(**kwargs), scaler.GradScaler(**kwargs, telemetry=False)
+        theirs, ours = (
+            torch.amp.GradScaler(**kwargs),
+            scalewatch.GradScaler(**kwargs, telemetry=False),
+        )
     else:
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
         theirs = TorchSharded(**kwargs)
-        ours = scaler.ShardedGradScaler(**kwargs, telemetry=False)
+        ours = scalewatch.ShardedGradScaler(**kwargs, telemetry=False)
     ours._link.pinned = PinnedRings(rows=rows)
     traces = []
     for gs in (theirs, ours):

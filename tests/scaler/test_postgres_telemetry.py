@@ -10,11 +10,11 @@ import pytest
 import torch
 from sqlalchemy import select
 
-import scaler
-from scaler.store import open_store
-from scaler.store.control import control_history, request_control
-from scaler.store.schema import runs, steps, telemetry_gaps
-from scaler.telemetry import TelemetrySettings
+import scalewatch
+from scalewatch.store import open_store
+from scalewatch.store.control import control_history, request_control
+from scalewatch.store.schema import runs, steps, telemetry_gaps
+from scalewatch.telemetry import TelemetrySettings
 from tests._helpers.postgres import Cluster
 from tests._helpers.twin import INJECT, mlp, sgd, train, train_step
 from tests._helpers.waiting import wait_for
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.postgres
 def test_a_trainer_writes_every_step_and_ends_its_run_on_postgresql(postgres_url: str) -> None:
     kwargs: dict[str, Any] = {"device": "cpu", "init_scale": 2.0**10, "growth_interval": 2}
     theirs = torch.amp.GradScaler(**kwargs)
-    ours = scaler.GradScaler(**kwargs, telemetry=postgres_url, run_name="on postgres")
+    ours = scalewatch.GradScaler(**kwargs, telemetry=postgres_url, run_name="on postgres")
     traces = []
     for gs in (theirs, ours):
         model = mlp()
@@ -62,7 +62,7 @@ def test_training_goes_on_while_the_server_is_down_and_nothing_is_lost(
     model = mlp()
     opt = sgd(model)[0]
     with caplog.at_level(logging.WARNING):
-        gs = scaler.GradScaler("cpu", growth_interval=2, telemetry=settings, run_name="restart")
+        gs = scalewatch.GradScaler("cpu", growth_interval=2, telemetry=settings, run_name="restart")
         for step in range(1, 11):
             train_step(gs, model, opt, step)
         assert gs.flush(30)
@@ -98,7 +98,7 @@ def test_a_killed_connection_is_reconnected_and_nothing_is_lost(
     settings = TelemetrySettings(postgres_url, retry_s=0.1)
     model = mlp()
     opt = sgd(model)[0]
-    gs = scaler.GradScaler("cpu", growth_interval=2, telemetry=settings, run_name="killed")
+    gs = scalewatch.GradScaler("cpu", growth_interval=2, telemetry=settings, run_name="killed")
     for step in range(1, 11):
         train_step(gs, model, opt, step)
     assert gs.flush(30)
@@ -140,7 +140,7 @@ def test_a_missing_database_is_one_warning_and_training_goes_on(
     model = mlp()
     opt = sgd(model)[0]
     with caplog.at_level(logging.WARNING):
-        gs = scaler.GradScaler("cpu", growth_interval=2, telemetry=settings)
+        gs = scalewatch.GradScaler("cpu", growth_interval=2, telemetry=settings)
         for step in range(1, 21):
             train_step(gs, model, opt, step)
         wait_for(lambda: "not taking writes" in caplog.text, 30, "the writer to fail")
@@ -159,7 +159,7 @@ def test_beyond_the_queues_bound_the_gap_is_recorded_once_the_server_is_back(
     settings = TelemetrySettings(postgres_url, retry_s=0.1, max_pending=20)
     model = mlp()
     opt = sgd(model)[0]
-    gs = scaler.GradScaler("cpu", growth_interval=2, telemetry=settings, run_name="long outage")
+    gs = scalewatch.GradScaler("cpu", growth_interval=2, telemetry=settings, run_name="long outage")
     for step in range(1, 11):
         train_step(gs, model, opt, step)
     assert gs.flush(30)

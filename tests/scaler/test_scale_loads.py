@@ -19,10 +19,10 @@ import torch
 from sqlalchemy import select
 from torch import nn
 
-import scaler
-from scaler.store import open_store
-from scaler.store.scale_loads import ScaleLoadRow, scale_loads_of
-from scaler.store.schema import runs, steps
+import scalewatch
+from scalewatch.store import open_store
+from scalewatch.store.scale_loads import ScaleLoadRow, scale_loads_of
+from scalewatch.store.schema import runs, steps
 from tests._helpers.ranks import run_ranks
 from tests._helpers.twin import mlp, sgd, train_step
 
@@ -45,7 +45,7 @@ def _last_scale(url: str, run_id: int) -> float:
 def _trained(url: str, steps_taken: int) -> tuple[Any, nn.Module, torch.optim.Optimizer]:
     model = mlp()
     opt = sgd(model)[0]
-    gs = scaler.GradScaler("cpu", growth_interval=2, telemetry=url)
+    gs = scalewatch.GradScaler("cpu", growth_interval=2, telemetry=url)
     for step in range(1, steps_taken + 1):
         train_step(gs, model, opt, step)
     return gs, model, opt
@@ -101,7 +101,7 @@ def test_rolling_back_to_an_earlier_checkpoint_is_at_its_step(tmp_path: Path) ->
     url = _url(tmp_path)
     model = mlp()
     opt = sgd(model)[0]
-    gs = scaler.GradScaler("cpu", growth_interval=1, telemetry=url)
+    gs = scalewatch.GradScaler("cpu", growth_interval=1, telemetry=url)
     for step in range(1, 3):
         train_step(gs, model, opt, step)
     early = gs.checkpoint()
@@ -133,7 +133,7 @@ def test_a_new_process_resuming_the_run_compares_with_its_last_stored_scale(
     stored = _last_scale(url, run_id)
 
     # As a resumed job does: a new scaler loads the checkpoint before its first step.
-    jumped = scaler.GradScaler("cpu", growth_interval=2, telemetry=url)
+    jumped = scalewatch.GradScaler("cpu", growth_interval=2, telemetry=url)
     jumped.load_state_dict({**state, "scale": stored * 64})
     for step in range(5, 7):
         train_step(jumped, model, opt, step)
@@ -142,7 +142,7 @@ def test_a_new_process_resuming_the_run_compares_with_its_last_stored_scale(
     state = jumped.state_dict()
     jumped.close()
 
-    same = scaler.GradScaler("cpu", growth_interval=2, telemetry=url)
+    same = scalewatch.GradScaler("cpu", growth_interval=2, telemetry=url)
     same.load_state_dict(state)
     train_step(same, model, opt, 7)
     assert same.flush(30)
@@ -160,7 +160,7 @@ def test_no_event_for_a_load_before_any_step_of_a_run_of_its_own(tmp_path: Path)
     model = mlp()
     opt = sgd(model)[0]
     # A torch dict starts a run of its own: its first scale is the loaded one.
-    fresh = scaler.GradScaler("cpu", growth_interval=2, telemetry=url)
+    fresh = scalewatch.GradScaler("cpu", growth_interval=2, telemetry=url)
     fresh.load_state_dict(torch.amp.GradScaler("cpu", init_scale=64.0).state_dict())
     train_step(fresh, model, opt, 1)
     assert fresh.flush(30)
@@ -173,7 +173,7 @@ def test_no_event_for_a_load_before_any_step_of_a_run_of_its_own(tmp_path: Path)
     elsewhere, _, _ = _trained(other, 2)
     state = elsewhere.state_dict()
     elsewhere.close()
-    moved = scaler.GradScaler("cpu", growth_interval=2, telemetry=url)
+    moved = scalewatch.GradScaler("cpu", growth_interval=2, telemetry=url)
     moved.load_state_dict(state)
     train_step(moved, model, opt, 3)
     assert moved.flush(30)
@@ -186,7 +186,7 @@ def test_no_event_for_a_load_before_any_step_of_a_run_of_its_own(tmp_path: Path)
 def test_a_scaler_without_telemetry_records_nothing_and_loads_as_before(tmp_path: Path) -> None:
     model = mlp()
     opt = sgd(model)[0]
-    gs = scaler.GradScaler("cpu", growth_interval=2, telemetry=False)
+    gs = scalewatch.GradScaler("cpu", growth_interval=2, telemetry=False)
     reference = torch.amp.GradScaler("cpu", growth_interval=2)
     for step in range(1, 4):
         train_step(gs, model, opt, step)
@@ -201,13 +201,13 @@ def test_a_scaler_without_telemetry_records_nothing_and_loads_as_before(tmp_path
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = """
-import sys, torch, scaler
+import sys, torch, scalewatch
 from torch import nn
 url, checkpoint, phase = sys.argv[1:]
 torch.manual_seed(0)
 model = nn.Linear(4, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-gs = scaler.GradScaler("cpu", growth_interval=1, telemetry=url)
+gs = scalewatch.GradScaler("cpu", growth_interval=1, telemetry=url)
 if phase == "resume":
     gs.load_state_dict(torch.load(checkpoint))
 for step in range(gs.steps + 1, gs.steps + 9 if phase == "first" else gs.steps + 3):
@@ -236,7 +236,7 @@ def _job(url: str, checkpoint: Path, phase: str) -> list[str]:
 def test_a_job_resumed_from_an_older_checkpoint_records_the_jump(tmp_path: Path) -> None:
     """The job ran to step 8 (the scale growing at every clean step) and saved the state of
     step 4; the next job loads it, in a process of its own."""
-    url, checkpoint = _url(tmp_path), tmp_path / "scaler.pt"
+    url, checkpoint = _url(tmp_path), tmp_path / "scalewatch.pt"
     uid, at_eight = _job(url, checkpoint, "first")
     saved = torch.load(checkpoint)["scale"]
     assert _job(url, checkpoint, "resume")[0] == uid  # the same run, continued
@@ -258,7 +258,7 @@ def _runs(store: Any) -> list[dict[str, Any]]:
 def _sharded_load(rank: int, world: int, url: str) -> int | None:
     model = nn.parallel.DistributedDataParallel(mlp())
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    gs = scaler.ShardedGradScaler("cpu", growth_interval=2, telemetry=url, run_name="loads")
+    gs = scalewatch.ShardedGradScaler("cpu", growth_interval=2, telemetry=url, run_name="loads")
     for step in range(1, 5):
         train_step(gs, model, opt, step * world + rank)
     gs.load_state_dict({**gs.state_dict(), "scale": 2.0})

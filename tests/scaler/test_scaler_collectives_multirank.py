@@ -15,7 +15,8 @@ issues inside the unscale kernel (found_inf of sharded gradients, a functional
 all-reduce). Ours checks local shards, and folds every rank's own flag and the
 control-request flag into its one all-reduce: a clean step issues exactly that one,
 watched or not, on either model. An overflow step adds exactly one ``gather`` (every
-rank's findings to rank 0, see ``scaler._diagnosis.gather``), however many optimizers overflowed.
+rank's findings to rank 0, see ``scalewatch._diagnosis.gather``),
+however many optimizers overflowed.
 Diagnosis runs without ``watch`` too (positional names), so an unwatched scaler gathers
 as well. A fused optimizer's found_inf is agreed by the same all-reduce (torch's is not),
 so the DDP replicas stay equal. (A step that carries a control request adds a broadcast,
@@ -40,7 +41,7 @@ from torch import nn
 from torch.distributed import distributed_c10d
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import scaler
+import scalewatch
 from tests._helpers.nets import FSDP2_HERE, Net, fully_shard_net
 from tests._helpers.ranks import run_ranks
 
@@ -169,7 +170,7 @@ def make_scaler(which: str, url: str, kind: str) -> Any:
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
         return ShardedGradScaler("cpu", init_scale=1024.0)
-    return scaler.ShardedGradScaler("cpu", init_scale=1024.0, telemetry=url, run_name=kind)
+    return scalewatch.ShardedGradScaler("cpu", init_scale=1024.0, telemetry=url, run_name=kind)
 
 
 def train(rank: int, kind: str, url: str, counter: Counter) -> list[list[float]]:

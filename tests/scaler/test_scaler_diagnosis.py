@@ -15,21 +15,21 @@ import pytest
 import torch
 from torch import nn
 
-import scaler
-from scaler._diagnosis import gather as _gather
-from scaler._diagnosis.findings import LIMIT, Report
-from scaler.store.records import ParamFinding, StepRecord
+import scalewatch
+from scalewatch._diagnosis import gather as _gather
+from scalewatch._diagnosis.findings import LIMIT, Report
+from scalewatch.store.records import ParamFinding, StepRecord
 from tests._helpers.diagnosis import INF, NAN, PLAN, Net, run
 from tests._helpers.twin import world1
 
 
-class RecordedPlain(scaler.GradScaler):
+class RecordedPlain(scalewatch.GradScaler):
     def _make_sink(self) -> Any:
         self.records: list[StepRecord] = []
         return lambda samples: self.records.extend(s.record for s in samples)
 
 
-class RecordedSharded(scaler.ShardedGradScaler):
+class RecordedSharded(scalewatch.ShardedGradScaler):
     def _make_sink(self) -> Any:
         self.records: list[StepRecord] = []
         return lambda samples: self.records.extend(s.record for s in samples)
@@ -227,7 +227,7 @@ def test_a_pickled_scaler_trains_on_and_forgets_the_names(kind: str) -> None:
 
 def test_watch_refuses_what_is_not_a_module() -> None:
     with pytest.raises(TypeError, match=r"watch\(\) takes a torch.nn.Module"):
-        scaler.GradScaler("cpu", telemetry=False).watch(object())  # type: ignore[arg-type]
+        scalewatch.GradScaler("cpu", telemetry=False).watch(object())  # type: ignore[arg-type]
 
 
 def test_the_gather_encoding_is_fixed_size_and_cuts_long_names() -> None:
@@ -245,7 +245,7 @@ def test_the_gather_encoding_is_fixed_size_and_cuts_long_names() -> None:
 def test_a_scan_that_fails_is_logged_and_training_goes_on(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from scaler import _diagnosis
+    from scalewatch import _diagnosis
 
     def broken(*args: Any) -> Any:
         raise RuntimeError("no")

@@ -22,9 +22,9 @@ import torch.distributed as dist
 from sqlalchemy import select
 from torch import nn
 
-import scaler
-from scaler.store import open_store
-from scaler.store.schema import overflow_params, runs, steps
+import scalewatch
+from scalewatch.store import open_store
+from scalewatch.store.schema import overflow_params, runs, steps
 from tests._helpers.nets import Net, fully_shard_net
 from tests._helpers.ranks import run_ranks
 
@@ -87,7 +87,7 @@ def local_grads(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def train(rank: int, world: int, kind: str, url: str) -> dict[str, Any]:
     model = wrap(kind)
-    gs = scaler.ShardedGradScaler("cpu", init_scale=1024.0, telemetry=url, run_name=kind)
+    gs = scalewatch.ShardedGradScaler("cpu", init_scale=1024.0, telemetry=url, run_name=kind)
     if kind != "unwatched":
         gs.watch(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -192,8 +192,8 @@ def check_api(url: str, kinds: list[str], world: int) -> None:
     and the parameters ranked."""
     from fastapi.testclient import TestClient  # here: the ranks import this module too
 
-    from app.main import create_app
-    from app.settings import Settings
+    from scalewatch.app.main import create_app
+    from scalewatch.app.settings import Settings
 
     with TestClient(create_app(Settings(db=url)), base_url="http://127.0.0.1") as client:
         ids = {run["name"]: run["id"] for run in client.get("/api/runs").json()["runs"]}

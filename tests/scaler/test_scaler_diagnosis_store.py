@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-import scaler
-from scaler._recording.recorder import StepSample
-from scaler.store import Store, open_store
-from scaler.store import runs as store_runs
-from scaler.store.diagnosis import overflow_detail
-from scaler.store.records import ParamFinding
-from scaler.store.schema import overflow_params, steps
-from scaler.telemetry._queue import Diagnosed, RecordQueue, findings_of
+import scalewatch
+from scalewatch._recording.recorder import StepSample
+from scalewatch.store import Store, open_store
+from scalewatch.store import runs as store_runs
+from scalewatch.store.diagnosis import overflow_detail
+from scalewatch.store.records import ParamFinding
+from scalewatch.store.schema import overflow_params, steps
+from scalewatch.telemetry._queue import Diagnosed, RecordQueue, findings_of
 from tests._helpers.diagnosis import INF, NAN, PLAN, Net, run
 from tests._helpers.records import step_record
 from tests._helpers.waiting import wait_for
@@ -66,13 +66,13 @@ def train_and_check(cls: Any, url: str) -> None:
 
 
 def test_findings_and_losses_are_stored(kind: str, tmp_path: Path) -> None:
-    cls = scaler.GradScaler if kind == "plain" else scaler.ShardedGradScaler
+    cls = scalewatch.GradScaler if kind == "plain" else scalewatch.ShardedGradScaler
     train_and_check(cls, f"sqlite:///{tmp_path / 'sw.db'}")
 
 
 @pytest.mark.postgres
 def test_findings_and_losses_are_stored_on_postgresql(postgres_url: str) -> None:
-    train_and_check(scaler.GradScaler, postgres_url)
+    train_and_check(scalewatch.GradScaler, postgres_url)
 
 
 def _record(step: int, params: tuple[ParamFinding, ...] = ()) -> StepSample:
@@ -124,7 +124,7 @@ def test_a_failed_write_keeps_its_findings(tmp_path: Path, monkeypatch: pytest.M
         write(store, run_id, values, findings)
 
     monkeypatch.setattr(store_runs, "write_step_values", failing_once)
-    gs = scaler.GradScaler("cpu", init_scale=256.0, telemetry=url)
+    gs = scalewatch.GradScaler("cpu", init_scale=256.0, telemetry=url)
     model = Net()
     gs.watch(model)
     run(gs, model, {1: [("decoder.bias", 1, NAN), ("decoder.weight", 2, INF)]}, steps=3)

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 from torch.optim import lr_scheduler
 
-import scaler
-from scaler.store import open_store
+import scalewatch
+from scalewatch.store import open_store
 from tests._helpers.stored import db_url, step_rows
 from tests._helpers.twin import INJECT, batch, mlp, poison
 
@@ -68,7 +68,7 @@ def _train(
     """``STEPS`` optimizer steps, each of ``accumulate`` backwards, a scheduler per optimizer
     stepped after ``update()``; ``hold``: None (not registered), False (watched), True.
     Returns the scaler, the schedulers, the rates at each step and the stored rows."""
-    cls = scaler.GradScaler if kind == "plain" else scaler.ShardedGradScaler
+    cls = scalewatch.GradScaler if kind == "plain" else scalewatch.ShardedGradScaler
     gs = cls(device, init_scale=2.0**10, growth_interval=2, telemetry=url or False)
     model = mlp().to(device)
     params = list(model.parameters())
@@ -210,7 +210,7 @@ def test_a_held_schedulers_state_round_trips_and_a_resumed_job_keeps_holding() -
     resumed.load_state_dict(restored)
     assert resumed.last_epoch == sched.last_epoch
     model = mlp()
-    gs2 = scaler.GradScaler("cpu", init_scale=2.0**10, telemetry=False)
+    gs2 = scalewatch.GradScaler("cpu", init_scale=2.0**10, telemetry=False)
     opt2 = torch.optim.SGD(model.parameters(), lr=0.1)
     again = lr_scheduler.LambdaLR(opt2, _warmup_then_decay)
     gs2.watch_schedulers(again)
@@ -251,7 +251,7 @@ def test_a_scheduler_stepped_before_update_belongs_to_the_step_in_progress(
     tmp_path: Path,
 ) -> None:
     url = db_url(tmp_path / "a.db")
-    gs = scaler.GradScaler("cpu", init_scale=2.0**10, telemetry=url)
+    gs = scalewatch.GradScaler("cpu", init_scale=2.0**10, telemetry=url)
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     watched = lr_scheduler.LambdaLR(opt, _warmup_then_decay)
@@ -283,19 +283,19 @@ def test_the_runs_config_lists_the_schedulers_and_whether_they_hold(tmp_path: Pa
     url = db_url(tmp_path / "a.db")
     _, _, _, _ = _train("plain", SCHEDULES["lambda"], hold=True, url=url)
     with open_store(url) as store:
-        from scaler.store.queries import list_runs
+        from scalewatch.store.queries import list_runs
 
         (run,) = list_runs(store)
     assert run.config["schedulers"] == [{"name": "LambdaLR", "held": True}]
 
 
 def test_registering_something_else_is_refused() -> None:
-    gs = scaler.GradScaler("cpu", telemetry=False)
+    gs = scalewatch.GradScaler("cpu", telemetry=False)
     with pytest.raises(TypeError, match="expected a learning-rate scheduler"):
         gs.hold(torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=0.1))
 
 
-class _Recorded(scaler.ShardedGradScaler):
+class _Recorded(scalewatch.ShardedGradScaler):
     """Ours, keeping the records the recorder hands to telemetry (testing only)."""
 
     def _make_sink(self) -> Any:

@@ -4,7 +4,7 @@ On a clean step ours reads no more than torch's; on an overflow step the diagnos
 at most ``DIAGNOSIS_READS``: which gradients (and the loss) hold inf/NaN, then their
 counts. On cpu the calls that bring a tensor's value to the host are counted (only on
 the training thread), but for the telemetry capture of a cpu step
-(``scaler._recording.step_values.read_cpu``): a cpu tensor is memory, and reading it there is no
+(``scalewatch._recording.step_values.read_cpu``): a cpu tensor is memory, and reading it there is no
 sync; on cuda that capture is an asynchronous copy to pinned memory instead. On cuda
 torch's sync debug mode reports the synchronisations themselves.
 """
@@ -25,8 +25,8 @@ import torch
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
-import scaler
-from scaler._recording.step_values import read_cpu
+import scalewatch
+from scalewatch._recording.step_values import read_cpu
 from tests._helpers.twin import (
     INJECT,
     batch,
@@ -146,7 +146,7 @@ def test_counter_sees_reads_on_this_thread_only() -> None:
 def test_grad_scaler(optimizers: str) -> None:
     theirs, _ = compare(
         torch.amp.GradScaler("cpu", init_scale=256.0, growth_interval=3),
-        scaler.GradScaler("cpu", init_scale=256.0, growth_interval=3, telemetry=False),
+        scalewatch.GradScaler("cpu", init_scale=256.0, growth_interval=3, telemetry=False),
         optimizers,
     )
     # fused optimizers skip on device: neither scaler reads anything then
@@ -160,7 +160,9 @@ def test_sharded_in_a_world_of_one(optimizers: str) -> None:
     kwargs: dict[str, Any] = {"device": "cpu", "init_scale": 256.0, "growth_interval": 3}
     with world1():
         theirs, mine = compare(
-            TorchSharded(**kwargs), scaler.ShardedGradScaler(telemetry=False, **kwargs), optimizers
+            TorchSharded(**kwargs),
+            scalewatch.ShardedGradScaler(telemetry=False, **kwargs),
+            optimizers,
         )
     # ours reads the whole payload once per step instead of every found_inf
     assert mine < theirs + DIAGNOSIS_READS * len(INJECT) or optimizers == "fused-adam"
@@ -172,7 +174,7 @@ def test_sharded_without_process_group(optimizers: str, no_group: None) -> None:
         skip_unless_torchs_sharded_steps_fused_overflows()
     kwargs: dict[str, Any] = {"device": "cpu", "init_scale": 256.0, "growth_interval": 3}
     ours, ours_overflow = steps(
-        scaler.ShardedGradScaler(telemetry=False, **kwargs), OPTIMIZERS[optimizers]
+        scalewatch.ShardedGradScaler(telemetry=False, **kwargs), OPTIMIZERS[optimizers]
     )
     with world1():
         theirs, theirs_overflow = steps(TorchSharded(**kwargs), OPTIMIZERS[optimizers])
@@ -227,7 +229,7 @@ def test_cuda_sync_debug_mode(optimizers: str, telemetry: bool | None) -> None:
     kwargs: dict[str, Any] = {"init_scale": 256.0, "growth_interval": 3}
     reference = torch.amp.GradScaler("cuda", **kwargs)
     theirs = cuda_steps(reference, optimizers, error_mode_for_step=fused)
-    plain = scaler.GradScaler("cuda", telemetry=telemetry, **kwargs)
+    plain = scalewatch.GradScaler("cuda", telemetry=telemetry, **kwargs)
     mine = cuda_steps(plain, optimizers, error_mode_for_step=fused)
     # an overflow step is explained in step(), after torch's own read: update() never syncs
     diagnosis = 0 if fused else DIAGNOSIS_READS * len(INJECT)
@@ -236,7 +238,7 @@ def test_cuda_sync_debug_mode(optimizers: str, telemetry: bool | None) -> None:
     plain.close()
     with world1():
         theirs = cuda_steps(TorchSharded("cuda", **kwargs), optimizers, error_mode_for_step=False)
-        ours = scaler.ShardedGradScaler("cuda", telemetry=telemetry, **kwargs)
+        ours = scalewatch.ShardedGradScaler("cuda", telemetry=telemetry, **kwargs)
         mine = cuda_steps(ours, optimizers, error_mode_for_step=False)
         assert (ours._link.telemetry is not None) == (telemetry is None)
         assert ours.stats().steps == STEPS
@@ -252,11 +254,11 @@ class _Recorded:
         return lambda samples: self.records.extend(s.record for s in samples)
 
 
-class RecordedPlain(_Recorded, scaler.GradScaler):
+class RecordedPlain(_Recorded, scalewatch.GradScaler):
     pass
 
 
-class RecordedSharded(_Recorded, scaler.ShardedGradScaler):
+class RecordedSharded(_Recorded, scalewatch.ShardedGradScaler):
     pass
 
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import scaler
+import scalewatch
 from tests._helpers.ranks import run_ranks
 
 CYCLES = 40
@@ -31,7 +31,7 @@ def _job(rank: int, world: int, store: str) -> None:
     dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world)
     model = DistributedDataParallel(torch.nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    gs = scaler.ShardedGradScaler("cpu", telemetry=False)
+    gs = scalewatch.ShardedGradScaler("cpu", telemetry=False)
     for _ in range(3):
         optimizer.zero_grad()
         gs.scale(model(torch.randn(8, 16)).pow(2).mean()).backward()
@@ -62,11 +62,10 @@ import sys
 import torch
 import torch.distributed as dist
 
-import scaler
-
+import scalewatch
 for store in sys.argv[1:]:
     dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
-    gs = scaler.ShardedGradScaler("cpu", telemetry=False)
+    gs = scalewatch.ShardedGradScaler("cpu", telemetry=False)
     gs._reduce_alone = True  # all-reduce in the group of one, as a bigger group does
     param = torch.nn.Parameter(torch.zeros(4))
     optimizer = torch.optim.SGD([param], lr=0.1)

@@ -27,15 +27,15 @@ from sqlalchemy.exc import DBAPIError
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
-import scaler
-from scaler._control import ControlOutcome, ControlSource
-from scaler._recording.recorder import StepSample
-from scaler.store import Store, open_store
-from scaler.store import runs as store_runs
-from scaler.store.runs import HEARTBEAT_TIMEOUT_S, effective_status
-from scaler.store.schema import runs, steps, telemetry_gaps
-from scaler.telemetry import Telemetry, TelemetrySettings
-from scaler.telemetry._writer import one_line
+import scalewatch
+from scalewatch._control import ControlOutcome, ControlSource
+from scalewatch._recording.recorder import StepSample
+from scalewatch.store import Store, open_store
+from scalewatch.store import runs as store_runs
+from scalewatch.store.runs import HEARTBEAT_TIMEOUT_S, effective_status
+from scalewatch.store.schema import runs, steps, telemetry_gaps
+from scalewatch.telemetry import Telemetry, TelemetrySettings
+from scalewatch.telemetry._writer import one_line
 from tests._helpers.ranks import run_ranks
 from tests._helpers.records import step_record
 from tests._helpers.stored import db_url, step_rows
@@ -67,7 +67,7 @@ def _fsdp_twin(rank: int, world: int, url: str) -> dict[str, Any]:
         return model
 
     kwargs = {"device": "cpu", "init_scale": FSDP_INIT, "growth_interval": 3}
-    ours = scaler.ShardedGradScaler(**kwargs, telemetry=url, run_name="fsdp2")
+    ours = scalewatch.ShardedGradScaler(**kwargs, telemetry=url, run_name="fsdp2")
     theirs = TorchSharded(**kwargs)
     pairs = [(gs, sharded()) for gs in (ours, theirs)]
     pairs = [(gs, model, sgd(model)[0]) for gs, model in pairs]
@@ -151,9 +151,12 @@ def test_rows_match_torchs_scaler_on_each_device(kind: str, device: str, tmp_pat
     url = db_url(tmp_path / "sw.db")
     kwargs: dict[str, Any] = {"device": device, "init_scale": 2.0**10, "growth_interval": 2}
     if kind == "plain":
-        theirs, ours = torch.amp.GradScaler(**kwargs), scaler.GradScaler(**kwargs, telemetry=url)
+        theirs, ours = (
+            torch.amp.GradScaler(**kwargs),
+            scalewatch.GradScaler(**kwargs, telemetry=url),
+        )
     else:
-        theirs, ours = TorchSharded(**kwargs), scaler.ShardedGradScaler(**kwargs, telemetry=url)
+        theirs, ours = TorchSharded(**kwargs), scalewatch.ShardedGradScaler(**kwargs, telemetry=url)
     traces = []
     for gs in (theirs, ours):
         model = mlp().to(device)
@@ -177,11 +180,11 @@ def test_rows_match_torchs_scaler_on_each_device(kind: str, device: str, tmp_pat
 # ------------------------------------------------------------ kill -9 mid-run
 
 TRAINER = """
-import sys, time, torch, scaler
+import sys, time, torch, scalewatch
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-gs = scaler.GradScaler("cpu", growth_interval=50, telemetry=sys.argv[1], run_name="killed")
+gs = scalewatch.GradScaler("cpu", growth_interval=50, telemetry=sys.argv[1], run_name="killed")
 step = 0
 while True:
     opt.zero_grad()
@@ -274,7 +277,7 @@ def test_close_marks_finished_and_a_finished_run_never_reads_as_crashed(tmp_path
     url = db_url(tmp_path / "sw.db")
     model = mlp()
     opt = sgd(model)[0]
-    with scaler.GradScaler("cpu", growth_interval=2, telemetry=url, run_name="closed") as gs:
+    with scalewatch.GradScaler("cpu", growth_interval=2, telemetry=url, run_name="closed") as gs:
         for step in range(1, 6):
             train_step(gs, model, opt, step)
         assert gs.flush(30)
@@ -291,7 +294,7 @@ def test_close_marks_finished_and_a_finished_run_never_reads_as_crashed(tmp_path
 def test_a_run_starts_at_or_before_its_first_step(kind: str, tmp_path: Path) -> None:
     """The run row is written after the first steps were taken; it still starts before them."""
     url = db_url(tmp_path / "sw.db")
-    cls = scaler.GradScaler if kind == "plain" else scaler.ShardedGradScaler
+    cls = scalewatch.GradScaler if kind == "plain" else scalewatch.ShardedGradScaler
     model = mlp()
     opt = sgd(model)[0]
     with cls("cpu", growth_interval=2, telemetry=url) as gs:
@@ -320,7 +323,7 @@ def test_step_writes_keep_the_heartbeat_and_an_idle_run_beats_on_its_own(
     url = db_url(tmp_path / "sw.db")
     model = mlp()
     opt = sgd(model)[0]
-    with scaler.GradScaler("cpu", telemetry=TelemetrySettings(url, heartbeat_s=interval)) as gs:
+    with scalewatch.GradScaler("cpu", telemetry=TelemetrySettings(url, heartbeat_s=interval)) as gs:
         began = time.time()
         step = 0
         while time.time() < began + 2.5 * interval:  # steps all along: a write every 0.2 s
@@ -342,7 +345,7 @@ def test_resume_continues_the_run_and_a_torch_dict_starts_a_new_one(tmp_path: Pa
     url = db_url(tmp_path / "sw.db")
     model = mlp()
     opt = sgd(model)[0]
-    first = scaler.GradScaler("cpu", growth_interval=2, telemetry=url)
+    first = scalewatch.GradScaler("cpu", growth_interval=2, telemetry=url)
     for step in range(1, 5):
         train_step(first, model, opt, step)
     state = first.state_dict()
@@ -350,7 +353,7 @@ def test_resume_continues_the_run_and_a_torch_dict_starts_a_new_one(tmp_path: Pa
     run_id = first.run_id
     first.close()
 
-    second = scaler.GradScaler("cpu", growth_interval=2, telemetry=url)
+    second = scalewatch.GradScaler("cpu", growth_interval=2, telemetry=url)
     second.load_state_dict(state)
     for step in range(5, 8):
         train_step(second, model, opt, step)
@@ -358,7 +361,7 @@ def test_resume_continues_the_run_and_a_torch_dict_starts_a_new_one(tmp_path: Pa
     assert second.run_id == run_id and second.steps == 7
     second.close()
 
-    fresh = scaler.GradScaler("cpu", growth_interval=2, telemetry=url)
+    fresh = scalewatch.GradScaler("cpu", growth_interval=2, telemetry=url)
     fresh.load_state_dict(torch.amp.GradScaler("cpu", growth_interval=2).state_dict())
     for step in range(1, 3):
         train_step(fresh, model, opt, step)
@@ -382,7 +385,7 @@ def test_a_locked_store_never_stops_training_and_loses_nothing(tmp_path: Path) -
     db = tmp_path / "sw.db"
     model = mlp()
     opt = sgd(model)[0]
-    gs = scaler.GradScaler("cpu", growth_interval=50, telemetry=db_url(db))
+    gs = scalewatch.GradScaler("cpu", growth_interval=50, telemetry=db_url(db))
     for step in range(1, 6):
         train_step(gs, model, opt, step)
     assert gs.flush(30)
@@ -444,7 +447,7 @@ def test_the_store_failing_is_one_line_with_the_reason_and_no_sql(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """SQLAlchemy's message carries the statement and its parameters over several lines."""
-    caplog.set_level(logging.WARNING, logger="scaler.telemetry")
+    caplog.set_level(logging.WARNING, logger="scalewatch.telemetry")
     store = open_store(db_url(tmp_path / "sw.db"))
     _read_only(store)(True)
     settings = TelemetrySettings(store, retry_s=0.05)
@@ -480,7 +483,7 @@ def test_an_unwritable_store_drops_past_the_bound_and_records_the_gap(
     caplog: pytest.LogCaptureFixture,
     fault: str,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="scaler.telemetry")
+    caplog.set_level(logging.WARNING, logger="scalewatch.telemetry")
     folder = tmp_path / "store"
     folder.mkdir()
     url = db_url(folder / "sw.db")
@@ -490,7 +493,7 @@ def test_an_unwritable_store_drops_past_the_bound_and_records_the_gap(
     step = 0
     if fault == "read-only":
         settings = TelemetrySettings(store, max_pending=16)
-        gs = scaler.GradScaler("cpu", growth_interval=50, telemetry=settings)
+        gs = scalewatch.GradScaler("cpu", growth_interval=50, telemetry=settings)
         for step in range(1, 6):
             train_step(gs, model, opt, step)
         assert gs.flush(30)
@@ -499,7 +502,7 @@ def test_an_unwritable_store_drops_past_the_bound_and_records_the_gap(
     else:
         # The store's directory is gone when the writer first opens it.
         settings = TelemetrySettings(url, max_pending=16)
-        gs = scaler.GradScaler("cpu", growth_interval=50, telemetry=settings)
+        gs = scalewatch.GradScaler("cpu", growth_interval=50, telemetry=settings)
         store.close()
         folder.rename(tmp_path / "elsewhere")
     steps_before_fault = step
@@ -780,9 +783,9 @@ def test_telemetry_adds_no_sync_to_a_training_step(kind: str, tmp_path: Path) ->
     url = db_url(tmp_path / "sw.db")
     kwargs = {"device": "cpu", "growth_interval": 3}
     if kind == "plain":
-        pair = [torch.amp.GradScaler(**kwargs), scaler.GradScaler(**kwargs, telemetry=url)]
+        pair = [torch.amp.GradScaler(**kwargs), scalewatch.GradScaler(**kwargs, telemetry=url)]
     else:
-        pair = [TorchSharded(**kwargs), scaler.ShardedGradScaler(**kwargs, telemetry=url)]
+        pair = [TorchSharded(**kwargs), scalewatch.ShardedGradScaler(**kwargs, telemetry=url)]
     syncs, overflow_syncs = [], []
     for gs in pair:
         model = mlp()
@@ -819,7 +822,7 @@ def test_store_directory_removed_mid_run_is_noticed_and_recovered(
     url = f"sqlite:///{directory / 'sw.db'}"
     model = mlp()
     opt = sgd(model)[0]
-    gs = scaler.GradScaler("cpu", telemetry=url, run_name="moved")
+    gs = scalewatch.GradScaler("cpu", telemetry=url, run_name="moved")
 
     def train(first: int, count: int) -> None:
         for step in range(first, first + count):
@@ -828,7 +831,7 @@ def test_store_directory_removed_mid_run_is_noticed_and_recovered(
             gs.step(opt)
             gs.update()
 
-    caplog.set_level(logging.WARNING, logger="scaler.telemetry")
+    caplog.set_level(logging.WARNING, logger="scalewatch.telemetry")
     train(0, 20)
     assert gs.flush(30)
     for path in directory.iterdir():

@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch.amp import grad_scaler as amp_grad_scaler
 
-import scaler
-from scaler import _torch_check as check
-from scaler import _torch_compat as compat
+import scalewatch
+from scalewatch import _torch_check as check
+from scalewatch import _torch_compat as compat
 from tests._helpers.twin import make_pair, mlp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def _checked_afresh() -> Iterator[None]:
 
 
 def refusal(make: Any) -> str:
-    with pytest.raises(scaler.UnsupportedTorchError) as caught:
+    with pytest.raises(scalewatch.UnsupportedTorchError) as caught:
         make()
     message = str(caught.value)
     assert "\n" not in message
@@ -43,8 +43,8 @@ def refusal(make: Any) -> str:
 
 
 BOTH = [
-    lambda: scaler.GradScaler("cpu", telemetry=False),
-    lambda: scaler.ShardedGradScaler("cpu", telemetry=False),
+    lambda: scalewatch.GradScaler("cpu", telemetry=False),
+    lambda: scalewatch.ShardedGradScaler("cpu", telemetry=False),
 ]
 
 
@@ -106,7 +106,7 @@ def test_a_missing_kernel_refuses_the_scaler(monkeypatch: pytest.MonkeyPatch) ->
 def test_a_missing_private_fails_the_import_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch moves a private the compat module imports: importing it says so, in one line."""
     monkeypatch.delattr(amp_grad_scaler, "_MultiDeviceReplicator")
-    spec = importlib.util.spec_from_file_location("scaler._torch_compat_again", compat.__file__)
+    spec = importlib.util.spec_from_file_location("scalewatch._torch_compat_again", compat.__file__)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     message = refusal(lambda: spec.loader.exec_module(module))  # type: ignore[union-attr]
@@ -215,11 +215,11 @@ def test_an_older_torch_without_public_fsdp2_is_told_once_in_one_line(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(check, "FSDP2_PUBLIC", False)
-    with caplog.at_level(logging.WARNING, logger="scaler"):
-        scaler.GradScaler("cpu", telemetry=False)  # FSDP2 is the sharded scaler's
+    with caplog.at_level(logging.WARNING, logger="scalewatch"):
+        scalewatch.GradScaler("cpu", telemetry=False)  # FSDP2 is the sharded scaler's
         assert caplog.messages == []
-        scaler.ShardedGradScaler("cpu", telemetry=False)
-        scaler.ShardedGradScaler("cpu", telemetry=False)
+        scalewatch.ShardedGradScaler("cpu", telemetry=False)
+        scalewatch.ShardedGradScaler("cpu", telemetry=False)
     assert caplog.messages == [
         f"scalewatch: torch {torch.__version__} predates FSDP2's public fully_shard"
         " (torch 2.6): ShardedGradScaler is tested on it with DDP and FSDP1, not FSDP2"
@@ -230,6 +230,6 @@ def test_this_torchs_public_fsdp2_is_found(caplog: pytest.LogCaptureFixture) -> 
     from torch.distributed import fsdp
 
     assert check.FSDP2_PUBLIC is hasattr(fsdp, "fully_shard")
-    with caplog.at_level(logging.WARNING, logger="scaler"):
-        scaler.ShardedGradScaler("cpu", telemetry=False)
+    with caplog.at_level(logging.WARNING, logger="scalewatch"):
+        scalewatch.ShardedGradScaler("cpu", telemetry=False)
     assert (caplog.messages == []) is check.FSDP2_PUBLIC

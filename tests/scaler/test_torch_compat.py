@@ -1,4 +1,4 @@
-"""Pins every torch internal that ``scaler._torch_compat`` reaches for."""
+"""Pins every torch internal that ``scalewatch._torch_compat`` reaches for."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import scaler
-from scaler import _torch_compat as compat
+import scalewatch
+from scalewatch import _torch_compat as compat
 from tests._helpers.twin import make_pair
 
 
@@ -77,10 +77,10 @@ def test_refresh_per_optimizer_state_shape() -> None:
 
 
 def test_our_fresh_per_optimizer_state_equals_torchs() -> None:
-    ours = scaler.GradScaler("cpu", telemetry=False)
+    ours = scalewatch.GradScaler("cpu", telemetry=False)
     theirs = torch.amp.GradScaler("cpu")
     assert ours._per_optimizer_states[7] == theirs._per_optimizer_states[7]
-    sharded = scaler.ShardedGradScaler("cpu", telemetry=False)
+    sharded = scalewatch.ShardedGradScaler("cpu", telemetry=False)
     assert sharded._per_optimizer_states[7] == theirs._per_optimizer_states[7]
 
 
@@ -120,8 +120,8 @@ def test_replicators_serve_the_master_per_device() -> None:
 
 def test_base_classes_are_torchs() -> None:
     assert compat.TorchGradScaler is torch.amp.GradScaler
-    assert issubclass(scaler.GradScaler, compat.TorchGradScaler)
-    assert issubclass(scaler.ShardedGradScaler, compat.TorchShardedGradScaler)
+    assert issubclass(scalewatch.GradScaler, compat.TorchGradScaler)
+    assert issubclass(scalewatch.ShardedGradScaler, compat.TorchShardedGradScaler)
     for name in ("_scale", "_growth_tracker", "_init_scale", "_init_growth_tracker"):
         assert name in vars(torch.amp.GradScaler("cpu"))
     for name in ("_unscale_grads_", "_check_inf_per_device", "_get_scale_async", "_maybe_opt_step"):
@@ -195,13 +195,13 @@ def test_a_changed_private_signature_is_reported(monkeypatch: pytest.MonkeyPatch
 def test_every_torch_private_our_classes_override_is_pinned() -> None:
     pinned = {name for _, name in compat.PINNED}
     for ours, theirs in (
-        (scaler.GradScaler, compat.TorchGradScaler),
-        (scaler.ShardedGradScaler, compat.TorchShardedGradScaler),
+        (scalewatch.GradScaler, compat.TorchGradScaler),
+        (scalewatch.ShardedGradScaler, compat.TorchShardedGradScaler),
     ):
         overridden = {
             name
             for klass in ours.__mro__
-            if klass.__module__.startswith("scaler.")
+            if klass.__module__.startswith("scalewatch.")
             for name in vars(klass)
             if name.startswith("_") and not name.startswith("__") and hasattr(theirs, name)
         }

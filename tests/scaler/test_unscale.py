@@ -14,11 +14,11 @@ import pytest
 import torch
 from torch import nn
 
-import scaler
+import scalewatch
 
 
 def make(kind: str, **kwargs: Any) -> Any:
-    cls = scaler.GradScaler if kind == "plain" else scaler.ShardedGradScaler
+    cls = scalewatch.GradScaler if kind == "plain" else scalewatch.ShardedGradScaler
     return cls("cpu", telemetry=False, **kwargs)
 
 

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-import scaler
+import scalewatch
 
-CLASSES = [scaler.GradScaler, scaler.ShardedGradScaler]
+CLASSES = [scalewatch.GradScaler, scalewatch.ShardedGradScaler]
 
 BAD: list[tuple[str, Any]] = [
     ("growth_interval", 0),
@@ -50,20 +50,20 @@ def build(cls: type, **kwargs: Any) -> Any:
 def test_constructor_refuses(cls: type, field: str, value: Any) -> None:
     with pytest.raises(ValueError, match=field) as caught:
         build(cls, **{field: value})
-    assert isinstance(caught.value, scaler.ScalerConfigError)
+    assert isinstance(caught.value, scalewatch.ScalerConfigError)
 
 
 @pytest.mark.parametrize("cls", CLASSES)
 @pytest.mark.parametrize("field", ["init_scale", "growth_factor", "backoff_factor"])
 def test_a_value_that_is_no_number_is_a_type_error_as_in_torch(cls: type, field: str) -> None:
     """torch's own checks compare the value with a number: a TypeError for a string."""
-    torch_cls = torch.amp.GradScaler if cls is scaler.GradScaler else None
+    torch_cls = torch.amp.GradScaler if cls is scalewatch.GradScaler else None
     if torch_cls is not None:
         with pytest.raises(TypeError):
             torch_cls("cpu", **{field: "2"}).scale(torch.ones(()))
     with pytest.raises(TypeError, match=field) as caught:
         build(cls, **{field: "2"})
-    assert isinstance(caught.value, scaler.ScalerConfigError)
+    assert isinstance(caught.value, scalewatch.ScalerConfigError)
     gs = build(cls)
     if field != "init_scale":
         with pytest.raises(TypeError, match=field):
@@ -106,7 +106,7 @@ def test_setter_refuses_and_changes_nothing(cls: type, field: str, value: Any) -
 def test_config_error_is_also_an_assertion_error_as_torch_raises() -> None:
     # torch raises AssertionError for growth_factor <= 1; code catching that keeps working
     with pytest.raises(AssertionError, match="growth_factor"):
-        build(scaler.GradScaler, growth_factor=1.0)
+        build(scalewatch.GradScaler, growth_factor=1.0)
     with pytest.raises(AssertionError, match="growth factor"):
         torch.amp.GradScaler("cpu", growth_factor=1.0)
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from scaler.store import RunRef, Store
-from scaler.store.runs import create_run
+from scalewatch.store import RunRef, Store
+from scalewatch.store.runs import create_run
 from tests._helpers.stored import CONTROL
 
 BACKENDS = ("sqlite", "postgresql")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from scaler.store import RunRef, Store
-from scaler.store.alerts import Firing, alert_page, fire_alert, firing_alerts, resolve_alert
-from scaler.store.runs import create_run
-from scaler.store.states import AlertState
+from scalewatch.store import RunRef, Store
+from scalewatch.store.alerts import Firing, alert_page, fire_alert, firing_alerts, resolve_alert
+from scalewatch.store.runs import create_run
+from scalewatch.store.states import AlertState
 
 
 def _firing(run: RunRef, rule: str = "skips", step: int = 10) -> Firing:

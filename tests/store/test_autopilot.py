@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from scaler.store import RunRef, Store
-from scaler.store.autopilot import (
+from scalewatch.store import RunRef, Store
+from scalewatch.store.autopilot import (
     disable_autopilot,
     enabled_autopilots,
     get_autopilot,
     save_decision,
     set_autopilot,
 )
-from scaler.store.control import mark_applied, request_control
-from scaler.store.errors import ControlValidationError, RunNotFound, RunNotRunning
-from scaler.store.runs import end_run, write_steps
-from scaler.store.states import AutopilotState, RequestSource, RunStatus
-from scaler.store.summaries import request_summary, step_summary
+from scalewatch.store.control import mark_applied, request_control
+from scalewatch.store.errors import ControlValidationError, RunNotFound, RunNotRunning
+from scalewatch.store.runs import end_run, write_steps
+from scalewatch.store.states import AutopilotState, RequestSource, RunStatus
+from scalewatch.store.summaries import request_summary, step_summary
 from tests._helpers.histories import Simulated, above, window
 from tests._helpers.stored import CONTROL
 

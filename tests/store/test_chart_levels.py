@@ -7,8 +7,8 @@ from itertools import pairwise
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scaler.store.queries import _bucket_width, _pieces
-from scaler.store.schema import ROLLUP_LEVELS
+from scalewatch.store.queries import _bucket_width, _pieces
+from scalewatch.store.schema import ROLLUP_LEVELS
 
 WIDTHS = sorted(ROLLUP_LEVELS.values())
 

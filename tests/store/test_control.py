@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from scaler.store import (
+from scalewatch.store import (
     ControlValidationError,
     RequestNotFound,
     RunNotFound,
@@ -14,7 +14,7 @@ from scaler.store import (
     RunRef,
     Store,
 )
-from scaler.store.control import (
+from scalewatch.store.control import (
     CONTROL_FIELDS,
     control_history,
     control_state,
@@ -25,8 +25,8 @@ from scaler.store.control import (
     request_control,
     validate_control,
 )
-from scaler.store.runs import HEARTBEAT_TIMEOUT_S, create_run, end_run, heartbeat, resume_run
-from scaler.store.states import RequestSource
+from scalewatch.store.runs import HEARTBEAT_TIMEOUT_S, create_run, end_run, heartbeat, resume_run
+from scalewatch.store.states import RequestSource
 from tests._helpers.stored import CONTROL
 
 TINY_WORDS = "< 1 and at least float32's smallest normal"

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from scaler.store import RunNotFound, RunRef, Store
-from scaler.store.control import control_history, control_history_page, request_control
-from scaler.store.runs import HEARTBEAT_TIMEOUT_S, create_run, heartbeat
+from scalewatch.store import RunNotFound, RunRef, Store
+from scalewatch.store.control import control_history, control_history_page, request_control
+from scalewatch.store.runs import HEARTBEAT_TIMEOUT_S, create_run, heartbeat
 from tests._helpers.stored import CONTROL
 
 

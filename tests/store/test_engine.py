@@ -8,12 +8,18 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Connection, exc
 
-from scaler.store import Store, default_url, open_store
-from scaler.store.engine import DEFAULT_URL, head_revision, make_engine, shown_url, storage_failure
-from scaler.store.errors import NotAStoreURL
-from scaler.store.runs import create_run
-from scaler.store.schema import runs
-from scaler.store.timeouts import Timeouts
+from scalewatch.store import Store, default_url, open_store
+from scalewatch.store.engine import (
+    DEFAULT_URL,
+    head_revision,
+    make_engine,
+    shown_url,
+    storage_failure,
+)
+from scalewatch.store.errors import NotAStoreURL
+from scalewatch.store.runs import create_run
+from scalewatch.store.schema import runs
+from scalewatch.store.timeouts import Timeouts
 from tests._helpers.postgres import Cluster
 from tests._helpers.workers import open_together
 

@@ -8,16 +8,16 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select
 
-from scaler.store import RunRef, StepRecord, Store
-from scaler.store.records import ParamFinding
-from scaler.store.runs import (
+from scalewatch.store import RunRef, StepRecord, Store
+from scalewatch.store.records import ParamFinding
+from scalewatch.store.runs import (
     create_run,
     finding_rows,
     step_values,
     write_step_values,
     write_steps,
 )
-from scaler.store.schema import overflow_params, steps
+from scalewatch.store.schema import overflow_params, steps
 from tests._helpers.records import step_record
 
 

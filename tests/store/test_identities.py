@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, text
 
-from scaler.store import Store
-from scaler.store.identities import (
+from scalewatch.store import Store
+from scalewatch.store.identities import (
     IdentityExists,
     IdentityNotFound,
     Role,
@@ -19,7 +19,7 @@ from scaler.store.identities import (
     revoke_identity,
     touch_identity,
 )
-from scaler.store.schema import identities
+from scalewatch.store.schema import identities
 
 
 def test_a_token_names_its_identity_until_revoked(store: Store) -> None:

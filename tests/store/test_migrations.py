@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import sqlite3
 import threading
 import time
@@ -14,12 +15,13 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, inspect, text
 
-from scaler.store import Store, downgrade, open_store, upgrade
-from scaler.store import engine as engine_module
-from scaler.store.engine import head_revision, make_engine
-from scaler.store.runs import create_run
-from scaler.store.schema import metadata
-from scaler.store.timeouts import Timeouts
+from scalewatch.store import Store, downgrade, open_store, upgrade
+from scalewatch.store import engine as engine_module
+from scalewatch.store.engine import head_revision, make_engine
+from scalewatch.store.errors import MigrationsUnusable
+from scalewatch.store.runs import create_run
+from scalewatch.store.schema import metadata
+from scalewatch.store.timeouts import Timeouts
 
 TABLES = {
     "runs",
@@ -86,7 +88,7 @@ def test_downgrade_to_base_and_upgrade_again(db_url: str) -> None:
 def test_upgrading_an_older_store_says_so_once_and_a_new_one_says_nothing(
     db_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="scaler"):
+    with caplog.at_level(logging.WARNING, logger="scalewatch"):
         upgrade(db_url)
         assert caplog.records == []  # a new store: its tables are made in no time
         downgrade(db_url, "e3f1a9c07b42")
@@ -99,7 +101,7 @@ def test_upgrading_an_older_store_says_so_once_and_a_new_one_says_nothing(
 
 
 def test_migrations_ship_as_package_files() -> None:
-    package = resources.files("migrations")
+    package = resources.files("scalewatch.migrations")
     assert package.joinpath("env.py").is_file()
     assert package.joinpath("script.py.mako").is_file()
     versions = [Path(entry.name) for entry in package.joinpath("versions").iterdir()]
@@ -123,7 +125,7 @@ def test_opening_waits_out_another_process_upgrading_past_the_busy_timeout(
     opener = threading.Thread(
         target=lambda: opened.append(open_store(url, timeouts=Timeouts(busy_ms=100)))
     )
-    with caplog.at_level(logging.WARNING, logger="scaler.store"):
+    with caplog.at_level(logging.WARNING, logger="scalewatch.store"):
         opener.start()
         deadline = time.monotonic() + 30
         while "waiting up to" not in caplog.text:  # the opener found the lock taken
@@ -204,3 +206,34 @@ def test_the_autopilots_reasons_move_to_note_and_back(db_url: str) -> None:
             assert [row[0] for row in stored] == [reason for _, _, reason in rows]
     finally:
         engine.dispose()
+
+
+def test_a_store_of_a_newer_scalewatch_is_refused_in_one_line_naming_it(db_url: str) -> None:
+    upgrade(db_url)
+    with open_store(db_url) as store, store.write() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = 'f00dfacef00d'")
+    with pytest.raises(MigrationsUnusable) as refused:
+        open_store(db_url)
+    said = str(refused.value)
+    assert "\n" not in said
+    assert "is at revision f00dfacef00d, which this scalewatch does not know" in said
+    assert f"its head is {head_revision()}" in said
+    versions = Path(str(resources.files("scalewatch.migrations"))) / "versions"
+    assert said.endswith(f"(revisions read from {versions})")
+
+
+def test_migrations_without_revisions_are_named_by_their_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the trainer's warning says when the package it loaded holds no revision."""
+    installed = Path(str(resources.files("scalewatch.migrations")))
+    empty = tmp_path / "migrations"
+    (empty / "versions").mkdir(parents=True)
+    for name in ("__init__.py", "env.py", "script.py.mako"):
+        shutil.copy(installed / name, empty / name)
+    monkeypatch.setattr(engine_module.migrations, "__file__", str(empty / "__init__.py"))
+    with pytest.raises(MigrationsUnusable) as refused:
+        open_store(f"sqlite:///{tmp_path / 'new.db'}")
+    assert str(refused.value) == (
+        f"the store cannot be opened: no revision files (revisions read from {empty / 'versions'})"
+    )

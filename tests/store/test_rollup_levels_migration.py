@@ -11,16 +11,16 @@ from collections.abc import Iterable
 import pytest
 from alembic import command
 
-from scaler.store import downgrade, upgrade
-from scaler.store import engine as engine_module
-from scaler.store import rollups as store_rollups
-from scaler.store import runs as store_runs
-from scaler.store.engine import Store, make_engine
-from scaler.store.queries import EXPORT_COLUMNS
-from scaler.store.records import StepRecord
-from scaler.store.rollups import rollup_plan
-from scaler.store.runs import create_run, write_steps
-from scaler.store.schema import ROLLUP_LEVELS
+from scalewatch.store import downgrade, upgrade
+from scalewatch.store import engine as engine_module
+from scalewatch.store import rollups as store_rollups
+from scalewatch.store import runs as store_runs
+from scalewatch.store.engine import Store, make_engine
+from scalewatch.store.queries import EXPORT_COLUMNS
+from scalewatch.store.records import StepRecord
+from scalewatch.store.rollups import rollup_plan
+from scalewatch.store.runs import create_run, write_steps
+from scalewatch.store.schema import ROLLUP_LEVELS
 from tests._helpers.records import step_record
 from tests._helpers.stored import CONTROL, expected_rollups
 
@@ -102,12 +102,14 @@ def _fill(store: Store, rng: random.Random, numbers: Iterable[int]) -> dict[int,
 
 def test_the_revision_builds_the_levels_of_the_schema() -> None:
     module = importlib.import_module(
-        f"migrations.versions.{REVISION}_rollup_levels_eight_times_apart"
+        f"scalewatch.migrations.versions.{REVISION}_rollup_levels_eight_times_apart"
     )
     assert module.down_revision == PREVIOUS
     assert module.NEW_LEVELS == FIVE_LEVELS
     assert module.OLD_LEVELS == OLD_LEVELS
-    finest = importlib.import_module(f"migrations.versions.{LEVEL_8}_rollup_level_of_8_steps")
+    finest = importlib.import_module(
+        f"scalewatch.migrations.versions.{LEVEL_8}_rollup_level_of_8_steps"
+    )
     assert finest.down_revision == BEFORE_LEVEL_8
     # A later change of levels needs a revision of its own.
     assert FIVE_LEVELS | {finest.LEVEL: finest.WIDTH} == ROLLUP_LEVELS

@@ -16,24 +16,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import scaler._control
-import scaler.store.control
-from scaler.store import rules
+import scalewatch._control
+import scalewatch.store.control
+from scalewatch.store import rules
 
 ROOT = Path(__file__).resolve().parents[2]
 
 IMPORTED = """
 import importlib, json, pkgutil, sys
-import scaler.store
-for module in pkgutil.iter_modules(scaler.store.__path__):
-    importlib.import_module(f"scaler.store.{module.name}")
+import scalewatch.store
+for module in pkgutil.iter_modules(scalewatch.store.__path__):
+    importlib.import_module(f"scalewatch.store.{module.name}")
 importlib.import_module(sys.argv[1])
 print(json.dumps(sorted(sys.modules)))
 """
 
 
 def _imported_by(module: str) -> list[str]:
-    """Every module loaded by importing scaler.store, all its modules, and ``module``."""
+    """Every module loaded by importing scalewatch.store, all its modules, and ``module``."""
     out = subprocess.run(
         [sys.executable, "-c", IMPORTED, module],
         capture_output=True,
@@ -47,20 +47,20 @@ def _imported_by(module: str) -> list[str]:
 
 @pytest.mark.heavy
 def test_the_store_and_the_service_import_neither_torch_nor_the_scalers_private_modules() -> None:
-    for module in ("scaler.store", "app.main", "app.cli"):
+    for module in ("scalewatch.store", "scalewatch.app.main", "scalewatch.app.cli"):
         loaded = _imported_by(module)
-        assert "scaler.store.rules" in loaded
-        private = [m for m in loaded if m.startswith("scaler._")]
+        assert "scalewatch.store.rules" in loaded
+        private = [m for m in loaded if m.startswith("scalewatch._")]
         torch = [m for m in loaded if m == "torch" or m.startswith("torch.")]
         assert (module, private, torch) == (module, [], [])
 
 
 def test_the_rules_have_one_home_that_the_scaler_re_exports() -> None:
-    shared = [name for name in rules.__all__ if hasattr(scaler._control, name)]
+    shared = [name for name in rules.__all__ if hasattr(scalewatch._control, name)]
     assert {"FIELDS", "RULES", "check", "normalise"} <= set(shared)
     for name in shared:
-        assert getattr(scaler._control, name) is getattr(rules, name)
-    assert scaler.store.control.CONTROL_FIELDS is rules.FIELDS
+        assert getattr(scalewatch._control, name) is getattr(rules, name)
+    assert scalewatch.store.control.CONTROL_FIELDS is rules.FIELDS
 
 
 def test_the_rules_module_pins_its_public_names() -> None:
@@ -87,8 +87,8 @@ def test_the_cli_and_the_api_model_take_the_fields_the_rules_name() -> None:
     its fields with pydantic's strict types (for its schema), which must agree with them."""
     import click
 
-    from app.cli.control import control
-    from app.models import ControlRequest
+    from scalewatch.app.cli.control import control
+    from scalewatch.app.models import ControlRequest
 
     options = {p.name: p for p in control.params if isinstance(p, click.Option) and p.name}
     fields = [name for name in options if name in rules.SCHEMAS]

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select
 
-from scaler.store import RunNotFound, RunRef, StepRecord, Store
-from scaler.store import rollups as store_rollups
-from scaler.store.queries import parse_ranks
-from scaler.store.records import format_inf_ranks
-from scaler.store.runs import (
+from scalewatch.store import RunNotFound, RunRef, StepRecord, Store
+from scalewatch.store import rollups as store_rollups
+from scalewatch.store.queries import parse_ranks
+from scalewatch.store.records import format_inf_ranks
+from scalewatch.store.runs import (
     HEARTBEAT_TIMEOUT_S,
     create_run,
     effective_status,
@@ -23,7 +23,7 @@ from scaler.store.runs import (
     resume_run,
     write_steps,
 )
-from scaler.store.schema import ROLLUP_LEVELS, runs, step_rollups, steps, telemetry_gaps
+from scalewatch.store.schema import ROLLUP_LEVELS, runs, step_rollups, steps, telemetry_gaps
 from tests._helpers.records import step_record
 from tests._helpers.stored import expected_rollups
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import inspect
 
-from scaler.store import RunNotFound, RunRef, Store, open_store
-from scaler.store.engine import downgrade, head_revision, make_engine, upgrade
-from scaler.store.runs import create_run, write_steps
-from scaler.store.scale_loads import ScaleLoad, load_counts, record_scale_load, scale_loads_of
+from scalewatch.store import RunNotFound, RunRef, Store, open_store
+from scalewatch.store.engine import downgrade, head_revision, make_engine, upgrade
+from scalewatch.store.runs import create_run, write_steps
+from scalewatch.store.scale_loads import ScaleLoad, load_counts, record_scale_load, scale_loads_of
 from tests._helpers.service import simulate
 from tests._helpers.stored import CONTROL
 

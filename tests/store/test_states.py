@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from scaler.store import RunRef, Store
-from scaler.store.control import control_history, record_code_change, request_control
-from scaler.store.queries import get_run, run_status
-from scaler.store.runs import end_run
-from scaler.store.schema import control_requests, runs
-from scaler.store.states import RequestSource, RequestStatus, RunStatus
+from scalewatch.store import RunRef, Store
+from scalewatch.store.control import control_history, record_code_change, request_control
+from scalewatch.store.queries import get_run, run_status
+from scalewatch.store.runs import end_run
+from scalewatch.store.schema import control_requests, runs
+from scalewatch.store.states import RequestSource, RequestStatus, RunStatus
 from tests._helpers.stored import CONTROL
 
 

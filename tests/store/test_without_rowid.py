@@ -5,10 +5,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection
 
-from scaler.store import downgrade, open_store, upgrade
-from scaler.store.engine import make_engine
-from scaler.store.records import StepRecord
-from scaler.store.runs import create_run, write_steps
+from scalewatch.store import downgrade, open_store, upgrade
+from scalewatch.store.engine import make_engine
+from scalewatch.store.records import StepRecord
+from scalewatch.store.runs import create_run, write_steps
 from tests._helpers.records import step_record
 from tests._helpers.stored import CONTROL
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python -m tests.web.take_screenshots [--out docs/screenshots] [--steps 450]
 
-Trains ``scaler.examples.tiny_lm`` (an fp16 transformer, FSDP2 on 2 gloo ranks, with
+Trains ``scalewatch.examples.tiny_lm`` (an fp16 transformer, FSDP2 on 2 gloo ranks, with
 ``ShardedGradScaler`` telemetry) while ``scalewatch serve`` serves its store, next to two
 small runs of ``tests/_helpers/trainer.py``: one trained to the end and one killed mid-run (it reads
 as crashed once its heartbeat is stale). Past two thirds of the language model's
@@ -29,8 +29,8 @@ from typing import IO
 
 from playwright.sync_api import sync_playwright
 
-from scaler.store import queries
-from scaler.store.engine import Store, open_store
+from scalewatch.store import queries
+from scalewatch.store.engine import Store, open_store
 from tests._helpers.harness import (
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -55,7 +55,7 @@ def start_tiny_lm(db_url: str, steps: int, log: IO[bytes]) -> subprocess.Popen[b
         [
             sys.executable,
             "-m",
-            "scaler.examples.tiny_lm",
+            "scalewatch.examples.tiny_lm",
             "--steps",
             str(steps),
             "--world-size",

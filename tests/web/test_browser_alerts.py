@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from scaler.store import StepRecord, runs
+from scalewatch.store import StepRecord, runs
 from tests._helpers.harness import CHROMIUM, Served, Tab
 from tests._helpers.pages import open_run
 from tests._helpers.records import step_record

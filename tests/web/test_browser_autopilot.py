@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from scaler.store import control, runs
-from scaler.store.autopilot import get_autopilot, set_autopilot
-from scaler.store.states import RequestSource
+from scalewatch.store import control, runs
+from scalewatch.store.autopilot import get_autopilot, set_autopilot
+from scalewatch.store.states import RequestSource
 from tests._helpers.harness import CHROMIUM, HOSTILE_NAME, Served, Tab
 from tests._helpers.records import step_record
 

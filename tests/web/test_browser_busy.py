@@ -12,7 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from scaler.store import runs
+from scalewatch.store import runs
 from tests._helpers.harness import CHROMIUM, Served, Tab
 from tests._helpers.records import step_record
 

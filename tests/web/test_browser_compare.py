@@ -8,7 +8,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from scaler.store import queries
+from scalewatch.store import queries
 from tests._helpers.harness import CHROMIUM, HOSTILE_NAME, Served, Tab
 
 pytestmark = pytest.mark.browser

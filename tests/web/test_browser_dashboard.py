@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from scaler.store import control, queries, rules, runs
-from scaler.store.schema import steps
+from scalewatch.store import control, queries, rules, runs
+from scalewatch.store.schema import steps
 from tests._helpers.harness import CHROMIUM, HOSTILE_NAME, Served, Tab
 from tests._helpers.pages import POINTS, chart, open_run, zoom
 from tests._helpers.records import rising_records

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from scaler.store import runs
-from scaler.store.records import ParamFinding
+from scalewatch.store import runs
+from scalewatch.store.records import ParamFinding
 from tests._helpers.harness import CHROMIUM, Served, Tab
 from tests._helpers.records import step_record
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
-from scaler.store import control, runs
-from scaler.store.schema import runs as runs_table
+from scalewatch.store import control, runs
+from scalewatch.store.schema import runs as runs_table
 from tests._helpers.harness import CHROMIUM, Served, Tab
 from tests._helpers.pages import chart, open_run, zoom
 from tests._helpers.records import rising_records, step_record

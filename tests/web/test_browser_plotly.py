@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.dashboard import plotly_js_path
+from scalewatch.app.dashboard import plotly_js_path
 from tests._helpers.harness import CHROMIUM, HOSTILE_NAME, Served, Tab
 
 pytestmark = pytest.mark.browser

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from scaler.store.control import control_history
-from scaler.store.identities import Role, create_identity
+from scalewatch.store.control import control_history
+from scalewatch.store.identities import Role, create_identity
 from tests._helpers.harness import Served, Tab
 
 pytestmark = pytest.mark.browser

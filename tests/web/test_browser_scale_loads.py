@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from scaler.store import runs
-from scaler.store.scale_loads import ScaleLoad, record_scale_load
+from scalewatch.store import runs
+from scalewatch.store.scale_loads import ScaleLoad, record_scale_load
 from tests._helpers.harness import CHROMIUM, Served, Tab
 from tests._helpers.records import step_record
 

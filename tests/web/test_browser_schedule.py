@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from scaler.store import runs
+from scalewatch.store import runs
 from tests._helpers.harness import CHROMIUM, Served, Tab
 from tests._helpers.records import step_record
 
