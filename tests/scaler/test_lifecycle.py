@@ -29,7 +29,7 @@ import sys
 import torch
 import scalewatch
 def main():
-    gs = getattr(scaler, sys.argv[2])("cpu", telemetry=sys.argv[1], run_name="dropped")
+    gs = getattr(scalewatch, sys.argv[2])("cpu", telemetry=sys.argv[1], run_name="dropped")
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(300):
