@@ -21,11 +21,11 @@ from .middleware.access import Access, reads_open
 from .middleware.head import HeadAsGet
 from .middleware.headers import SecurityHeaders
 from .middleware.health import StorageGuard, StoreHealth
+from .middleware.hosts import LoopbackHost, is_loopback
 from .middleware.identity import KnownTokens, Tickets, UsageClock
 from .middleware.limits import BodyLimit
 from .middleware.penalty import FailurePenalty
 from .middleware.roles import undeclared
-from .middleware.security import LoopbackHost, is_loopback
 from .openapi import install_openapi
 from .routes import router
 from .routes.metrics import metrics_registry

@@ -6,8 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
+from scalewatch.store.control_rules import SCHEMAS
 from scalewatch.store.queries import INT64_MAX
-from scalewatch.store.rules import SCHEMAS
 from scalewatch.store.states import AlertState, RequestSource, RequestStatus, RunStatus
 
 __all__ = [
@@ -200,7 +200,7 @@ class OverflowPage(BaseModel):
 
 
 def _control_schema(schema: dict[str, Any]) -> None:
-    # Each field's rule as scaler/store/rules.py states it, so that the OpenAPI document
+    # Each field's rule as scaler/store/control_rules.py states it, so that the OpenAPI document
     # refuses what the store refuses. A null is refused too: a bound once set stays.
     schema["minProperties"] = 1  # an empty request changes nothing: refused
     schema["examples"] = [{"growth_interval": 500, "growth_factor": 2.0}]
@@ -232,7 +232,7 @@ class ControlRequest(BaseModel):
 
 
 class ControlFieldRule(BaseModel):
-    """One control field and the rule its values keep, as ``scaler/store/rules.py`` states
+    """One control field and the rule its values keep, as ``scaler/store/control_rules.py`` states
     it: what the dashboard builds its form, hints and checks from."""
 
     name: str

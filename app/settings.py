@@ -10,7 +10,7 @@ from typing import Annotated
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from scalewatch.store.engine import default_url, store_url
+from scalewatch.store.urls import default_url, store_url
 
 __all__ = ["TOKEN_DIR", "Settings", "get_settings"]
 

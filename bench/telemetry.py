@@ -38,9 +38,9 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as Torc
 
 import scalewatch
 from scalewatch.store import StepRecord, open_store, upgrade
-from scalewatch.store.engine import BUSY_TIMEOUT_MS
 from scalewatch.store.records import ParamFinding
 from scalewatch.store.runs import create_run, step_rows, write_steps
+from scalewatch.store.sqlite import BUSY_TIMEOUT_MS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _figures import figure, median_interval

@@ -30,8 +30,9 @@ def run_migrations_online() -> None:
         _configure(connection)
         return
     # Run by hand (``alembic -c ...``) rather than through scalewatch.store.engine.upgrade().
-    from scalewatch.store.engine import default_url, make_engine
+    from scalewatch.store.engine import make_engine
     from scalewatch.store.postgres import in_transactions
+    from scalewatch.store.urls import default_url
 
     engine = make_engine(config.get_main_option("sqlalchemy.url") or default_url())
     try:

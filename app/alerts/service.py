@@ -8,7 +8,8 @@ from contextlib import asynccontextmanager
 
 import anyio
 
-from scalewatch.store.engine import Store, storage_failure
+from scalewatch.store.engine import Store
+from scalewatch.store.errors import storage_failure
 
 from .config import AlertConfig
 from .evaluate import Evaluator

@@ -12,7 +12,8 @@ from pydantic import SecretStr
 
 from scalewatch.store.engine import open_store
 
-from ..middleware.security import is_loopback, new_token, write_token_file
+from ..bootstrap_token import new_token, write_token_file
+from ..middleware.hosts import is_loopback
 from ..settings import Settings
 
 __all__ = [

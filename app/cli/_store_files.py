@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from scalewatch.store.engine import parse_store_url
+from scalewatch.store.urls import parse_store_url
 
 __all__ = ["existing_store", "refuse_foreign"]
 

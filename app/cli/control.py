@@ -1,6 +1,6 @@
 """``scalewatch control``: a change to a running job's scaler, one option per control field.
 
-The options are the fields of :mod:`scalewatch.store.rules`, each with its type and its rule
+The options are the fields of :mod:`scalewatch.store.control_rules`, each with its type and its rule
 from there; the store checks a request by the same rules.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from scalewatch.store.rules import FIELDS, PURPOSES, SCHEMAS, requirement
+from scalewatch.store.control_rules import FIELDS, PURPOSES, SCHEMAS, requirement
 
 from ._common import Failed, Refused, command, db_option, existing_store
 

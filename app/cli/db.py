@@ -17,7 +17,8 @@ def db() -> None:
 @db.command("upgrade", cls=Command, help="Migrate the store to the head revision.")
 @db_option
 def upgrade_command(db: str | None) -> None:
-    from scalewatch.store.engine import shown_url, upgrade
+    from scalewatch.store.engine import upgrade
+    from scalewatch.store.urls import shown_url
 
     from ._store_files import refuse_foreign
 

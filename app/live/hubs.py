@@ -22,7 +22,8 @@ import anyio
 
 from scalewatch.store import notify, queries
 from scalewatch.store.control import control_history
-from scalewatch.store.engine import Store, storage_failure
+from scalewatch.store.engine import Store
+from scalewatch.store.errors import storage_failure
 from scalewatch.store.states import RunStatus
 
 from ..models import ControlRequestOut

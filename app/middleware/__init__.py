@@ -3,7 +3,7 @@
 The ASGI middleware :func:`scalewatch.app.main.create_app` stacks, outermost first:
 :mod:`~scalewatch.app.middleware.headers` (security headers on every answer),
 :mod:`~scalewatch.app.middleware.health` (a storage failure as 503, remembered for ``/healthz``),
-:mod:`~scalewatch.app.middleware.security` (the Host check of a loopback service, and the bootstrap
+:mod:`~scalewatch.app.middleware.hosts` (the Host check of a loopback service, and the bootstrap
 token), :mod:`~scalewatch.app.middleware.head` (HEAD answered as GET),
 :mod:`~scalewatch.app.middleware.access` (who may do what: 401, 403, 429) and
 :mod:`~scalewatch.app.middleware.limits` (413 for a body too large). Access asks

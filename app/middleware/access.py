@@ -24,6 +24,7 @@ from scalewatch.store.identities import Role, TokenRefusal
 
 from ..services import services_of
 from ..settings import Settings
+from .hosts import is_loopback
 from .identity import (
     BOOTSTRAP_NAME,
     Identity,
@@ -32,7 +33,6 @@ from .identity import (
     in_networks,
 )
 from .roles import TICKET_PATHS, needed
-from .security import is_loopback
 
 __all__ = ["Access", "Refusal", "current_identity", "reads_open"]
 

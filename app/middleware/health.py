@@ -13,7 +13,7 @@ from fastapi import Request, status
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from scalewatch.store.engine import storage_failure
+from scalewatch.store.errors import storage_failure
 
 from ..services import services_of
 

@@ -10,7 +10,7 @@ from scalewatch.store.states import AutopilotState
 from ..autopilot.models import AutopilotIn, AutopilotOut
 from ..deps import ActorDep, StoreDep
 from .runs import NOT_FOUND, RunId
-from .writes import WRITE_RESPONSES
+from .write_responses import WRITE_RESPONSES
 
 router = APIRouter(prefix="/api/runs", tags=["autopilot"])
 

@@ -12,7 +12,7 @@ from scalewatch.store.queries import INT64_MAX
 from ..deps import ActorDep, StoreDep
 from ..models import ControlRequest, ControlRequestOut, ControlView
 from .runs import NOT_FOUND, RunId, require_run
-from .writes import WRITE_RESPONSES
+from .write_responses import WRITE_RESPONSES
 
 router = APIRouter(prefix="/api/runs", tags=["control"])
 

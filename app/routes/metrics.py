@@ -12,7 +12,8 @@ from prometheus_client.registry import Collector
 
 from scalewatch.store import queries
 from scalewatch.store.alerts import firing_alerts
-from scalewatch.store.engine import Store, storage_failure
+from scalewatch.store.engine import Store
+from scalewatch.store.errors import storage_failure
 from scalewatch.store.states import RunStatus
 
 from ..alerts.webhooks import WebhookSender

@@ -1,11 +1,12 @@
-"""The control fields and their rules, served: one source (``scaler/store/rules.py``) for the
-store, the API's schema, the CLI and the dashboard's form."""
+"""The control fields and their rules, served: one source
+(``scaler/store/control_rules.py``) for the store, the API's schema, the CLI and the
+dashboard's form."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from scalewatch.store.rules import FIELDS, PURPOSES, RULES, SCHEMAS, requirement
+from scalewatch.store.control_rules import FIELDS, PURPOSES, RULES, SCHEMAS, requirement
 
 from ..models import ControlFieldRule, ControlRules
 

@@ -22,7 +22,7 @@ from scalewatch.store.identities import (
 from ..deps import ActorDep, ServicesDep, StoreDep
 from ..middleware.identity import DURATION_PATTERN, TICKET_S, Identity, parse_duration
 from ..models import ErrorMessage
-from .writes import WRITE_RESPONSES
+from .write_responses import WRITE_RESPONSES
 
 __all__ = ["IdentityOut", "NewToken", "TokenRequest", "WhoAmI", "router"]
 

@@ -1,4 +1,4 @@
-"""Runtime control on the scaler side: what a request carries (its rules: ``store.rules``).
+"""Runtime control on the scaler side: what a request carries (its rules: ``store.control_rules``).
 
 Runs on the training thread of every rank. A request reaches the scaler's inbox from the
 reporting rank's poller (:mod:`scalewatch.telemetry`), and a ``ShardedGradScaler`` hands it
@@ -20,7 +20,7 @@ from enum import StrEnum
 from typing import Any
 
 # The rules live in the store, which the service uses without the scaler; re-exported here.
-from ..store.rules import (
+from ..store.control_rules import (
     EMPTY,
     FIELDS,
     FLOAT32_MAX,

@@ -8,7 +8,7 @@ and the autopilot's state (:mod:`scalewatch.store.autopilot`).
 
 from __future__ import annotations
 
-from .engine import Store, default_url, downgrade, open_store, upgrade
+from .engine import Store, downgrade, open_store, upgrade
 from .errors import (
     ControlValidationError,
     RequestNotFound,
@@ -16,6 +16,7 @@ from .errors import (
     RunNotRunning,
 )
 from .records import ControlRequestRow, RunRef, StepRecord
+from .urls import default_url
 
 __all__ = [
     "ControlRequestRow",

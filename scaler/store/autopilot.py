@@ -16,9 +16,9 @@ from typing import Any
 from sqlalchemy import Connection, RowMapping, select, update
 
 from .control import file_request
+from .control_rules import INT32_MAX, RULES, SCHEMAS, bounds_problems, normalise
 from .engine import Store
 from .errors import ControlValidationError, RunNotFound, RunNotRunning
-from .rules import INT32_MAX, RULES, SCHEMAS, bounds_problems, normalise
 from .runs import effective_status
 from .schema import autopilots, runs
 from .states import AutopilotState, RequestSource, RunStatus

@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Row, RowMapping, select, update
 
+from .control_rules import EMPTY, FIELDS, RULES, UNKNOWN, bounds_problems, normalise
 from .engine import Store
 from .errors import (
     ControlValidationError,
@@ -25,7 +26,6 @@ from .errors import (
     RunNotRunning,
 )
 from .records import ControlRequestRow
-from .rules import EMPTY, FIELDS, RULES, UNKNOWN, bounds_problems, normalise
 from .runs import effective_status, ended_first
 from .schema import control_requests, runs
 from .sql import driver_sql

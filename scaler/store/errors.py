@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sqlite3
+
+from sqlalchemy import exc
+
 
 class NotAStoreURL(ValueError):
     """A URL of another database than SQLite or PostgreSQL (the ``url`` shown masked)."""
@@ -73,3 +77,47 @@ class StoreDamaged(RuntimeError):
         super().__init__(f"the store cannot be read: {reason} (in {url}; restore it from a copy)")
         self.url = url
         self.reason = reason
+
+
+# SQLite's primary result codes of a store that cannot be used as it is (the file, the
+# disk, a lock), as opposed to a mistake in a statement: sqlite3.h.
+_STORAGE_CODES = frozenset(
+    {
+        3,  # SQLITE_PERM
+        5,  # SQLITE_BUSY
+        6,  # SQLITE_LOCKED
+        8,  # SQLITE_READONLY
+        10,  # SQLITE_IOERR
+        11,  # SQLITE_CORRUPT
+        13,  # SQLITE_FULL
+        14,  # SQLITE_CANTOPEN
+        15,  # SQLITE_PROTOCOL
+        26,  # SQLITE_NOTADB
+    }
+)
+
+
+def storage_failure(error: BaseException) -> str | None:
+    """The one-line reason when ``error`` (SQLAlchemy's or the driver's) says the store
+    cannot be used as it is (damaged, unreadable, full, locked); None for another error.
+
+    >>> storage_failure(sqlite3.DatabaseError("database disk image is malformed"))
+    'database disk image is malformed'
+    >>> storage_failure(sqlite3.IntegrityError("UNIQUE constraint failed")) is None
+    True
+    """
+    orig = error.orig if isinstance(error, exc.DBAPIError) else error
+    if isinstance(orig, StoreDamaged):
+        return str(orig)
+    if type(orig).__module__.split(".")[0] == "psycopg":  # the server is down or unreachable
+        from psycopg import OperationalError
+
+        return str(orig).splitlines()[0] if isinstance(orig, OperationalError) else None
+    if not isinstance(orig, sqlite3.DatabaseError):
+        return None
+    code = getattr(orig, "sqlite_errorcode", None)
+    if code is not None:
+        return str(orig).splitlines()[0] if (code & 0xFF) in _STORAGE_CODES else None
+    # A driver without error codes (Python 3.10): the classes SQLite's codes map to.
+    storage = isinstance(orig, sqlite3.OperationalError) or type(orig) is sqlite3.DatabaseError
+    return str(orig).splitlines()[0] if storage else None

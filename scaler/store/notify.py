@@ -5,7 +5,7 @@ On PostgreSQL a writer's step transaction sends ``NOTIFY scalewatch_steps, '<run
 (delivered at commit); a service process holds one listening connection per store, on a
 thread of its own (:class:`Listener`), and wakes the asyncio waiters of that run. A
 SQLite file has no such thing, and its writers are processes of the same host: one thread
-per store (:class:`Poller`) reads every streamed run's last step in one statement every
+per store (:class:`CommitWatcher`) reads every streamed run's last step in one statement every
 ``SQLITE_POLL_S`` and wakes the waiters of the runs that moved (each stream's hub polled
 its run 20 times a second before: 1000 reads a second for 50 streamed runs). An in-memory
 SQLite store has neither: there :func:`subscribe` returns ``None`` and streams poll.
@@ -26,7 +26,15 @@ from sqlalchemy import Engine, exc
 from .engine import Store
 from .postgres import STEPS_CHANNEL
 
-__all__ = ["SQLITE_POLL_S", "Announcer", "Listener", "Poller", "Waiter", "subscribe", "unsubscribe"]
+__all__ = [
+    "SQLITE_POLL_S",
+    "Announcer",
+    "CommitWatcher",
+    "Listener",
+    "Waiter",
+    "subscribe",
+    "unsubscribe",
+]
 # How often the listening thread looks whether it should stop, and waits after losing
 # its connection before it connects again.
 _TICK_S = 0.5
@@ -118,7 +126,7 @@ class Listener(Announcer):
         self.listening.clear()
 
 
-class Poller(Announcer):
+class CommitWatcher(Announcer):
     """One thread of a SQLite file store's engine, while it has waiters: every
     ``SQLITE_POLL_S`` one read of the waiters' runs' last steps (``PRAGMA data_version``
     first: nothing at all when no other connection has committed since)."""
@@ -179,11 +187,11 @@ def subscribe(store: Store, run_id: int) -> Waiter | None:
     in-memory SQLite store.
 
     The store holds its one listener or poller (``store.listener``) while any waiter does."""
-    kind: type[Listener] | type[Poller]
+    kind: type[Listener] | type[CommitWatcher]
     if store.engine.dialect.name == "postgresql":
         kind = Listener
     elif _is_file(store.engine):
-        kind = Poller
+        kind = CommitWatcher
     else:
         return None
     waiter = Waiter(run_id, asyncio.get_running_loop())

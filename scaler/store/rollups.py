@@ -20,9 +20,9 @@ from operator import itemgetter
 from typing import Any
 
 from . import postgres
-from .engine import insert_rows
 from .schema import ROLLUP_LEVELS
 from .sql import cursor_dialect, driver_sql
+from .sqlite import insert_rows
 
 __all__ = ["contiguous", "refresh_rollups", "rollup_plan"]
 

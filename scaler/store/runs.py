@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, RowMapping, exc, select, update
 
 from . import postgres
-from .engine import Store, insert_rows
+from .engine import Store
 from .errors import RunNotFound
 from .records import RunRef, StepRecord, format_inf_ranks, format_lr_groups
 from .rollups import contiguous, refresh_rollups
@@ -31,6 +31,7 @@ from .schema import (
     telemetry_gaps,
 )
 from .sql import driver_sql
+from .sqlite import insert_rows
 from .states import RequestStatus, RunStatus
 
 __all__ = [

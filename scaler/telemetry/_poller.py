@@ -14,8 +14,8 @@ from collections import deque
 
 from .._control import ControlOutcome, ControlSource, ControlUpdate
 from ..store import control as store_control
+from ..store.control_rules import check
 from ..store.records import ControlRequestRow
-from ..store.rules import check
 from ._queue import QueuedOutcome, RecordQueue
 from ._writer import Writer
 

@@ -1,4 +1,4 @@
-"""The control rules have one home (``scaler/store/rules.py``): the service serves them,
+"""The control rules have one home (``scaler/store/control_rules.py``): the service serves them,
 and the dashboard builds its hints and checks from what it serves. No consumer states a
 rule of its own."""
 
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from scalewatch.store import rules
+from scalewatch.store import control_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,16 +36,16 @@ def test_the_service_serves_the_rules_of_the_store(client: TestClient) -> None:
     response = client.get("/api/control/rules")
     assert response.status_code == 200
     served = response.json()["fields"]
-    assert [field["name"] for field in served] == list(rules.FIELDS)
+    assert [field["name"] for field in served] == list(control_rules.FIELDS)
     for field in served:
         name = field["name"]
         assert field == {
             "name": name,
-            "integer": name in rules.INT_FIELDS,
-            "purpose": rules.PURPOSES[name],
-            "requirement": rules.requirement(name),
-            "rule": rules.RULES[name],
-            "bounds": rules.SCHEMAS[name],
+            "integer": name in control_rules.INT_FIELDS,
+            "purpose": control_rules.PURPOSES[name],
+            "requirement": control_rules.requirement(name),
+            "rule": control_rules.RULES[name],
+            "bounds": control_rules.SCHEMAS[name],
         }
     schema = client.get("/openapi.json").json()["components"]["schemas"]["ControlRequest"]
     for field in served:  # the request's schema states the same bounds
@@ -73,26 +73,30 @@ def test_the_dashboards_hints_and_checks_are_the_served_rules(client: TestClient
     from the service's answer, agree with the store at every bound: a value the form
     refuses is one the store refuses, with the store's message."""
     served = client.get("/api/control/rules").json()
-    values = {name: _around_the_bounds(rules.SCHEMAS[name]) for name in rules.FIELDS}
+    values = {
+        name: _around_the_bounds(control_rules.SCHEMAS[name]) for name in control_rules.FIELDS
+    }
     done = subprocess.run(
         ["node", "--input-type=module", "-e", CHECKS, json.dumps({"served": served,
                                                                  "values": values})],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     shown = json.loads(done.stdout)
-    assert [field["name"] for field in shown] == list(rules.FIELDS)
+    assert [field["name"] for field in shown] == list(control_rules.FIELDS)
     for field in shown:
         name = field["name"]
-        purpose = rules.PURPOSES[name]
-        assert field["hint"] == f"{purpose[0].upper()}{purpose[1:]}: {rules.requirement(name)}"
-        assert field["integer"] == (name in rules.INT_FIELDS)
+        purpose = control_rules.PURPOSES[name]
+        assert (
+            field["hint"] == f"{purpose[0].upper()}{purpose[1:]}: {control_rules.requirement(name)}"
+        )
+        assert field["integer"] == (name in control_rules.INT_FIELDS)
         assert field["label"] == name.replace("_", " ").capitalize()
         for number, problem in zip(values[name], field["problems"], strict=True):
-            taken = rules.normalise(name, number) is not None
-            assert problem == (None if taken else rules.RULES[name]), (name, number)
+            taken = control_rules.normalise(name, number) is not None
+            assert problem == (None if taken else control_rules.RULES[name]), (name, number)
 
 
-# What a rule stated outside rules.py looks like: one of its bounds written out, or (in the
+# What a rule stated outside control_rules.py looks like: one of its bounds written out, or (in the
 # dashboard's text) a comparison with a number.
 BOUND_LITERALS = re.compile(
     r"2147483647|2\s*\*\*\s*31|3\.40282|1\.17549|float32|INT32_MAX|FLOAT32_(MAX|TINY)", re.I
@@ -104,7 +108,7 @@ CODE_IN_TEMPLATE = re.compile(r"\$\{[^{}]*\}")  # ``${value > 0 ? a : b}`` is co
 
 def test_no_consumer_states_a_rule_of_its_own() -> None:
     """The dashboard's scripts and the service (its CLI too) take the rules from
-    scaler/store/rules.py: none writes a bound out, and no text of the dashboard compares
+    scaler/store/control_rules.py: none writes a bound out, and no text of the dashboard compares
     a value with a number (its hints, "between 0 and 1", once disagreed with the store)."""
     stated = []
     for path in sorted((ROOT / "web").glob("*.js")):

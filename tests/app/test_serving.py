@@ -18,6 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
+from scalewatch.app.bootstrap_token import check_token
 from scalewatch.app.cli import main
 from scalewatch.app.cli._serving import (
     MIN_TOKEN_CHARS,
@@ -29,7 +30,7 @@ from scalewatch.app.cli._serving import (
     ready_to_serve,
 )
 from scalewatch.app.main import create_app
-from scalewatch.app.middleware.security import check_token, host_name, is_loopback
+from scalewatch.app.middleware.hosts import host_name, is_loopback
 from scalewatch.app.settings import Settings
 from scalewatch.store.engine import open_store
 from scalewatch.store.runs import write_steps

@@ -13,7 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from scalewatch.app.cli import main
-from scalewatch.store.engine import Store, storage_failure
+from scalewatch.store.engine import Store
+from scalewatch.store.errors import storage_failure
 from tests._helpers.service import add_run, simulate
 
 DAMAGE_AT, DAMAGE_BYTES = 8192, 16 * 1024

@@ -9,17 +9,13 @@ import pytest
 from sqlalchemy import Connection, exc
 
 from scalewatch.store import Store, default_url, open_store
-from scalewatch.store.engine import (
-    DEFAULT_URL,
-    head_revision,
-    make_engine,
-    shown_url,
-    storage_failure,
-)
-from scalewatch.store.errors import NotAStoreURL
+from scalewatch.store.engine import make_engine
+from scalewatch.store.errors import NotAStoreURL, storage_failure
+from scalewatch.store.revisions import head_revision
 from scalewatch.store.runs import create_run
 from scalewatch.store.schema import runs
 from scalewatch.store.timeouts import Timeouts
+from scalewatch.store.urls import DEFAULT_URL, shown_url
 from tests._helpers.postgres import Cluster
 from tests._helpers.workers import open_together
 

@@ -16,9 +16,10 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, inspect, text
 
 from scalewatch.store import Store, downgrade, open_store, upgrade
-from scalewatch.store import engine as engine_module
-from scalewatch.store.engine import head_revision, make_engine
+from scalewatch.store import revisions as revisions_module
+from scalewatch.store.engine import make_engine
 from scalewatch.store.errors import MigrationsUnusable
+from scalewatch.store.revisions import head_revision
 from scalewatch.store.runs import create_run
 from scalewatch.store.schema import metadata
 from scalewatch.store.timeouts import Timeouts
@@ -143,7 +144,7 @@ def test_opening_waits_out_another_process_upgrading_past_the_busy_timeout(
 
 
 def _revisions() -> list[str]:
-    script = ScriptDirectory.from_config(engine_module._alembic_config())
+    script = ScriptDirectory.from_config(revisions_module._alembic_config())
     return ["base", *reversed([rev.revision for rev in script.walk_revisions()])]
 
 
@@ -152,7 +153,7 @@ def _alembic_check(url: str) -> None:
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
-            command.check(engine_module._alembic_config(conn))
+            command.check(revisions_module._alembic_config(conn))
     finally:
         engine.dispose()
 
@@ -231,7 +232,7 @@ def test_migrations_without_revisions_are_named_by_their_folder(
     (empty / "versions").mkdir(parents=True)
     for name in ("__init__.py", "env.py", "script.py.mako"):
         shutil.copy(installed / name, empty / name)
-    monkeypatch.setattr(engine_module.migrations, "__file__", str(empty / "__init__.py"))
+    monkeypatch.setattr(revisions_module.migrations, "__file__", str(empty / "__init__.py"))
     with pytest.raises(MigrationsUnusable) as refused:
         open_store(f"sqlite:///{tmp_path / 'new.db'}")
     assert str(refused.value) == (

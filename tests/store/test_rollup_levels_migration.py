@@ -12,7 +12,7 @@ import pytest
 from alembic import command
 
 from scalewatch.store import downgrade, upgrade
-from scalewatch.store import engine as engine_module
+from scalewatch.store import revisions as revisions_module
 from scalewatch.store import rollups as store_rollups
 from scalewatch.store import runs as store_runs
 from scalewatch.store.engine import Store, make_engine
@@ -64,7 +64,7 @@ def _stamp(url: str, revision: str) -> None:
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
-            command.stamp(engine_module._alembic_config(conn), revision)
+            command.stamp(revisions_module._alembic_config(conn), revision)
     finally:
         engine.dispose()
 

@@ -6,7 +6,8 @@ import pytest
 from sqlalchemy import inspect
 
 from scalewatch.store import RunNotFound, RunRef, Store, open_store
-from scalewatch.store.engine import downgrade, head_revision, make_engine, upgrade
+from scalewatch.store.engine import downgrade, make_engine, upgrade
+from scalewatch.store.revisions import head_revision
 from scalewatch.store.runs import create_run, write_steps
 from scalewatch.store.scale_loads import ScaleLoad, load_counts, record_scale_load, scale_loads_of
 from tests._helpers.service import simulate

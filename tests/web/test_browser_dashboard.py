@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from scalewatch.store import control, queries, rules, runs
+from scalewatch.store import control, control_rules, queries, runs
 from scalewatch.store.schema import steps
 from tests._helpers.harness import CHROMIUM, HOSTILE_NAME, Served, Tab
 from tests._helpers.pages import POINTS, chart, open_run, zoom
@@ -221,7 +221,7 @@ def test_an_accepted_token_clears_the_refusal_and_odd_numbers_stay_home(
     for value, message in (
         ("0x10", "finite number"),
         ("5.5", "whole number"),
-        ("0", rules.RULES["growth_interval"]),  # the served rule, checked in the page
+        ("0", control_rules.RULES["growth_interval"]),  # the served rule, checked in the page
     ):
         submit(tab, token=served.token, growth_interval=value)
         page.locator("#f-growth_interval-error", has_text=message).wait_for()

@@ -1,44 +1,16 @@
-"""The bearer token that guards mutating routes, and the loopback-only default bind."""
+"""Which hosts a service answers: loopback names, and the ``Host`` check (DNS rebinding)
+of a service bound to loopback. The service process, on each request."""
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import json
-import os
-import secrets
 from collections.abc import Iterable
-from pathlib import Path
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = [
-    "LoopbackHost",
-    "check_token",
-    "host_name",
-    "is_loopback",
-    "new_token",
-    "write_token_file",
-]
-
-
-def new_token() -> str:
-    return secrets.token_urlsafe(32)
-
-
-def check_token(authorization: str | None, expected: str | None) -> bool:
-    """Whether an ``Authorization`` header carries the expected bearer token.
-
-    >>> check_token("Bearer abc", "abc"), check_token("Bearer abd", "abc"), check_token(None, "abc")
-    (True, False, False)
-    """
-    if not expected or not authorization:
-        return False
-    scheme, _, presented = authorization.partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    return hmac.compare_digest(presented.strip().encode(), expected.encode())
+__all__ = ["LoopbackHost", "host_name", "is_loopback"]
 
 
 def is_loopback(host: str) -> bool:
@@ -49,19 +21,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-def write_token_file(path: Path, token: str) -> Path:
-    """Write ``token`` to ``path``, readable and writable by its owner only (0600)."""
-    path = path.expanduser()
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, (token + "\n").encode())
-    finally:
-        os.close(fd)
-    return path
 
 
 def host_name(host_header: str) -> str:

@@ -18,7 +18,7 @@ import pytest
 
 import scalewatch._control
 import scalewatch.store.control
-from scalewatch.store import rules
+from scalewatch.store import control_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,22 +49,22 @@ def _imported_by(module: str) -> list[str]:
 def test_the_store_and_the_service_import_neither_torch_nor_the_scalers_private_modules() -> None:
     for module in ("scalewatch.store", "scalewatch.app.main", "scalewatch.app.cli"):
         loaded = _imported_by(module)
-        assert "scalewatch.store.rules" in loaded
+        assert "scalewatch.store.control_rules" in loaded
         private = [m for m in loaded if m.startswith("scalewatch._")]
         torch = [m for m in loaded if m == "torch" or m.startswith("torch.")]
         assert (module, private, torch) == (module, [], [])
 
 
 def test_the_rules_have_one_home_that_the_scaler_re_exports() -> None:
-    shared = [name for name in rules.__all__ if hasattr(scalewatch._control, name)]
+    shared = [name for name in control_rules.__all__ if hasattr(scalewatch._control, name)]
     assert {"FIELDS", "RULES", "check", "normalise"} <= set(shared)
     for name in shared:
-        assert getattr(scalewatch._control, name) is getattr(rules, name)
-    assert scalewatch.store.control.CONTROL_FIELDS is rules.FIELDS
+        assert getattr(scalewatch._control, name) is getattr(control_rules, name)
+    assert scalewatch.store.control.CONTROL_FIELDS is control_rules.FIELDS
 
 
 def test_the_rules_module_pins_its_public_names() -> None:
-    assert sorted(rules.__all__) == [
+    assert sorted(control_rules.__all__) == [
         "EMPTY",
         "FIELDS",
         "FLOAT32_MAX",
@@ -91,28 +91,28 @@ def test_the_cli_and_the_api_model_take_the_fields_the_rules_name() -> None:
     from scalewatch.app.models import ControlRequest
 
     options = {p.name: p for p in control.params if isinstance(p, click.Option) and p.name}
-    fields = [name for name in options if name in rules.SCHEMAS]
-    assert fields == list(rules.FIELDS)
-    assert {name for name in fields if options[name].type is click.INT} == rules.INT_FIELDS
+    fields = [name for name in options if name in control_rules.SCHEMAS]
+    assert fields == list(control_rules.FIELDS)
+    assert {name for name in fields if options[name].type is click.INT} == control_rules.INT_FIELDS
     assert {name for name in fields if options[name].type is click.FLOAT} == (
-        set(rules.FIELDS) - rules.INT_FIELDS
+        set(control_rules.FIELDS) - control_rules.INT_FIELDS
     )
     for name in fields:
         assert options[name].opts == [f"--{name.replace('_', '-')}"]
         help = options[name].help or ""
-        assert help.startswith(rules.PURPOSES[name]), name
-        assert help.endswith(rules.RULES[name].removeprefix(f"{name} must be ")), name
-    assert list(ControlRequest.model_fields) == list(rules.FIELDS)
+        assert help.startswith(control_rules.PURPOSES[name]), name
+        assert help.endswith(control_rules.RULES[name].removeprefix(f"{name} must be ")), name
+    assert list(ControlRequest.model_fields) == list(control_rules.FIELDS)
     integral = {
         name for name, info in ControlRequest.model_fields.items() if "int" in str(info.annotation)
     }
-    assert integral == rules.INT_FIELDS
+    assert integral == control_rules.INT_FIELDS
 
 
 def test_normalise_keeps_each_bound_of_the_schemas_as_they_state_it() -> None:
     """At each bound and just past it, normalise() takes or refuses a value as the JSON
     Schema the API publishes says (inclusive or exclusive)."""
-    for name, schema in rules.SCHEMAS.items():
+    for name, schema in control_rules.SCHEMAS.items():
         integer = schema["type"] == "integer"
         for key, inward, taken in (
             ("minimum", math.inf, True),
@@ -126,14 +126,14 @@ def test_normalise_keeps_each_bound_of_the_schemas_as_they_state_it() -> None:
             outward = -inward
             past = bound + (1 if outward > 0 else -1) if integer else math.nextafter(bound, outward)
             inside = bound + (1 if inward > 0 else -1) if integer else math.nextafter(bound, inward)
-            assert (rules.normalise(name, bound) is not None) is taken, (name, key)
-            assert rules.normalise(name, past) is None, (name, key)
-            assert rules.normalise(name, inside) is not None, (name, key)
+            assert (control_rules.normalise(name, bound) is not None) is taken, (name, key)
+            assert control_rules.normalise(name, past) is None, (name, key)
+            assert control_rules.normalise(name, inside) is not None, (name, key)
 
 
 def test_the_rules_say_float32s_bounds_as_a_person_would_and_the_schema_exactly() -> None:
-    for rule in rules.RULES.values():
+    for rule in control_rules.RULES.values():
         assert not re.search(r"\d\.\d{6,}", rule), rule  # no bound quoted to 17 digits
-    assert "about 1.2e-38 to 3.4e38" in rules.RULES["scale"]
-    assert rules.SCHEMAS["scale"]["minimum"] == float(np.finfo(np.float32).tiny)
-    assert rules.SCHEMAS["scale"]["maximum"] == float(np.finfo(np.float32).max)
+    assert "about 1.2e-38 to 3.4e38" in control_rules.RULES["scale"]
+    assert control_rules.SCHEMAS["scale"]["minimum"] == float(np.finfo(np.float32).tiny)
+    assert control_rules.SCHEMAS["scale"]["maximum"] == float(np.finfo(np.float32).max)

@@ -1,0 +1,143 @@
+"""SQLite, the embedded store: its engine's connections (WAL, the busy timeout, the
+pragmas, transactions begun as asked), multi-row inserts, and the file's integrity check.
+Any thread that opens a store; the writer thread inserts."""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+from collections.abc import Sequence
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import URL, Connection, Engine, create_engine, event, exc
+
+from .errors import StoreDamaged, storage_failure
+from .timeouts import DEFAULTS, Timeouts
+
+BUSY_TIMEOUT_MS = DEFAULTS.busy_ms  # the default (bench/telemetry.py's raw connections)
+# Connections an engine on a file keeps open (one per worker thread of the service), and
+# the most it opens beyond those: as on PostgreSQL (scalewatch.store.postgres says why).
+POOL_SIZE, POOL_OVERFLOW = 40, 10
+
+_PRAGMAS = (
+    "PRAGMA synchronous = NORMAL",
+    "PRAGMA foreign_keys = ON",
+)
+# Rows in one multi-row INSERT at most; SQLite before 3.32 binds at most 999 values.
+MAX_ROWS_PER_STATEMENT = 1024
+_OLDEST_LIMIT = 999
+# Attempts at switching a new file to WAL; each failed one waits for the lock holder.
+_WAL_ATTEMPTS = 100
+
+
+def insert_rows(cursor: sqlite3.Cursor, head: str, rows: Sequence[Sequence[Any]]) -> None:
+    """Run ``head`` (``INSERT INTO t (a, b)``) for ``rows`` in a few multi-row statements.
+
+    Not ``executemany``: the driver releases and retakes the GIL around every row, and each
+    time the training thread may have to wait for it. Statements hold 2**k rows, as many as
+    SQLite binds at once (capped), so a few statement texts serve every batch from the
+    driver's statement cache.
+    """
+    if not rows:
+        return
+    width = len(rows[0])
+    getlimit = getattr(cursor.connection, "getlimit", None)  # Python 3.11+
+    limit = getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) if getlimit else _OLDEST_LIMIT
+    most = 1 << (max(1, min(MAX_ROWS_PER_STATEMENT, limit // width)).bit_length() - 1)
+    start = 0
+    while start < len(rows):
+        count = min(most, 1 << ((len(rows) - start).bit_length() - 1))
+        cursor.execute(_values_sql(head, width, count), tuple(chain(*rows[start : start + count])))
+        start += count
+
+
+@functools.cache
+def _values_sql(head: str, width: int, rows: int) -> str:
+    """``_values_sql("INSERT INTO t (a, b)", 2, 2)``: ``... VALUES (?, ?), (?, ?)``."""
+    row = f"({', '.join('?' * width)})"
+    return f"{head} VALUES {', '.join([row] * rows)}"
+
+
+def make_engine(url: str, parsed: URL, *, timeouts: Timeouts = DEFAULTS) -> Engine:
+    """An engine on the SQLite database ``url`` (``parsed``) whose every connection has the
+    store's pragmas, waiting as ``timeouts`` say.
+
+    Transactions are begun by SQLAlchemy itself (the driver's implicit BEGIN skips DDL),
+    as ``BEGIN`` or, with the execution option ``sqlite_begin="IMMEDIATE"``, ``BEGIN
+    IMMEDIATE``.
+    """
+    database = parsed.database or ""
+    if database and database != ":memory:" and not database.startswith("file:"):
+        parent = Path(database).expanduser().absolute().parent
+        if not parent.is_dir():
+            raise FileNotFoundError(
+                f"cannot open the store {url!r}: the directory {str(parent)!r} does not exist"
+            )
+    pool: dict[str, int] = {}
+    if database and database != ":memory:" and "mode=memory" not in database:
+        # A file store gets SQLAlchemy's QueuePool; with WAL, readers never wait for the
+        # writer, so let every worker thread of the service hold a connection at once
+        # (anyio runs sync routes in up to 40 threads) and keep it.
+        pool = {"pool_size": POOL_SIZE, "max_overflow": POOL_OVERFLOW}
+    engine = create_engine(url, **pool)
+    event.listen(engine, "connect", functools.partial(_on_connect, busy_ms=timeouts.busy_ms))
+    event.listen(engine, "begin", _on_begin)
+    return engine
+
+
+def _on_connect(dbapi_connection: sqlite3.Connection, _record: Any, *, busy_ms: int) -> None:
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
+        _use_wal(cursor)
+        for pragma in _PRAGMAS:
+            cursor.execute(pragma)
+    finally:
+        cursor.close()
+
+
+def _use_wal(cursor: sqlite3.Cursor) -> None:
+    """Switch the database to WAL, also when other processes switch the same new file."""
+    for _ in range(_WAL_ATTEMPTS):
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error):
+                raise
+        # Two connections switching at once: SQLite refuses one without calling the busy
+        # handler (it would deadlock). Wait for the other's lock, then try again, which
+        # then finds WAL in place.
+        cursor.execute("BEGIN IMMEDIATE")
+        cursor.execute("ROLLBACK")
+    cursor.execute("PRAGMA journal_mode = WAL")
+
+
+def _on_begin(conn: Connection) -> None:
+    mode = conn.get_execution_options().get("sqlite_begin", "DEFERRED")
+    conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def check_integrity(engine: Engine) -> None:
+    """Raise :class:`StoreDamaged` unless SQLite's ``quick_check`` finds the database behind
+    ``engine`` whole (a new, empty file is). It reads the whole file, so the service and
+    the CLI check at open; the trainer, which must start at once, does not.
+    """
+    if engine.dialect.name != "sqlite":  # a server keeps its own files whole
+        return
+    url = engine.url.render_as_string(hide_password=True)
+    try:
+        with engine.connect() as conn:
+            problems = conn.exec_driver_sql("PRAGMA quick_check(1)").scalars().all()
+    except exc.DBAPIError as error:
+        reason = storage_failure(error)
+        if reason is None or "locked" in reason:
+            raise
+        raise StoreDamaged(url, reason) from None
+    if problems != ["ok"]:
+        lines = [line for row in problems for line in str(row).splitlines()]
+        first = next((line for line in lines if not line.startswith("***")), lines[0])
+        raise StoreDamaged(url, f"SQLite's quick_check: {first}")
