@@ -40,6 +40,7 @@ from tests._helpers.service import (
     after_first_autopilot_tick,
     simulate,
 )
+from tests._helpers.waiting import wait_for
 
 TOKEN = "hostile-test-token-0123456789abcdef"
 load_all_checks()
@@ -363,8 +364,17 @@ def test_bad_control_values_are_refused_and_the_live_scaler_keeps_its_state(
         chunks = iter([big[i : i + 65536] for i in range(0, len(big), 65536)])
         response = client.post(path, content=chunks, headers=json_auth)
         assert response.status_code == 413
-        # A poller that picked anything up applies it within a step or two: give it time.
-        time.sleep(1.0)
+        # Nothing was stored, so nothing can be applied; and a request that slipped in
+        # would be applied within a step or two of the control poller's next poll (5 a
+        # second): the scaler steps on for 100 steps (over 0.5 s at its pace) first.
+        with open_store(db_url) as store:
+            assert control_history(store, live.run_id) == []
+        seen = len(live.trace)
+        wait_for(
+            lambda: len(live.trace) >= seen + 100 or not live.thread.is_alive(),
+            60,
+            "the live scaler to step on past the control poller's next polls",
+        )
     assert live.error is None
     steps = len(live.trace)
     assert steps >= 50, "the scaler barely stepped while the requests came in"
