@@ -63,7 +63,7 @@ for _ in range(20):
     scaler.step(optimizer)
     scaler.update()
 scaler.close()
-print(json.dumps({"run_id": scaler.run_id, "steps": scalewatch.stats().steps}))
+print(json.dumps({"run_id": scaler.run_id, "steps": scaler.stats().steps}))
 """
 
 
