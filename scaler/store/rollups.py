@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 from bisect import bisect_left
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
 from typing import Any
@@ -23,15 +24,50 @@ from . import postgres
 from .engine import insert_rows
 from .schema import ROLLUP_LEVELS
 from .sql import cursor_dialect, driver_sql
+from .step_rows import COLUMNS
+from .step_schema import SERIES, Fold
 
 __all__ = ["contiguous", "refresh_rollups", "rollup_plan"]
 
-_COLUMNS = (
-    "run_id, level, bucket, first_step, last_step, n, scale_min, scale_max, scale_last,"
-    " tracker_min, tracker_max, tracker_last, overflows, skipped, loss_min, loss_max,"
-    " lr_min, lr_max"
-)
-_COLUMN_NAMES = tuple(_COLUMNS.replace(" ", "").split(","))
+
+def _sql_columns() -> tuple[list[str], list[str], list[str], list[str], list[str]]:
+    """The series' columns of step_rollups, and how they are computed: from ``steps``
+    (aggregates of ``a``, the last step's of ``s``) and from a finer level's rows (of
+    ``a``, and of ``c``, the child row of the last step)."""
+    stored: list[str] = []
+    from_steps: list[str] = []
+    from_child: list[str] = []
+    aggregates: list[str] = []
+    child_aggregates: list[str] = []
+    for spec in SERIES:
+        names = [f.name for f in spec.fields]
+        stored.extend(spec.stored)
+        if spec.fold is Fold.RANGE:
+            low, high = spec.kept
+            from_steps += [f"a.agg_{low}", f"a.agg_{high}"]
+            from_child += [f"a.agg_{low}", f"a.agg_{high}"]
+            child_aggregates += [f"min({low}) AS agg_{low}", f"max({high}) AS agg_{high}"]
+            if len(names) == 1:
+                aggregates += [f"min({names[0]}) AS agg_{low}", f"max({names[0]}) AS agg_{high}"]
+            else:
+                lows = ", ".join(f"min({name})" for name in names)
+                highs = ", ".join(f"max({name})" for name in names)
+                aggregates += [f"LEAST({lows}) AS agg_{low}", f"GREATEST({highs}) AS agg_{high}"]
+        elif spec.fold is Fold.COUNT:
+            from_steps.append(f"a.agg_{spec.name}")
+            from_child.append(f"a.agg_{spec.name}")
+            aggregates.append(f"sum(CAST({names[0]} AS INTEGER)) AS agg_{spec.name}")
+            child_aggregates.append(f"sum({spec.name}) AS agg_{spec.name}")
+        last = spec.last
+        if spec.kept_last and last is not None:
+            from_steps.append(f"s.{last.name}")
+            from_child.append(f"c.{spec.name}_last")
+    return stored, from_steps, from_child, aggregates, child_aggregates
+
+
+_SERIES_COLUMNS, _STEPS_VALUES, _CHILD_VALUES, _STEPS_AGGREGATES, _CHILD_AGGREGATES = _sql_columns()
+_COLUMN_NAMES = ("run_id", "level", "bucket", "first_step", "last_step", "n", *_SERIES_COLUMNS)
+_COLUMNS = ", ".join(_COLUMN_NAMES)
 _KEY = ("run_id", "level", "bucket")
 # SQLite's INSERT OR REPLACE, as PostgreSQL writes it (after the rows).
 _REPLACE = {
@@ -47,18 +83,10 @@ _REPLACE = {
 _FROM_STEPS = (
     f"{{insert}} INTO step_rollups ({_COLUMNS})"
     " SELECT :run, :level, a.agg_bucket, a.agg_first, a.agg_last, a.agg_n,"
-    " a.agg_scale_min, a.agg_scale_max, s.scale_after,"
-    " a.agg_tracker_min, a.agg_tracker_max, s.growth_tracker, a.agg_overflows, a.agg_skipped,"
-    " a.agg_loss_min, a.agg_loss_max, a.agg_lr_min, a.agg_lr_max"
+    f" {', '.join(_STEPS_VALUES)}"
     " FROM (SELECT step / :width AS agg_bucket, min(step) AS agg_first,"
     " max(step) AS agg_last, count(*) AS agg_n,"
-    " LEAST(min(scale), min(scale_after)) AS agg_scale_min,"
-    " GREATEST(max(scale), max(scale_after)) AS agg_scale_max,"
-    " min(growth_tracker) AS agg_tracker_min, max(growth_tracker) AS agg_tracker_max,"
-    " sum(CAST(overflow AS INTEGER)) AS agg_overflows,"
-    " sum(CAST(skipped AS INTEGER)) AS agg_skipped,"
-    " min(loss) AS agg_loss_min, max(loss) AS agg_loss_max,"
-    " min(lr) AS agg_lr_min, max(lr) AS agg_lr_max"
+    f" {', '.join(_STEPS_AGGREGATES)}"
     " FROM steps WHERE run_id = :run AND step >= :lo AND step < :hi"
     " GROUP BY step / :width) AS a"
     " JOIN steps AS s ON s.run_id = :run AND s.step = a.agg_last{conflict}"
@@ -66,16 +94,10 @@ _FROM_STEPS = (
 _FROM_CHILD = (
     f"{{insert}} INTO step_rollups ({_COLUMNS})"
     " SELECT :run, :level, a.agg_bucket, a.agg_first, a.agg_last, a.agg_n,"
-    " a.agg_scale_min, a.agg_scale_max, c.scale_last,"
-    " a.agg_tracker_min, a.agg_tracker_max, c.tracker_last, a.agg_overflows, a.agg_skipped,"
-    " a.agg_loss_min, a.agg_loss_max, a.agg_lr_min, a.agg_lr_max"
+    f" {', '.join(_CHILD_VALUES)}"
     " FROM (SELECT bucket / :ratio AS agg_bucket, min(first_step) AS agg_first,"
     " max(last_step) AS agg_last, sum(n) AS agg_n,"
-    " min(scale_min) AS agg_scale_min, max(scale_max) AS agg_scale_max,"
-    " min(tracker_min) AS agg_tracker_min, max(tracker_max) AS agg_tracker_max,"
-    " sum(overflows) AS agg_overflows, sum(skipped) AS agg_skipped,"
-    " min(loss_min) AS agg_loss_min, max(loss_max) AS agg_loss_max,"
-    " min(lr_min) AS agg_lr_min, max(lr_max) AS agg_lr_max"
+    f" {', '.join(_CHILD_AGGREGATES)}"
     " FROM step_rollups WHERE run_id = :run AND level = :child AND bucket >= :lo AND bucket < :hi"
     " GROUP BY bucket / :ratio) AS a"
     " JOIN step_rollups AS c ON c.run_id = :run AND c.level = :child"
@@ -153,11 +175,44 @@ def _recompute(cursor: Any, run_id: int, step_numbers: Sequence[int], plan: Plan
             )
 
 
-# A rollup on the host: the columns of step_rollups after run_id and level.
-_BUCKET, _FIRST, _LAST, _N, _SMIN, _SMAX, _SLAST, _TMIN, _TMAX, _TLAST, _OVER, _SKIP = range(12)
-_LMIN, _LMAX, _RMIN, _RMAX = range(12, 16)
-# The loss and learning rate columns of a ``steps`` row (run_id first).
-_LOSS, _LR = 13, 16
+# A rollup on the host: the columns of step_rollups after run_id and level, that is the
+# bucket, its first and last step, its number of steps, then each series' (_SERIES_COLUMNS).
+_BUCKET, _FIRST, _LAST, _N = range(4)
+_STEP = 1 + COLUMNS.index("step")  # in a ``steps`` row, run_id first
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """How one series is folded on the host: from the columns of a batch of steps (their
+    indexes in a ``steps`` row), and two rollups into one (at ``at``)."""
+
+    fold: Fold
+    at: int
+    columns: tuple[int, ...]
+    nullable: bool
+    last: int | None  # the column whose last value step_rollups keeps
+
+
+def _parts() -> tuple[_Part, ...]:
+    parts, at = [], _N + 1
+    for spec in SERIES:
+        if spec.fold is Fold.LAST:
+            continue
+        last = spec.last
+        parts.append(
+            _Part(
+                fold=spec.fold,
+                at=at,
+                columns=tuple(1 + COLUMNS.index(f.name) for f in spec.fields),
+                nullable=spec.nullable,
+                last=1 + COLUMNS.index(last.name) if spec.kept_last and last else None,
+            )
+        )
+        at += len(spec.stored)
+    return tuple(parts)
+
+
+_PARTS = _parts()
 
 
 def _fold(cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], plan: Plan) -> None:
@@ -188,37 +243,42 @@ def _fold(cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], plan: Plan)
 
 def _from_steps(columns: tuple[tuple[Any, ...], ...], width: int) -> list[list[Any]]:
     """The rollups of ``width``-step buckets of the ``steps`` columns, in step order."""
-    _, numbers, _, scale, overflow, skipped, _, after, tracker, *_ = columns
-    loss, lr = columns[_LOSS], columns[_LR]
-    # Steps without a loss (NULL) are left out of its min and max, as SQL's min() does.
-    losses = _loss_range if None in loss else _plain_range
-    rates = _loss_range if None in lr else _plain_range
+    numbers = columns[_STEP]
+    # Steps without a value (NULL) are left out of a range, as SQL's min() does; a batch
+    # with none takes the plain way.
+    ranges = {
+        part.at: _loss_range if any(None in columns[c] for c in part.columns) else _plain_range
+        for part in _PARTS
+        if part.fold is Fold.RANGE
+    }
     rollups: list[list[Any]] = []
     start = 0
     while start < len(numbers):
         bucket = numbers[start] // width
         end = bisect_left(numbers, (bucket + 1) * width, start)
         last = end - 1
-        rollups.append(
-            [
-                bucket,
-                numbers[start],
-                numbers[last],
-                end - start,
-                min(min(scale[start:end]), min(after[start:end])),
-                max(max(scale[start:end]), max(after[start:end])),
-                after[last],
-                min(tracker[start:end]),
-                max(tracker[start:end]),
-                tracker[last],
-                sum(overflow[start:end]),
-                sum(skipped[start:end]),
-                *losses(loss[start:end]),
-                *rates(lr[start:end]),
-            ]
-        )
+        rollup = [bucket, numbers[start], numbers[last], end - start]
+        for part in _PARTS:
+            if part.fold is Fold.COUNT:
+                rollup.append(sum(columns[part.columns[0]][start:end]))
+                continue
+            lows, highs = zip(
+                *(ranges[part.at](columns[c][start:end]) for c in part.columns), strict=True
+            )
+            rollup += [_least_of(lows), _greatest_of(highs)]
+            if part.last is not None:
+                rollup.append(columns[part.last][last])
+        rollups.append(rollup)
         start = end
     return rollups
+
+
+def _least_of(values: Sequence[float | None]) -> float | None:
+    return values[0] if len(values) == 1 else functools.reduce(_least, values)
+
+
+def _greatest_of(values: Sequence[float | None]) -> float | None:
+    return values[0] if len(values) == 1 else functools.reduce(_greatest, values)
 
 
 def _plain_range(values: Sequence[float]) -> tuple[float, float]:
@@ -252,24 +312,19 @@ def _from_child(children: list[list[Any]], ratio: int) -> list[list[Any]]:
 
 def _merge(earlier: Sequence[Any], later: Sequence[Any]) -> list[Any]:
     """One rollup of two in ``earlier``'s bucket, ``earlier``'s steps all before ``later``'s."""
-    return [
-        earlier[_BUCKET],
-        earlier[_FIRST],
-        later[_LAST],
-        earlier[_N] + later[_N],
-        min(earlier[_SMIN], later[_SMIN]),
-        max(earlier[_SMAX], later[_SMAX]),
-        later[_SLAST],
-        min(earlier[_TMIN], later[_TMIN]),
-        max(earlier[_TMAX], later[_TMAX]),
-        later[_TLAST],
-        earlier[_OVER] + later[_OVER],
-        earlier[_SKIP] + later[_SKIP],
-        _least(earlier[_LMIN], later[_LMIN]),
-        _greatest(earlier[_LMAX], later[_LMAX]),
-        _least(earlier[_RMIN], later[_RMIN]),
-        _greatest(earlier[_RMAX], later[_RMAX]),
-    ]
+    merged = [earlier[_BUCKET], earlier[_FIRST], later[_LAST], earlier[_N] + later[_N]]
+    for part in _PARTS:
+        at = part.at
+        if part.fold is Fold.COUNT:
+            merged.append(earlier[at] + later[at])
+            continue
+        if part.nullable:
+            merged += [_least(earlier[at], later[at]), _greatest(earlier[at + 1], later[at + 1])]
+        else:
+            merged += [min(earlier[at], later[at]), max(earlier[at + 1], later[at + 1])]
+        if part.last is not None:
+            merged.append(later[at + 2])
+    return merged
 
 
 @functools.cache
