@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from math import isfinite
-from operator import attrgetter
 from typing import Any
 
 from .records import format_inf_ranks, format_lr_groups, parse_lr_groups
@@ -28,24 +27,33 @@ EXPORT_COLUMNS: tuple[str, ...] = tuple(f.export_name for f in STEP_FIELDS)
 Convert = Callable[[Any], Any]
 
 
-def _ranks_text(ranks: tuple[int, ...]) -> str:
-    return format_inf_ranks(ranks) if ranks else ""
-
-
-def _groups_text(groups: tuple[tuple[float | None, ...], ...] | None) -> str | None:
-    return None if groups is None else format_lr_groups(groups)
-
-
-def _finite(value: float | None) -> float | None:
-    return value if value is None or isfinite(value) else None
-
-
-def _stored(f: StepField) -> Convert | None:
+def _stored(f: StepField) -> str:
+    """The expression of a field's column value, of a record ``r``."""
+    value = f"r.{f.name}"
     if f.kind is Kind.RANKS:
-        return _ranks_text
+        return f'(format_inf_ranks({value}) if {value} else "")'
     if f.kind is Kind.FLOAT_GROUPS:
-        return _groups_text
-    return _finite if f.finite_only else None
+        return f"(None if {value} is None else format_lr_groups({value}))"
+    if f.finite_only:
+        return f"(v if (v := {value}) is None or isfinite(v) else None)"
+    return value
+
+
+def _row_function() -> Callable[[StepRecord], tuple[Any, ...]]:
+    # Written out as one expression, as dataclasses writes __init__: the writer's queue
+    # calls it for every step, and a loop over the fields took four times as long.
+    source = f"def step_values(r):\n    return ({', '.join(map(_stored, STEP_FIELDS))},)\n"
+    namespace: dict[str, Any] = {
+        "format_inf_ranks": format_inf_ranks,
+        "format_lr_groups": format_lr_groups,
+        "isfinite": isfinite,
+    }
+    exec(source, namespace)  # the source is the declaration's, never input
+    function: Callable[[StepRecord], tuple[Any, ...]] = namespace["step_values"]
+    function.__doc__ = """``r`` as a ``steps`` row after its ``run_id``: plain values, in column
+    order. A tuple of plain values is dropped from the garbage collector's tracking at its
+    first collection, so records queued for the writer cost later collections nothing."""
+    return function
 
 
 def parse_ranks(ranks: str) -> list[int]:
@@ -59,25 +67,12 @@ _SHOWN: dict[Kind, Convert] = {
     Kind.FLOAT_GROUPS: parse_lr_groups,
 }
 
-_GET = attrgetter(*COLUMNS)
-_TO_ROW: tuple[tuple[int, Convert], ...] = tuple(
-    (i, convert) for i, f in enumerate(STEP_FIELDS) if (convert := _stored(f)) is not None
-)
 _FROM_ROW: tuple[tuple[int, Convert], ...] = tuple(
     (i, _SHOWN[f.kind]) for i, f in enumerate(STEP_FIELDS) if f.kind in _SHOWN
 )
 
 
-def step_values(r: StepRecord) -> tuple[Any, ...]:
-    """``r`` as a ``steps`` row after its ``run_id``: plain values, in column order.
-
-    A tuple of plain values is dropped from the garbage collector's tracking at its first
-    collection, so records queued for the writer cost later collections nothing.
-    """
-    row = list(_GET(r))
-    for i, convert in _TO_ROW:
-        row[i] = convert(row[i])
-    return tuple(row)
+step_values = _row_function()
 
 
 def step_dict(row: Sequence[Any], keys: Sequence[str] = EXPORT_COLUMNS) -> dict[str, Any]:
