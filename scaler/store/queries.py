@@ -26,8 +26,11 @@ from .step_schema import SERIES, SERIES_KEYS, Fold
 
 # SQLite's largest integer: a larger id or step fails in the driver, it does not match nothing.
 INT64_MAX = 2**63 - 1
+# The cursor "after" that no step precedes: a read from the first step (steps are >= 0).
+BEFORE_FIRST_STEP = -1
 
 __all__ = [
+    "BEFORE_FIRST_STEP",
     "EXPORT_COLUMNS",
     "INT64_MAX",
     "SERIES_KEYS",
@@ -338,7 +341,7 @@ def iter_step_pages(
     Each page is read in its own short transaction, so a long export neither holds a
     connection nor pins the WAL between pages.
     """
-    after = -1 if start is None else start - 1
+    after = BEFORE_FIRST_STEP if start is None else start - 1
     last = (1 << 62) if end is None else end
     where = "run_id = :run AND step > :after AND step <= :last"
     if overflows_only:
