@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
@@ -241,16 +241,61 @@ def _fold(cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], plan: Plan)
         postgres.upsert_rows(cursor, "step_rollups", _COLUMN_NAMES, _KEY, rows)
 
 
+Folder = Callable[[int, int, int], tuple[Any, ...]]
+
+
+def _folders(columns: tuple[tuple[Any, ...], ...]) -> list[Folder]:
+    """For each series kept, its values of the steps ``[start, end)`` of a batch's
+    ``columns`` (``last`` the bucket's last): one call a series and bucket."""
+    folders: list[Folder] = []
+    for part in _PARTS:
+        values = [columns[c] for c in part.columns]
+        kept = columns[part.last] if part.last is not None else None
+        if part.fold is Fold.COUNT:
+            folders.append(functools.partial(_count, values[0]))
+        elif any(None in v for v in values):
+            # Steps without a value (NULL) are left out of the range, as SQL's min() does.
+            folders.append(functools.partial(_present_range, values, kept))
+        elif len(values) == 1:
+            folders.append(functools.partial(_range, values[0], kept))
+        else:
+            folders.append(functools.partial(_ranges, values, kept))
+    return folders
+
+
+def _count(flags: Sequence[int], start: int, end: int, last: int) -> tuple[Any, ...]:
+    return (sum(flags[start:end]),)
+
+
+def _range(
+    values: Sequence[Any], kept: Sequence[Any] | None, start: int, end: int, last: int
+) -> tuple[Any, ...]:
+    bucket = values[start:end]
+    if kept is None:
+        return min(bucket), max(bucket)
+    return min(bucket), max(bucket), kept[last]
+
+
+def _ranges(
+    columns: Sequence[Sequence[Any]], kept: Sequence[Any] | None, start: int, end: int, last: int
+) -> tuple[Any, ...]:
+    buckets = [values[start:end] for values in columns]
+    low, high = min(map(min, buckets)), max(map(max, buckets))
+    return (low, high) if kept is None else (low, high, kept[last])
+
+
+def _present_range(
+    columns: Sequence[Sequence[Any]], kept: Sequence[Any] | None, start: int, end: int, last: int
+) -> tuple[Any, ...]:
+    present = [v for values in columns for v in values[start:end] if v is not None]
+    low, high = (min(present), max(present)) if present else (None, None)
+    return (low, high) if kept is None else (low, high, kept[last])
+
+
 def _from_steps(columns: tuple[tuple[Any, ...], ...], width: int) -> list[list[Any]]:
     """The rollups of ``width``-step buckets of the ``steps`` columns, in step order."""
     numbers = columns[_STEP]
-    # Steps without a value (NULL) are left out of a range, as SQL's min() does; a batch
-    # with none takes the plain way.
-    ranges = {
-        part.at: _loss_range if any(None in columns[c] for c in part.columns) else _plain_range
-        for part in _PARTS
-        if part.fold is Fold.RANGE
-    }
+    folders = _folders(columns)
     rollups: list[list[Any]] = []
     start = 0
     while start < len(numbers):
@@ -258,36 +303,11 @@ def _from_steps(columns: tuple[tuple[Any, ...], ...], width: int) -> list[list[A
         end = bisect_left(numbers, (bucket + 1) * width, start)
         last = end - 1
         rollup = [bucket, numbers[start], numbers[last], end - start]
-        for part in _PARTS:
-            if part.fold is Fold.COUNT:
-                rollup.append(sum(columns[part.columns[0]][start:end]))
-                continue
-            lows, highs = zip(
-                *(ranges[part.at](columns[c][start:end]) for c in part.columns), strict=True
-            )
-            rollup += [_least_of(lows), _greatest_of(highs)]
-            if part.last is not None:
-                rollup.append(columns[part.last][last])
+        for folder in folders:
+            rollup += folder(start, end, last)
         rollups.append(rollup)
         start = end
     return rollups
-
-
-def _least_of(values: Sequence[float | None]) -> float | None:
-    return values[0] if len(values) == 1 else functools.reduce(_least, values)
-
-
-def _greatest_of(values: Sequence[float | None]) -> float | None:
-    return values[0] if len(values) == 1 else functools.reduce(_greatest, values)
-
-
-def _plain_range(values: Sequence[float]) -> tuple[float, float]:
-    return min(values), max(values)
-
-
-def _loss_range(values: Sequence[float | None]) -> tuple[float | None, float | None]:
-    present = [value for value in values if value is not None]
-    return (min(present), max(present)) if present else (None, None)
 
 
 def _least(a: float | None, b: float | None) -> float | None:
@@ -310,21 +330,32 @@ def _from_child(children: list[list[Any]], ratio: int) -> list[list[Any]]:
     return rollups
 
 
-def _merge(earlier: Sequence[Any], later: Sequence[Any]) -> list[Any]:
-    """One rollup of two in ``earlier``'s bucket, ``earlier``'s steps all before ``later``'s."""
-    merged = [earlier[_BUCKET], earlier[_FIRST], later[_LAST], earlier[_N] + later[_N]]
+def _merge_function() -> Callable[[Sequence[Any], Sequence[Any]], list[Any]]:
+    """``_merge``, written out from the series as one list (as ``step_values`` is): the
+    writer merges a few rollups a step, and a loop over the series took three times as long."""
+    values = ["earlier[_BUCKET]", "earlier[_FIRST]", "later[_LAST]", "earlier[_N] + later[_N]"]
     for part in _PARTS:
         at = part.at
         if part.fold is Fold.COUNT:
-            merged.append(earlier[at] + later[at])
+            values.append(f"earlier[{at}] + later[{at}]")
             continue
-        if part.nullable:
-            merged += [_least(earlier[at], later[at]), _greatest(earlier[at + 1], later[at + 1])]
-        else:
-            merged += [min(earlier[at], later[at]), max(earlier[at + 1], later[at + 1])]
+        low, high = ("_least", "_greatest") if part.nullable else ("min", "max")
+        values += [
+            f"{low}(earlier[{at}], later[{at}])",
+            f"{high}(earlier[{at + 1}], later[{at + 1}])",
+        ]
         if part.last is not None:
-            merged.append(later[at + 2])
-    return merged
+            values.append(f"later[{at + 2}]")
+    source = f"def _merge(earlier, later):\n    return [{', '.join(values)}]\n"
+    namespace: dict[str, Any] = {"_least": _least, "_greatest": _greatest}
+    namespace.update(_BUCKET=_BUCKET, _FIRST=_FIRST, _LAST=_LAST, _N=_N)
+    exec(source, namespace)  # the source is the declaration's, never input
+    merge: Callable[[Sequence[Any], Sequence[Any]], list[Any]] = namespace["_merge"]
+    merge.__doc__ = "One rollup of two in ``earlier``'s bucket, ``earlier``'s steps all first."
+    return merge
+
+
+_merge = _merge_function()
 
 
 @functools.cache
