@@ -21,7 +21,13 @@ AFTER = "\n\nSTEP_FIELDS: tuple[StepField, ...] = tuple("  # the end of StepReco
 FIELD = """\
     grad_norm: float | None = field(
         default=None,
-        metadata=column(Kind.FLOAT, nullable=True, rollup=_range("grad_norm", last=True)),
+        metadata=column(
+            Kind.FLOAT,
+            nullable=True,
+            rollup=_range("grad_norm", last=True),
+            export="gradient_norm",
+            sse="norm",
+        ),
     )
 """
 MIGRATION = '''\
@@ -65,7 +71,8 @@ write_steps(store, run.id, [
     StepRecord(step=s, wall_time=float(s), scale=1024.0, overflow=False, skipped=False,
                inf_ranks=(), scale_after=1024.0, growth_tracker=s % 100, growth_interval=100,
                growth_factor=2.0, backoff_factor=0.5, control_version=0,
-               grad_norm=None if s % 7 == 0 else float(s % 50) + 0.25)
+               grad_norm=None if s % 7 == 0 else float(s % 50) + 0.25,
+               lr_groups=((0.1, 0.2),) if s == 2999 else None)
     for s in range(1, 3001)
 ])
 end_run(store, run.id)
@@ -73,10 +80,12 @@ settings = Settings(db=url, token=SecretStr("t" * 40), token_file=sys.argv[1] + 
 with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
     csv = client.get(f"/api/runs/{run.id}/export?format=csv&end=3").text
     jsonl = client.get(f"/api/runs/{run.id}/export?format=jsonl&end=3").text
+    # A page with learning rates by group goes through the JSON encoder; one without, not.
     stream = client.get(f"/api/runs/{run.id}/stream?after=2995").text
+    fast = client.get(f"/api/runs/{run.id}/stream?after=2999").text
     series = client.get(f"/api/runs/{run.id}/steps?max_points=20").json()
 print(json.dumps({"package": scalewatch.__file__, "csv": csv, "jsonl": jsonl,
-                  "stream": stream, "series": series}))
+                  "stream": stream, "fast": fast, "series": series}))
 """
 
 
@@ -116,9 +125,9 @@ def test_a_field_declared_once_is_exported_streamed_and_charted(tmp_path: Path) 
     assert out["package"].startswith(str(site))
 
     header, *rows = out["csv"].splitlines()
-    assert header.split(",")[-1] == "grad_norm"
+    assert header.split(",")[-1] == "gradient_norm"  # its export name
     assert [row.split(",")[-1] for row in rows] == ["1.25", "2.25", "3.25"]
-    assert [json.loads(line)["grad_norm"] for line in out["jsonl"].splitlines()] == [
+    assert [json.loads(line)["gradient_norm"] for line in out["jsonl"].splitlines()] == [
         1.25,
         2.25,
         3.25,
@@ -126,13 +135,16 @@ def test_a_field_declared_once_is_exported_streamed_and_charted(tmp_path: Path) 
 
     events = [e for e in out["stream"].split("\n\n") if "event: step" in e]
     data = [json.loads(e.split("data: ", 1)[1]) for e in events]
-    assert [(d["step"], d["grad_norm"]) for d in data] == [
+    assert [(d["step"], d["norm"]) for d in data] == [  # its key in the stream
         (2996, None),
         (2997, 47.25),
         (2998, 48.25),
         (2999, 49.25),
         (3000, 0.25),
     ]
+
+    assert data[3]["lr_groups"] == [[0.1, 0.2]]
+    assert '"lr_groups":null,"schedule_drift":null,"norm":0.25}' in out["fast"]
 
     series = out["series"]["series"]
     norms = {s: None if s % 7 == 0 else float(s % 50) + 0.25 for s in range(1, 3001)}
