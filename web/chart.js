@@ -31,6 +31,7 @@ const COMPACT_AFTER = 5000; // live points appended before the whole run is re-b
 const OVERFLOW_PAGE = 1000;
 const BEFORE_POINTS = 1000; // buckets of the steps before a zoomed view, for its rolling rate
 const MAX_COARSEN = 16; // a busy service is asked for at most 16 times fewer buckets
+const BEFORE_FIRST_STEP = -1; // the last step drawn when none is: every step is after it
 
 export class RunChart {
   constructor(node, runId, { onInfo, onError, onOverflow, onLiveOverflow } = {}) {
@@ -41,7 +42,7 @@ export class RunChart {
     this.onOverflow = onOverflow || (() => {}); // an overflow marker clicked: its step
     this.onLiveOverflow = onLiveOverflow || (() => {});
     this.view = null; // null: the whole run; else [start, end] in steps
-    this.lastStep = -1; // last step drawn
+    this.lastStep = BEFORE_FIRST_STEP; // last step drawn
     this.pending = []; // live step rows not drawn yet
     this.loading = null; // AbortController of the bucket query in flight
     this.ready = false;
@@ -173,7 +174,7 @@ export class RunChart {
       addBucket(cols, bucket, this.rate.push(bucket.last_step, bucket.n, bucket.skipped), i === 0);
     }
     // Live steps after the last bucket still append, also beyond a zoomed view.
-    this.lastStep = cols.x.length ? cols.x[cols.x.length - 1] : -1;
+    this.lastStep = cols.x.length ? cols.x[cols.x.length - 1] : BEFORE_FIRST_STEP;
     this.pending = this.pending.filter((row) => row.step > this.lastStep);
     this.appended = 0;
     const fresh = figureTraces(cols, []);
@@ -301,9 +302,10 @@ export class RunChart {
     this.pending = [];
     if (!rows.length) return;
     const cols = emptyColumns();
+    const starts = this.lastStep === BEFORE_FIRST_STEP; // the scale line starts at the first row
     rows.forEach((row, i) => {
       const bucket = stepAsBucket(row);
-      addBucket(cols, bucket, this.rate.push(bucket.last_step, bucket.n, bucket.skipped), this.lastStep < 0 && i === 0);
+      addBucket(cols, bucket, this.rate.push(bucket.last_step, bucket.n, bucket.skipped), starts && i === 0);
     });
     this.lastStep = rows[rows.length - 1].step;
     const traces = LINE_TRACES.map((i) => TRACE_COLUMNS[i]);
