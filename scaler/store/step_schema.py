@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from .records import ParamFinding
@@ -29,6 +29,7 @@ __all__ = [
     "Fold",
     "Kind",
     "Rollup",
+    "SeriesColumn",
     "SeriesSpec",
     "StepField",
     "StepRecord",
@@ -175,6 +176,14 @@ if [f.name for f in STEP_FIELDS if f.key] != ["step"] or STEP_FIELDS[0].name != 
     raise ValueError("a step's key is its number, its first field")
 
 
+class SeriesColumn(NamedTuple):
+    """One column of the chart series: its key, its values' kind, whether one may be null."""
+
+    key: str
+    kind: Kind
+    nullable: bool
+
+
 @dataclass(frozen=True, slots=True)
 class SeriesSpec:
     """One chart series and the fields it rolls up, in declaration order."""
@@ -212,21 +221,23 @@ class SeriesSpec:
     @property
     def keys(self) -> tuple[str, ...]:
         """Its keys in the chart series."""
-        return tuple(key for key, _, _ in self.columns)
+        return tuple(c.key for c in self.columns)
 
     @property
-    def columns(self) -> tuple[tuple[str, Kind, bool], ...]:
-        """Its columns in the chart series: key, kind of value, whether one may be null
-        (a range of a bucket without values)."""
+    def columns(self) -> tuple[SeriesColumn, ...]:
+        """Its columns in the chart series (a range's ends are null for a bucket without
+        values)."""
         if self.fold is Fold.COUNT:
-            return ((self.name, Kind.INT, False),)
+            return (SeriesColumn(self.name, Kind.INT, False),)
         last = self.last
         if self.fold is Fold.LAST:
             assert last is not None  # a series folded so has its one field
-            return ((self.name, last.kind, last.nullable),)
+            return (SeriesColumn(self.name, last.kind, last.nullable),)
         kind = self.fields[-1].kind
-        ends = tuple((key, kind, self.nullable) for key in self.kept)
-        return ends if last is None else (*ends, (f"{self.name}_last", last.kind, last.nullable))
+        ends = tuple(SeriesColumn(key, kind, self.nullable) for key in self.kept)
+        if last is None:
+            return ends
+        return (*ends, SeriesColumn(f"{self.name}_last", last.kind, last.nullable))
 
 
 def _series() -> tuple[SeriesSpec, ...]:
@@ -248,10 +259,10 @@ def _series() -> tuple[SeriesSpec, ...]:
 
 SERIES: tuple[SeriesSpec, ...] = _series()
 # The columns of the chart series: a bucket's steps, then each series'.
-SERIES_COLUMNS: tuple[tuple[str, Kind, bool], ...] = (
-    ("first_step", Kind.INT, False),
-    ("last_step", Kind.INT, False),
-    ("n", Kind.INT, False),
-    *(column for spec in SERIES for column in spec.columns),
+SERIES_COLUMNS: tuple[SeriesColumn, ...] = (
+    SeriesColumn("first_step", Kind.INT, False),
+    SeriesColumn("last_step", Kind.INT, False),
+    SeriesColumn("n", Kind.INT, False),
+    *(c for spec in SERIES for c in spec.columns),
 )
-SERIES_KEYS: tuple[str, ...] = tuple(key for key, _, _ in SERIES_COLUMNS)
+SERIES_KEYS: tuple[str, ...] = tuple(c.key for c in SERIES_COLUMNS)
