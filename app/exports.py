@@ -14,6 +14,7 @@ from scalewatch.store import queries
 from scalewatch.store.diagnosis import Finding, finding_dicts, findings_between
 from scalewatch.store.engine import Store
 from scalewatch.store.queries import EXPORT_COLUMNS
+from scalewatch.store.step_schema import STEP_FIELDS, Kind
 
 __all__ = ["MEDIA_TYPES", "OVERFLOW_COLUMNS", "export_chunks", "export_filename", "format_params"]
 
@@ -28,15 +29,14 @@ def export_filename(run_name: str, run_id: int, what: str, fmt: str) -> str:
 
 
 _ROW = ",".join(["%s"] * len(EXPORT_COLUMNS)) + "\n"
-_RANKS = (EXPORT_COLUMNS.index("inf_ranks"), EXPORT_COLUMNS.index("loss_nonfinite_ranks"))
-# Floats, or the drift's ints, or None.
-_MAYBE = tuple(EXPORT_COLUMNS.index(name) for name in ("loss", "lr", "schedule_drift"))
-_LR_GROUPS = EXPORT_COLUMNS.index("lr_groups")  # JSON text (commas: quoted) or None
-# Float columns that hold few distinct values a page: each repr is computed once.
-_REPEATING = tuple(
-    EXPORT_COLUMNS.index(name)
-    for name in ("scale", "scale_after", "growth_factor", "backoff_factor")
+_RANKS = tuple(i for i, f in enumerate(STEP_FIELDS) if f.kind is Kind.RANKS)
+# Nullable numbers: floats or ints, or None.
+_MAYBE = tuple(
+    i for i, f in enumerate(STEP_FIELDS) if f.nullable and f.kind in (Kind.INT, Kind.FLOAT)
 )
+_GROUPS = tuple(i for i, f in enumerate(STEP_FIELDS) if f.kind is Kind.FLOAT_GROUPS)  # JSON or None
+# Float columns that hold few distinct values a page: each repr is computed once.
+_REPEATING = tuple(i for i, f in enumerate(STEP_FIELDS) if f.few_values)
 
 
 def csv_page(rows: Sequence[Sequence[Any]]) -> str:
@@ -54,10 +54,10 @@ def csv_page(rows: Sequence[Sequence[Any]]) -> str:
     """
     width = len(EXPORT_COLUMNS)
     values = list(chain.from_iterable(rows))
-    groups = values[_LR_GROUPS::width]
-    if groups.count(None) != len(rows):
-        return _csv_writer_page(rows)
-    values[_LR_GROUPS::width] = [""] * len(rows)
+    for column in _GROUPS:
+        if values[column::width].count(None) != len(rows):
+            return _csv_writer_page(rows)
+        values[column::width] = [""] * len(rows)
     commas = quoted = 0
     for column in _RANKS:
         ranks = values[column::width]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict
+from pydantic import BaseModel, ConfigDict, Field, Strict, create_model
 
 from scalewatch.store.control_rules import SCHEMAS
 from scalewatch.store.queries import INT64_MAX
 from scalewatch.store.states import AlertState, RequestSource, RequestStatus, RunStatus
+from scalewatch.store.step_schema import SERIES_COLUMNS, Kind
 
 __all__ = [
     "AlertList",
@@ -85,29 +86,30 @@ class RunDetail(RunSummary):
     scale_jumps: int = Field(0, description="those whose scale differs from the last recorded one")
 
 
-class SeriesColumns(BaseModel):
-    first_step: list[int]
-    last_step: list[int]
-    n: list[int]
-    scale_min: list[float]
-    scale_max: list[float]
-    scale_last: list[float]
-    tracker_min: list[int]
-    tracker_max: list[int]
-    tracker_last: list[int]
-    overflows: list[int]
-    skipped: list[int]
-    # Of the finite losses of each bucket (the loss of its last step); null when none.
-    loss_min: list[float | None]
-    loss_max: list[float | None]
-    loss_last: list[float | None]
-    # Of the learning rates of each bucket (that of its last step); null when not recorded.
-    lr_min: list[float | None]
-    lr_max: list[float | None]
-    lr_last: list[float | None]
-    # Skipped steps so far on which a registered LR scheduler stepped, at each bucket's last
-    # step (the count only grows); null when no scheduler is registered.
-    schedule_drift: list[int | None]
+_SERIES_TYPES: dict[Kind, Any] = {Kind.INT: int, Kind.FLOAT: float}
+
+
+def _column_type(kind: Kind, nullable: bool) -> Any:
+    value = _SERIES_TYPES[kind]
+    return list[value | None] if nullable else list[value]  # type: ignore[valid-type]
+
+
+def _series_model() -> type[BaseModel]:
+    """The chart series' columns, from the step schema: min, max and last of each range
+    (null where a bucket has no value, or a value is not recorded), counts."""
+    columns: dict[str, Any] = {
+        key: (_column_type(kind, nullable), ...) for key, kind, nullable in SERIES_COLUMNS
+    }
+    return create_model("SeriesColumns", **columns)
+
+
+if TYPE_CHECKING:
+
+    class SeriesColumns(BaseModel):
+        first_step: list[int]
+
+else:
+    SeriesColumns = _series_model()
 
 
 class StepSeries(BaseModel):

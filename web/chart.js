@@ -9,7 +9,8 @@ import {
   LINE_TRACES,
   RollingRate,
   T,
-  addScalePoints,
+  TRACE_COLUMNS,
+  addBucket,
   emptyColumns,
   extent,
   figureLayout,
@@ -17,6 +18,7 @@ import {
   lossExtent,
   overflowPoint,
   powerTicks,
+  seriesBucket,
   stepAsBucket,
   thinLabels,
 } from "./chart_figure.js";
@@ -29,6 +31,7 @@ const COMPACT_AFTER = 5000; // live points appended before the whole run is re-b
 const OVERFLOW_PAGE = 1000;
 const BEFORE_POINTS = 1000; // buckets of the steps before a zoomed view, for its rolling rate
 const MAX_COARSEN = 16; // a busy service is asked for at most 16 times fewer buckets
+const BEFORE_FIRST_STEP = -1; // the last step drawn when none is: every step is after it
 
 export class RunChart {
   constructor(node, runId, { onInfo, onError, onOverflow, onLiveOverflow } = {}) {
@@ -39,7 +42,7 @@ export class RunChart {
     this.onOverflow = onOverflow || (() => {}); // an overflow marker clicked: its step
     this.onLiveOverflow = onLiveOverflow || (() => {});
     this.view = null; // null: the whole run; else [start, end] in steps
-    this.lastStep = -1; // last step drawn
+    this.lastStep = BEFORE_FIRST_STEP; // last step drawn
     this.pending = []; // live step rows not drawn yet
     this.loading = null; // AbortController of the bucket query in flight
     this.ready = false;
@@ -167,27 +170,11 @@ export class RunChart {
     }
     const cols = emptyColumns();
     for (let i = 0; i < s.last_step.length; i += 1) {
-      this.addBucket(cols, i === 0, {
-        first_step: s.first_step[i],
-        last_step: s.last_step[i],
-        n: s.n[i],
-        scale_min: s.scale_min[i],
-        scale_max: s.scale_max[i],
-        scale_last: s.scale_last[i],
-        tracker_min: s.tracker_min[i],
-        tracker_max: s.tracker_max[i],
-        tracker_last: s.tracker_last[i],
-        skipped: s.skipped[i],
-        loss_min: s.loss_min ? s.loss_min[i] : null,
-        loss_max: s.loss_max ? s.loss_max[i] : null,
-        loss_last: s.loss_last ? s.loss_last[i] : null,
-        lr_min: s.lr_min ? s.lr_min[i] : null,
-        lr_max: s.lr_max ? s.lr_max[i] : null,
-        lr_last: s.lr_last ? s.lr_last[i] : null,
-      });
+      const bucket = seriesBucket(s, i);
+      addBucket(cols, bucket, this.rate.push(bucket.last_step, bucket.n, bucket.skipped), i === 0);
     }
     // Live steps after the last bucket still append, also beyond a zoomed view.
-    this.lastStep = cols.x.length ? cols.x[cols.x.length - 1] : -1;
+    this.lastStep = cols.x.length ? cols.x[cols.x.length - 1] : BEFORE_FIRST_STEP;
     this.pending = this.pending.filter((row) => row.step > this.lastStep);
     this.appended = 0;
     const fresh = figureTraces(cols, []);
@@ -231,7 +218,7 @@ export class RunChart {
     return {
       view: [start, end],
       scales: extent(scales),
-      tracker: Math.max(1, ...cols.trMax),
+      tracker: Math.max(1, ...cols.trackerMax),
       rate: Math.max(0.01, ...cols.rate),
       losses: lossExtent([...cols.lossMin, ...cols.lossMax]),
       rates: lossExtent([...cols.lrMin, ...cols.lrMax]),
@@ -263,7 +250,7 @@ export class RunChart {
     if (!inside.length) return;
     const before = this.shown;
     const scales = extent(inside.flatMap((i) => [cols.scaleMin[i], cols.scaleMax[i]]), before.scales);
-    const tracker = Math.max(before.tracker, ...inside.map((i) => cols.trMax[i]));
+    const tracker = Math.max(before.tracker, ...inside.map((i) => cols.trackerMax[i]));
     const rate = Math.max(before.rate, ...inside.map((i) => cols.rate[i]));
     const losses = lossExtent(inside.flatMap((i) => [cols.lossMin[i], cols.lossMax[i]]), before.losses);
     const rates = lossExtent(inside.flatMap((i) => [cols.lrMin[i], cols.lrMax[i]]), before.rates);
@@ -273,26 +260,6 @@ export class RunChart {
     }
     this.shown = { ...before, scales, tracker, rate, losses, rates };
     Plotly.relayout(this.node, this.shownLayout());
-  }
-
-  // ``first``: the first bucket of a drawing, where the scale line starts.
-  addBucket(cols, first, b) {
-    cols.x.push(b.last_step);
-    cols.xFirst.push(b.first_step);
-    cols.scaleMin.push(b.scale_min);
-    cols.scaleMax.push(b.scale_max);
-    addScalePoints(cols, b, first);
-    cols.trMin.push(b.tracker_min);
-    cols.trMax.push(b.tracker_max);
-    cols.trLast.push(b.tracker_last);
-    cols.cdTracker.push([b.first_step]);
-    cols.rate.push(this.rate.push(b.last_step, b.n, b.skipped));
-    cols.lossMin.push(b.loss_min);
-    cols.lossMax.push(b.loss_max);
-    cols.lossLast.push(b.loss_last);
-    cols.lrMin.push(b.lr_min);
-    cols.lrMax.push(b.lr_max);
-    cols.lrLast.push(b.lr_last);
   }
 
   async loadOverflows() {
@@ -335,21 +302,19 @@ export class RunChart {
     this.pending = [];
     if (!rows.length) return;
     const cols = emptyColumns();
-    rows.forEach((row, i) => this.addBucket(cols, this.lastStep < 0 && i === 0, stepAsBucket(row)));
+    const starts = this.lastStep === BEFORE_FIRST_STEP; // the scale line starts at the first row
+    rows.forEach((row, i) => {
+      const bucket = stepAsBucket(row);
+      addBucket(cols, bucket, this.rate.push(bucket.last_step, bucket.n, bucket.skipped), starts && i === 0);
+    });
     this.lastStep = rows[rows.length - 1].step;
-    const none = () => [];
+    const traces = LINE_TRACES.map((i) => TRACE_COLUMNS[i]);
     Plotly.extendTraces(
       this.node,
       {
-        x: [cols.xFirst, cols.xFirst, cols.xNext, cols.x, cols.x, cols.x, cols.x, cols.x, cols.x, cols.x, cols.x, cols.x, cols.x],
-        y: [
-          cols.scaleMax, cols.scaleMin, cols.scaleLast, cols.trMax, cols.trMin, cols.trLast, cols.rate,
-          cols.lossMax, cols.lossMin, cols.lossLast, cols.lrMax, cols.lrMin, cols.lrLast,
-        ],
-        customdata: [
-          none(), none(), cols.cdScale, none(), none(), cols.cdTracker, none(), none(), none(), none(),
-          none(), none(), none(),
-        ],
+        x: traces.map((c) => cols[c.x]),
+        y: traces.map((c) => cols[c.y]),
+        customdata: traces.map((c) => (c.cd ? cols[c.cd] : [])),
       },
       LINE_TRACES,
     );

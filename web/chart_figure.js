@@ -5,37 +5,103 @@
 
 import { formatNumber, formatScale } from "./dom.js";
 
-export const T = {
-  scaleMax: 0,
-  scaleMin: 1,
-  scaleLast: 2,
-  overflows: 3,
-  trackerMax: 4,
-  trackerMin: 5,
-  trackerLast: 6,
-  skipRate: 7,
-  lossMax: 8,
-  lossMin: 9,
-  lossLast: 10,
-  lrMax: 11,
-  lrMin: 12,
-  lrLast: 13,
-};
-export const LINE_TRACES = [
-  T.scaleMax,
-  T.scaleMin,
-  T.scaleLast,
-  T.trackerMax,
-  T.trackerMin,
-  T.trackerLast,
-  T.skipRate,
-  T.lossMax,
-  T.lossMin,
-  T.lossLast,
-  T.lrMax,
-  T.lrMin,
-  T.lrLast,
+const BLUE = "11,87,208";
+const GREEN = "26,127,55";
+const PURPLE = "110,64,201";
+const TEAL = "10,124,134";
+
+// The charts, one row a group of traces, in drawing order: everything the columns, the
+// buckets and the traces are made from. A band is a series of /steps: its min–max
+// ("<band>_min", "<band>_max") and the line of its last value ("<band>_last"); a live step
+// row gives them from its `fields` (the step fields that roll up into it, as the store
+// declares them; `nullable`: a field that may be missing, shown as a gap). `line` is the
+// band's line: its columns of x and customdata (`x`, `cd`), the points a bucket adds to
+// them (`points`, if more than its last value), and how it looks.
+export const CHARTS = [
+  {
+    band: "scale",
+    fields: ["scale", "scale_after"],
+    first: true, // a live row knows the scale its step used: the line starts from it
+    x: "xFirst",
+    yaxis: "y",
+    rgb: BLUE,
+    shape: "hv",
+    legend: true,
+    line: {
+      name: "scale used",
+      x: "xNext",
+      cd: "cdScale",
+      points: addScalePoints,
+      line: { color: "#0b57d0", width: 1.6, shape: "hv" },
+      hovertemplate: "from step %{x}: %{customdata[0]}<br>%{customdata[1]}<extra>scale used</extra>",
+    },
+  },
+  { markers: "overflows" },
+  {
+    band: "tracker",
+    fields: ["growth_tracker"],
+    x: "x",
+    yaxis: "y2",
+    rgb: GREEN,
+    minName: "tracker min",
+    line: {
+      name: "growth tracker",
+      x: "x",
+      cd: "cdTracker",
+      points: (cols, b) => {
+        cols.trackerLast.push(b.tracker_last);
+        cols.cdTracker.push([b.first_step]);
+      },
+      line: { color: "#1a7f37", width: 1.4, shape: "hv" },
+      hovertemplate: "steps %{customdata[0]}–%{x}<br>tracker %{y}<extra></extra>",
+    },
+  },
+  { rate: "skipRate" },
+  {
+    band: "loss",
+    fields: ["loss"],
+    nullable: true,
+    x: "x",
+    yaxis: "y4",
+    rgb: PURPLE,
+    line: {
+      name: "loss",
+      x: "x",
+      line: { color: "#6e40c9", width: 1.4 },
+      hovertemplate: "step %{x}<br>loss %{y}<extra></extra>",
+    },
+  },
+  {
+    band: "lr",
+    fields: ["lr"],
+    nullable: true,
+    x: "x",
+    yaxis: "y5",
+    rgb: TEAL,
+    name: "learning rate",
+    line: {
+      name: "learning rate",
+      x: "x",
+      line: { color: "#0a7c86", width: 1.4, shape: "hv" },
+      hovertemplate: "step %{x}<br>learning rate %{y:.4~g}<extra></extra>",
+    },
+  },
 ];
+const BANDS = CHARTS.filter((row) => row.band);
+
+// Each trace's id and columns (`x`, `y`, `cd`: names in emptyColumns()), in trace order;
+// the markers' trace has none (its points come from the overflow pages).
+export const TRACE_COLUMNS = CHARTS.flatMap((row) => {
+  if (row.markers) return [{ id: row.markers }];
+  if (row.rate) return [{ id: row.rate, x: "x", y: "rate" }];
+  return [
+    { id: `${row.band}Max`, x: row.x, y: `${row.band}Max` },
+    { id: `${row.band}Min`, x: row.x, y: `${row.band}Min` },
+    { id: `${row.band}Last`, x: row.line.x, y: `${row.band}Last`, cd: row.line.cd },
+  ];
+});
+export const T = Object.fromEntries(TRACE_COLUMNS.map(({ id }, i) => [id, i]));
+export const LINE_TRACES = TRACE_COLUMNS.flatMap((c, i) => (c.y ? [i] : []));
 export const AUTORANGE_Y = {
   "yaxis.autorange": true,
   "yaxis2.autorange": true,
@@ -105,26 +171,40 @@ export function extent(values, start = [Infinity, -Infinity]) {
 // (Plotly's "hv"), so at an overflow it shows the scale used there, as the marker does,
 // and the backoff at the next step.
 export function emptyColumns() {
-  return {
-    x: [],
-    xFirst: [],
-    xNext: [],
-    scaleMin: [],
-    scaleMax: [],
-    scaleLast: [],
-    trMin: [],
-    trMax: [],
-    trLast: [],
-    rate: [],
-    lossMin: [],
-    lossMax: [],
-    lossLast: [],
-    lrMin: [],
-    lrMax: [],
-    lrLast: [],
-    cdScale: [],
-    cdTracker: [],
-  };
+  const cols = { x: [], xFirst: [], xNext: [], rate: [] };
+  for (const c of TRACE_COLUMNS) {
+    if (c.y) cols[c.y] = [];
+    if (c.cd) cols[c.cd] = [];
+  }
+  return cols;
+}
+
+// The bucket ``i`` of a /steps answer's columnar ``series``: its steps, its skipped count
+// and each band's min, max and last (null where the service sends none).
+export function seriesBucket(series, i) {
+  const bucket = { first_step: series.first_step[i], last_step: series.last_step[i], n: series.n[i] };
+  bucket.skipped = series.skipped[i];
+  for (const { band } of BANDS) {
+    for (const end of ["min", "max", "last"]) {
+      const key = `${band}_${end}`;
+      bucket[key] = series[key] ? series[key][i] : null;
+    }
+  }
+  return bucket;
+}
+
+// A bucket's values, pushed onto the columns; ``rate`` is its rolling skipped-step rate, and
+// ``first``: the first bucket of a drawing, where the scale line starts.
+export function addBucket(cols, b, rate, first) {
+  cols.x.push(b.last_step);
+  cols.xFirst.push(b.first_step);
+  for (const { band, line } of BANDS) {
+    cols[`${band}Min`].push(b[`${band}_min`]);
+    cols[`${band}Max`].push(b[`${band}_max`]);
+    if (line.points) line.points(cols, b, first);
+    else cols[`${band}Last`].push(b[`${band}_last`]);
+  }
+  cols.rate.push(rate);
 }
 
 // The finite values' extent of some losses (nulls are buckets without one), or null.
@@ -178,29 +258,19 @@ export function thinLabels(markers, [x0, x1], width, gap = 36) {
   return kept;
 }
 
-// One live step row, as its own one-step bucket.
+// One live step row, as its own one-step bucket: each band's min and max of its fields,
+// and its last field's value.
 export function stepAsBucket(row) {
-  const used = Number(row.scale);
-  const after = Number(row.scale_after);
-  return {
-    first_step: row.step,
-    last_step: row.step,
-    n: 1,
-    scale_first: used,
-    scale_min: Math.min(used, after),
-    scale_max: Math.max(used, after),
-    scale_last: after,
-    tracker_min: row.growth_tracker,
-    tracker_max: row.growth_tracker,
-    tracker_last: row.growth_tracker,
-    skipped: row.skipped ? 1 : 0,
-    loss_min: finiteOrNull(row.loss),
-    loss_max: finiteOrNull(row.loss),
-    loss_last: finiteOrNull(row.loss),
-    lr_min: finiteOrNull(row.lr),
-    lr_max: finiteOrNull(row.lr),
-    lr_last: finiteOrNull(row.lr),
-  };
+  const bucket = { first_step: row.step, last_step: row.step, n: 1, skipped: row.skipped ? 1 : 0 };
+  for (const { band, fields, nullable, first } of BANDS) {
+    const values = fields.map((field) => (nullable ? finiteOrNull(row[field]) : Number(row[field])));
+    const present = values.filter((value) => value !== null);
+    bucket[`${band}_min`] = present.length ? Math.min(...present) : null;
+    bucket[`${band}_max`] = present.length ? Math.max(...present) : null;
+    bucket[`${band}_last`] = values[values.length - 1];
+    if (first) bucket[`${band}_first`] = values[0];
+  }
+  return bucket;
 }
 
 function finiteOrNull(value) {
@@ -247,102 +317,65 @@ export function bandPair({ x, max, min, yaxis, name, minName = `${name} min–ma
   return [trace(max, `${name} max`, false), trace(min, minName, true)];
 }
 
-const BLUE = "11,87,208";
-const GREEN = "26,127,55";
-const PURPLE = "110,64,201";
-const TEAL = "10,124,134";
-
 export function figureTraces(cols, overflows) {
-  return [
-    ...bandPair({
-      x: cols.xFirst,
-      max: cols.scaleMax,
-      min: cols.scaleMin,
-      yaxis: "y",
-      name: "scale",
-      rgb: BLUE,
-      shape: "hv",
-      legend: true,
-    }),
-    {
+  return CHARTS.flatMap((row) => {
+    if (row.markers) return [overflowTrace(overflows)];
+    if (row.rate) return [rateTrace(cols)];
+    const { band, line } = row;
+    const pair = bandPair({
+      x: cols[row.x],
+      max: cols[`${band}Max`],
+      min: cols[`${band}Min`],
+      yaxis: row.yaxis,
+      name: row.name || band,
+      ...(row.minName ? { minName: row.minName } : {}),
+      rgb: row.rgb,
+      shape: row.shape,
+      legend: row.legend,
+    });
+    const last = {
       type: "scatter",
       mode: "lines",
-      name: "scale used",
-      x: cols.xNext.slice(),
-      y: cols.scaleLast,
-      customdata: cols.cdScale,
-      line: { color: "#0b57d0", width: 1.6, shape: "hv" },
-      hovertemplate: "from step %{x}: %{customdata[0]}<br>%{customdata[1]}<extra>scale used</extra>",
-    },
-    {
-      type: "scatter",
-      mode: "markers",
-      name: "overflow",
-      x: overflows.map((p) => p.x),
-      y: overflows.map((p) => p.y),
-      customdata: overflows.map((p) => p.cd),
-      marker: { symbol: "x-thin-open", size: 9, color: "#b42318", line: { width: 2, color: "#b42318" } },
-      hovertemplate:
-        "overflow at step %{x}<br>scale %{customdata[2]} → %{customdata[0]}" +
-        "<br>ranks with inf/NaN: %{customdata[1]}<br>loss: %{customdata[3]}" +
-        "<br>parameters: %{customdata[4]} (click for them)<extra></extra>",
-    },
-    ...bandPair({
-      x: cols.x,
-      max: cols.trMax,
-      min: cols.trMin,
-      yaxis: "y2",
-      name: "tracker",
-      minName: "tracker min",
-      rgb: GREEN,
-    }),
-    {
-      type: "scatter",
-      mode: "lines",
-      name: "growth tracker",
-      x: cols.x.slice(),
-      y: cols.trLast,
-      yaxis: "y2",
-      customdata: cols.cdTracker,
-      line: { color: "#1a7f37", width: 1.4, shape: "hv" },
-      hovertemplate: "steps %{customdata[0]}–%{x}<br>tracker %{y}<extra></extra>",
-    },
-    {
-      type: "scatter",
-      mode: "lines",
-      name: "skipped-step rate",
-      x: cols.x.slice(),
-      y: cols.rate,
-      yaxis: "y3",
-      customdata: [],
-      line: { color: "#8a5300", width: 1.4 },
-      hovertemplate: "step %{x}<br>skipped %{y:.2%}<extra></extra>",
-    },
-    ...bandPair({ x: cols.x, max: cols.lossMax, min: cols.lossMin, yaxis: "y4", name: "loss", rgb: PURPLE }),
-    {
-      type: "scatter",
-      mode: "lines",
-      name: "loss",
-      x: cols.x.slice(),
-      y: cols.lossLast,
-      yaxis: "y4",
-      customdata: [],
-      line: { color: "#6e40c9", width: 1.4 },
-      hovertemplate: "step %{x}<br>loss %{y}<extra></extra>",
-    },
-    ...bandPair({ x: cols.x, max: cols.lrMax, min: cols.lrMin, yaxis: "y5", name: "learning rate", rgb: TEAL }),
-    {
-      type: "scatter",
-      mode: "lines",
-      name: "learning rate",
-      x: cols.x.slice(),
-      y: cols.lrLast,
-      yaxis: "y5",
-      customdata: [],
-      line: { color: "#0a7c86", width: 1.4, shape: "hv" },
-      hovertemplate: "step %{x}<br>learning rate %{y:.4~g}<extra></extra>",
-    },
-  ];
+      name: line.name,
+      x: cols[line.x].slice(),
+      y: cols[`${band}Last`],
+      ...(row.yaxis === "y" ? {} : { yaxis: row.yaxis }),
+      customdata: line.cd ? cols[line.cd] : [],
+      line: line.line,
+      hovertemplate: line.hovertemplate,
+    };
+    return [...pair, last];
+  });
+}
+
+function overflowTrace(overflows) {
+  return {
+    type: "scatter",
+    mode: "markers",
+    name: "overflow",
+    x: overflows.map((p) => p.x),
+    y: overflows.map((p) => p.y),
+    customdata: overflows.map((p) => p.cd),
+    marker: { symbol: "x-thin-open", size: 9, color: "#b42318", line: { width: 2, color: "#b42318" } },
+    hovertemplate:
+      "overflow at step %{x}<br>scale %{customdata[2]} → %{customdata[0]}" +
+      "<br>ranks with inf/NaN: %{customdata[1]}<br>loss: %{customdata[3]}" +
+      "<br>parameters: %{customdata[4]} (click for them)<extra></extra>",
+  };
+}
+
+function rateTrace(cols) {
+  return {
+    type: "scatter",
+    mode: "lines",
+    name: "skipped-step rate",
+    x: cols.x.slice(),
+    y: cols.rate,
+    yaxis: "y3",
+    customdata: [],
+    line: { color: "#8a5300", width: 1.4 },
+    hovertemplate: "step %{x}<br>skipped %{y:.2%}<extra></extra>",
+  };
 }
 
 export function figureLayout(narrow) {

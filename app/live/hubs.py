@@ -30,7 +30,7 @@ from ..models import ControlRequestOut
 from ..settings import Settings
 from .sse import coalesced_event, sse_event, step_events
 
-__all__ = ["Chunk", "Hub", "Hubs", "Pacing"]
+__all__ = ["Chunk", "Ended", "Hub", "Hubs", "Pacing"]
 
 T = TypeVar("T")
 
@@ -152,6 +152,14 @@ def _read_page(store: Store, run_id: int, after: int, until: int) -> Chunk | Non
     return Chunk(rows) if rows else None
 
 
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """A run no longer running, as its hub last read it: ``status`` None when the run is
+    gone from the store."""
+
+    status: RunStatus | None
+
+
 class Hub:
     """The poller of one run and what it has read: the chunks of its latest steps, and the
     control events so far."""
@@ -172,7 +180,7 @@ class Hub:
         self.buffered = 0  # steps in the chunks
         self.pages: OrderedDict[tuple[int, int], asyncio.Future[Chunk | None]] = OrderedDict()
         self.control_log: list[bytes] = []
-        self.ended: str | bool | None = False  # the run's status once not running
+        self.ended: Ended | None = None  # set once the run is not running
         self.failed = False
         self.tick = asyncio.Event()
         self.streams = 0
@@ -215,7 +223,7 @@ class Hub:
                 if polls % CONTROL_EVERY == 0 or status is not RunStatus.RUNNING:
                     await self._read_control(marks)
                 if status is not RunStatus.RUNNING:
-                    self.ended = status
+                    self.ended = Ended(None if status is None else RunStatus(status))
                     return
                 self.wake()
                 if waiter is None:

@@ -13,7 +13,8 @@ from itertools import chain
 from math import isfinite
 from typing import Any
 
-from scalewatch.store import queries
+from scalewatch.store.step_rows import step_dict
+from scalewatch.store.step_schema import STEP_FIELDS, Kind, StepField
 
 __all__ = ["KEEP_ALIVE", "coalesced_event", "opening", "sse_event", "step_events"]
 
@@ -48,27 +49,34 @@ def coalesced_event(after: int, to: int) -> bytes:
     return sse_event("coalesced", {"after": after, "to": to}, to).encode()
 
 
+def _placeholder(f: StepField) -> str:
+    """Where a field's value goes in the fast path's event: its JSON, as ``%`` writes it."""
+    if f.kind is Kind.RANKS:
+        return "[%s]"
+    if f.nullable or f.kind in (Kind.BOOL, Kind.FLOAT_GROUPS):
+        return "%s"  # "null", "true"/"false", or the value's own JSON
+    return "%d" if f.kind is Kind.INT else "%r"
+
+
+_SSE_KEYS = tuple(f.sse_key for f in STEP_FIELDS)
 _STEP_EVENT = (
-    "id: %d\nevent: step\ndata: "
-    '{"step":%d,"wall_time":%r,"scale":%r,"overflow":%s,"skipped":%s,"inf_ranks":[%s],'
-    '"scale_after":%r,"growth_tracker":%d,"growth_interval":%d,"growth_factor":%r,'
-    '"backoff_factor":%r,"control_version":%d,"loss":%s,"loss_nonfinite_ranks":[%s],'
-    '"params_omitted":%d,"lr":%s,"lr_groups":%s,"schedule_drift":%s}\n\n'
+    "id: %d\nevent: step\ndata: {"
+    + ",".join(f'"{f.sse_key}":{_placeholder(f)}' for f in STEP_FIELDS)
+    + "}\n\n"
 )
-_COLUMN = {name: i for i, name in enumerate(queries.EXPORT_COLUMNS)}
-_INTS = tuple(
-    _COLUMN[name]
-    for name in ("step", "growth_tracker", "growth_interval", "control_version", "params_omitted")
-)
-_FLOATS = tuple(
-    _COLUMN[name]
-    for name in ("wall_time", "scale", "scale_after", "growth_factor", "backoff_factor")
-)
-_BOOLS = (_COLUMN["overflow"], _COLUMN["skipped"])
-_RANKS = (_COLUMN["inf_ranks"], _COLUMN["loss_nonfinite_ranks"])
-_MAYBE_FLOATS = (_COLUMN["loss"], _COLUMN["lr"])  # finite floats or None
-_LR_GROUPS = _COLUMN["lr_groups"]
-_DRIFT = _COLUMN["schedule_drift"]  # an int or None
+
+
+def _columns(*kinds: Kind, nullable: bool) -> tuple[int, ...]:
+    return tuple(i for i, f in enumerate(STEP_FIELDS) if f.kind in kinds and f.nullable is nullable)
+
+
+_INTS = _columns(Kind.INT, nullable=False)
+_FLOATS = _columns(Kind.FLOAT, nullable=False)
+_BOOLS = _columns(Kind.BOOL, nullable=False)
+_RANKS = _columns(Kind.RANKS, nullable=False)
+_MAYBE_FLOATS = _columns(Kind.FLOAT, nullable=True)  # finite floats or None
+_MAYBE_INTS = _columns(Kind.INT, nullable=True)  # ints or None
+_GROUPS = _columns(Kind.FLOAT_GROUPS, nullable=True)  # None in the fast path
 _JSON_BOOL = {False: "false", True: "true"}.__getitem__
 _RANK = r"(?:0|[1-9][0-9]*)"
 # Ranks strings of a page joined by ";": "1,3;;0" (what write_steps stores).
@@ -76,8 +84,8 @@ _RANK_LISTS = re.compile(rf"(?:{_RANK}(?:,{_RANK})*)?(?:;(?:{_RANK}(?:,{_RANK})*
 
 
 def step_events(rows: Sequence[Sequence[Any]]) -> str:
-    """The ``event: step`` events of raw step rows (``EXPORT_COLUMNS`` order): for each,
-    exactly ``sse_event("step", step_dict(row), step)``.
+    """The ``event: step`` events of raw step rows (the ``steps`` columns' order): for each,
+    exactly ``sse_event("step", step_dict(row, keys), step)`` with the fields' stream keys.
 
     A step row is ints, finite floats, 0/1 flags, ranks strings like ``"1,3"``, a loss and
     a learning rate that are finite floats or None and (mostly) no ``lr_groups``, so one
@@ -88,7 +96,7 @@ def step_events(rows: Sequence[Sequence[Any]]) -> str:
     """
     if not rows:
         return ""
-    width = len(queries.EXPORT_COLUMNS)
+    width = len(STEP_FIELDS)
     values = list(chain.from_iterable(rows))
     columns = {i: values[i::width] for i in (*_INTS, *_FLOATS, *_RANKS, *_MAYBE_FLOATS)}
     present = [v for i in _MAYBE_FLOATS for v in columns[i] if v is not None]
@@ -98,8 +106,8 @@ def step_events(rows: Sequence[Sequence[Any]]) -> str:
         and all(all(map(isfinite, columns[i])) for i in _FLOATS)
         and set(map(type, present)) <= {float}
         and all(map(isfinite, present))
-        and values[_LR_GROUPS::width].count(None) == len(rows)
-        and set(map(type, values[_DRIFT::width])) <= {int, type(None)}
+        and all(values[i::width].count(None) == len(rows) for i in _GROUPS)
+        and all(set(map(type, values[i::width])) <= {int, type(None)} for i in _MAYBE_INTS)
         and all(set(map(type, columns[i])) == {str} for i in _RANKS)
         and all(_RANK_LISTS.fullmatch(";".join(columns[i])) is not None for i in _RANKS)
     ):
@@ -112,10 +120,10 @@ def step_events(rows: Sequence[Sequence[Any]]) -> str:
                 column = list(map(_JSON_BOOL, map(bool, column)))
             elif i in _MAYBE_FLOATS:
                 column = ["null" if v is None else repr(v) for v in column]
-            elif i == _LR_GROUPS:
+            elif i in _GROUPS:
                 column = ["null"] * len(rows)
-            elif i == _DRIFT:
+            elif i in _MAYBE_INTS:
                 column = ["null" if v is None else v for v in column]
             out[i + 1 :: width + 1] = column
         return (_STEP_EVENT * len(rows)) % tuple(out)
-    return "".join(sse_event("step", queries.step_dict(row), row[0]) for row in rows)
+    return "".join(sse_event("step", step_dict(row, _SSE_KEYS), row[0]) for row in rows)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
 from scalewatch.store import diagnosis, queries, scale_loads
 from scalewatch.store.engine import Store
-from scalewatch.store.queries import INT64_MAX, RunInfo
+from scalewatch.store.queries import BEFORE_FIRST_STEP, INT64_MAX, RunInfo
 
 from ..deps import ServicesDep, SettingsDep, StoreDep
 from ..models import (
@@ -29,7 +29,7 @@ router = APIRouter(prefix="/api/runs", tags=["runs"])
 
 RunId = Annotated[int, Path(ge=1, le=INT64_MAX)]
 NonNegative = Annotated[Step | None, Query()]
-After = Annotated[int | None, Query(ge=-1, le=INT64_MAX)]
+After = Annotated[int | None, Query(ge=BEFORE_FIRST_STEP, le=INT64_MAX)]
 NOT_FOUND: dict[int | str, dict[str, object]] = {
     404: {"model": ErrorMessage, "description": "no such run"}
 }

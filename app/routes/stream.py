@@ -56,8 +56,8 @@ async def _events(
             for event in hub.control_log[seen_control:]:
                 yield event
             seen_control = len(hub.control_log)
-            if hub.ended is not False:
-                yield sse_event("end", {"status": hub.ended}).encode()
+            if hub.ended is not None:
+                yield sse_event("end", {"status": hub.ended.status}).encode()
                 return
             if hub.failed:
                 return
@@ -76,6 +76,9 @@ def _keep_alive() -> ServerSentEvent:
     return ServerSentEvent(comment="keep-alive", sep="\n")
 
 
+LastEventId = Annotated[int | None, Header(ge=queries.BEFORE_FIRST_STEP, le=queries.INT64_MAX)]
+
+
 @router.get(
     "/{run}/stream",
     response_class=EventSourceResponse,
@@ -87,7 +90,7 @@ async def stream(
     settings: SettingsDep,
     run: RunId,
     after: After = None,
-    last_event_id: Annotated[int | None, Header(ge=-1, le=queries.INT64_MAX)] = None,
+    last_event_id: LastEventId = None,
 ) -> EventSourceResponse:
     """``event: step`` per new step (id = step), ``event: control`` per change of a control
     request, ``event: end`` once the run is no longer running. Starts after the
@@ -96,7 +99,7 @@ async def stream(
     resume = after if last_event_id is None else last_event_id
     await run_in_threadpool(require_run_exists, store, run)
     last = await run_in_threadpool(queries.last_step, store, run)
-    newest = -1 if last is None else last
+    newest = queries.BEFORE_FIRST_STEP if last is None else last
     # Never past the last step: the run's one poller may start from this stream's point.
     start = newest if resume is None else min(resume, newest)
     stopping = anyio.Event()

@@ -13,24 +13,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 import torch
 
 from .._torch_compat import foreach_l2_norm, local_tensor
-from ..store.records import ParamFinding
+from ..store.records import FindingKind, ParamFinding
 from .names import Names, Segment, positional
 
 LIMIT = 32  # parameters kept per rank and step; the rest are counted
 NAME_BYTES = 500  # of a name, in UTF-8, as the store keeps one (overflow_params.name)
-
-
-class FindingKind(StrEnum):
-    """What a parameter's local gradient held at an overflow step (stored as its value)."""
-
-    INF = "inf"
-    NAN = "nan"
-    BOTH = "both"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,14 +46,13 @@ class Diagnosis:
 def combine(reports: Iterable[Report]) -> Diagnosis:
     """The reports of the ranks, in rank order, as one diagnosis.
 
-    >>> combine([Report(1, (("w", FindingKind.INF, 2),), 0, True), Report(0)])
-    Diagnosis(params=(ParamFinding(rank=1, name='w', kind='inf', count=2),), omitted=0, \
-loss_nonfinite_ranks=(1,))
+    >>> combine([Report(1, (("w", FindingKind.INF, 2),), 0, True), Report(0)]).params
+    (ParamFinding(rank=1, name='w', kind=<FindingKind.INF: 'inf'>, count=2),)
     """
     ordered = sorted(reports, key=lambda report: report.rank)
     return Diagnosis(
         params=tuple(
-            ParamFinding(report.rank, name, str(kind), count)
+            ParamFinding(report.rank, name, kind, count)
             for report in ordered
             for name, kind, count in report.params
         ),

@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 from .._torch_compat import gather_to_group_rank0
-from .findings import LIMIT, NAME_BYTES, FindingKind, Report, cut_name
+from ..store.records import FindingKind
+from .findings import LIMIT, NAME_BYTES, Report, cut_name
 
 _HEAD = struct.Struct("<iiB")  # params kept, params omitted, loss non-finite
 _PARAM = struct.Struct("<BqH")  # kind, count, name length (then the name's bytes)

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from .engine import Store
-from .queries import EXPORT_COLUMNS, INT64_MAX, parse_ranks, step_dict
+from .queries import BEFORE_FIRST_STEP, EXPORT_COLUMNS, INT64_MAX, parse_ranks, step_dict
 from .sql import driver_sql
 
 __all__ = [
@@ -202,7 +202,11 @@ def overflow_page(
     with store.engine.connect() as conn:
         rows = conn.exec_driver_sql(
             driver_sql(_OVERFLOWS, conn.dialect.name),
-            {"run": run_id, "after": -1 if after is None else after, "limit": limit + 1},
+            {
+                "run": run_id,
+                "after": BEFORE_FIRST_STEP if after is None else after,
+                "limit": limit + 1,
+            },
         ).fetchall()
         more, rows = len(rows) > limit, rows[:limit]
         found = (

@@ -17,39 +17,42 @@ from typing import Any
 from sqlalchemy import Boolean, Connection, RowMapping, text
 
 from .engine import Store
-from .records import parse_lr_groups
 from .runs import effective_status
 from .schema import ROLLUP_LEVELS, runs, steps
 from .sql import driver_sql
 from .states import RunStatus
+from .step_rows import COLUMNS, EXPORT_COLUMNS, parse_ranks, step_dict
+from .step_schema import SERIES, SERIES_KEYS, Fold
 
 # SQLite's largest integer: a larger id or step fails in the driver, it does not match nothing.
 INT64_MAX = 2**63 - 1
+# The cursor "after" that no step precedes: a read from the first step (steps are >= 0).
+BEFORE_FIRST_STEP = -1
 
 __all__ = [
+    "BEFORE_FIRST_STEP",
     "EXPORT_COLUMNS",
     "INT64_MAX",
+    "SERIES_KEYS",
     "RunInfo",
     "Series",
     "chart_series",
     "get_run",
     "iter_step_pages",
     "list_runs",
+    "parse_ranks",
     "run_status",
+    "step_dict",
     "step_rows_after",
 ]
 
-# The columns of ``steps`` but ``run_id``: the fields of ``StepRecord``, in order.
-EXPORT_COLUMNS: tuple[str, ...] = tuple(
-    column.name for column in steps.c if column.name != "run_id"
-)
 # The columns read for exports and live tails, by dialect: flags as 0 and 1 on both
 # (PostgreSQL's are booleans; SQLite stores 0 and 1 already, and a cast per row costs).
 _STEP_SELECT = {
-    "sqlite": ", ".join(EXPORT_COLUMNS),
+    "sqlite": ", ".join(COLUMNS),
     "postgresql": ", ".join(
         f"CAST({c} AS INTEGER) AS {c}" if isinstance(steps.c[c].type, Boolean) else c
-        for c in EXPORT_COLUMNS
+        for c in COLUMNS
     ),
 }
 # The widest level: a run's totals are the sum of its fewest rows.
@@ -57,27 +60,6 @@ _TOP_LEVEL = max(ROLLUP_LEVELS, key=ROLLUP_LEVELS.__getitem__)
 # (level, width), coarsest first.
 _LEVELS: tuple[tuple[int, int], ...] = tuple(
     sorted(ROLLUP_LEVELS.items(), key=lambda item: item[1], reverse=True)
-)
-
-SERIES_KEYS: tuple[str, ...] = (
-    "first_step",
-    "last_step",
-    "n",
-    "scale_min",
-    "scale_max",
-    "scale_last",
-    "tracker_min",
-    "tracker_max",
-    "tracker_last",
-    "overflows",
-    "skipped",
-    "loss_min",
-    "loss_max",
-    "loss_last",
-    "lr_min",
-    "lr_max",
-    "lr_last",
-    "schedule_drift",  # the bucket's last step's: a count that only grows
 )
 
 
@@ -237,30 +219,47 @@ def _bucket_width(span: int, max_points: int) -> tuple[int, list[tuple[int, int]
     return width, usable
 
 
+def _piece_columns() -> tuple[list[str], list[str], list[str], list[str]]:
+    """The chart query's columns, series by series: of a step as a bucket of its own, of a
+    rollup row, of the buckets grouped, and of the answer."""
+    raw = ["step AS first_step", "step AS last_step", "1 AS n"]
+    kept = ["first_step", "last_step", "n"]
+    grouped = ["min(first_step) AS first_step", "max(last_step) AS last_step", "sum(n) AS n"]
+    answer = ["g.first_step", "g.last_step", "g.n"]
+    for spec in SERIES:
+        names = [f.name for f in spec.fields]
+        kept.extend(spec.kept)
+        answer.extend(f"g.{column}" for column in spec.kept)
+        if spec.fold is Fold.RANGE:
+            low, high = spec.kept
+            if len(names) == 1:
+                raw += [f"{names[0]} AS {low}", f"{names[0]} AS {high}"]
+            else:
+                raw += [f"LEAST({', '.join(names)}) AS {low}"]
+                raw += [f"GREATEST({', '.join(names)}) AS {high}"]
+            grouped += [f"min({low}) AS {low}", f"max({high}) AS {high}"]
+        elif spec.fold is Fold.COUNT:
+            raw.append(f"CAST({names[0]} AS INTEGER) AS {spec.name}")
+            grouped.append(f"sum({spec.name}) AS {spec.name}")
+        last = spec.last
+        if last is not None:
+            answer.append(f"s.{last.name}")
+    return raw, kept, grouped, answer
+
+
+_RAW, _KEPT, _GROUPS, _ANSWER = _piece_columns()
 _RAW_PIECE = (
-    "SELECT step AS first_step, step AS last_step, 1 AS n,"
-    " LEAST(scale, scale_after) AS scale_min, GREATEST(scale, scale_after) AS scale_max,"
-    " growth_tracker AS tracker_min, growth_tracker AS tracker_max,"
-    " CAST(overflow AS INTEGER) AS overflows, CAST(skipped AS INTEGER) AS skipped,"
-    " loss AS loss_min, loss AS loss_max, lr AS lr_min, lr AS lr_max"
+    f"SELECT {', '.join(_RAW)}"
     " FROM steps WHERE run_id = :run AND step BETWEEN :lo{i} AND :hi{i}"
 )
 _ROLLUP_PIECE = (
-    "SELECT first_step, last_step, n, scale_min, scale_max, tracker_min, tracker_max,"
-    " overflows, skipped, loss_min, loss_max, lr_min, lr_max FROM step_rollups"
+    f"SELECT {', '.join(_KEPT)} FROM step_rollups"
     " WHERE run_id = :run AND level = :level{i} AND bucket BETWEEN :lo{i} AND :hi{i}"
 )
 _GROUPED = (
     "WITH p AS ({pieces})"
-    " SELECT g.first_step, g.last_step, g.n, g.scale_min, g.scale_max, s.scale_after,"
-    " g.tracker_min, g.tracker_max, s.growth_tracker, g.overflows, g.skipped,"
-    " g.loss_min, g.loss_max, s.loss, g.lr_min, g.lr_max, s.lr, s.schedule_drift FROM ("
-    "  SELECT first_step / :width AS ob, min(first_step) AS first_step,"
-    "  max(last_step) AS last_step, sum(n) AS n, min(scale_min) AS scale_min,"
-    "  max(scale_max) AS scale_max, min(tracker_min) AS tracker_min,"
-    "  max(tracker_max) AS tracker_max, sum(overflows) AS overflows,"
-    "  sum(skipped) AS skipped, min(loss_min) AS loss_min, max(loss_max) AS loss_max,"
-    "  min(lr_min) AS lr_min, max(lr_max) AS lr_max"
+    f" SELECT {', '.join(_ANSWER)} FROM ("
+    f"  SELECT first_step / :width AS ob, {', '.join(_GROUPS)}"
     "  FROM p GROUP BY ob"
     " ) AS g JOIN steps AS s ON s.run_id = :run AND s.step = g.last_step ORDER BY g.ob"
 )
@@ -328,11 +327,6 @@ def chart_series(
     return series
 
 
-def parse_ranks(ranks: str) -> list[int]:
-    """``"1,3"`` -> ``[1, 3]``; ``""`` -> ``[]``."""
-    return [int(rank) for rank in ranks.split(",")] if ranks else []
-
-
 def iter_step_pages(
     store: Store,
     run_id: int,
@@ -347,7 +341,7 @@ def iter_step_pages(
     Each page is read in its own short transaction, so a long export neither holds a
     connection nor pins the WAL between pages.
     """
-    after = -1 if start is None else start - 1
+    after = BEFORE_FIRST_STEP if start is None else start - 1
     last = (1 << 62) if end is None else end
     where = "run_id = :run AND step > :after AND step <= :last"
     if overflows_only:
@@ -403,17 +397,6 @@ def step_rows_after(
     finally:
         raw.close()
     return rows
-
-
-def step_dict(row: Sequence[Any]) -> dict[str, Any]:
-    """A raw step row in ``EXPORT_COLUMNS`` order as a JSON-ready dict."""
-    out = dict(zip(EXPORT_COLUMNS, row, strict=True))
-    out["overflow"] = bool(out["overflow"])
-    out["skipped"] = bool(out["skipped"])
-    out["inf_ranks"] = parse_ranks(out["inf_ranks"])
-    out["loss_nonfinite_ranks"] = parse_ranks(out["loss_nonfinite_ranks"])
-    out["lr_groups"] = parse_lr_groups(out["lr_groups"])
-    return out
 
 
 def last_step(store: Store, run_id: int) -> int | None:

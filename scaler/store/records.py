@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from math import isfinite
 from typing import Any
 
 from .states import RequestSource, RequestStatus
+from .step_schema import StepRecord as StepRecord  # declared with its columns there
+
+
+class FindingKind(StrEnum):
+    """What a parameter's local gradient held at an overflow step (stored as its value)."""
+
+    INF = "inf"
+    NAN = "nan"
+    BOTH = "both"
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,34 +26,12 @@ class ParamFinding:
 
     rank: int
     name: str
-    kind: str  # "inf" | "nan" | "both"
+    kind: FindingKind
     count: int  # non-finite elements in that rank's local gradient
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StepRecord:
-    """One telemetry record: what one ``update()`` did. A ``steps`` row has the same fields."""
-
-    step: int
-    wall_time: float
-    scale: float  # the scale used this step
-    overflow: bool  # found inf/NaN on any rank
-    skipped: bool
-    inf_ranks: tuple[int, ...]  # ranks whose local grads had inf/NaN
-    scale_after: float
-    growth_tracker: int  # after the update
-    growth_interval: int
-    growth_factor: float
-    backoff_factor: float
-    control_version: int
-    loss: float | None = None  # the reporting rank's loss as passed to scale(); None if unseen
-    loss_nonfinite_ranks: tuple[int, ...] = ()  # ranks whose loss was inf/NaN (overflow steps)
-    params: tuple[ParamFinding, ...] = ()  # overflow steps only; at most 32 per rank
-    params_omitted: int = 0  # non-finite parameters beyond the 32 kept per rank, all ranks
-    lr: float | None = None  # in effect at the step: first group of the first optimizer stepped
-    lr_groups: tuple[tuple[float | None, ...], ...] | None = None  # all groups', when one differs
-    # Skipped steps so far on which a registered LR scheduler stepped; None when none is.
-    schedule_drift: int | None = None
+    def __post_init__(self) -> None:
+        if type(self.kind) is not FindingKind:
+            object.__setattr__(self, "kind", FindingKind(self.kind))
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import functools
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
 from typing import Any
@@ -23,15 +24,50 @@ from . import postgres
 from .schema import ROLLUP_LEVELS
 from .sql import cursor_dialect, driver_sql
 from .sqlite import insert_rows
+from .step_rows import COLUMNS
+from .step_schema import SERIES, Fold
 
 __all__ = ["contiguous", "refresh_rollups", "rollup_plan"]
 
-_COLUMNS = (
-    "run_id, level, bucket, first_step, last_step, n, scale_min, scale_max, scale_last,"
-    " tracker_min, tracker_max, tracker_last, overflows, skipped, loss_min, loss_max,"
-    " lr_min, lr_max"
-)
-_COLUMN_NAMES = tuple(_COLUMNS.replace(" ", "").split(","))
+
+def _sql_columns() -> tuple[list[str], list[str], list[str], list[str], list[str]]:
+    """The series' columns of step_rollups, and how they are computed: from ``steps``
+    (aggregates of ``a``, the last step's of ``s``) and from a finer level's rows (of
+    ``a``, and of ``c``, the child row of the last step)."""
+    stored: list[str] = []
+    from_steps: list[str] = []
+    from_child: list[str] = []
+    aggregates: list[str] = []
+    child_aggregates: list[str] = []
+    for spec in SERIES:
+        names = [f.name for f in spec.fields]
+        stored.extend(spec.stored)
+        if spec.fold is Fold.RANGE:
+            low, high = spec.kept
+            from_steps += [f"a.agg_{low}", f"a.agg_{high}"]
+            from_child += [f"a.agg_{low}", f"a.agg_{high}"]
+            child_aggregates += [f"min({low}) AS agg_{low}", f"max({high}) AS agg_{high}"]
+            if len(names) == 1:
+                aggregates += [f"min({names[0]}) AS agg_{low}", f"max({names[0]}) AS agg_{high}"]
+            else:
+                lows = ", ".join(f"min({name})" for name in names)
+                highs = ", ".join(f"max({name})" for name in names)
+                aggregates += [f"LEAST({lows}) AS agg_{low}", f"GREATEST({highs}) AS agg_{high}"]
+        elif spec.fold is Fold.COUNT:
+            from_steps.append(f"a.agg_{spec.name}")
+            from_child.append(f"a.agg_{spec.name}")
+            aggregates.append(f"sum(CAST({names[0]} AS INTEGER)) AS agg_{spec.name}")
+            child_aggregates.append(f"sum({spec.name}) AS agg_{spec.name}")
+        last = spec.last
+        if spec.kept_last and last is not None:
+            from_steps.append(f"s.{last.name}")
+            from_child.append(f"c.{spec.name}_last")
+    return stored, from_steps, from_child, aggregates, child_aggregates
+
+
+_SERIES_COLUMNS, _STEPS_VALUES, _CHILD_VALUES, _STEPS_AGGREGATES, _CHILD_AGGREGATES = _sql_columns()
+_COLUMN_NAMES = ("run_id", "level", "bucket", "first_step", "last_step", "n", *_SERIES_COLUMNS)
+_COLUMNS = ", ".join(_COLUMN_NAMES)
 _KEY = ("run_id", "level", "bucket")
 # SQLite's INSERT OR REPLACE, as PostgreSQL writes it (after the rows).
 _REPLACE = {
@@ -47,18 +83,10 @@ _REPLACE = {
 _FROM_STEPS = (
     f"{{insert}} INTO step_rollups ({_COLUMNS})"
     " SELECT :run, :level, a.agg_bucket, a.agg_first, a.agg_last, a.agg_n,"
-    " a.agg_scale_min, a.agg_scale_max, s.scale_after,"
-    " a.agg_tracker_min, a.agg_tracker_max, s.growth_tracker, a.agg_overflows, a.agg_skipped,"
-    " a.agg_loss_min, a.agg_loss_max, a.agg_lr_min, a.agg_lr_max"
+    f" {', '.join(_STEPS_VALUES)}"
     " FROM (SELECT step / :width AS agg_bucket, min(step) AS agg_first,"
     " max(step) AS agg_last, count(*) AS agg_n,"
-    " LEAST(min(scale), min(scale_after)) AS agg_scale_min,"
-    " GREATEST(max(scale), max(scale_after)) AS agg_scale_max,"
-    " min(growth_tracker) AS agg_tracker_min, max(growth_tracker) AS agg_tracker_max,"
-    " sum(CAST(overflow AS INTEGER)) AS agg_overflows,"
-    " sum(CAST(skipped AS INTEGER)) AS agg_skipped,"
-    " min(loss) AS agg_loss_min, max(loss) AS agg_loss_max,"
-    " min(lr) AS agg_lr_min, max(lr) AS agg_lr_max"
+    f" {', '.join(_STEPS_AGGREGATES)}"
     " FROM steps WHERE run_id = :run AND step >= :lo AND step < :hi"
     " GROUP BY step / :width) AS a"
     " JOIN steps AS s ON s.run_id = :run AND s.step = a.agg_last{conflict}"
@@ -66,16 +94,10 @@ _FROM_STEPS = (
 _FROM_CHILD = (
     f"{{insert}} INTO step_rollups ({_COLUMNS})"
     " SELECT :run, :level, a.agg_bucket, a.agg_first, a.agg_last, a.agg_n,"
-    " a.agg_scale_min, a.agg_scale_max, c.scale_last,"
-    " a.agg_tracker_min, a.agg_tracker_max, c.tracker_last, a.agg_overflows, a.agg_skipped,"
-    " a.agg_loss_min, a.agg_loss_max, a.agg_lr_min, a.agg_lr_max"
+    f" {', '.join(_CHILD_VALUES)}"
     " FROM (SELECT bucket / :ratio AS agg_bucket, min(first_step) AS agg_first,"
     " max(last_step) AS agg_last, sum(n) AS agg_n,"
-    " min(scale_min) AS agg_scale_min, max(scale_max) AS agg_scale_max,"
-    " min(tracker_min) AS agg_tracker_min, max(tracker_max) AS agg_tracker_max,"
-    " sum(overflows) AS agg_overflows, sum(skipped) AS agg_skipped,"
-    " min(loss_min) AS agg_loss_min, max(loss_max) AS agg_loss_max,"
-    " min(lr_min) AS agg_lr_min, max(lr_max) AS agg_lr_max"
+    f" {', '.join(_CHILD_AGGREGATES)}"
     " FROM step_rollups WHERE run_id = :run AND level = :child AND bucket >= :lo AND bucket < :hi"
     " GROUP BY bucket / :ratio) AS a"
     " JOIN step_rollups AS c ON c.run_id = :run AND c.level = :child"
@@ -153,11 +175,44 @@ def _recompute(cursor: Any, run_id: int, step_numbers: Sequence[int], plan: Plan
             )
 
 
-# A rollup on the host: the columns of step_rollups after run_id and level.
-_BUCKET, _FIRST, _LAST, _N, _SMIN, _SMAX, _SLAST, _TMIN, _TMAX, _TLAST, _OVER, _SKIP = range(12)
-_LMIN, _LMAX, _RMIN, _RMAX = range(12, 16)
-# The loss and learning rate columns of a ``steps`` row (run_id first).
-_LOSS, _LR = 13, 16
+# A rollup on the host: the columns of step_rollups after run_id and level, that is the
+# bucket, its first and last step, its number of steps, then each series' (_SERIES_COLUMNS).
+_BUCKET, _FIRST, _LAST, _N = range(4)
+_STEP = 1 + COLUMNS.index("step")  # in a ``steps`` row, run_id first
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """How one series is folded on the host: from the columns of a batch of steps (their
+    indexes in a ``steps`` row), and two rollups into one (at ``at``)."""
+
+    fold: Fold
+    at: int
+    columns: tuple[int, ...]
+    nullable: bool
+    last: int | None  # the column whose last value step_rollups keeps
+
+
+def _parts() -> tuple[_Part, ...]:
+    parts, at = [], _N + 1
+    for spec in SERIES:
+        if spec.fold is Fold.LAST:
+            continue
+        last = spec.last
+        parts.append(
+            _Part(
+                fold=spec.fold,
+                at=at,
+                columns=tuple(1 + COLUMNS.index(f.name) for f in spec.fields),
+                nullable=spec.nullable,
+                last=1 + COLUMNS.index(last.name) if spec.kept_last and last else None,
+            )
+        )
+        at += len(spec.stored)
+    return tuple(parts)
+
+
+_PARTS = _parts()
 
 
 def _fold(cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], plan: Plan) -> None:
@@ -186,48 +241,73 @@ def _fold(cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], plan: Plan)
         postgres.upsert_rows(cursor, "step_rollups", _COLUMN_NAMES, _KEY, rows)
 
 
+Folder = Callable[[int, int, int], tuple[Any, ...]]
+
+
+def _folders(columns: tuple[tuple[Any, ...], ...]) -> list[Folder]:
+    """For each series kept, its values of the steps ``[start, end)`` of a batch's
+    ``columns`` (``last`` the bucket's last): one call a series and bucket."""
+    folders: list[Folder] = []
+    for part in _PARTS:
+        values = [columns[c] for c in part.columns]
+        kept = columns[part.last] if part.last is not None else None
+        if part.fold is Fold.COUNT:
+            folders.append(functools.partial(_count, values[0]))
+        elif any(None in v for v in values):
+            # Steps without a value (NULL) are left out of the range, as SQL's min() does.
+            folders.append(functools.partial(_present_range, values, kept))
+        elif len(values) == 1:
+            folders.append(functools.partial(_range, values[0], kept))
+        else:
+            folders.append(functools.partial(_ranges, values, kept))
+    return folders
+
+
+def _count(flags: Sequence[int], start: int, end: int, last: int) -> tuple[Any, ...]:
+    return (sum(flags[start:end]),)
+
+
+def _range(
+    values: Sequence[Any], kept: Sequence[Any] | None, start: int, end: int, last: int
+) -> tuple[Any, ...]:
+    bucket = values[start:end]
+    if kept is None:
+        return min(bucket), max(bucket)
+    return min(bucket), max(bucket), kept[last]
+
+
+def _ranges(
+    columns: Sequence[Sequence[Any]], kept: Sequence[Any] | None, start: int, end: int, last: int
+) -> tuple[Any, ...]:
+    buckets = [values[start:end] for values in columns]
+    low, high = min(map(min, buckets)), max(map(max, buckets))
+    return (low, high) if kept is None else (low, high, kept[last])
+
+
+def _present_range(
+    columns: Sequence[Sequence[Any]], kept: Sequence[Any] | None, start: int, end: int, last: int
+) -> tuple[Any, ...]:
+    present = [v for values in columns for v in values[start:end] if v is not None]
+    low, high = (min(present), max(present)) if present else (None, None)
+    return (low, high) if kept is None else (low, high, kept[last])
+
+
 def _from_steps(columns: tuple[tuple[Any, ...], ...], width: int) -> list[list[Any]]:
     """The rollups of ``width``-step buckets of the ``steps`` columns, in step order."""
-    _, numbers, _, scale, overflow, skipped, _, after, tracker, *_ = columns
-    loss, lr = columns[_LOSS], columns[_LR]
-    # Steps without a loss (NULL) are left out of its min and max, as SQL's min() does.
-    losses = _loss_range if None in loss else _plain_range
-    rates = _loss_range if None in lr else _plain_range
+    numbers = columns[_STEP]
+    folders = _folders(columns)
     rollups: list[list[Any]] = []
     start = 0
     while start < len(numbers):
         bucket = numbers[start] // width
         end = bisect_left(numbers, (bucket + 1) * width, start)
         last = end - 1
-        rollups.append(
-            [
-                bucket,
-                numbers[start],
-                numbers[last],
-                end - start,
-                min(min(scale[start:end]), min(after[start:end])),
-                max(max(scale[start:end]), max(after[start:end])),
-                after[last],
-                min(tracker[start:end]),
-                max(tracker[start:end]),
-                tracker[last],
-                sum(overflow[start:end]),
-                sum(skipped[start:end]),
-                *losses(loss[start:end]),
-                *rates(lr[start:end]),
-            ]
-        )
+        rollup = [bucket, numbers[start], numbers[last], end - start]
+        for folder in folders:
+            rollup += folder(start, end, last)
+        rollups.append(rollup)
         start = end
     return rollups
-
-
-def _plain_range(values: Sequence[float]) -> tuple[float, float]:
-    return min(values), max(values)
-
-
-def _loss_range(values: Sequence[float | None]) -> tuple[float | None, float | None]:
-    present = [value for value in values if value is not None]
-    return (min(present), max(present)) if present else (None, None)
 
 
 def _least(a: float | None, b: float | None) -> float | None:
@@ -250,26 +330,32 @@ def _from_child(children: list[list[Any]], ratio: int) -> list[list[Any]]:
     return rollups
 
 
-def _merge(earlier: Sequence[Any], later: Sequence[Any]) -> list[Any]:
-    """One rollup of two in ``earlier``'s bucket, ``earlier``'s steps all before ``later``'s."""
-    return [
-        earlier[_BUCKET],
-        earlier[_FIRST],
-        later[_LAST],
-        earlier[_N] + later[_N],
-        min(earlier[_SMIN], later[_SMIN]),
-        max(earlier[_SMAX], later[_SMAX]),
-        later[_SLAST],
-        min(earlier[_TMIN], later[_TMIN]),
-        max(earlier[_TMAX], later[_TMAX]),
-        later[_TLAST],
-        earlier[_OVER] + later[_OVER],
-        earlier[_SKIP] + later[_SKIP],
-        _least(earlier[_LMIN], later[_LMIN]),
-        _greatest(earlier[_LMAX], later[_LMAX]),
-        _least(earlier[_RMIN], later[_RMIN]),
-        _greatest(earlier[_RMAX], later[_RMAX]),
-    ]
+def _merge_function() -> Callable[[Sequence[Any], Sequence[Any]], list[Any]]:
+    """``_merge``, written out from the series as one list (as ``step_values`` is): the
+    writer merges a few rollups a step, and a loop over the series took three times as long."""
+    values = ["earlier[_BUCKET]", "earlier[_FIRST]", "later[_LAST]", "earlier[_N] + later[_N]"]
+    for part in _PARTS:
+        at = part.at
+        if part.fold is Fold.COUNT:
+            values.append(f"earlier[{at}] + later[{at}]")
+            continue
+        low, high = ("_least", "_greatest") if part.nullable else ("min", "max")
+        values += [
+            f"{low}(earlier[{at}], later[{at}])",
+            f"{high}(earlier[{at + 1}], later[{at + 1}])",
+        ]
+        if part.last is not None:
+            values.append(f"later[{at + 2}]")
+    source = f"def _merge(earlier, later):\n    return [{', '.join(values)}]\n"
+    namespace: dict[str, Any] = {"_least": _least, "_greatest": _greatest}
+    namespace.update(_BUCKET=_BUCKET, _FIRST=_FIRST, _LAST=_LAST, _N=_N)
+    exec(source, namespace)  # the source is the declaration's, never input
+    merge: Callable[[Sequence[Any], Sequence[Any]], list[Any]] = namespace["_merge"]
+    merge.__doc__ = "One rollup of two in ``earlier``'s bucket, ``earlier``'s steps all first."
+    return merge
+
+
+_merge = _merge_function()
 
 
 @functools.cache

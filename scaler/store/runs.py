@@ -12,7 +12,6 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from math import isfinite
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, exc, select, update
@@ -20,19 +19,19 @@ from sqlalchemy import Connection, RowMapping, exc, select, update
 from . import postgres
 from .engine import Store
 from .errors import RunNotFound
-from .records import RunRef, StepRecord, format_inf_ranks, format_lr_groups
+from .records import FindingKind, RunRef, StepRecord
 from .rollups import contiguous, refresh_rollups
 from .schema import (
     PARAM_NAME_LENGTH,
     control_requests,
     overflow_params,
     runs,
-    steps,
     telemetry_gaps,
 )
 from .sql import driver_sql
 from .sqlite import insert_rows
 from .states import RequestStatus, RunStatus
+from .step_rows import COLUMNS, step_values
 
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
@@ -53,9 +52,8 @@ __all__ = [
 HEARTBEAT_TIMEOUT_S = 15.0
 HEARTBEAT_INTERVAL_S = 2.0
 
-# The columns of ``steps`` in table order: ``run_id`` then the fields of ``StepRecord`` but
-# ``params`` (rows of ``overflow_params``).
-_STEP_COLUMNS: tuple[str, ...] = tuple(column.name for column in steps.c)
+# The columns of ``steps`` in table order: ``run_id`` then the fields the step schema declares.
+_STEP_COLUMNS: tuple[str, ...] = ("run_id", *COLUMNS)
 _INSERT = f"INSERT INTO steps ({', '.join(_STEP_COLUMNS)})"
 _INSERT_OR_REPLACE = f"INSERT OR REPLACE INTO steps ({', '.join(_STEP_COLUMNS)})"
 _LAST_STEP = "SELECT last_step FROM runs WHERE id = ?"
@@ -64,7 +62,7 @@ _FINDING_COLUMNS: tuple[str, ...] = tuple(column.name for column in overflow_par
 _FINDING_KEY = ("run_id", "step", "rank", "name")
 _INSERT_FINDINGS = f"INSERT OR REPLACE INTO overflow_params ({', '.join(_FINDING_COLUMNS)})"
 _DELETE_FINDINGS = "DELETE FROM overflow_params WHERE run_id = ? AND step >= ? AND step <= ?"
-FINDING_KINDS = frozenset({"inf", "nan", "both"})
+FINDING_KINDS = frozenset(FindingKind)
 
 
 def _torch_version() -> str:
@@ -196,37 +194,6 @@ def effective_status(row: Mapping[str, Any] | RowMapping, now: float | None = No
     return status
 
 
-def step_values(r: StepRecord) -> tuple[Any, ...]:
-    """``r`` as a ``steps`` row after its ``run_id``: plain values, in column order.
-
-    A tuple of plain values is dropped from the garbage collector's tracking at its first
-    collection, so records queued for the writer cost later collections nothing. A loss
-    that is not finite is stored as NULL (SQLite would keep inf but turn NaN into NULL):
-    ``loss_nonfinite_ranks`` says which ranks' loss it was.
-    """
-    loss = r.loss
-    return (
-        r.step,
-        r.wall_time,
-        r.scale,
-        r.overflow,
-        r.skipped,
-        format_inf_ranks(r.inf_ranks) if r.inf_ranks else "",
-        r.scale_after,
-        r.growth_tracker,
-        r.growth_interval,
-        r.growth_factor,
-        r.backoff_factor,
-        r.control_version,
-        loss if loss is None or isfinite(loss) else None,
-        format_inf_ranks(r.loss_nonfinite_ranks) if r.loss_nonfinite_ranks else "",
-        r.params_omitted,
-        r.lr,
-        None if r.lr_groups is None else format_lr_groups(r.lr_groups),
-        r.schedule_drift,
-    )
-
-
 def finding_rows(records: Iterable[StepRecord]) -> list[tuple[Any, ...]]:
     """The parameter findings of ``records`` as :func:`write_step_values` takes them:
     ``(step, rank, name, kind, count)``, record by record."""
@@ -309,7 +276,7 @@ def _finding_rows(
             raise ValueError(f"a finding's kind is inf, nan or both, not {kind!r}")
         if rank < 0 or count < 0:
             raise ValueError("a finding's rank and count are >= 0")
-        rows.append((run_id, step, rank, str(name)[:PARAM_NAME_LENGTH], kind, count))
+        rows.append((run_id, step, rank, str(name)[:PARAM_NAME_LENGTH], str(kind), count))
     return rows
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     JSON,
     Boolean,
@@ -15,6 +17,9 @@ from sqlalchemy import (
     Table,
     Text,
 )
+from sqlalchemy.types import TypeEngine
+
+from .step_schema import SERIES, STEP_FIELDS, Fold, Kind, SeriesSpec, StepField
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -55,34 +60,31 @@ runs = Table(
     Column("dropped", Integer, nullable=False, default=0),  # telemetry records lost
 )
 
+_TYPES: dict[Kind, type[TypeEngine[Any]]] = {
+    Kind.INT: Integer,
+    Kind.FLOAT: Float,
+    Kind.BOOL: Boolean,
+    Kind.RANKS: String,  # "1,3"; "" when none
+    Kind.FLOAT_GROUPS: String,  # JSON text
+}
+
+
+def _step_column(f: StepField) -> Column[Any]:
+    return Column(
+        f.name,
+        _TYPES[f.kind],
+        primary_key=f.key,
+        nullable=f.nullable,
+        server_default=f.server_default,
+    )
+
+
+# One row a step: run_id, then the fields of the step schema (scalewatch.store.step_schema).
 steps = Table(
     "steps",
     metadata,
     Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
-    Column("step", Integer, primary_key=True),
-    Column("wall_time", Float, nullable=False),
-    Column("scale", Float, nullable=False),  # scale used this step
-    Column("overflow", Boolean, nullable=False),
-    Column("skipped", Boolean, nullable=False),
-    Column("inf_ranks", String, nullable=False),  # "1,3"; "" when none
-    Column("scale_after", Float, nullable=False),
-    Column("growth_tracker", Integer, nullable=False),  # after the update
-    Column("growth_interval", Integer, nullable=False),
-    Column("growth_factor", Float, nullable=False),
-    Column("backoff_factor", Float, nullable=False),
-    Column("control_version", Integer, nullable=False),
-    # The reporting rank's loss; NULL when unseen or not finite (loss_nonfinite_ranks says).
-    Column("loss", Float, nullable=True),
-    Column("loss_nonfinite_ranks", String, nullable=False, server_default=""),  # as inf_ranks
-    # Non-finite parameters found but not kept in overflow_params (beyond 32 a rank).
-    Column("params_omitted", Integer, nullable=False, server_default="0"),
-    # The learning rate in effect at the step (first group of the first optimizer stepped);
-    # NULL when not known. lr_groups: every group's, as JSON, only when one differs.
-    Column("lr", Float, nullable=True),
-    Column("lr_groups", String, nullable=True),
-    # Skipped steps so far on which a registered LR scheduler stepped (the schedule's lead
-    # over the weights); NULL when no scheduler is registered.
-    Column("schedule_drift", Integer, nullable=True),
+    *(_step_column(f) for f in STEP_FIELDS),
     # Rows clustered on (run_id, step) on SQLite: a range of steps is one b-tree range, no
     # lookups. PostgreSQL has no such tables; its heap is in insert order, which is step order.
     sqlite_with_rowid=False,
@@ -97,6 +99,20 @@ Index(
     postgresql_where=steps.c.overflow,
 )
 
+
+def _rollup_columns(spec: SeriesSpec) -> list[Column[Any]]:
+    """A series' columns of step_rollups: a range's min and max (of the values present:
+    null when its bucket has none), a count, the value at the bucket's last step."""
+    if spec.fold is Fold.COUNT:
+        return [Column(spec.name, Integer, nullable=False)]
+    kind = spec.fields[-1].kind
+    columns = [Column(name, _TYPES[kind], nullable=spec.nullable) for name in spec.kept]
+    last = spec.last
+    if spec.kept_last and last is not None:
+        columns.append(Column(f"{spec.name}_last", _TYPES[last.kind], nullable=last.nullable))
+    return columns
+
+
 step_rollups = Table(
     "step_rollups",
     metadata,
@@ -106,20 +122,7 @@ step_rollups = Table(
     Column("first_step", Integer, nullable=False),
     Column("last_step", Integer, nullable=False),
     Column("n", Integer, nullable=False),
-    Column("scale_min", Float, nullable=False),
-    Column("scale_max", Float, nullable=False),
-    Column("scale_last", Float, nullable=False),  # scale_after of last_step
-    Column("tracker_min", Integer, nullable=False),
-    Column("tracker_max", Integer, nullable=False),
-    Column("tracker_last", Integer, nullable=False),
-    Column("overflows", Integer, nullable=False),
-    Column("skipped", Integer, nullable=False),
-    # Of the finite losses of the bucket's steps; NULL when it has none.
-    Column("loss_min", Float, nullable=True),
-    Column("loss_max", Float, nullable=True),
-    # Of the learning rates of the bucket's steps; NULL when it has none.
-    Column("lr_min", Float, nullable=True),
-    Column("lr_max", Float, nullable=True),
+    *(column for spec in SERIES for column in _rollup_columns(spec)),
     sqlite_with_rowid=False,
 )
 

@@ -3,9 +3,12 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import {
+  CHARTS,
   LINE_TRACES,
   RollingRate,
   T,
+  TRACE_COLUMNS,
+  addBucket,
   bandPair,
   emptyColumns,
   extent,
@@ -16,6 +19,7 @@ import {
   lossFlag,
   overflowPoint,
   powerTicks,
+  seriesBucket,
   stepAsBucket,
   thinLabels,
 } from "../chart_figure.js";
@@ -208,4 +212,53 @@ test("an overflow marker says whether the loss was finite and how many parameter
   const live = overflowPoint({ ...item, loss_nonfinite_ranks: [0, 2] });
   assert.deepEqual(live.cd.slice(3), ["not finite on ranks 0, 2", "–"]);
   assert.equal(lossFlag({ loss_nonfinite_ranks: [1] }), "not finite on rank 1");
+});
+
+// A /steps answer of one bucket: each series' key holds a value of its own.
+function oneBucketSeries() {
+  const series = { first_step: [11], last_step: [18], n: [8], skipped: [2] };
+  let value = 100;
+  for (const { band } of CHARTS.filter((row) => row.band)) {
+    for (const end of ["min", "max", "last"]) series[`${band}_${end}`] = [(value += 1)];
+  }
+  return series;
+}
+
+test("one table drives the columns, the buckets and the traces", () => {
+  const series = oneBucketSeries();
+  const cols = emptyColumns();
+  const bucket = seriesBucket(series, 0);
+  addBucket(cols, bucket, 0.25, false);
+  const traces = figureTraces(cols, []);
+  assert.equal(traces.length, TRACE_COLUMNS.length);
+  assert.deepEqual(LINE_TRACES, TRACE_COLUMNS.flatMap((c, i) => (c.y ? [i] : [])));
+  for (const row of CHARTS.filter((r) => r.band)) {
+    const [max, min, last] = [T[`${row.band}Max`], T[`${row.band}Min`], T[`${row.band}Last`]];
+    assert.deepEqual(traces[max].y, series[`${row.band}_max`], row.band);
+    assert.deepEqual(traces[min].y, series[`${row.band}_min`], row.band);
+    assert.equal(traces[last].y.at(-1), series[`${row.band}_last`][0], row.band);
+    assert.equal(traces[max].yaxis, row.yaxis);
+  }
+  assert.deepEqual(traces[T.skipRate].y, [0.25]);
+  assert.deepEqual(traces[T.trackerLast].customdata, [[11]]);
+  // Every line trace's columns exist, so a live flush extends each one.
+  for (const i of LINE_TRACES) {
+    const c = TRACE_COLUMNS[i];
+    assert.ok(Array.isArray(cols[c.x]) && Array.isArray(cols[c.y]), c.id);
+    assert.ok(!c.cd || Array.isArray(cols[c.cd]), c.id);
+  }
+});
+
+test("a live row is a bucket with the keys of a /steps bucket", () => {
+  const fromSeries = seriesBucket(oneBucketSeries(), 0);
+  const live = stepAsBucket({ step: 3, scale: 4, scale_after: 2, growth_tracker: 1, skipped: false, loss: 1, lr: 0.1 });
+  const { scale_first: first, ...rest } = live;
+  assert.equal(first, 4);
+  assert.deepEqual(Object.keys(rest).sort(), Object.keys(fromSeries).sort());
+});
+
+test("a bucket of a service without a series draws gaps there", () => {
+  const series = oneBucketSeries();
+  delete series.lr_min;
+  assert.equal(seriesBucket(series, 0).lr_min, null);
 });
