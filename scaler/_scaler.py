@@ -4,10 +4,10 @@ Runs on the training thread of every rank. One class: torch's overrides (``scale
 ``unscale_``, ``_maybe_opt_step``, ``_check_inf_per_device``, ``update``, ``state_dict``,
 ``load_state_dict``), the public extras, and the hooks the two classes fill in. The logic
 lives in plain objects and functions with explicit inputs, each a module or package of its
-own: the added scale rules (``_extras.Extras``), the link to the run and the
+own: the added scale rules (``_scale_rules.ScaleRules``), the link to the run and the
 device-to-host path (``_recording.RunLink``), runtime control (``_control``, applied by the
 functions of ``_control.changes``), overflow diagnosis (``_diagnosis.Diagnoser``), the
-constructor's checks (``_config``), our part of the state dict (``_state``).
+constructor's checks (``_config``), our part of the state dict (``_checkpoint_state``).
 """
 
 from __future__ import annotations
@@ -22,18 +22,18 @@ import torch
 
 from . import _control
 from ._agreement.payload import Attribution
+from ._checkpoint_state import STATE_KEY, checkpoint_state_dict, note_load, our_state
 from ._config import Options, not_an_integer, refusal
 from ._control import ControlOutcome, ControlUpdate
 from ._control import changes as _changes
 from ._diagnosis import Diagnoser
 from ._diagnosis.preflight import TORCHS_REFUSAL, fp16_refusal
-from ._extras import Extras
 from ._recording import RunLink
 from ._recording.learning_rates import group_rates, step_rates
 from ._recording.recorder import Snapshot, make
 from ._recording.step_values import Captured, read_cpu
+from ._scale_rules import ScaleRules
 from ._schedules import Schedules
-from ._state import STATE_KEY, checkpoint_state_dict, note_load, our_state
 from ._torch_compat import (
     OptState,
     _refresh_per_optimizer_state,
@@ -57,10 +57,10 @@ class Instrumented(_Base):
     _ALLOW_FP16 = False  # whether unscale_ takes fp16 gradients, as torch's class does
 
     def _setup(self, options: Options) -> None:
-        self._extras = Extras(options.min_scale, options.max_scale, options.hysteresis)
-        self._extras.hysteresis_start = options.hysteresis
+        self._scale_rules = ScaleRules(options.min_scale, options.max_scale, options.hysteresis)
+        self._scale_rules.hysteresis_start = options.hysteresis
         if self._enabled:  # an init_scale outside min/max_scale starts at the bound
-            _changes.clamp_scale(self, self._extras)
+            _changes.clamp_scale(self, self._scale_rules)
         self._telemetry_option = options.telemetry
         # A scaler built by a script that cannot be edited (scalewatch instrument) is named so.
         self._run_name = options.run_name or os.environ.get("SCALEWATCH_RUN_NAME") or None
@@ -94,7 +94,7 @@ class Instrumented(_Base):
             states = self._per_optimizer_states
             found = combined_found_inf(states, scale, required=False, in_place=False)
             super().update(new_scale)
-            _changes.clamp_scale(self, self._extras)
+            _changes.clamp_scale(self, self._scale_rules)
             scale_set = True
         else:
             found = combined_found_inf(self._per_optimizer_states, scale)
@@ -111,7 +111,7 @@ class Instrumented(_Base):
         if controls:
             for update, refusal_reason in controls:
                 outcome = _changes.apply_request(
-                    self, self._extras, update, refusal_reason, self._control_version
+                    self, self._scale_rules, update, refusal_reason, self._control_version
                 )
                 self._control_version = outcome.version
                 scale_set = scale_set or (outcome.applied and "scale" in update.values)
@@ -122,14 +122,14 @@ class Instrumented(_Base):
     def _update_scale(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
     ) -> None:
-        extras = self._extras
-        if extras.hysteresis is None:
+        rules = self._scale_rules
+        if rules.hysteresis is None:
             self._torch_update(scale, tracker, found)
         else:
             factors = (self._growth_interval, self._growth_factor, self._backoff_factor)
-            extras.hysteresis_update(scale, tracker, found, factors, self._multiply_scale)
-        if extras.min_scale is not None or extras.max_scale is not None:
-            extras.clamp_(scale)
+            rules.hysteresis_update(scale, tracker, found, factors, self._multiply_scale)
+        if rules.min_scale is not None or rules.max_scale is not None:
+            rules.clamp_(scale)
 
     def _torch_update(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
@@ -225,7 +225,7 @@ class Instrumented(_Base):
 
     def control_state(self) -> dict[str, float | int | None]:
         """The factors in effect (no scale: reading it would sync)."""
-        return _changes.current(self, self._extras).as_dict()
+        return _changes.current(self, self._scale_rules).as_dict()
 
     def _set_by_code(self, name: str, value: float | int) -> None:
         problem = _control.check({name: value}, self.control_state() if self._enabled else {})
@@ -234,7 +234,7 @@ class Instrumented(_Base):
         if not self._enabled:  # as torch: only the attribute, which a disabled scaler ignores
             setattr(self, f"_{name}", value)
             return
-        outcome = _changes.apply_setter(self, self._extras, name, value, self._control_version)
+        outcome = _changes.apply_setter(self, self._scale_rules, name, value, self._control_version)
         self._control_version = outcome.version
         self._link.code_outcomes.append(outcome)
 
@@ -347,7 +347,7 @@ class Instrumented(_Base):
             return None
         from .telemetry import Telemetry
 
-        extras = self._extras
+        extras = self._scale_rules
         load, self._link.pending_load = self._link.pending_load, None
         telemetry = self._link.telemetry = Telemetry(
             None if option is None or option is True else option,
@@ -384,9 +384,9 @@ class Instrumented(_Base):
             "growth_factor": self._growth_factor,
             "backoff_factor": self._backoff_factor,
             "growth_interval": self._growth_interval,
-            "min_scale": self._extras.min_scale,
-            "max_scale": self._extras.max_scale,
-            "hysteresis": self._extras.hysteresis,
+            "min_scale": self._scale_rules.min_scale,
+            "max_scale": self._scale_rules.max_scale,
+            "hysteresis": self._scale_rules.hysteresis,
         }
         schedules = self._link.schedules
         if schedules is not None:  # registered before the first step: which, and held or not
@@ -413,7 +413,7 @@ class Instrumented(_Base):
         state = super().state_dict()
         if self._enabled:
             state[STATE_KEY] = our_state(
-                self._step_count, self._run_uid, self._extras, self._control_version
+                self._step_count, self._run_uid, self._scale_rules, self._control_version
             )
         return state
 
@@ -439,19 +439,19 @@ class Instrumented(_Base):
         super().load_state_dict(state_dict)
         if not self._enabled:
             return
-        extras = state_dict.get(STATE_KEY)
-        run_uid = None if extras is None else extras.get("run_uid")
+        ours = state_dict.get(STATE_KEY)
+        run_uid = None if ours is None else ours.get("run_uid")
         recorder = self._link.recorder
         recording = recorder is not None and not recorder.closed
-        if recording and (extras is None or run_uid != self._run_uid):
+        if recording and (ours is None or run_uid != self._run_uid):
             self.close()
         self._run_uid = run_uid
-        self._step_count = 0 if extras is None else int(extras["step"])
-        if extras is not None:
-            self._extras.load(extras)
-            self._control_version = int(extras.get("control_version", 0))
-        _changes.clamp_scale(self, self._extras)
-        scale = link.scale_host = self._extras.clamped(float(state_dict["scale"]))
+        self._step_count = 0 if ours is None else int(ours["step"])
+        if ours is not None:
+            self._scale_rules.load(ours)
+            self._control_version = int(ours.get("control_version", 0))
+        _changes.clamp_scale(self, self._scale_rules)
+        scale = link.scale_host = self._scale_rules.clamped(float(state_dict["scale"]))
         note_load(link, before, scale, self._step_count, self._run_uid)
 
     def checkpoint(self) -> ScalerCheckpoint:
@@ -466,10 +466,10 @@ class Instrumented(_Base):
             backoff_factor=self._backoff_factor,
             growth_interval=self._growth_interval,
             growth_tracker=self._get_growth_tracker(),
-            min_scale=self._extras.min_scale,
-            max_scale=self._extras.max_scale,
-            hysteresis=self._extras.hysteresis,
-            hysteresis_tracker=self._extras.hysteresis_value(),
+            min_scale=self._scale_rules.min_scale,
+            max_scale=self._scale_rules.max_scale,
+            hysteresis=self._scale_rules.hysteresis,
+            hysteresis_tracker=self._scale_rules.hysteresis_value(),
             step=self._step_count,
             run_uid=self._run_uid,
             control_version=self._control_version,
@@ -481,12 +481,14 @@ class Instrumented(_Base):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state["_extras"] = self._extras.for_pickle()
+        state["_scale_rules"] = self._scale_rules.for_pickle()
         for name in self._TRANSIENT:
             state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if "_extras" in state:  # pickled before the scale rules had their name
+            state["_scale_rules"] = state.pop("_extras")
         super().__setstate__(state)
         self._reset_transient()
 
@@ -615,15 +617,15 @@ class Instrumented(_Base):
 
     @property
     def min_scale(self) -> float | None:
-        return self._extras.min_scale
+        return self._scale_rules.min_scale
 
     @property
     def max_scale(self) -> float | None:
-        return self._extras.max_scale
+        return self._scale_rules.max_scale
 
     @property
     def hysteresis(self) -> int | None:
-        return self._extras.hysteresis
+        return self._scale_rules.hysteresis
 
     @property
     def steps(self) -> int:

@@ -3,7 +3,7 @@
 Runs on the reporting rank only (rank 0 of the scaler's group; a single process reports
 too), made by its scaler at the first ``update()``. The recorder thread hands samples in
 (``Telemetry.submit``); the writer thread (``_writer``), which owns the store, writes them;
-the poller thread (``_poller``) hands pending control requests to the training thread
+the poller thread (``_control_poller``) hands pending control requests to the training thread
 through the scaler's inbox. The training thread only flushes and closes.
 
 Training never waits for the store. Samples queue in memory (``_queue``); while the store
@@ -31,7 +31,7 @@ from ..store import runs as store_runs
 from ..store.engine import Store
 from ..store.records import ScaleLoad
 from ..store.states import RunStatus
-from ._poller import Poller
+from ._control_poller import ControlPoller
 from ._queue import RecordQueue
 from ._writer import RunSpec, Writer, one_line
 
@@ -165,7 +165,9 @@ class Telemetry:
         )
         if scale_load is not None and resume:  # a run of its own has no steps before it
             self._queue.put_load(scale_load)
-        self._poller = Poller(self._writer, self._queue, inbox, interval_s=settings.poll_interval_s)
+        self._poller = ControlPoller(
+            self._writer, self._queue, inbox, interval_s=settings.poll_interval_s
+        )
         self._closed = False
         self._writer.thread.start()
         self._poller.thread.start()

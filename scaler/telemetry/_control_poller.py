@@ -22,7 +22,7 @@ from ._writer import Writer
 log = logging.getLogger("scalewatch.telemetry")
 
 
-class Poller:
+class ControlPoller:
     """Polls the store that ``writer`` writes to, on a daemon thread."""
 
     def __init__(

@@ -16,8 +16,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ._extras import Extras
 from ._recording import RunLink
+from ._scale_rules import ScaleRules
 from .stats import ScalerCheckpoint
 from .store.records import ScaleLoad
 
@@ -35,7 +35,7 @@ _CHECKPOINT_KEYS = (
 
 
 def our_state(
-    step: int, run_uid: str | None, extras: Extras, control_version: int
+    step: int, run_uid: str | None, rules: ScaleRules, control_version: int
 ) -> dict[str, Any]:
     """The ``STATE_KEY`` entry of a ``state_dict()``.
 
@@ -44,7 +44,7 @@ def our_state(
     return {
         "step": step,
         "run_uid": run_uid,
-        **extras.state(),
+        **rules.state(),
         "control_version": control_version,
     }
 
