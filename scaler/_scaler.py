@@ -4,10 +4,11 @@ Runs on the training thread of every rank. One class: torch's overrides (``scale
 ``unscale_``, ``_maybe_opt_step``, ``_check_inf_per_device``, ``update``, ``state_dict``,
 ``load_state_dict``), the public extras, and the hooks the two classes fill in. The logic
 lives in plain objects and functions with explicit inputs, each a module or package of its
-own: the added scale rules (``_scale_rules.ScaleRules``), the link to the run and the
-device-to-host path (``_recording.RunLink``), runtime control (``_control``, applied by the
-functions of ``_control.changes``), overflow diagnosis (``_diagnosis.Diagnoser``), the
-constructor's checks (``_config``), our part of the state dict (``_checkpoint_state``).
+own: the added scale rules (``_scale_rules.ScaleRules``), the step in progress and the
+device-to-host path (``_recording``: ``StepContext``, and the run's ``RunSession``), runtime
+control (``_control``: its ``ControlInbox``, applied by the functions of
+``_control.changes``), overflow diagnosis (``_diagnosis.Diagnoser``), the constructor's
+checks (``_config``), our part of the state dict (``_checkpoint_state``).
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from ._checkpoint_state import STATE_KEY, checkpoint_state_dict, note_load, our_
 from ._config import Options, not_an_integer, refusal
 from ._control import ControlOutcome, ControlUpdate
 from ._control import changes as _changes
+from ._control.inbox import ControlInbox
 from ._diagnosis import Diagnoser
 from ._diagnosis.preflight import TORCHS_REFUSAL, fp16_refusal
-from ._recording import RunLink
+from ._recording import RunOpening, RunSession
 from ._recording.learning_rates import group_rates, step_rates
 from ._recording.recorder import Snapshot, make
+from ._recording.step_context import StepContext
 from ._recording.step_values import Captured, read_cpu
 from ._scale_rules import ScaleRules
 from ._schedules import Schedules
@@ -52,7 +55,14 @@ else:
 class Instrumented(_Base):
     """The scalewatch extras over torch's GradScaler state machine."""
 
-    _TRANSIENT: tuple[str, ...] = ("_link", "_diagnoser")  # what a copy of the scaler leaves behind
+    # What a copy of the scaler leaves behind (and makes anew).
+    _TRANSIENT: tuple[str, ...] = (
+        "_step_context",
+        "_inbox",
+        "_session",
+        "_schedules",
+        "_diagnoser",
+    )
     _FOUND_SHAPE: tuple[int, ...] = ()  # of a found_inf, as torch's class makes it
     _ALLOW_FP16 = False  # whether unscale_ takes fp16 gradients, as torch's class does
 
@@ -70,7 +80,10 @@ class Instrumented(_Base):
         self._reset_transient()
 
     def _reset_transient(self) -> None:
-        self._link = RunLink()
+        self._step_context = StepContext()
+        self._inbox = ControlInbox()
+        self._session = RunSession(self._inbox)
+        self._schedules: Schedules | None = None  # the LR schedulers registered, if any
         self._diagnoser = Diagnoser()
 
     # ------------------------------------------------------------------ steps
@@ -103,10 +116,7 @@ class Instrumented(_Base):
             self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
             scale_set = False
         self._step_count += 1
-        link = self._link
-        outcomes: tuple[ControlOutcome, ...] = ()
-        if link.code_outcomes:
-            outcomes, link.code_outcomes = tuple(link.code_outcomes), []
+        outcomes = self._inbox.take_by_code()
         controls = self._controls_for_step()
         if controls:
             for update, refusal_reason in controls:
@@ -116,7 +126,7 @@ class Instrumented(_Base):
                 self._control_version = outcome.version
                 scale_set = scale_set or (outcome.applied and "scale" in update.values)
                 outcomes += (outcome,)
-        link.last_found = found
+        self._step_context.last_found = found
         self._snapshot(found, flags, attribution, stepped_count, scale_set, outcomes)
 
     def _update_scale(
@@ -170,7 +180,7 @@ class Instrumented(_Base):
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
         self._seen(optimizer)
-        inv_scale = self._link.inverse_of(scale)
+        inv_scale = self._step_context.inverse_of(scale)
         found_inf = torch.full(self._FOUND_SHAPE, 0.0, dtype=torch.float32, device=scale.device)
         try:
             state["found_inf_per_device"] = self._unscale_grads_(
@@ -187,7 +197,7 @@ class Instrumented(_Base):
     def _seen(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer`` is unscaled (``unscale_``) or checked (``_check_inf_per_device``, a
         fused optimizer's path): once a step on every path, before it steps."""
-        self._link.rates.append(group_rates(optimizer))
+        self._step_context.rates.append(group_rates(optimizer))
 
     def _unscaled(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         """``optimizer``'s gradients were just checked and unscaled (``state``: torch's)."""
@@ -205,7 +215,7 @@ class Instrumented(_Base):
         **kwargs: Any,
     ) -> Any:
         result, found = opt_step_unless_inf(optimizer, optimizer_state, args, kwargs)
-        self._link.skips.decided(found > 0)
+        self._step_context.skips.decided(found > 0)
         diagnoser = self._diagnoser
         diagnoser.optimizers.append(optimizer)
         group = self._group_info() if found else None  # asked of an overflow only
@@ -236,7 +246,7 @@ class Instrumented(_Base):
             return
         outcome = _changes.apply_setter(self, self._scale_rules, name, value, self._control_version)
         self._control_version = outcome.version
-        self._link.code_outcomes.append(outcome)
+        self._inbox.note_by_code(outcome)
 
     def set_growth_factor(self, new_factor: float) -> None:
         """Set a new scale growth factor (> 1); recorded in the audit trail as a change by code."""
@@ -279,23 +289,23 @@ class Instrumented(_Base):
     ) -> None:
         scale, tracker = self._scale, self._growth_tracker
         assert scale is not None and tracker is not None
-        link = self._link
-        rates, link.rates = link.rates, []  # this step's: read only if a snapshot is kept
-        schedules = link.schedules
+        context, session = self._step_context, self._session
+        rates = context.take_rates()  # this step's: read only if a snapshot is kept
+        schedules = self._schedules
         schedule = None if schedules is None else schedules.take()
         stepped = stepped_count > 0
-        recorder = link.recorder
+        recorder = session.recorder
         # No sink reads a cpu step's record: counted as it comes, with no snapshot kept.
         inline = recorder is not None and recorder.folds_inline and not scale.is_cuda
         diagnoser = self._diagnoser
         if inline and (found is None or not found.item() > 0) and diagnoser.clean_step():
-            link.skips.settle(stepped_count, found, 0.0)
+            context.skips.settle(stepped_count, found, 0.0)
             self._fold(scale.item(), False, stepped, scale_set)  # clean: nothing else to read
             return
         loss = diagnoser.take_loss()
         # cpu tensors are memory: read at once, no sync (see step_values.read_cpu)
         values = None if scale.is_cuda else read_cpu(scale, tracker, found, loss, flags)
-        link.skips.settle(stepped_count, found, None if values is None else values.found)
+        context.skips.settle(stepped_count, found, None if values is None else values.found)
         diagnosis = None
         overflow = diagnoser.end_step(values, attribution)
         if overflow is not None:
@@ -313,10 +323,10 @@ class Instrumented(_Base):
             captured=values
             if values is not None
             else Captured(
-                scale, tracker, found, loss, cast(list[torch.Tensor], flags), link.pinned
+                scale, tracker, found, loss, cast(list[torch.Tensor], flags), context.pinned
             ),
             attribution=attribution,
-            scale_used=link.scale_host,
+            scale_used=context.scale_host,
             stepped=stepped,
             growth_interval=self._growth_interval,
             growth_factor=self._growth_factor,
@@ -329,48 +339,45 @@ class Instrumented(_Base):
             lr_groups=lr_groups,
             schedule=schedule,
         )
-        link.submit(self, snapshot, self._init_scale, self._make_sink)
-        link.scale_host = None
+        if not session.is_open:  # the first step: the recorder, and the run on the reporting rank
+            uid = session.open(self, self._init_scale, self._opening())
+            if uid is not None:
+                self._run_uid = uid
+        session.submit(snapshot)
+        context.scale_host = None
 
     def _fold(self, scale_after: float, overflow: bool, stepped: bool, scale_set: bool) -> None:
         """Count a cpu step that no sink reads (see ``Recorder.fold``)."""
-        link = self._link
-        assert link.recorder is not None
-        link.recorder.fold(link.scale_host, scale_after, overflow, stepped, scale_set)
-        link.scale_host = None
+        recorder, context = self._session.recorder, self._step_context
+        assert recorder is not None
+        recorder.fold(context.scale_host, scale_after, overflow, stepped, scale_set)
+        context.scale_host = None
 
-    def _make_sink(self) -> Any:
-        """The telemetry writer's intake on the reporting rank; None elsewhere or when off."""
+    def _opening(self) -> RunOpening | None:
+        """What the run's telemetry opens with, on the reporting rank; None elsewhere or
+        when off."""
         option = self._telemetry_option
         info = self._group_info()
         if option is False or (info is not None and info[0] != 0):
             return None
-        from .telemetry import Telemetry
-
-        extras = self._scale_rules
-        load, self._link.pending_load = self._link.pending_load, None
-        telemetry = self._link.telemetry = Telemetry(
-            None if option is None or option is True else option,
+        return RunOpening(
+            target=None if option is None or option is True else option,
             name=self._run_name,
             world_size=1 if info is None else info[1],
             config=self._config(),
-            control=_changes.current(self, extras).as_dict(),
-            inbox=self._link.inbox,
+            control=_changes.current(self, self._scale_rules).as_dict(),
             uid=self._run_uid,
-            scale_load=load,
         )
-        self._run_uid = telemetry.uid
-        return telemetry.submit
 
     def _group_info(self) -> tuple[int, int] | None:
         """(rank, size) of the group whose rank 0 reports; None for a single process.
 
         Looked up once (a group, once joined, keeps its rank and size), not every step.
         """
-        link = self._link
-        if link.group is None:
-            link.group = process_group_info(self._reporting_group())
-        return link.group
+        context = self._step_context
+        if context.group is None:
+            context.group = process_group_info(self._reporting_group())
+        return context.group
 
     def _reporting_group(self) -> Any:
         """The process group whose rank 0 reports (None: the default, global ranks)."""
@@ -388,7 +395,7 @@ class Instrumented(_Base):
             "max_scale": self._scale_rules.max_scale,
             "hysteresis": self._scale_rules.hysteresis,
         }
-        schedules = self._link.schedules
+        schedules = self._schedules
         if schedules is not None:  # registered before the first step: which, and held or not
             config["schedulers"] = schedules.described()
         return config
@@ -401,7 +408,7 @@ class Instrumented(_Base):
     @property
     def run_id(self) -> int | None:
         """The run's id in the store, once the writer has created it."""
-        return self._link.run_id
+        return self._session.run_id
 
     # ------------------------------------------------------------------ state
 
@@ -429,8 +436,8 @@ class Instrumented(_Base):
         scale before being the run's last stored one. A dict of torch's starts a run of its
         own, whose first scale is the loaded one: no event.
         """
-        link = self._link
-        telemetry = link.telemetry
+        session = self._session
+        telemetry = session.telemetry
         before = None
         if self._enabled and telemetry is not None and not telemetry.closed:
             # This run records steps: its scale before, read as torch's state_dict() reads
@@ -441,9 +448,7 @@ class Instrumented(_Base):
             return
         ours = state_dict.get(STATE_KEY)
         run_uid = None if ours is None else ours.get("run_uid")
-        recorder = self._link.recorder
-        recording = recorder is not None and not recorder.closed
-        if recording and (ours is None or run_uid != self._run_uid):
+        if session.is_open and (ours is None or run_uid != self._run_uid):
             self.close()
         self._run_uid = run_uid
         self._step_count = 0 if ours is None else int(ours["step"])
@@ -451,8 +456,9 @@ class Instrumented(_Base):
             self._scale_rules.load(ours)
             self._control_version = int(ours.get("control_version", 0))
         _changes.clamp_scale(self, self._scale_rules)
-        scale = link.scale_host = self._scale_rules.clamped(float(state_dict["scale"]))
-        note_load(link, before, scale, self._step_count, self._run_uid)
+        scale = self._scale_rules.clamped(float(state_dict["scale"]))
+        self._step_context.scale_host = scale
+        note_load(session, before, scale, self._step_count, self._run_uid)
 
     def checkpoint(self) -> ScalerCheckpoint:
         """A typed ``state_dict()``. Reads the scale: a CPU-GPU sync."""
@@ -549,10 +555,9 @@ class Instrumented(_Base):
             schedules.add(scheduler, hold=True)
 
     def _schedules_for(self) -> Schedules:
-        link = self._link
-        if link.schedules is None:
-            link.schedules = Schedules(self)
-        return link.schedules
+        if self._schedules is None:
+            self._schedules = Schedules(self)
+        return self._schedules
 
     def _stepping(self) -> bool:
         """Whether this step's optimizers have stepped (or been skipped), update() to come."""
@@ -561,7 +566,7 @@ class Instrumented(_Base):
     def _skipped(self, now: bool) -> bool:
         """Whether the step in progress (``now``) or the last update's skipped its
         optimizers; a fused optimizer's step on a GPU is waited for (a sync)."""
-        skips = self._link.skips
+        skips = self._step_context.skips
         if not now:
             return bool(skips.wait())  # None before the first step: nothing was skipped
         states = [s for s in self._per_optimizer_states.values() if s["stage"] is OptState.STEPPED]
@@ -584,14 +589,14 @@ class Instrumented(_Base):
         step (asked without waiting; by the next ``update()`` it almost always is), never a
         wrong ``False``.
         """
-        return self._link.skips.value
+        return self._step_context.skips.value
 
     def had_overflow(self) -> bool:
         """Whether the last ``update()`` saw inf/NaN gradients on any rank.
 
         .. warning:: reads a device value: a CPU-GPU sync.
         """
-        found = self._link.last_found
+        found = self._step_context.last_found
         return bool(found is not None and found.reshape(-1).sum().item() > 0)
 
     def flush(self, timeout: float = 30.0) -> bool:
@@ -599,7 +604,7 @@ class Instrumented(_Base):
 
         Returns False when they were not all recorded and stored within ``timeout`` seconds.
         """
-        return self._link.flush(timeout)
+        return self._session.flush(timeout)
 
     def stats(self, timeout: float = 30.0) -> ScalerStats:
         """Counts since creation: steps, skipped steps, overflows, growths, backoffs, scales
@@ -609,7 +614,7 @@ class Instrumented(_Base):
         .. note:: waits for the background recorder to read the steps queued so far;
            raises ``TimeoutError`` if it has not within ``timeout`` seconds.
         """
-        stats = self._link.stats(timeout)
+        stats = self._session.stats(timeout)
         if stats is None:
             scale = self._init_scale if self._enabled else 1.0
             return ScalerStats(current_scale=scale, min_scale_seen=scale, max_scale_seen=scale)
@@ -639,7 +644,7 @@ class Instrumented(_Base):
 
         Also done when the scaler is garbage-collected and at interpreter exit.
         """
-        self._link.close()
+        self._session.close()
 
     def __enter__(self) -> Instrumented:
         return self

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from .. import _control
 from .._control import ControlUpdate
+from .._control.inbox import ControlInbox
 from . import payload as _payload
 from .host_copies import InFlightCopies
 
@@ -55,7 +56,7 @@ class Agreement:
         per_device: dict[torch.device, torch.Tensor],
         group: tuple[int, int],
         device: torch.device,
-        inbox: deque[ControlUpdate],
+        inbox: ControlInbox,
         process_group: Any,
         reduce_alone: bool,
     ) -> None:
@@ -64,7 +65,7 @@ class Agreement:
         rank, world = group
         request = rank == 0 and bool(inbox) and self.carrying is None
         if request:
-            self.carrying = inbox.popleft()
+            self.carrying = inbox.take_one()
         reduce = world > 1 or reduce_alone  # for one rank the all-reduce is the identity
         if device.type == "cpu" and len(per_device) == 1 and world <= _payload.IN_PLACE_RANKS:
             found = next(iter(per_device.values()))

@@ -20,12 +20,11 @@ import socket
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .._control import ControlUpdate
+from .._control.inbox import ControlInbox
 from .._recording.recorder import StepSample
 from ..store import runs as store_runs
 from ..store.engine import Store
@@ -135,7 +134,7 @@ class Telemetry:
         world_size: int,
         config: Mapping[str, Any],
         control: Mapping[str, Any],
-        inbox: deque[ControlUpdate],
+        inbox: ControlInbox,
         uid: str | None = None,
         scale_load: ScaleLoad | None = None,
     ) -> None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 
 from .._control import ControlOutcome, ControlSource, ControlUpdate
+from .._control.inbox import ControlInbox
 from ..store import control as store_control
 from ..store.records import ControlRequestRow
 from ..store.rules import check
@@ -29,7 +29,7 @@ class ControlPoller:
         self,
         writer: Writer,
         queue: RecordQueue,
-        inbox: deque[ControlUpdate],
+        inbox: ControlInbox,
         *,
         interval_s: float,
     ) -> None:
@@ -73,7 +73,7 @@ class ControlPoller:
             self._handed.add(request.id)
             problem = check(request.values, {})
             if problem is None:
-                self._inbox.append(ControlUpdate(request.id, request.values))
+                self._inbox.post(ControlUpdate(request.id, request.values))
             else:  # written past the store's validation: settle it, never apply it
                 outcome = ControlOutcome(
                     source=ControlSource.REQUEST,

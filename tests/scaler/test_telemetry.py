@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as Torc
 
 import scalewatch
 from scalewatch._control import ControlOutcome, ControlSource
+from scalewatch._control.inbox import ControlInbox
 from scalewatch._recording.recorder import StepSample
 from scalewatch.store import Store, open_store
 from scalewatch.store import runs as store_runs
@@ -89,7 +89,7 @@ def _fsdp_twin(rank: int, world: int, url: str) -> dict[str, Any]:
         torch.equal(a._local_tensor, b._local_tensor)  # type: ignore[attr-defined]
         for a, b in zip(pairs[0][1].parameters(), pairs[1][1].parameters(), strict=True)
     )
-    if ours._link.telemetry is not None:
+    if ours._session.telemetry is not None:
         assert ours.flush(30)
     db_name = url.rsplit("/", 1)[-1]
     store_fds = [
@@ -100,7 +100,7 @@ def _fsdp_twin(rank: int, world: int, url: str) -> dict[str, Any]:
     result = {
         "scales": scales,
         "params_equal": params_equal,
-        "telemetry_none": ours._link.telemetry is None,
+        "telemetry_none": ours._session.telemetry is None,
         "store_open": bool(store_fds),
         "run_id": ours.run_id,
         "steps": ours.steps,
@@ -412,7 +412,7 @@ def test_a_locked_store_never_stops_training_and_loses_nothing(tmp_path: Path) -
         step += 1
         train_step(gs, model, opt, step)
     assert gs.flush(30)
-    dropped = gs._link.telemetry.dropped
+    dropped = gs._session.telemetry.dropped
     gs.close()
 
     assert locked_steps >= 30 and slowest < 1.0  # training went on while the store was locked
@@ -451,7 +451,9 @@ def test_the_store_failing_is_one_line_with_the_reason_and_no_sql(
     store = open_store(db_url(tmp_path / "sw.db"))
     _read_only(store)(True)
     settings = TelemetrySettings(store, retry_s=0.05)
-    telemetry = Telemetry(settings, name=None, world_size=1, config={}, control={}, inbox=deque())
+    telemetry = Telemetry(
+        settings, name=None, world_size=1, config={}, control={}, inbox=ControlInbox()
+    )
     try:
         telemetry.submit([_sample(1)])
         wait_for(lambda: telemetry.failing is not None, 30, "the writer to find the store failing")
@@ -511,10 +513,10 @@ def test_an_unwritable_store_drops_past_the_bound_and_records_the_gap(
         nonlocal step
         step += 1
         train_step(gs, model, opt, step)
-        return gs._link.telemetry is not None and gs._link.telemetry.dropped >= 40
+        return gs._session.telemetry is not None and gs._session.telemetry.dropped >= 40
 
     wait_for(dropping, 60, "records to be dropped past the queue bound")
-    telemetry = gs._link.telemetry
+    telemetry = gs._session.telemetry
     assert telemetry is not None
     if fault == "read-only":
         switch(False)
@@ -621,7 +623,7 @@ def make_writer(tmp_path: Path) -> Iterator[MakeWriter]:
             world_size=1,
             config={},
             control={},
-            inbox=deque(),
+            inbox=ControlInbox(),
         )
         made.append((telemetry, store))
         wait_for(lambda: telemetry.run_id is not None, 30, "the writer to create its run")
@@ -721,7 +723,7 @@ def test_settings_are_per_writer_not_per_process(tmp_path: Path) -> None:
     small = TelemetrySettings(db_url(tmp_path / "missing" / "a.db"), max_pending=3)
     large = TelemetrySettings(db_url(tmp_path / "missing" / "b.db"), max_pending=8)
     made = [
-        Telemetry(settings, name=None, world_size=1, config={}, control={}, inbox=deque())
+        Telemetry(settings, name=None, world_size=1, config={}, control={}, inbox=ControlInbox())
         for settings in (small, large)
     ]
     try:
@@ -806,7 +808,7 @@ def test_telemetry_adds_no_sync_to_a_training_step(kind: str, tmp_path: Path) ->
         syncs.append(clean)
         overflow_syncs.append(overflow)
     ours = pair[1]
-    assert ours._link.telemetry is not None  # the store was really on
+    assert ours._session.telemetry is not None  # the store was really on
     ours.close()
     assert syncs[1] <= syncs[0]
     # an overflow step is explained: the diagnosis reads what it found (test_sync_count)
