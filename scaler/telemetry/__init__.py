@@ -31,7 +31,7 @@ from ..store.engine import Store
 from ..store.records import ScaleLoad
 from ..store.states import RunStatus
 from ._control_poller import ControlPoller
-from ._queue import RecordQueue
+from ._queue import CommandQueue
 from ._writer import RunSpec, Writer, one_line
 
 __all__ = ["Telemetry", "TelemetrySettings"]
@@ -153,7 +153,7 @@ class Telemetry:
             started_at=started_at,
             resume=resume,
         )
-        self._queue = RecordQueue(settings.max_pending, settings.batch)
+        self._queue = CommandQueue(settings.max_pending, settings.batch)
         self._writer = Writer(
             settings.store,
             run,

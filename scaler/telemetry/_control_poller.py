@@ -16,7 +16,7 @@ from .._control.inbox import ControlInbox
 from ..store import control as store_control
 from ..store.records import ControlRequestRow
 from ..store.rules import check
-from ._queue import QueuedOutcome, RecordQueue
+from ._queue import CommandQueue, WriteOutcome
 from ._writer import Writer
 
 log = logging.getLogger("scalewatch.telemetry")
@@ -28,7 +28,7 @@ class ControlPoller:
     def __init__(
         self,
         writer: Writer,
-        queue: RecordQueue,
+        queue: CommandQueue,
         inbox: ControlInbox,
         *,
         interval_s: float,
@@ -84,7 +84,7 @@ class ControlPoller:
                     state={},
                     version=0,
                 )
-                self._queue.put_outcome(QueuedOutcome(None, time.time(), outcome))
+                self._queue.put_outcome(WriteOutcome(None, time.time(), outcome))
 
 
 def _close_quietly(probe: store_control.PendingProbe | None) -> None:

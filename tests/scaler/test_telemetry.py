@@ -684,7 +684,7 @@ def test_queued_records_leave_the_garbage_collectors_tracking(make_writer: MakeW
     telemetry.submit([_sample(step) for step in range(1, 11)])
     gc.collect(0)
     with telemetry._queue.lock:
-        queued = list(telemetry._queue.records)
+        queued = list(telemetry._queue.commands)
     assert len(queued) == 10
     assert not any(gc.is_tracked(record) for record in queued)
     assert telemetry.flush(30) and _stored(store) == 10
