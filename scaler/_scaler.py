@@ -31,7 +31,7 @@ from ._control.inbox import ControlInbox
 from ._diagnosis import Diagnoser
 from ._diagnosis.preflight import TORCHS_REFUSAL, fp16_refusal
 from ._recording import RunOpening, RunSession
-from ._recording.learning_rates import group_rates, step_rates
+from ._recording.learning_rates import group_rates
 from ._recording.recorder import Snapshot, make
 from ._recording.step_context import StepContext
 from ._recording.step_values import Captured, read_cpu
@@ -314,7 +314,6 @@ class Instrumented(_Base):
         if inline and values is not None:
             self._fold(values.scale, values.found > 0, stepped, scale_set)
             return
-        lr, lr_groups = step_rates(rates)
         snapshot = make(Snapshot)  # every step: see recorder.make
         Snapshot.__init__(
             snapshot,
@@ -335,15 +334,16 @@ class Instrumented(_Base):
             scale_set=scale_set,
             controls=outcomes,
             diagnosis=diagnosis,
-            lr=lr,
-            lr_groups=lr_groups,
+            rates=rates,
             schedule=schedule,
         )
-        if not session.is_open:  # the first step: the recorder, and the run on the reporting rank
+        if recorder is None or recorder.closed:  # the first step: a recorder, and the run
             uid = session.open(self, self._init_scale, self._opening())
             if uid is not None:
                 self._run_uid = uid
-        session.submit(snapshot)
+            recorder = session.recorder
+            assert recorder is not None
+        recorder.submit(snapshot)
         context.scale_host = None
 
     def _fold(self, scale_after: float, overflow: bool, stepped: bool, scale_set: bool) -> None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._control.inbox import ControlInbox
 from ..stats import ScalerStats
 from ..store.records import ScaleLoad
-from .recorder import Recorder, Snapshot, StepSample
+from .recorder import Recorder, StepSample
 
 if TYPE_CHECKING:
     from ..telemetry import Telemetry
@@ -119,11 +119,6 @@ class RunSession:
         recorder = self.recorder = Recorder(init_scale, sink, self.recorder)
         self._close_when_dropped(owner, recorder)
         return None if telemetry is None else telemetry.uid
-
-    def submit(self, snapshot: Snapshot) -> None:
-        """Hand ``snapshot`` to the recorder (opened by :meth:`open`)."""
-        assert self.recorder is not None
-        self.recorder.submit(snapshot)
 
     def _close_when_dropped(self, owner: object, recorder: Recorder) -> None:
         """Close ``recorder`` and its telemetry when ``owner`` is garbage-collected or at
