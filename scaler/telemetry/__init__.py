@@ -164,12 +164,12 @@ class Telemetry:
         )
         if scale_load is not None and resume:  # a run of its own has no steps before it
             self._queue.put_load(scale_load)
-        self._poller = ControlPoller(
+        self._control_poller = ControlPoller(
             self._writer, self._queue, inbox, interval_s=settings.poll_interval_s
         )
         self._closed = False
         self._writer.thread.start()
-        self._poller.thread.start()
+        self._control_poller.thread.start()
 
     def submit(self, samples: list[StepSample]) -> None:
         """Called by the recorder thread; never blocks on the store."""
@@ -199,7 +199,7 @@ class Telemetry:
 
     @property
     def threads(self) -> tuple[threading.Thread, threading.Thread]:
-        return self._writer.thread, self._poller.thread
+        return self._writer.thread, self._control_poller.thread
 
     def flush(self, timeout: float = 30.0, *, failing_timeout: float | None = None) -> bool:
         """Wait until everything queued so far is in the store (or ``timeout``).
@@ -237,10 +237,10 @@ class Telemetry:
         queue, writer = self._queue, self._writer
         flushed = self.flush(timeout, failing_timeout=min(timeout, self.settings.close_failing_s))
         writer.stop.set()
-        self._poller.stop.set()
+        self._control_poller.stop.set()
         queue.wake_writer()
         writer.thread.join(timeout)
-        self._poller.thread.join(timeout)
+        self._control_poller.thread.join(timeout)
         store = writer.store
         if store is not None and writer.run_id is not None:
             try:
