@@ -220,12 +220,12 @@ def _variants(kind: str, url: str, device: str) -> dict[str, Any]:
 
 def _telemetry_threads_cpu(gs: Any) -> float:
     """CPU seconds used so far by the threads of ``gs``'s telemetry and recorder."""
-    link = getattr(gs, "_link", None)  # torch's scalers have none
-    if link is None or link.telemetry is None:
+    session = getattr(gs, "_session", None)  # torch's scalers have none
+    if session is None or session.telemetry is None:
         return 0.0
     total = 0.0
-    recorder = () if link.recorder is None else (link.recorder.thread,)
-    for thread in (*link.telemetry.threads, *recorder):
+    recorder = () if session.recorder is None else (session.recorder.thread,)
+    for thread in (*session.telemetry.threads, *recorder):
         if thread is None or thread.ident is None or not thread.is_alive():
             continue
         try:
@@ -342,7 +342,7 @@ def bench_training_thread(
                             samples[name].append((wall * 1e6, cpu * 1e6))
                             if name == "on":
                                 threads_cpu.append((_telemetry_threads_cpu(gs) - before) / n)
-                    telemetry = variants["on"]._link.telemetry
+                    telemetry = variants["on"]._session.telemetry
                     written = telemetry is not None and telemetry.flush(60)
                     for gs in variants.values():
                         if hasattr(gs, "close"):

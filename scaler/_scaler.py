@@ -4,10 +4,11 @@ Runs on the training thread of every rank. One class: torch's overrides (``scale
 ``unscale_``, ``_maybe_opt_step``, ``_check_inf_per_device``, ``update``, ``state_dict``,
 ``load_state_dict``), the public extras, and the hooks the two classes fill in. The logic
 lives in plain objects and functions with explicit inputs, each a module or package of its
-own: the added scale rules (``_extras.Extras``), the link to the run and the
-device-to-host path (``_recording.RunLink``), runtime control (``_control``, applied by the
-functions of ``_control.changes``), overflow diagnosis (``_diagnosis.Diagnoser``), the
-constructor's checks (``_config``), our part of the state dict (``_state``).
+own: the added scale rules (``_scale_rules.ScaleRules``), the step in progress and the
+device-to-host path (``_recording``: ``StepContext``, and the run's ``RunSession``), runtime
+control (``_control``: its ``ControlInbox``, applied by the functions of
+``_control.changes``), overflow diagnosis (``_diagnosis.Diagnoser``), the constructor's
+checks (``_config``), our part of the state dict (``_checkpoint_state``).
 """
 
 from __future__ import annotations
@@ -22,18 +23,20 @@ import torch
 
 from . import _control
 from ._agreement.payload import Attribution
+from ._checkpoint_state import STATE_KEY, checkpoint_state_dict, note_load, our_state
 from ._config import Options, not_an_integer, refusal
 from ._control import ControlOutcome, ControlUpdate
 from ._control import changes as _changes
+from ._control.inbox import ControlInbox
 from ._diagnosis import Diagnoser
 from ._diagnosis.preflight import TORCHS_REFUSAL, fp16_refusal
-from ._extras import Extras
-from ._recording import RunLink
-from ._recording.learning_rates import group_rates, step_rates
+from ._recording import RunOpening, RunSession
+from ._recording.learning_rates import group_rates
 from ._recording.recorder import Snapshot, make
+from ._recording.step_context import StepContext
 from ._recording.step_values import Captured, read_cpu
+from ._scale_rules import ScaleRules
 from ._schedules import Schedules
-from ._state import STATE_KEY, checkpoint_state_dict, note_load, our_state
 from ._torch_compat import (
     OptState,
     _refresh_per_optimizer_state,
@@ -52,15 +55,22 @@ else:
 class Instrumented(_Base):
     """The scalewatch extras over torch's GradScaler state machine."""
 
-    _TRANSIENT: tuple[str, ...] = ("_link", "_diagnoser")  # what a copy of the scaler leaves behind
+    # What a copy of the scaler leaves behind (and makes anew).
+    _TRANSIENT: tuple[str, ...] = (
+        "_step_context",
+        "_inbox",
+        "_session",
+        "_schedules",
+        "_diagnoser",
+    )
     _FOUND_SHAPE: tuple[int, ...] = ()  # of a found_inf, as torch's class makes it
     _ALLOW_FP16 = False  # whether unscale_ takes fp16 gradients, as torch's class does
 
     def _setup(self, options: Options) -> None:
-        self._extras = Extras(options.min_scale, options.max_scale, options.hysteresis)
-        self._extras.hysteresis_start = options.hysteresis
+        self._scale_rules = ScaleRules(options.min_scale, options.max_scale, options.hysteresis)
+        self._scale_rules.hysteresis_start = options.hysteresis
         if self._enabled:  # an init_scale outside min/max_scale starts at the bound
-            _changes.clamp_scale(self, self._extras)
+            _changes.clamp_scale(self, self._scale_rules)
         self._telemetry_option = options.telemetry
         # A scaler built by a script that cannot be edited (scalewatch instrument) is named so.
         self._run_name = options.run_name or os.environ.get("SCALEWATCH_RUN_NAME") or None
@@ -70,7 +80,10 @@ class Instrumented(_Base):
         self._reset_transient()
 
     def _reset_transient(self) -> None:
-        self._link = RunLink()
+        self._step_context = StepContext()
+        self._inbox = ControlInbox()
+        self._session = RunSession(self._inbox)
+        self._schedules: Schedules | None = None  # the LR schedulers registered, if any
         self._diagnoser = Diagnoser()
 
     # ------------------------------------------------------------------ steps
@@ -94,7 +107,7 @@ class Instrumented(_Base):
             states = self._per_optimizer_states
             found = combined_found_inf(states, scale, required=False, in_place=False)
             super().update(new_scale)
-            _changes.clamp_scale(self, self._extras)
+            _changes.clamp_scale(self, self._scale_rules)
             scale_set = True
         else:
             found = combined_found_inf(self._per_optimizer_states, scale)
@@ -103,33 +116,30 @@ class Instrumented(_Base):
             self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
             scale_set = False
         self._step_count += 1
-        link = self._link
-        outcomes: tuple[ControlOutcome, ...] = ()
-        if link.code_outcomes:
-            outcomes, link.code_outcomes = tuple(link.code_outcomes), []
+        outcomes = self._inbox.take_by_code()
         controls = self._controls_for_step()
         if controls:
             for update, refusal_reason in controls:
                 outcome = _changes.apply_request(
-                    self, self._extras, update, refusal_reason, self._control_version
+                    self, self._scale_rules, update, refusal_reason, self._control_version
                 )
                 self._control_version = outcome.version
                 scale_set = scale_set or (outcome.applied and "scale" in update.values)
                 outcomes += (outcome,)
-        link.last_found = found
+        self._step_context.last_found = found
         self._snapshot(found, flags, attribution, stepped_count, scale_set, outcomes)
 
     def _update_scale(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
     ) -> None:
-        extras = self._extras
-        if extras.hysteresis is None:
+        rules = self._scale_rules
+        if rules.hysteresis is None:
             self._torch_update(scale, tracker, found)
         else:
             factors = (self._growth_interval, self._growth_factor, self._backoff_factor)
-            extras.hysteresis_update(scale, tracker, found, factors, self._multiply_scale)
-        if extras.min_scale is not None or extras.max_scale is not None:
-            extras.clamp_(scale)
+            rules.hysteresis_update(scale, tracker, found, factors, self._multiply_scale)
+        if rules.min_scale is not None or rules.max_scale is not None:
+            rules.clamp_(scale)
 
     def _torch_update(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
@@ -170,7 +180,7 @@ class Instrumented(_Base):
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
         self._seen(optimizer)
-        inv_scale = self._link.inverse_of(scale)
+        inv_scale = self._step_context.inverse_of(scale)
         found_inf = torch.full(self._FOUND_SHAPE, 0.0, dtype=torch.float32, device=scale.device)
         try:
             state["found_inf_per_device"] = self._unscale_grads_(
@@ -187,7 +197,7 @@ class Instrumented(_Base):
     def _seen(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer`` is unscaled (``unscale_``) or checked (``_check_inf_per_device``, a
         fused optimizer's path): once a step on every path, before it steps."""
-        self._link.rates.append(group_rates(optimizer))
+        self._step_context.rates.append(group_rates(optimizer))
 
     def _unscaled(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         """``optimizer``'s gradients were just checked and unscaled (``state``: torch's)."""
@@ -205,7 +215,7 @@ class Instrumented(_Base):
         **kwargs: Any,
     ) -> Any:
         result, found = opt_step_unless_inf(optimizer, optimizer_state, args, kwargs)
-        self._link.skips.decided(found > 0)
+        self._step_context.skips.decided(found > 0)
         diagnoser = self._diagnoser
         diagnoser.optimizers.append(optimizer)
         group = self._group_info() if found else None  # asked of an overflow only
@@ -225,7 +235,7 @@ class Instrumented(_Base):
 
     def control_state(self) -> dict[str, float | int | None]:
         """The factors in effect (no scale: reading it would sync)."""
-        return _changes.current(self, self._extras).as_dict()
+        return _changes.current(self, self._scale_rules).as_dict()
 
     def _set_by_code(self, name: str, value: float | int) -> None:
         problem = _control.check({name: value}, self.control_state() if self._enabled else {})
@@ -234,9 +244,9 @@ class Instrumented(_Base):
         if not self._enabled:  # as torch: only the attribute, which a disabled scaler ignores
             setattr(self, f"_{name}", value)
             return
-        outcome = _changes.apply_setter(self, self._extras, name, value, self._control_version)
+        outcome = _changes.apply_setter(self, self._scale_rules, name, value, self._control_version)
         self._control_version = outcome.version
-        self._link.code_outcomes.append(outcome)
+        self._inbox.note_by_code(outcome)
 
     def set_growth_factor(self, new_factor: float) -> None:
         """Set a new scale growth factor (> 1); recorded in the audit trail as a change by code."""
@@ -279,23 +289,23 @@ class Instrumented(_Base):
     ) -> None:
         scale, tracker = self._scale, self._growth_tracker
         assert scale is not None and tracker is not None
-        link = self._link
-        rates, link.rates = link.rates, []  # this step's: read only if a snapshot is kept
-        schedules = link.schedules
+        context, session = self._step_context, self._session
+        rates = context.take_rates()  # this step's: read only if a snapshot is kept
+        schedules = self._schedules
         schedule = None if schedules is None else schedules.take()
         stepped = stepped_count > 0
-        recorder = link.recorder
+        recorder = session.recorder
         # No sink reads a cpu step's record: counted as it comes, with no snapshot kept.
         inline = recorder is not None and recorder.folds_inline and not scale.is_cuda
         diagnoser = self._diagnoser
         if inline and (found is None or not found.item() > 0) and diagnoser.clean_step():
-            link.skips.settle(stepped_count, found, 0.0)
+            context.skips.settle(stepped_count, found, 0.0)
             self._fold(scale.item(), False, stepped, scale_set)  # clean: nothing else to read
             return
         loss = diagnoser.take_loss()
         # cpu tensors are memory: read at once, no sync (see step_values.read_cpu)
         values = None if scale.is_cuda else read_cpu(scale, tracker, found, loss, flags)
-        link.skips.settle(stepped_count, found, None if values is None else values.found)
+        context.skips.settle(stepped_count, found, None if values is None else values.found)
         diagnosis = None
         overflow = diagnoser.end_step(values, attribution)
         if overflow is not None:
@@ -304,7 +314,6 @@ class Instrumented(_Base):
         if inline and values is not None:
             self._fold(values.scale, values.found > 0, stepped, scale_set)
             return
-        lr, lr_groups = step_rates(rates)
         snapshot = make(Snapshot)  # every step: see recorder.make
         Snapshot.__init__(
             snapshot,
@@ -313,10 +322,10 @@ class Instrumented(_Base):
             captured=values
             if values is not None
             else Captured(
-                scale, tracker, found, loss, cast(list[torch.Tensor], flags), link.pinned
+                scale, tracker, found, loss, cast(list[torch.Tensor], flags), context.pinned
             ),
             attribution=attribution,
-            scale_used=link.scale_host,
+            scale_used=context.scale_host,
             stepped=stepped,
             growth_interval=self._growth_interval,
             growth_factor=self._growth_factor,
@@ -325,52 +334,50 @@ class Instrumented(_Base):
             scale_set=scale_set,
             controls=outcomes,
             diagnosis=diagnosis,
-            lr=lr,
-            lr_groups=lr_groups,
+            rates=rates,
             schedule=schedule,
         )
-        link.submit(self, snapshot, self._init_scale, self._make_sink)
-        link.scale_host = None
+        if recorder is None or recorder.closed:  # the first step: a recorder, and the run
+            uid = session.open(self, self._init_scale, self._opening())
+            if uid is not None:
+                self._run_uid = uid
+            recorder = session.recorder
+            assert recorder is not None
+        recorder.submit(snapshot)
+        context.scale_host = None
 
     def _fold(self, scale_after: float, overflow: bool, stepped: bool, scale_set: bool) -> None:
         """Count a cpu step that no sink reads (see ``Recorder.fold``)."""
-        link = self._link
-        assert link.recorder is not None
-        link.recorder.fold(link.scale_host, scale_after, overflow, stepped, scale_set)
-        link.scale_host = None
+        recorder, context = self._session.recorder, self._step_context
+        assert recorder is not None
+        recorder.fold(context.scale_host, scale_after, overflow, stepped, scale_set)
+        context.scale_host = None
 
-    def _make_sink(self) -> Any:
-        """The telemetry writer's intake on the reporting rank; None elsewhere or when off."""
+    def _opening(self) -> RunOpening | None:
+        """What the run's telemetry opens with, on the reporting rank; None elsewhere or
+        when off."""
         option = self._telemetry_option
         info = self._group_info()
         if option is False or (info is not None and info[0] != 0):
             return None
-        from .telemetry import Telemetry
-
-        extras = self._extras
-        load, self._link.pending_load = self._link.pending_load, None
-        telemetry = self._link.telemetry = Telemetry(
-            None if option is None or option is True else option,
+        return RunOpening(
+            target=None if option is None or option is True else option,
             name=self._run_name,
             world_size=1 if info is None else info[1],
             config=self._config(),
-            control=_changes.current(self, extras).as_dict(),
-            inbox=self._link.inbox,
+            control=_changes.current(self, self._scale_rules).as_dict(),
             uid=self._run_uid,
-            scale_load=load,
         )
-        self._run_uid = telemetry.uid
-        return telemetry.submit
 
     def _group_info(self) -> tuple[int, int] | None:
         """(rank, size) of the group whose rank 0 reports; None for a single process.
 
         Looked up once (a group, once joined, keeps its rank and size), not every step.
         """
-        link = self._link
-        if link.group is None:
-            link.group = process_group_info(self._reporting_group())
-        return link.group
+        context = self._step_context
+        if context.group is None:
+            context.group = process_group_info(self._reporting_group())
+        return context.group
 
     def _reporting_group(self) -> Any:
         """The process group whose rank 0 reports (None: the default, global ranks)."""
@@ -384,11 +391,11 @@ class Instrumented(_Base):
             "growth_factor": self._growth_factor,
             "backoff_factor": self._backoff_factor,
             "growth_interval": self._growth_interval,
-            "min_scale": self._extras.min_scale,
-            "max_scale": self._extras.max_scale,
-            "hysteresis": self._extras.hysteresis,
+            "min_scale": self._scale_rules.min_scale,
+            "max_scale": self._scale_rules.max_scale,
+            "hysteresis": self._scale_rules.hysteresis,
         }
-        schedules = self._link.schedules
+        schedules = self._schedules
         if schedules is not None:  # registered before the first step: which, and held or not
             config["schedulers"] = schedules.described()
         return config
@@ -401,7 +408,7 @@ class Instrumented(_Base):
     @property
     def run_id(self) -> int | None:
         """The run's id in the store, once the writer has created it."""
-        return self._link.run_id
+        return self._session.run_id
 
     # ------------------------------------------------------------------ state
 
@@ -413,7 +420,7 @@ class Instrumented(_Base):
         state = super().state_dict()
         if self._enabled:
             state[STATE_KEY] = our_state(
-                self._step_count, self._run_uid, self._extras, self._control_version
+                self._step_count, self._run_uid, self._scale_rules, self._control_version
             )
         return state
 
@@ -429,8 +436,8 @@ class Instrumented(_Base):
         scale before being the run's last stored one. A dict of torch's starts a run of its
         own, whose first scale is the loaded one: no event.
         """
-        link = self._link
-        telemetry = link.telemetry
+        session = self._session
+        telemetry = session.telemetry
         before = None
         if self._enabled and telemetry is not None and not telemetry.closed:
             # This run records steps: its scale before, read as torch's state_dict() reads
@@ -439,20 +446,19 @@ class Instrumented(_Base):
         super().load_state_dict(state_dict)
         if not self._enabled:
             return
-        extras = state_dict.get(STATE_KEY)
-        run_uid = None if extras is None else extras.get("run_uid")
-        recorder = self._link.recorder
-        recording = recorder is not None and not recorder.closed
-        if recording and (extras is None or run_uid != self._run_uid):
+        ours = state_dict.get(STATE_KEY)
+        run_uid = None if ours is None else ours.get("run_uid")
+        if session.is_open and (ours is None or run_uid != self._run_uid):
             self.close()
         self._run_uid = run_uid
-        self._step_count = 0 if extras is None else int(extras["step"])
-        if extras is not None:
-            self._extras.load(extras)
-            self._control_version = int(extras.get("control_version", 0))
-        _changes.clamp_scale(self, self._extras)
-        scale = link.scale_host = self._extras.clamped(float(state_dict["scale"]))
-        note_load(link, before, scale, self._step_count, self._run_uid)
+        self._step_count = 0 if ours is None else int(ours["step"])
+        if ours is not None:
+            self._scale_rules.load(ours)
+            self._control_version = int(ours.get("control_version", 0))
+        _changes.clamp_scale(self, self._scale_rules)
+        scale = self._scale_rules.clamped(float(state_dict["scale"]))
+        self._step_context.scale_host = scale
+        note_load(session, before, scale, self._step_count, self._run_uid)
 
     def checkpoint(self) -> ScalerCheckpoint:
         """A typed ``state_dict()``. Reads the scale: a CPU-GPU sync."""
@@ -466,10 +472,10 @@ class Instrumented(_Base):
             backoff_factor=self._backoff_factor,
             growth_interval=self._growth_interval,
             growth_tracker=self._get_growth_tracker(),
-            min_scale=self._extras.min_scale,
-            max_scale=self._extras.max_scale,
-            hysteresis=self._extras.hysteresis,
-            hysteresis_tracker=self._extras.hysteresis_value(),
+            min_scale=self._scale_rules.min_scale,
+            max_scale=self._scale_rules.max_scale,
+            hysteresis=self._scale_rules.hysteresis,
+            hysteresis_tracker=self._scale_rules.hysteresis_value(),
             step=self._step_count,
             run_uid=self._run_uid,
             control_version=self._control_version,
@@ -481,12 +487,14 @@ class Instrumented(_Base):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state["_extras"] = self._extras.for_pickle()
+        state["_scale_rules"] = self._scale_rules.for_pickle()
         for name in self._TRANSIENT:
             state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if "_extras" in state:  # pickled before the scale rules had their name
+            state["_scale_rules"] = state.pop("_extras")
         super().__setstate__(state)
         self._reset_transient()
 
@@ -547,10 +555,9 @@ class Instrumented(_Base):
             schedules.add(scheduler, hold=True)
 
     def _schedules_for(self) -> Schedules:
-        link = self._link
-        if link.schedules is None:
-            link.schedules = Schedules(self)
-        return link.schedules
+        if self._schedules is None:
+            self._schedules = Schedules(self)
+        return self._schedules
 
     def _stepping(self) -> bool:
         """Whether this step's optimizers have stepped (or been skipped), update() to come."""
@@ -559,7 +566,7 @@ class Instrumented(_Base):
     def _skipped(self, now: bool) -> bool:
         """Whether the step in progress (``now``) or the last update's skipped its
         optimizers; a fused optimizer's step on a GPU is waited for (a sync)."""
-        skips = self._link.skips
+        skips = self._step_context.skips
         if not now:
             return bool(skips.wait())  # None before the first step: nothing was skipped
         states = [s for s in self._per_optimizer_states.values() if s["stage"] is OptState.STEPPED]
@@ -582,14 +589,14 @@ class Instrumented(_Base):
         step (asked without waiting; by the next ``update()`` it almost always is), never a
         wrong ``False``.
         """
-        return self._link.skips.value
+        return self._step_context.skips.value
 
     def had_overflow(self) -> bool:
         """Whether the last ``update()`` saw inf/NaN gradients on any rank.
 
         .. warning:: reads a device value: a CPU-GPU sync.
         """
-        found = self._link.last_found
+        found = self._step_context.last_found
         return bool(found is not None and found.reshape(-1).sum().item() > 0)
 
     def flush(self, timeout: float = 30.0) -> bool:
@@ -597,7 +604,7 @@ class Instrumented(_Base):
 
         Returns False when they were not all recorded and stored within ``timeout`` seconds.
         """
-        return self._link.flush(timeout)
+        return self._session.flush(timeout)
 
     def stats(self, timeout: float = 30.0) -> ScalerStats:
         """Counts since creation: steps, skipped steps, overflows, growths, backoffs, scales
@@ -607,7 +614,7 @@ class Instrumented(_Base):
         .. note:: waits for the background recorder to read the steps queued so far;
            raises ``TimeoutError`` if it has not within ``timeout`` seconds.
         """
-        stats = self._link.stats(timeout)
+        stats = self._session.stats(timeout)
         if stats is None:
             scale = self._init_scale if self._enabled else 1.0
             return ScalerStats(current_scale=scale, min_scale_seen=scale, max_scale_seen=scale)
@@ -615,15 +622,15 @@ class Instrumented(_Base):
 
     @property
     def min_scale(self) -> float | None:
-        return self._extras.min_scale
+        return self._scale_rules.min_scale
 
     @property
     def max_scale(self) -> float | None:
-        return self._extras.max_scale
+        return self._scale_rules.max_scale
 
     @property
     def hysteresis(self) -> int | None:
-        return self._extras.hysteresis
+        return self._scale_rules.hysteresis
 
     @property
     def steps(self) -> int:
@@ -637,7 +644,7 @@ class Instrumented(_Base):
 
         Also done when the scaler is garbage-collected and at interpreter exit.
         """
-        self._link.close()
+        self._session.close()
 
     def __enter__(self) -> Instrumented:
         return self

@@ -103,7 +103,7 @@ class GradScaler(Instrumented, TorchGradScaler):
         )
 
     def _attribution(self) -> Attribution:
-        group = self._link.group
+        group = self._step_context.group
         if group is None:  # asked every step: cheaply, for a group may be made later
             group = self._group_info()
         if group is not None and group[1] > 1:
@@ -111,10 +111,9 @@ class GradScaler(Instrumented, TorchGradScaler):
         return Attribution.single()
 
     def _controls_for_step(self) -> list[tuple[ControlUpdate, str | None]]:
-        if not self._link.inbox:
+        if not self._inbox:
             return []
-        requests = list(self._link.inbox)
-        self._link.inbox.clear()
+        requests = self._inbox.take_all()
         refusal = None
         if not self._attribution().known:
             refusal = (

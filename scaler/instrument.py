@@ -35,15 +35,15 @@ _ORIGINALS: dict[tuple[str, str], Any] = {}
 
 def instrument() -> None:
     """Stand scalewatch's classes in for torch's (see the module's docstring). Idempotent."""
-    from . import _aliases
+    from . import _deprecated_names
     from .grad_scaler import GradScaler
     from .sharded import ShardedGradScaler
 
     ours = {
         "GradScaler": GradScaler,
         "ShardedGradScaler": ShardedGradScaler,
-        "CudaGradScaler": _aliases.CudaGradScaler,
-        "CpuGradScaler": _aliases.CpuGradScaler,
+        "CudaGradScaler": _deprecated_names.CudaGradScaler,
+        "CpuGradScaler": _deprecated_names.CpuGradScaler,
     }
     for module_name, attribute, replacement in TARGETS:
         module = importlib.import_module(module_name)

@@ -63,7 +63,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
     _reduce_alone = False
     _FOUND_SHAPE = (1,)  # torch's sharded found_inf has one element, its GradScaler's none
     _ALLOW_FP16 = True
-    _TRANSIENT = ("_link", "_diagnoser", "_agreement")
+    _TRANSIENT = (*Instrumented._TRANSIENT, "_agreement")
 
     def __init__(
         self,
@@ -138,7 +138,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
             state["found_inf_per_device"],
             group,
             self._scale.device,
-            self._link.inbox,
+            self._inbox,
             self.process_group,
             self._reduce_alone,
         )
@@ -154,7 +154,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         if host is None:
             return super()._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)
         overflow = _payload.any_overflow(host)
-        self._link.skips.decided(overflow)
+        self._step_context.skips.decided(overflow)
         group = self._group_info() if overflow else None  # asked of an overflow only
         self._diagnoser.read_at_step(
             optimizer, host, overflow, self._agreement.attribution(), group
@@ -217,10 +217,9 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
     def _controls_for_step(self) -> list[tuple[ControlUpdate, str | None]]:
         assert self._scale is not None
         group = self._group_info()
-        inbox = self._link.inbox
+        inbox = self._inbox
         if not self._agreement.payloads and inbox and group is None:
-            updates = list(inbox)  # no process group: a single process applies them now
-            inbox.clear()
+            updates = inbox.take_all()  # no process group: a single process applies them now
         else:
             updates = self._agreement.controls(group, self._scale.device, self.process_group)
         return [(update, None) for update in updates]

@@ -20,8 +20,9 @@ import torch.distributed as dist
 
 from .. import _control
 from .._control import ControlUpdate
+from .._control.inbox import ControlInbox
 from . import payload as _payload
-from .host_copies import Lagged
+from .host_copies import InFlightCopies
 
 KEEP_REDUCED = 4  # all-reduce handles kept alive after they complete (see Agreement)
 
@@ -40,7 +41,7 @@ class Agreement:
         self._host: dict[int, list[float]] = {}  # their words, where read on the host
         self._agreed = _payload.Attribution.single()  # by the ranks of the last agreement
         self._step_host: list[list[float]] | None = None
-        self._lagged = Lagged()
+        self._in_flight = InFlightCopies()
         # The handles of the last all-reduces, kept while the scaler lives. A gloo worker
         # thread drops its reference to a handle just after the all-reduce completes. Were
         # that the last one, the worker would free the handle and let go of the payload,
@@ -55,7 +56,7 @@ class Agreement:
         per_device: dict[torch.device, torch.Tensor],
         group: tuple[int, int],
         device: torch.device,
-        inbox: deque[ControlUpdate],
+        inbox: ControlInbox,
         process_group: Any,
         reduce_alone: bool,
     ) -> None:
@@ -64,7 +65,7 @@ class Agreement:
         rank, world = group
         request = rank == 0 and bool(inbox) and self.carrying is None
         if request:
-            self.carrying = inbox.popleft()
+            self.carrying = inbox.take_one()
         reduce = world > 1 or reduce_alone  # for one rank the all-reduce is the identity
         if device.type == "cpu" and len(per_device) == 1 and world <= _payload.IN_PLACE_RANKS:
             found = next(iter(per_device.values()))
@@ -157,15 +158,15 @@ class Agreement:
         when the payload was not read on the host this step (the fused-optimizer path).
         """
         updates: list[ControlUpdate] = []
-        if self._lagged.pending:  # cuda only: what the last update() left on its way
-            decoded = map(_control.decode, self._lagged.take_slots())
+        if self._in_flight.pending:  # cuda only: what the last update() left on its way
+            decoded = map(_control.decode, self._in_flight.take_slots())
             updates = [update for update in decoded if update is not None]
-            if self._lagged.take_request():
+            if self._in_flight.take_request():
                 updates.extend(self._receive(group, device, process_group))
         if self.payloads:
             rows = self.host_rows()
             if rows is None:
-                self._lagged.keep_request_flag(self.flags())
+                self._in_flight.keep_request_flag(self.flags())
             elif any(_payload.carries_request(row) for row in rows):
                 updates.extend(self._receive(group, device, process_group))
         self.payloads.clear()
@@ -187,7 +188,7 @@ class Agreement:
         if group is not None and group[1] > 1:
             dist.broadcast(slots, group=process_group, group_src=0)
         if device.type != "cpu":
-            self._lagged.keep_slots(slots)
+            self._in_flight.keep_slots(slots)
             return []
         update = _control.decode(slots.tolist())
         return [] if update is None else [update]

@@ -15,7 +15,7 @@ import torch
 from . import payload as _payload
 
 
-class Lagged:
+class InFlightCopies:
     """The request flag of a step whose payload was not read, and broadcast requests."""
 
     def __init__(self) -> None:

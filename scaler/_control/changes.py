@@ -2,9 +2,9 @@
 
 Runs on the training thread of every rank. Functions over the control state, which lives
 in torch's attributes of the scaler (the factors, the scale and growth tracker tensors)
-and in its :class:`~scalewatch._extras.Extras` (min/max scale, hysteresis): every change goes
-through ``_control.apply`` (the pure rule over a :class:`ControlState`) and then
-:func:`adopt`, which makes it hold on the tensors.
+and in its :class:`~scalewatch._scale_rules.ScaleRules` (min/max scale, hysteresis):
+every change goes through ``_control.apply`` (the pure rule over a :class:`ControlState`)
+and then :func:`adopt`, which makes it hold on the tensors.
 """
 
 from __future__ import annotations
@@ -14,34 +14,34 @@ from typing import TYPE_CHECKING
 
 from .. import _control
 from .._control import ControlOutcome, ControlSource, ControlState, ControlUpdate
-from .._extras import Extras
+from .._scale_rules import ScaleRules
 
 if TYPE_CHECKING:
     from .._torch_compat import TorchGradScaler
 
 
-def current(scaler: TorchGradScaler, extras: Extras) -> ControlState:
+def current(scaler: TorchGradScaler, rules: ScaleRules) -> ControlState:
     """The factors in effect on ``scaler`` (no scale: reading it would sync)."""
     return ControlState(
         growth_interval=scaler._growth_interval,
         growth_factor=scaler._growth_factor,
         backoff_factor=scaler._backoff_factor,
-        min_scale=extras.min_scale,
-        max_scale=extras.max_scale,
-        hysteresis=extras.hysteresis,
+        min_scale=rules.min_scale,
+        max_scale=rules.max_scale,
+        hysteresis=rules.hysteresis,
     )
 
 
-def clamp_scale(scaler: TorchGradScaler, extras: Extras) -> None:
+def clamp_scale(scaler: TorchGradScaler, rules: ScaleRules) -> None:
     """Keep the scale, and the one a lazy scaler starts from, within min/max_scale."""
-    if extras.bounded:
-        scaler._init_scale = extras.clamped(scaler._init_scale)
-        extras.clamp_(scaler._scale)
+    if rules.bounded:
+        scaler._init_scale = rules.clamped(scaler._init_scale)
+        rules.clamp_(scaler._scale)
 
 
 def apply_request(
     scaler: TorchGradScaler,
-    extras: Extras,
+    rules: ScaleRules,
     update: ControlUpdate,
     refusal_reason: str | None,
     version: int,
@@ -50,9 +50,9 @@ def apply_request(
     refuse it; the outcome's ``version`` is the control version after it."""
     problem = refusal_reason
     if problem is None:
-        new, problem = _control.apply(current(scaler, extras), update.values)
+        new, problem = _control.apply(current(scaler, rules), update.values)
     if problem is None:
-        adopt(scaler, extras, new, update.values)
+        adopt(scaler, rules, new, update.values)
         version += 1
     return ControlOutcome(
         source=ControlSource.REQUEST,
@@ -60,18 +60,18 @@ def apply_request(
         values=dict(update.values),
         applied=problem is None,
         reason=problem,
-        state=current(scaler, extras).as_dict(),
+        state=current(scaler, rules).as_dict(),
         version=version,
     )
 
 
 def apply_setter(
-    scaler: TorchGradScaler, extras: Extras, name: str, value: float | int, version: int
+    scaler: TorchGradScaler, rules: ScaleRules, name: str, value: float | int, version: int
 ) -> ControlOutcome:
     """Apply a setter's change (checked already); the outcome's ``version`` is the control
     version after it."""
-    new, _ = _control.apply(current(scaler, extras), {name: value})
-    adopt(scaler, extras, new, {name: value})
+    new, _ = _control.apply(current(scaler, rules), {name: value})
+    adopt(scaler, rules, new, {name: value})
     version += 1
     return ControlOutcome(
         source=ControlSource.CODE,
@@ -79,16 +79,16 @@ def apply_setter(
         values={name: value},
         applied=True,
         reason=None,
-        state=current(scaler, extras).as_dict(),
+        state=current(scaler, rules).as_dict(),
         version=version,
     )
 
 
 def adopt(
-    scaler: TorchGradScaler, extras: Extras, new: ControlState, values: Mapping[str, float | int]
+    scaler: TorchGradScaler, rules: ScaleRules, new: ControlState, values: Mapping[str, float | int]
 ) -> None:
     """Make ``new`` (and a requested scale) hold from the next update on."""
-    old = current(scaler, extras)
+    old = current(scaler, rules)
     scaler._growth_factor, scaler._backoff_factor = new.growth_factor, new.backoff_factor
     if new.growth_interval != old.growth_interval:
         scaler._growth_interval = new.growth_interval
@@ -102,6 +102,6 @@ def adopt(
         scaler._init_scale = float(values["scale"])
     for name in ("min_scale", "max_scale", "hysteresis"):
         if name in values:
-            extras.set(name, values[name])
+            rules.set(name, values[name])
     if "min_scale" in values or "max_scale" in values:
-        clamp_scale(scaler, extras)
+        clamp_scale(scaler, rules)

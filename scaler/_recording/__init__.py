@@ -1,4 +1,4 @@
-"""Each step's values from the device to the host, on every rank; a scaler's link to its run.
+"""Each step's values from the device to the host, on every rank; a scaler's run session.
 
 On every rank the training thread snapshots a step at ``update()``: a cpu step's values
 are read at once (``step_values.read_cpu``: no sync), a cuda step's copied asynchronously
@@ -7,11 +7,13 @@ telemetry on, the recorder thread (``recorder``) reads the rows, folds ``stats()
 hands the samples to :mod:`scalewatch.telemetry`; elsewhere there is no thread, and the
 training thread folds the steps in batches.
 
-``RunLink``, here, is what a scaler holds only while it trains, never pickled: the
-recorder that reads each step's values, the telemetry they feed on the reporting rank,
-the finalizer that closes both, the control requests waiting for a step, and the
-host-side values of the step in progress. A copy of a scaler (pickle, deepcopy) gets a
-new link, and so a run of its own.
+A scaler holds three transient objects, never pickled, each one concern: the step in
+progress (``step_context.StepContext``), the control inbox (``_control.inbox``), and,
+here, ``RunSession``: the recorder that reads each step's values, the telemetry they feed
+on the reporting rank (made by the factory the session was given), the finalizer that
+closes both, and what outlives one telemetry (its run id, what it dropped, a load waiting
+for the next one). A copy of a scaler (pickle, deepcopy) gets new ones, and so a run of
+its own.
 """
 
 from __future__ import annotations
@@ -20,80 +22,103 @@ import dataclasses
 import threading
 import time
 import weakref
-from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .._control import ControlOutcome, ControlUpdate
+from .._control.inbox import ControlInbox
 from ..stats import ScalerStats
 from ..store.records import ScaleLoad
-from .learning_rates import Rates
-from .pinned_rows import PinnedRings
-from .recorder import Recorder, Sink, Snapshot
-from .skips import Skips
+from .recorder import Recorder, StepSample
 
 if TYPE_CHECKING:
-    import torch
-
-    from .._schedules import Schedules
     from ..telemetry import Telemetry
 
 
-class RunLink:
-    """The transient half of a scaler: one attribute, so a copy can leave all of it behind."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunOpening:
+    """What the reporting rank's telemetry is opened with, at the scaler's first step."""
 
-    def __init__(self) -> None:
+    target: Any  # a store URL, a Store, TelemetrySettings, or None: the default store
+    name: str | None
+    world_size: int
+    config: Mapping[str, Any]
+    control: Mapping[str, Any]
+    uid: str | None  # the run to continue (a loaded state dict's), or None: a new run
+    scale_load: ScaleLoad | None = None  # a load noted before this telemetry existed
+
+
+class RunTelemetry(Protocol):
+    """What a session asks of its run's telemetry (:class:`scalewatch.telemetry.Telemetry`)."""
+
+    @property
+    def uid(self) -> str | None: ...
+    @property
+    def run_id(self) -> int | None: ...
+    @property
+    def dropped(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def threads(self) -> tuple[threading.Thread, ...]: ...
+    def submit(self, samples: list[StepSample]) -> None: ...
+    def note_scale_load(self, load: ScaleLoad) -> None: ...
+    def flush(self, timeout: float = 30.0) -> bool: ...
+    def close(self) -> None: ...
+
+
+TelemetryFactory = Callable[[RunOpening, ControlInbox], RunTelemetry]
+
+
+def open_telemetry(opening: RunOpening, inbox: ControlInbox) -> Telemetry:
+    """The default factory: a writer into the store ``opening`` names."""
+    from ..telemetry import Telemetry  # the store's engine, loaded by a reporting rank only
+
+    return Telemetry(
+        opening.target,
+        name=opening.name,
+        world_size=opening.world_size,
+        config=opening.config,
+        control=opening.control,
+        inbox=inbox,
+        uid=opening.uid,
+        scale_load=opening.scale_load,
+    )
+
+
+class RunSession:
+    """The recorder and telemetry of a scaler's run, opened at its first step."""
+
+    def __init__(self, inbox: ControlInbox, make_telemetry: TelemetryFactory = open_telemetry):
+        self._inbox = inbox
+        self._make_telemetry = make_telemetry
         self.recorder: Recorder | None = None
-        self.telemetry: Telemetry | None = None
+        self.telemetry: RunTelemetry | None = None
         self.closer: weakref.finalize[Any, Any] | None = None
-        self.pinned = PinnedRings()
-        self.inbox: deque[ControlUpdate] = deque()
-        self.code_outcomes: list[ControlOutcome] = []
-        self.scale_host: float | None = None  # the scale, where the host knows it
-        self.last_found: torch.Tensor | None = None
-        self.group: tuple[int, int] | None = None
         self.last_run_id: int | None = None
         self.closed_dropped = 0  # records that earlier telemetry of this scaler lost
-        # (scale, its version, 1/scale): the inverse kept while the scale is unchanged
-        self.inverse: tuple[torch.Tensor, int, torch.Tensor] | None = None
-        self.rates: list[Rates] = []  # this step's learning rates, optimizer by optimizer
-        self.skips = Skips()
         # A load of the scaler's state for the telemetry that the next step opens (a run
-        # resumed by a scaler that has not stepped in it): see _state.note_load.
+        # resumed by a scaler that has not stepped in it): see _checkpoint_state.note_load.
         self.pending_load: ScaleLoad | None = None
-        self.schedules: Schedules | None = None  # the LR schedulers registered, if any
 
-    def inverse_of(self, scale: torch.Tensor) -> torch.Tensor:
-        """``1 / scale`` as torch's unscale_ takes it (in float64, rounded once to float32:
-        float32 division can be imprecise under some compile options), taken again only
-        when the scale has changed since.
-
-        Every in-place change of a tensor (the update's, ``fill_``, ``copy_``) bumps its
-        version, which the host keeps: telling a changed scale costs no device read.
-        """
-        if scale.device.type == "mps":  # as torch's: mps has no float64
-            return scale.reciprocal()
-        kept = self.inverse
-        try:
-            version = scale._version
-        except RuntimeError:  # an inference-mode tensor keeps no version: not kept
-            return scale.double().reciprocal().float()
-        if kept is not None and kept[0] is scale and kept[1] == version:
-            return kept[2]
-        inverse = scale.double().reciprocal().float()
-        self.inverse = (scale, version, inverse)
-        return inverse
-
-    def submit(
-        self, owner: object, snapshot: Snapshot, init_scale: float, make_sink: Callable[[], Any]
-    ) -> None:
-        """Hand ``snapshot`` to the recorder, opening one (and the run) at the first step."""
+    @property
+    def is_open(self) -> bool:
+        """Whether a recorder takes steps (else the next step opens one)."""
         recorder = self.recorder
-        if recorder is None or recorder.closed:
-            sink: Sink | None = make_sink()
-            recorder = self.recorder = Recorder(init_scale, sink, recorder)
-            self._close_when_dropped(owner, recorder)
-        recorder.submit(snapshot)
+        return recorder is not None and not recorder.closed
+
+    def open(self, owner: object, init_scale: float, opening: RunOpening | None) -> str | None:
+        """Start a recorder, with telemetry made from ``opening`` on the reporting rank
+        (None elsewhere, or with telemetry off); returns the run's uid if one is written."""
+        telemetry = None
+        if opening is not None:
+            load, self.pending_load = self.pending_load, None
+            opening = dataclasses.replace(opening, scale_load=load)
+            telemetry = self.telemetry = self._make_telemetry(opening, self._inbox)
+        sink = None if telemetry is None else telemetry.submit
+        recorder = self.recorder = Recorder(init_scale, sink, self.recorder)
+        self._close_when_dropped(owner, recorder)
+        return None if telemetry is None else telemetry.uid
 
     def _close_when_dropped(self, owner: object, recorder: Recorder) -> None:
         """Close ``recorder`` and its telemetry when ``owner`` is garbage-collected or at
@@ -139,7 +164,7 @@ class RunLink:
             self.closed_dropped += telemetry.dropped
 
 
-def _close_parts(recorder: Recorder, telemetry: Telemetry | None) -> None:
+def _close_parts(recorder: Recorder, telemetry: RunTelemetry | None) -> None:
     """Close a scaler's recorder and telemetry (the finalizer of a dropped or exiting scaler).
 
     The garbage collector may run it on one of their own threads, which cannot wait for

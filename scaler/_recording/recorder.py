@@ -21,6 +21,7 @@ from .._agreement.payload import Attribution, overflowed_ranks
 from .._control import ControlOutcome
 from ..stats import ScalerStats
 from ..store.records import StepRecord
+from .learning_rates import Rates, step_rates
 from .step_values import Captured, StepValues
 
 if TYPE_CHECKING:
@@ -66,8 +67,9 @@ class Snapshot:
     scale_set: bool  # the scale was set this step (new_scale or control), not grown/backed off
     controls: tuple[ControlOutcome, ...] = ()
     diagnosis: Diagnosis | None = None  # an overflow explained (on the reporting rank)
-    lr: float | None = None  # in effect at step(): the first group of the first optimizer
-    lr_groups: tuple[tuple[float | None, ...], ...] | None = None  # all, when one differs
+    # Each optimizer's param groups' rates in effect at step(), as read there: the record's
+    # lr and lr_groups are made of them on the recorder thread (``step_rates``).
+    rates: list[Rates] = dataclasses.field(default_factory=list)
     # Registered schedulers' steps since the last update: (before, after) this step's
     # optimizers stepped (see _schedules.Schedules.take); None when none is registered.
     schedule: tuple[int, int] | None = None
@@ -324,6 +326,7 @@ def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample
     drift = None if schedule is None else fold.drifted(schedule, skipped_before, skipped)
     if not sample:
         return None
+    lr, lr_groups = step_rates(snap.rates)
     record = make(StepRecord)
     StepRecord.__init__(
         record,
@@ -340,8 +343,8 @@ def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample
         backoff_factor=float(snap.backoff_factor),
         control_version=snap.control_version,
         loss=loss,
-        lr=snap.lr,
-        lr_groups=snap.lr_groups,
+        lr=lr,
+        lr_groups=lr_groups,
         schedule_drift=drift,
     )
     diagnosis = snap.diagnosis

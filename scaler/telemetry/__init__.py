@@ -3,7 +3,7 @@
 Runs on the reporting rank only (rank 0 of the scaler's group; a single process reports
 too), made by its scaler at the first ``update()``. The recorder thread hands samples in
 (``Telemetry.submit``); the writer thread (``_writer``), which owns the store, writes them;
-the poller thread (``_poller``) hands pending control requests to the training thread
+the poller thread (``_control_poller``) hands pending control requests to the training thread
 through the scaler's inbox. The training thread only flushes and closes.
 
 Training never waits for the store. Samples queue in memory (``_queue``); while the store
@@ -20,19 +20,18 @@ import socket
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .._control import ControlUpdate
+from .._control.inbox import ControlInbox
 from .._recording.recorder import StepSample
 from ..store import runs as store_runs
 from ..store.engine import Store
 from ..store.records import ScaleLoad
 from ..store.states import RunStatus
-from ._poller import Poller
-from ._queue import RecordQueue
+from ._control_poller import ControlPoller
+from ._queue import CommandQueue
 from ._writer import RunSpec, Writer, one_line
 
 __all__ = ["Telemetry", "TelemetrySettings"]
@@ -135,7 +134,7 @@ class Telemetry:
         world_size: int,
         config: Mapping[str, Any],
         control: Mapping[str, Any],
-        inbox: deque[ControlUpdate],
+        inbox: ControlInbox,
         uid: str | None = None,
         scale_load: ScaleLoad | None = None,
     ) -> None:
@@ -154,7 +153,7 @@ class Telemetry:
             started_at=started_at,
             resume=resume,
         )
-        self._queue = RecordQueue(settings.max_pending, settings.batch)
+        self._queue = CommandQueue(settings.max_pending, settings.batch)
         self._writer = Writer(
             settings.store,
             run,
@@ -165,10 +164,12 @@ class Telemetry:
         )
         if scale_load is not None and resume:  # a run of its own has no steps before it
             self._queue.put_load(scale_load)
-        self._poller = Poller(self._writer, self._queue, inbox, interval_s=settings.poll_interval_s)
+        self._control_poller = ControlPoller(
+            self._writer, self._queue, inbox, interval_s=settings.poll_interval_s
+        )
         self._closed = False
         self._writer.thread.start()
-        self._poller.thread.start()
+        self._control_poller.thread.start()
 
     def submit(self, samples: list[StepSample]) -> None:
         """Called by the recorder thread; never blocks on the store."""
@@ -198,7 +199,7 @@ class Telemetry:
 
     @property
     def threads(self) -> tuple[threading.Thread, threading.Thread]:
-        return self._writer.thread, self._poller.thread
+        return self._writer.thread, self._control_poller.thread
 
     def flush(self, timeout: float = 30.0, *, failing_timeout: float | None = None) -> bool:
         """Wait until everything queued so far is in the store (or ``timeout``).
@@ -236,10 +237,10 @@ class Telemetry:
         queue, writer = self._queue, self._writer
         flushed = self.flush(timeout, failing_timeout=min(timeout, self.settings.close_failing_s))
         writer.stop.set()
-        self._poller.stop.set()
+        self._control_poller.stop.set()
         queue.wake_writer()
         writer.thread.join(timeout)
-        self._poller.thread.join(timeout)
+        self._control_poller.thread.join(timeout)
         store = writer.store
         if store is not None and writer.run_id is not None:
             try:

@@ -1,8 +1,11 @@
-"""The writer's bounded queue: records, control outcomes and scale loads waiting for the store.
+"""The writer's queue: one ordered queue of commands, carried out by the writer in order.
 
-The recorder thread puts, the writer thread takes; neither waits on the store. Past
-``max_pending`` records the oldest are dropped, counted and kept as ranges of steps
-(gaps) for the writer to record once the store takes writes again.
+Runs between the reporting rank's threads: the recorder thread puts steps (each followed by
+the control outcomes made at it), the training thread puts scale loads, the control poller
+outcomes it settled; the writer thread takes the commands and carries them out in the
+order they were queued. Neither side waits on the store. Past ``max_pending`` steps the
+oldest are dropped and counted, and a gap takes their place in the queue, so that it is
+recorded where they would have been once the store takes writes again.
 """
 
 from __future__ import annotations
@@ -17,14 +20,12 @@ from .._recording.recorder import StepSample
 from ..store.records import ScaleLoad
 from ..store.runs import finding_rows, step_values
 
-Gap = tuple[int, int, int]  # (first step, last step, records dropped): a whole range
-
 
 class Diagnosed(tuple[Any, ...]):
     """The :func:`step_values` of an overflow step that carries its findings as
     ``overflow_params`` rows: queued, put back and dropped with its step as one item.
 
-    Rare (an explained overflow), so clean records stay plain tuples.
+    Rare (an explained overflow), so clean steps stay plain tuples.
     """
 
     findings: list[tuple[Any, ...]]
@@ -35,13 +36,13 @@ class Diagnosed(tuple[Any, ...]):
         return self
 
 
-def findings_of(batch: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """The ``overflow_params`` rows of the records in ``batch``."""
+def findings_of(batch: list[Any]) -> list[tuple[Any, ...]]:
+    """The ``overflow_params`` rows of the steps in ``batch``."""
     return [row for values in batch if type(values) is Diagnosed for row in values.findings]
 
 
 @dataclass(frozen=True, slots=True)
-class QueuedOutcome:
+class WriteOutcome:
     """A control outcome to write; ``step`` is None for one settled at no step."""
 
     step: int | None
@@ -49,10 +50,35 @@ class QueuedOutcome:
     outcome: ControlOutcome
 
 
-class RecordQueue:
-    """Records as :func:`step_values` tuples, outcomes, scale loads, and the gaps of records
-    dropped;
-    and how the writer and those who wait for it meet, in these methods alone.
+@dataclass(frozen=True, slots=True)
+class RecordLoad:
+    """A load of the scaler's state into the run (``scale_loads``)."""
+
+    load: ScaleLoad
+
+
+@dataclass(frozen=True, slots=True)
+class RecordGap:
+    """Steps ``first`` to ``last`` dropped (``dropped`` records) before they were written."""
+
+    first: int
+    last: int
+    dropped: int
+
+
+# A step is its step_values() tuple (or a Diagnosed one): plain tuples, which the garbage
+# collector stops tracking, and no object made per step beyond them.
+Command = tuple[Any, ...] | WriteOutcome | RecordLoad | RecordGap
+
+
+def is_step(command: Command) -> bool:
+    kind = type(command)
+    return kind is tuple or kind is Diagnosed
+
+
+class CommandQueue:
+    """The commands waiting for the writer, oldest first; and how the writer and those
+    who wait for it meet, in these methods alone.
 
     ``lock`` guards everything here; ``_idle`` (on ``lock``) is notified after each pass
     of the writer (:meth:`pass_done`); ``_wake`` says something was queued, ``_hurry`` to
@@ -62,12 +88,10 @@ class RecordQueue:
     def __init__(self, max_pending: int, batch: int) -> None:
         self._max_pending = max_pending
         self._batch = batch
-        # Plain tuples, which the garbage collector stops tracking.
-        self.records: deque[tuple[Any, ...]] = deque()
-        self.outcomes: deque[QueuedOutcome] = deque()
-        self.loads: deque[ScaleLoad] = deque()  # a few a run: never dropped
-        self.gaps: list[Gap] = []
-        self.in_flight = 0
+        self.commands: deque[Command] = deque()
+        self._steps = 0  # steps among the commands
+        self.in_flight = 0  # steps the writer took and is writing
+        self._writing = False  # the writer carries out commands it took
         self.dropped = 0
         self.lock = threading.Lock()
         self._idle = threading.Condition(self.lock)
@@ -75,38 +99,63 @@ class RecordQueue:
         self._hurry = threading.Event()
 
     def put(self, samples: list[StepSample]) -> None:
-        """Called by the recorder thread; never blocks on the store."""
-        records = self.records
+        """Each sample's step, then the control outcomes made at it. Called by the recorder
+        thread; never blocks on the store."""
+        commands = self.commands
         with self.lock:
             for sample in samples:
                 record = sample.record
                 if record.params:
-                    records.append(Diagnosed(step_values(record), finding_rows([record])))
+                    commands.append(Diagnosed(step_values(record), finding_rows([record])))
                 else:
-                    records.append(step_values(record))
+                    commands.append(step_values(record))
                 for outcome in sample.controls:
-                    self.outcomes.append(
-                        QueuedOutcome(sample.record.step, sample.record.wall_time, outcome)
-                    )
+                    commands.append(WriteOutcome(record.step, record.wall_time, outcome))
+            self._steps += len(samples)
             # The batch being written counts: it may fail and come back.
-            overflow = len(records) + self.in_flight - self._max_pending
-            for _ in range(min(max(0, overflow), len(records))):
-                self._drop(records.popleft()[0])
-            full = len(records) >= self._batch
+            overflow = self._steps + self.in_flight - self._max_pending
+            if overflow > 0:
+                self._drop_oldest(min(overflow, self._steps))
+            full = self._steps >= self._batch
         if full:
             self._hurry.set()
         self._wake.set()
 
-    def put_outcome(self, outcome: QueuedOutcome) -> None:
+    def put_outcome(self, outcome: WriteOutcome) -> None:
         with self.lock:
-            self.outcomes.append(outcome)
+            self.commands.append(outcome)
         self._wake.set()
 
     def put_load(self, load: ScaleLoad) -> None:
-        """A scale load the training thread noted; written before the records queued with it."""
+        """A scale load the training thread noted: written before the steps queued after it."""
         with self.lock:
-            self.loads.append(load)
+            self.commands.append(RecordLoad(load))
         self._wake.set()
+
+    def _drop_oldest(self, count: int) -> None:
+        """Drop the ``count`` oldest steps, a gap in their place; call with ``lock`` held.
+
+        Only the first steps are looked at: what comes before them (a load, an outcome, a
+        gap) is set aside and put back in front, in its order.
+        """
+        commands = self.commands
+        ahead: list[Command] = []
+        while count:
+            command = commands.popleft()
+            if not is_step(command):
+                ahead.append(command)
+                continue
+            assert isinstance(command, tuple)
+            step = command[0]
+            last = ahead[-1] if ahead else None
+            if isinstance(last, RecordGap) and last.last + 1 == step:
+                ahead[-1] = RecordGap(last.first, step, last.dropped + 1)
+            else:
+                ahead.append(RecordGap(step, step, 1))
+            self._steps -= 1
+            self.dropped += 1
+            count -= 1
+        commands.extendleft(reversed(ahead))
 
     # ------------------------------------------------ the writer's side
 
@@ -118,10 +167,60 @@ class RecordQueue:
         self._wake.clear()
         self._hurry.clear()
 
+    def take(self) -> list[Command]:
+        """The next commands to carry out, which leave the queue: up to a batch of steps
+        in a row, the gaps in a row (joined where they touch), or one other command.
+
+        Steps dropped while these are written are never these; :meth:`put_back` returns
+        them to the front if carrying them out fails.
+        """
+        commands = self.commands
+        with self.lock:
+            if not commands:
+                return []
+            self._writing = True
+            head = commands[0]
+            if is_step(head):
+                taken: list[Command] = []
+                while commands and len(taken) < self._batch and is_step(commands[0]):
+                    taken.append(commands.popleft())
+                self._steps -= len(taken)
+                self.in_flight = len(taken)
+                return taken
+            if isinstance(head, RecordGap):
+                gaps: list[RecordGap] = []
+                while commands and isinstance(commands[0], RecordGap):
+                    gap = commands.popleft()
+                    assert isinstance(gap, RecordGap)
+                    gaps.append(gap)
+                return list(joined(gaps))
+            return [commands.popleft()]
+
+    def put_back(self, taken: list[Command]) -> None:
+        """Commands whose carrying out failed, to the front, in their order."""
+        with self.lock:
+            self.commands.extendleft(reversed(taken))
+            self._steps += sum(1 for command in taken if is_step(command))
+
+    def written(self) -> None:
+        with self.lock:
+            self.in_flight = 0
+            self._writing = False
+
     def pass_done(self) -> None:
         """The writer has made a pass: those waiting in :meth:`hurry` look again."""
         with self.lock:
             self._idle.notify_all()
+
+    def first_wall_time(self) -> float | None:
+        """The wall time of the oldest step queued, if any."""
+        with self.lock:
+            for command in self.commands:
+                if is_step(command):
+                    assert isinstance(command, tuple)
+                    wall_time: float = command[1]
+                    return wall_time
+            return None
 
     # ------------------------------------------------ flush and close
 
@@ -147,99 +246,41 @@ class RecordQueue:
         self._wake.set()
 
     def drop_unwritten(self) -> int:
-        """Count what is queued or being written as dropped (at close); returns how many."""
+        """Count the steps queued or being written as dropped (at close); returns how many."""
         with self.lock:
             unwritten = self._unwritten()
             self.dropped += unwritten
         return unwritten
 
     def unwritten(self) -> int:
-        """Records queued or being written."""
+        """Steps queued or being written."""
         with self.lock:
             return self._unwritten()
 
-    def _drop(self, step: int) -> None:
-        self.dropped += 1
-        if self.gaps and self.gaps[-1][1] + 1 == step:
-            first, _, count = self.gaps[-1]
-            self.gaps[-1] = (first, step, count + 1)
-        else:
-            self.gaps.append((step, step, 1))
-
-    def take(self) -> tuple[list[tuple[Any, ...]], list[QueuedOutcome]]:
-        """The next batch of records (it leaves the queue) and every queued outcome.
-
-        Records dropped while the batch is written are never ones that reach the store;
-        :meth:`put_back` returns the batch to the front if the write fails.
-        """
-        records = self.records
-        with self.lock:
-            batch = [records.popleft() for _ in range(min(self._batch, len(records)))]
-            outcomes = list(self.outcomes)
-            self.in_flight = len(batch) + len(outcomes)
-        return batch, outcomes
-
-    def put_back(self, batch: list[tuple[Any, ...]], gaps: list[Gap]) -> None:
-        """A batch whose write failed, and the gaps that were lost with it, to the front."""
-        with self.lock:
-            self.records.extendleft(reversed(batch))
-            self.gaps[:0] = gaps
-
-    def first_load(self) -> ScaleLoad | None:
-        """The oldest scale load not yet written, left queued until :meth:`load_written`."""
-        with self.lock:
-            return self.loads[0] if self.loads else None
-
-    def load_written(self) -> None:
-        with self.lock:
-            self.loads.popleft()
-
-    def outcome_written(self) -> None:
-        with self.lock:
-            self.outcomes.popleft()
-
-    def written(self) -> None:
-        with self.lock:
-            self.in_flight = 0
-
-    def has_gaps(self) -> bool:
-        with self.lock:
-            return bool(self.gaps)
-
-    def take_gaps(self) -> list[Gap]:
-        with self.lock:
-            gaps, self.gaps = joined(self.gaps), []
-        return gaps
-
-    def first_wall_time(self) -> float | None:
-        """The wall time of the oldest record queued, if any."""
-        with self.lock:
-            return self.records[0][1] if self.records else None
-
     def _busy(self) -> bool:
         """Something is queued or being written; call with ``lock`` held."""
-        return bool(self.records or self.outcomes or self.loads or self.gaps or self.in_flight)
+        return bool(self.commands or self._writing)
 
     def _unwritten(self) -> int:
-        """Records queued or being written; call with ``lock`` held."""
-        return len(self.records) + self.in_flight
+        """Steps queued or being written; call with ``lock`` held."""
+        return self._steps + self.in_flight
 
 
-def joined(gaps: list[Gap]) -> list[Gap]:
+def joined(gaps: list[RecordGap]) -> list[RecordGap]:
     """``gaps`` in step order, ranges that touch joined into one.
 
     A batch whose write failed goes back to the front of the queue; when it is dropped
-    after records that came in while it was being written, its steps open a second range
+    after steps that came in while it was being written, its steps open a second range
     right before the first.
 
-    >>> joined([(4, 6, 3), (1, 3, 3), (9, 9, 1)])
-    [(1, 6, 6), (9, 9, 1)]
+    >>> joined([RecordGap(4, 6, 3), RecordGap(1, 3, 3), RecordGap(9, 9, 1)])
+    [RecordGap(first=1, last=6, dropped=6), RecordGap(first=9, last=9, dropped=1)]
     """
-    result: list[Gap] = []
-    for first, last, count in sorted(gaps):
-        if result and result[-1][1] + 1 == first:
-            start, _, before = result[-1]
-            result[-1] = (start, last, before + count)
+    result: list[RecordGap] = []
+    for gap in sorted(gaps, key=lambda gap: gap.first):
+        if result and result[-1].last + 1 == gap.first:
+            before = result[-1]
+            result[-1] = RecordGap(before.first, gap.last, before.dropped + gap.dropped)
         else:
-            result.append((first, last, count))
+            result.append(gap)
     return result

@@ -1,4 +1,7 @@
-"""The writer thread: owns the store, creates or resumes the run, writes what is queued.
+"""The writer thread: owns the store, creates or resumes the run, carries out the commands
+queued (``_queue``) in their order: steps, control outcomes, scale loads, gaps.
+
+Runs on the reporting rank's writer thread.
 
 It gathers records for ``coalesce_s`` before it writes them (at once when a whole
 batch is queued, or for ``flush()`` and ``close()``): every transaction has a fixed
@@ -14,7 +17,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.exc import OperationalError, StatementError
 
@@ -23,7 +26,7 @@ from ..store import control as store_control
 from ..store import runs as store_runs
 from ..store import scale_loads as store_scale_loads
 from ..store.engine import Store, open_store
-from ._queue import Gap, QueuedOutcome, RecordQueue, findings_of
+from ._queue import Command, CommandQueue, RecordGap, RecordLoad, WriteOutcome, findings_of
 
 log = logging.getLogger("scalewatch.telemetry")
 
@@ -48,7 +51,7 @@ class Writer:
         self,
         target: str | Store | None,
         run: RunSpec,
-        queue: RecordQueue,
+        queue: CommandQueue,
         *,
         coalesce_s: float,
         retry_s: float,
@@ -129,65 +132,49 @@ class Writer:
         raise FileNotFoundError(f"the store's database file was removed or replaced: {store.url}")
 
     def _write_pending(self) -> bool:
-        """Write what is queued; True if some steps were written."""
+        """Carry out what is queued, in its order; True if some steps were written."""
         store, run_id, queue = self.store, self.run_id, self._queue
         assert store is not None and run_id is not None
-        self._write_loads(store, run_id)
         wrote = False
-        while True:
-            batch, outcomes = queue.take()
-            if not batch and not outcomes and not queue.has_gaps():
-                return wrote
+        while commands := queue.take():
             try:
-                self._write_steps(store, run_id, batch)
-                wrote = wrote or bool(batch)
-                for queued in outcomes:
-                    try:
-                        write_outcome(store, run_id, queued)
-                    except OperationalError:
-                        raise
-                    except Exception as error:  # e.g. the request was settled meanwhile
-                        log.warning("scalewatch: control outcome not recorded: %s", error)
-                    queue.outcome_written()
+                wrote = self._carry_out(store, run_id, commands) or wrote
+                self._check_file()  # committed into a file removed meanwhile: again
+            except BaseException:
+                queue.put_back(commands)
+                raise
             finally:
                 queue.written()
+        return wrote
 
-    def _write_loads(self, store: Store, run_id: int) -> None:
-        """Record the scale loads queued. Before the steps queued with them: a load with no
-        scale before it (a new process resuming the run) takes the last one stored."""
-        queue = self._queue
-        while (load := queue.first_load()) is not None:
+    def _carry_out(self, store: Store, run_id: int, commands: list[Command]) -> bool:
+        """Carry out ``commands`` (as :meth:`CommandQueue.take` gives them); True for steps.
+
+        A failure of the store raises, and they stay queued; a load or an outcome the store
+        refuses for itself (its request settled meanwhile, say) is logged and let go.
+        """
+        head = commands[0]
+        if isinstance(head, RecordGap):
+            reason = self.failing or "telemetry queue full"
+            for gap in commands:
+                assert isinstance(gap, RecordGap)
+                store_runs.record_gap(store, run_id, gap.first, gap.last, gap.dropped, reason)
+            return False
+        if isinstance(head, RecordLoad | WriteOutcome):
             try:
-                store_scale_loads.record_scale_load(store, run_id, load)
+                if isinstance(head, RecordLoad):
+                    store_scale_loads.record_scale_load(store, run_id, head.load)
+                else:
+                    write_outcome(store, run_id, head)
             except OperationalError:
                 raise  # the store is down: it stays queued
             except Exception as error:
-                log.warning("scalewatch: scale load not recorded: %s", one_line(error))
-            queue.load_written()
-
-    def _write_steps(self, store: Store, run_id: int, batch: list[tuple[Any, ...]]) -> None:
-        gaps: list[Gap] = []
-        try:
-            gaps = self._write_gaps(store, run_id)
-            store_runs.write_step_values(store, run_id, batch, findings_of(batch))
-            self._check_file()  # committed into a file removed meanwhile: write again
-        except BaseException:
-            replaced = file_id(store) != self.file_id  # the gaps went with the file
-            self._queue.put_back(batch, gaps if replaced else [])
-            raise
-
-    def _write_gaps(self, store: Store, run_id: int) -> list[Gap]:
-        """Record the gaps so far; returns them (a failed one and those after it stay queued)."""
-        gaps = self._queue.take_gaps()
-        for i, (first, last, count) in enumerate(gaps):
-            try:
-                store_runs.record_gap(
-                    store, run_id, first, last, count, self.failing or "telemetry queue full"
-                )
-            except Exception:
-                self._queue.put_back([], gaps[i:])
-                raise
-        return gaps
+                what = "scale load" if isinstance(head, RecordLoad) else "control outcome"
+                log.warning("scalewatch: %s not recorded: %s", what, one_line(error))
+            return False
+        steps = cast(list[tuple[Any, ...]], commands)  # take() gives steps alone, or none
+        store_runs.write_step_values(store, run_id, steps, findings_of(steps))
+        return True
 
     def _failed(self, error: Exception) -> None:
         reason = one_line(error)
@@ -219,7 +206,7 @@ def one_line(error: BaseException) -> str:
     return f"{type(cause).__name__}: {lines[0] if lines else 'no message'}"
 
 
-def write_outcome(store: Store, run_id: int, queued: QueuedOutcome) -> None:
+def write_outcome(store: Store, run_id: int, queued: WriteOutcome) -> None:
     outcome, step, at = queued.outcome, queued.step, queued.at
     if outcome.source is ControlSource.CODE:
         assert step is not None  # a setter's change is applied at the step it was made

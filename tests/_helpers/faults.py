@@ -199,7 +199,7 @@ class PacedTrainer:
 
     def dropped(self) -> int:
         """Records dropped so far by the telemetry writer."""
-        return int(self.gs._link.telemetry.dropped)
+        return int(self.gs._session.telemetry.dropped)
 
     def run(self, seconds: float) -> list[float]:
         """Train for ``seconds``; each step's own time (without the pacing)."""

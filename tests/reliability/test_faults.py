@@ -479,7 +479,7 @@ def _restarting_rank(rank: int, world: int, url: str, folder: str, phase: int) -
         checkpoint.write_text(json.dumps(gs.state_dict()))
         # Gone as in a crash, where nothing closes the scaler (not even its finalizer, which
         # a dropped scaler runs): the run reads "running" until its heartbeat goes stale.
-        gs._link.closer.detach()
+        gs._session.closer.detach()
         del gs
     else:
         gs.close()

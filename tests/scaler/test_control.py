@@ -76,7 +76,7 @@ def _controlled(
         if step == stop_at:
             break
         time.sleep(0.005)
-    if gs._link.telemetry is not None:
+    if gs._session.telemetry is not None:
         assert gs.flush(30)
     result = {"scales": scales, "states": states, "run_id": gs.run_id}
     gs.close()
@@ -174,7 +174,7 @@ def _status(store: Store, request_id: int) -> str:
 
 
 def _wait_inbox(gs: Any, count: int) -> None:
-    wait_for(lambda: len(gs._link.inbox) >= count, 10, f"{count} request(s) in the scaler's inbox")
+    wait_for(lambda: len(gs._inbox) >= count, 10, f"{count} request(s) in the scaler's inbox")
 
 
 def test_idle_polls_only_probe_and_a_request_is_still_picked_up(
@@ -381,14 +381,14 @@ def test_requests_past_the_store_validation_are_refused_and_nothing_changes(
         ids.append(request_id)
         wait_for(
             lambda request_id=request_id: (
-                bool(gs._link.inbox) or _status(store, request_id) == "rejected"
+                bool(gs._inbox) or _status(store, request_id) == "rejected"
             ),
             10,
             f"request {request_id} picked up",
         )
         train_step(gs, model, opt, step)
         train_step(reference, twin, twin_opt, step)
-        assert not gs._link.inbox
+        assert not gs._inbox
         assert state_of(gs) == before, values
         assert gs.get_scale() == reference.get_scale(), values
     assert gs.flush(30)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import scalewatch
-from scalewatch import _aliases
+from scalewatch import _deprecated_names
 from scalewatch.instrument import instrument, site_dir, uninstrument
 from scalewatch.store import open_store
 from scalewatch.store.queries import list_runs
@@ -33,8 +33,8 @@ def test_every_name_of_torchs_scalers_builds_ours(instrumented: None) -> None:
 
     assert torch.amp.GradScaler is torch.GradScaler is scalewatch.GradScaler
     assert torch.amp.grad_scaler.GradScaler is scalewatch.GradScaler
-    assert torch.cuda.amp.GradScaler is _aliases.CudaGradScaler
-    assert torch.cpu.amp.GradScaler is _aliases.CpuGradScaler
+    assert torch.cuda.amp.GradScaler is _deprecated_names.CudaGradScaler
+    assert torch.cpu.amp.GradScaler is _deprecated_names.CpuGradScaler
     assert sharded_grad_scaler.ShardedGradScaler is scalewatch.ShardedGradScaler
     gs = torch.amp.GradScaler("cpu", telemetry=False)
     assert isinstance(gs, scalewatch.GradScaler)
@@ -49,7 +49,7 @@ def test_undone_torchs_classes_are_back() -> None:
     assert torch.cpu.amp.GradScaler.__module__ == "torch.cpu.amp.grad_scaler"
 
 
-def test_the_deprecated_aliases_warn_as_torchs_do() -> None:
+def test_the_deprecated_deprecated_names_warn_as_torchs_do() -> None:
     original = torch.cpu.amp.GradScaler
     with warnings.catch_warnings(record=True) as theirs:
         warnings.simplefilter("always")

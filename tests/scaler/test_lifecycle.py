@@ -93,7 +93,7 @@ def test_a_dropped_scaler_is_closed_and_its_threads_end(tmp_path: Path, cls: typ
     url = f"sqlite:///{tmp_path / 'sw.db'}"
     gs = cls("cpu", telemetry=url, run_name="dropped")
     train_steps(gs, range(1, 21))
-    threads = [gs._link.recorder.thread, *gs._link.telemetry.threads]
+    threads = [gs._session.recorder.thread, *gs._session.telemetry.threads]
     del gs
     gc.collect()
     for thread in threads:
@@ -172,7 +172,7 @@ def test_close_waits_only_briefly_for_a_store_that_is_failing(
 ) -> None:
     gs = GradScaler("cpu", telemetry=_close_failing_soon(tmp_path / "missing" / "sw.db"))
     train_steps(gs, range(1, 4))
-    telemetry = gs._link.telemetry
+    telemetry = gs._session.telemetry
     wait_for(lambda: telemetry.failing, 30, "the writer to find the store failing")
     closer = threading.Thread(target=gs.close)
     with caplog.at_level(logging.WARNING, logger="scalewatch.telemetry"):
@@ -198,7 +198,7 @@ def test_close_waits_only_briefly_for_a_store_that_fails_while_it_waits(
     monkeypatch.setattr(_writer, "open_store", open_later)
     gs = GradScaler("cpu", telemetry=_close_failing_soon(tmp_path / "missing" / "sw.db"))
     train_steps(gs, range(1, 4))
-    telemetry = gs._link.telemetry
+    telemetry = gs._session.telemetry
     closer = threading.Thread(target=gs.close)
     with caplog.at_level(logging.WARNING, logger="scalewatch.telemetry"):
         closer.start()

@@ -22,6 +22,7 @@ import scalewatch
 from tests._helpers.nets import FSDP2_HERE, skip_unless_fsdp2_here, wrap
 from tests._helpers.ranks import run_ranks
 from tests._helpers.twin import world1
+from tests.scaler._kept_samples import keep_samples
 
 STEPS = 8
 WIDTH = 16
@@ -30,9 +31,9 @@ WIDTH = 16
 class Recorded(scalewatch.ShardedGradScaler):
     """Ours, keeping the per-step samples the recorder hands to telemetry (testing only)."""
 
-    def _make_sink(self) -> Any:
-        self.samples: list[Any] = []
-        return self.samples.extend
+    def _reset_transient(self) -> None:
+        super()._reset_transient()
+        self.samples = keep_samples(self)
 
 
 def model_copy() -> nn.Module:

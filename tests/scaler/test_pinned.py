@@ -106,7 +106,7 @@ def test_rows_match_torch_when_the_ring_fills_up(kind: str, rows: int | None, de
 
         theirs = TorchSharded(**kwargs)
         ours = scalewatch.ShardedGradScaler(**kwargs, telemetry=False)
-    ours._link.pinned = PinnedRings(rows=rows)
+    ours._step_context.pinned = PinnedRings(rows=rows)
     traces = []
     for gs in (theirs, ours):
         model = mlp().to(device)

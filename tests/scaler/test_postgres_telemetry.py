@@ -167,7 +167,7 @@ def test_beyond_the_queues_bound_the_gap_is_recorded_once_the_server_is_back(
     try:
         for step in range(11, 61):
             train_step(gs, model, opt, step)
-        wait_for(lambda: gs._link.telemetry.dropped > 0, 30, "records to be dropped")
+        wait_for(lambda: gs._session.telemetry.dropped > 0, 30, "records to be dropped")
     finally:
         postgres_cluster.start()
     assert gs.flush(60)

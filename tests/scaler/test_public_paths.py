@@ -2,7 +2,8 @@
 
 A pickle names each class by its module. ``golden/*.pickle`` were written when the package
 was installed as ``scaler`` (the layout of commit 6ba68f0); they name ``scaler.grad_scaler``,
-``scaler.sharded``, ``scaler._extras`` and ``scaler.telemetry``, a top-level name the wheel no
+``scaler.sharded``, ``scaler._extras`` (the scale rules, now ``scalewatch._scale_rules``)
+and ``scaler.telemetry``, a top-level name the wheel no
 longer installs. Such a pickle of a scaler object is refused by plain ``pickle`` (no
 module ``scaler``); the documented checkpoint, ``state_dict()``, is plain data and loads
 both ways; and an old object pickle still loads through the unpickler docs/TRAINING.md
@@ -69,12 +70,17 @@ def test_the_package_and_the_class_modules_give_the_same_classes() -> None:
     assert scalewatch.ShardedGradScaler is sharded.ShardedGradScaler
 
 
+# Classes that moved within the package since a pickle was made: (module, name) -> new home.
+MOVED = {("scalewatch._extras", "Extras"): ("scalewatch._scale_rules", "ScaleRules")}
+
+
 class RenamedUnpickler(pickle.Unpickler):
     """docs/TRAINING.md's: a class saved under the old name ``scaler`` is ``scalewatch``'s."""
 
     def find_class(self, module: str, name: str) -> type:
         if module == "scaler" or module.startswith("scaler."):
             module = "scalewatch" + module[len("scaler") :]
+        module, name = MOVED.get((module, name), (module, name))
         found: type = super().find_class(module, name)
         return found
 

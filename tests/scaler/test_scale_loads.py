@@ -194,7 +194,7 @@ def test_a_scaler_without_telemetry_records_nothing_and_loads_as_before(tmp_path
     gs.load_state_dict(state)
     reference.load_state_dict({k: v for k, v in state.items() if k != "scalewatch"})
     assert gs.get_scale() == reference.get_scale() == 4.0
-    assert gs._link.telemetry is None and gs._link.pending_load is None
+    assert gs._session.telemetry is None and gs._session.pending_load is None
 
 
 # ------------------------------------------------------------ a job resumed in a new process

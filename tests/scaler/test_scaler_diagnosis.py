@@ -21,18 +21,27 @@ from scalewatch._diagnosis.findings import LIMIT, Report
 from scalewatch.store.records import ParamFinding, StepRecord
 from tests._helpers.diagnosis import INF, NAN, PLAN, Net, run
 from tests._helpers.twin import world1
+from tests.scaler._kept_samples import keep_samples
 
 
-class RecordedPlain(scalewatch.GradScaler):
-    def _make_sink(self) -> Any:
-        self.records: list[StepRecord] = []
-        return lambda samples: self.records.extend(s.record for s in samples)
+class _Recorded:
+    """A scaler keeping the records its recorder hands to telemetry (testing only)."""
+
+    def _reset_transient(self) -> None:
+        super()._reset_transient()  # type: ignore[misc]
+        self.samples = keep_samples(self)
+
+    @property
+    def records(self) -> list[StepRecord]:
+        return [sample.record for sample in self.samples]
 
 
-class RecordedSharded(scalewatch.ShardedGradScaler):
-    def _make_sink(self) -> Any:
-        self.records: list[StepRecord] = []
-        return lambda samples: self.records.extend(s.record for s in samples)
+class RecordedPlain(_Recorded, scalewatch.GradScaler):
+    pass
+
+
+class RecordedSharded(_Recorded, scalewatch.ShardedGradScaler):
+    pass
 
 
 def recorded(kind: str, device: str = "cpu") -> Any:

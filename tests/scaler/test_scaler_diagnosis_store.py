@@ -17,7 +17,7 @@ from scalewatch.store import runs as store_runs
 from scalewatch.store.diagnosis import overflow_detail
 from scalewatch.store.records import ParamFinding
 from scalewatch.store.schema import overflow_params, steps
-from scalewatch.telemetry._queue import Diagnosed, RecordQueue, findings_of
+from scalewatch.telemetry._queue import CommandQueue, Diagnosed, RecordGap, findings_of
 from tests._helpers.diagnosis import INF, NAN, PLAN, Net, run
 from tests._helpers.records import step_record
 from tests._helpers.waiting import wait_for
@@ -94,21 +94,23 @@ def _record(step: int, params: tuple[ParamFinding, ...] = ()) -> StepSample:
 def test_the_queue_keeps_findings_with_their_step() -> None:
     """Only an explained overflow's values carry findings; they go back to the queue and are
     dropped with their step, never apart from it."""
-    queue = RecordQueue(max_pending=3, batch=2)
+    queue = CommandQueue(max_pending=3, batch=2)
     finding = ParamFinding(1, "w", "both", 4)
     queue.put([_record(1), _record(2, (finding,)), _record(3)])
-    batch, _ = queue.take()
+    batch = queue.take()
     assert [type(v) for v in batch] == [tuple, Diagnosed]
     assert findings_of(batch) == [(2, 1, "w", "both", 4)]
-    queue.put_back(batch, [])
+    queue.put_back(batch)
     queue.written()
     queue.put([_record(4), _record(5, (finding,))])  # over the bound: 1 and 2 dropped
     assert queue.dropped == 2
-    batch, _ = queue.take()
+    assert queue.take() == [RecordGap(1, 2, 2)]  # in their place
+    queue.written()
+    batch = queue.take()
     assert [v[0] for v in batch] == [3, 4]
     assert findings_of(batch) == []
     queue.written()
-    batch, _ = queue.take()
+    batch = queue.take()
     assert findings_of(batch) == [(5, 1, "w", "both", 4)]
 
 

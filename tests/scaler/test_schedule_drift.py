@@ -23,6 +23,7 @@ import scalewatch
 from scalewatch.store import open_store
 from tests._helpers.stored import db_url, step_rows
 from tests._helpers.twin import INJECT, batch, mlp, poison
+from tests.scaler._kept_samples import keep_samples
 
 STEPS = 12
 SKIPPED = sorted(INJECT)  # the steps (0-based) whose optimizers are skipped
@@ -298,9 +299,9 @@ def test_registering_something_else_is_refused() -> None:
 class _Recorded(scalewatch.ShardedGradScaler):
     """Ours, keeping the records the recorder hands to telemetry (testing only)."""
 
-    def _make_sink(self) -> Any:
-        self.samples: list[Any] = []
-        return self.samples.extend
+    def _reset_transient(self) -> None:
+        super()._reset_transient()
+        self.samples = keep_samples(self)
 
 
 RANK1_INF = {2, 5, 6}  # steps whose gradients hold inf on rank 1 only

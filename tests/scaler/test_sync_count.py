@@ -35,6 +35,7 @@ from tests._helpers.twin import (
     skip_unless_torchs_sharded_steps_fused_overflows,
     world1,
 )
+from tests.scaler._kept_samples import keep_samples
 
 HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy")
 STEPS = 10
@@ -234,13 +235,13 @@ def test_cuda_sync_debug_mode(optimizers: str, telemetry: bool | None) -> None:
     # an overflow step is explained in step(), after torch's own read: update() never syncs
     diagnosis = 0 if fused else DIAGNOSIS_READS * len(INJECT)
     assert mine <= theirs + diagnosis
-    assert (plain._link.telemetry is not None) == (telemetry is None)
+    assert (plain._session.telemetry is not None) == (telemetry is None)
     plain.close()
     with world1():
         theirs = cuda_steps(TorchSharded("cuda", **kwargs), optimizers, error_mode_for_step=False)
         ours = scalewatch.ShardedGradScaler("cuda", telemetry=telemetry, **kwargs)
         mine = cuda_steps(ours, optimizers, error_mode_for_step=False)
-        assert (ours._link.telemetry is not None) == (telemetry is None)
+        assert (ours._session.telemetry is not None) == (telemetry is None)
         assert ours.stats().steps == STEPS
         ours.close()
     assert mine <= theirs + diagnosis
@@ -249,9 +250,13 @@ def test_cuda_sync_debug_mode(optimizers: str, telemetry: bool | None) -> None:
 class _Recorded:
     """A sink that keeps the records, as telemetry would receive them."""
 
-    def _make_sink(self) -> Any:
-        self.records: list[Any] = []
-        return lambda samples: self.records.extend(s.record for s in samples)
+    def _reset_transient(self) -> None:
+        super()._reset_transient()  # type: ignore[misc]
+        self.samples = keep_samples(self)
+
+    @property
+    def records(self) -> list[Any]:
+        return [sample.record for sample in self.samples]
 
 
 class RecordedPlain(_Recorded, scalewatch.GradScaler):

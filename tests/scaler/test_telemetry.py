@@ -5,7 +5,6 @@ The multi-process and kill tests run real processes on 127.0.0.1 and end by them
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 import os
@@ -15,21 +14,20 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from sqlalchemy import create_engine, event, func, select, text
+from sqlalchemy import create_engine, event, select, text
 from sqlalchemy.exc import DBAPIError
 from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
 import scalewatch
 from scalewatch._control import ControlOutcome, ControlSource
-from scalewatch._recording.recorder import StepSample
+from scalewatch._control.inbox import ControlInbox
 from scalewatch.store import Store, open_store
 from scalewatch.store import runs as store_runs
 from scalewatch.store.runs import HEARTBEAT_TIMEOUT_S, effective_status
@@ -37,11 +35,11 @@ from scalewatch.store.schema import runs, steps, telemetry_gaps
 from scalewatch.telemetry import Telemetry, TelemetrySettings
 from scalewatch.telemetry._writer import one_line
 from tests._helpers.ranks import run_ranks
-from tests._helpers.records import step_record
 from tests._helpers.stored import db_url, step_rows
 from tests._helpers.twin import INJECT, batch, mlp, poison, sgd, train, train_step
 from tests._helpers.waiting import wait_for
 from tests.scaler.test_sync_count import DIAGNOSIS_READS, counting_host_reads
+from tests.scaler.test_writer import sample
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,7 +87,7 @@ def _fsdp_twin(rank: int, world: int, url: str) -> dict[str, Any]:
         torch.equal(a._local_tensor, b._local_tensor)  # type: ignore[attr-defined]
         for a, b in zip(pairs[0][1].parameters(), pairs[1][1].parameters(), strict=True)
     )
-    if ours._link.telemetry is not None:
+    if ours._session.telemetry is not None:
         assert ours.flush(30)
     db_name = url.rsplit("/", 1)[-1]
     store_fds = [
@@ -100,7 +98,7 @@ def _fsdp_twin(rank: int, world: int, url: str) -> dict[str, Any]:
     result = {
         "scales": scales,
         "params_equal": params_equal,
-        "telemetry_none": ours._link.telemetry is None,
+        "telemetry_none": ours._session.telemetry is None,
         "store_open": bool(store_fds),
         "run_id": ours.run_id,
         "steps": ours.steps,
@@ -412,7 +410,7 @@ def test_a_locked_store_never_stops_training_and_loses_nothing(tmp_path: Path) -
         step += 1
         train_step(gs, model, opt, step)
     assert gs.flush(30)
-    dropped = gs._link.telemetry.dropped
+    dropped = gs._session.telemetry.dropped
     gs.close()
 
     assert locked_steps >= 30 and slowest < 1.0  # training went on while the store was locked
@@ -451,9 +449,11 @@ def test_the_store_failing_is_one_line_with_the_reason_and_no_sql(
     store = open_store(db_url(tmp_path / "sw.db"))
     _read_only(store)(True)
     settings = TelemetrySettings(store, retry_s=0.05)
-    telemetry = Telemetry(settings, name=None, world_size=1, config={}, control={}, inbox=deque())
+    telemetry = Telemetry(
+        settings, name=None, world_size=1, config={}, control={}, inbox=ControlInbox()
+    )
     try:
-        telemetry.submit([_sample(1)])
+        telemetry.submit([sample(1)])
         wait_for(lambda: telemetry.failing is not None, 30, "the writer to find the store failing")
     finally:
         telemetry.close(timeout=1.0)
@@ -511,10 +511,10 @@ def test_an_unwritable_store_drops_past_the_bound_and_records_the_gap(
         nonlocal step
         step += 1
         train_step(gs, model, opt, step)
-        return gs._link.telemetry is not None and gs._link.telemetry.dropped >= 40
+        return gs._session.telemetry is not None and gs._session.telemetry.dropped >= 40
 
     wait_for(dropping, 60, "records to be dropped past the queue bound")
-    telemetry = gs._link.telemetry
+    telemetry = gs._session.telemetry
     assert telemetry is not None
     if fault == "read-only":
         switch(False)
@@ -548,156 +548,6 @@ def test_an_unwritable_store_drops_past_the_bound_and_records_the_gap(
     assert gap["reason"]
 
 
-def test_a_failed_batch_dropped_after_newer_records_is_in_the_same_gap(
-    make_writer: MakeWriter,
-) -> None:
-    """Steps 1-3 fail to write and go back to the queue's front; 4-6, which came in
-    meanwhile, are dropped first, then 1-3: one lost range, 1-6, is recorded."""
-    telemetry, store, _ = make_writer(max_pending=4)
-    write = store_runs.write_step_values
-    taken, failed_once, resubmitted = threading.Event(), threading.Event(), threading.Event()
-
-    def failing_once(store: Store, run_id: int, values: Any, findings: Any = ()) -> None:
-        if not failed_once.is_set():
-            taken.set()
-            failed_once.wait(30)
-            raise sqlite3.OperationalError("disk I/O error")
-        write(store, run_id, values, findings)
-
-    ensure_run = telemetry._writer._ensure_run
-
-    def retry_after_resubmit() -> bool:
-        if failed_once.is_set():  # the retry takes its batch only once 8-10 are queued
-            resubmitted.wait(30)
-        return ensure_run()
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(store_runs, "write_step_values", failing_once)
-        patch.setattr(telemetry._writer, "_ensure_run", retry_after_resubmit)
-        telemetry.submit([_sample(step) for step in range(1, 4)])
-        wait_for(taken.is_set, 30, "the writer to take steps 1-3")
-        telemetry.submit([_sample(step) for step in range(4, 8)])  # 4-6 dropped, 7 queued
-        failed_once.set()
-        wait_for(lambda: telemetry.failing is not None, 30, "the write of 1-3 to fail")
-        telemetry.submit([_sample(step) for step in range(8, 11)])  # 1-3 dropped now
-        resubmitted.set()
-        assert telemetry.flush(30)
-    assert telemetry.dropped == 6
-    with store.read() as conn:
-        gaps = [
-            tuple(g)
-            for g in conn.execute(select(telemetry_gaps.c["first_step", "last_step", "dropped"]))
-        ]
-        stored = [s for (s,) in conn.execute(select(steps.c.step).order_by(steps.c.step))]
-    assert gaps == [(1, 6, 6)]
-    assert stored == [7, 8, 9, 10]
-
-
-# ------------------------------------------------------------ the writer's cadence
-
-
-def _sample(step: int) -> StepSample:
-    return StepSample(
-        step_record(step, wall_time=time.time(), growth_tracker=step, growth_interval=50)
-    )
-
-
-MakeWriter = Callable[..., tuple[Telemetry, Store, list[int]]]
-
-
-@pytest.fixture
-def make_writer(tmp_path: Path) -> Iterator[MakeWriter]:
-    """``make_writer(**settings)``: a telemetry writer with ``TelemetrySettings(**settings)``
-    on a file store whose run exists, and the sizes of its step batches."""
-    made: list[tuple[Telemetry, Store]] = []
-    write = store_runs.write_step_values
-
-    def make(**settings: Any) -> tuple[Telemetry, Store, list[int]]:
-        assert not made, "one writer a test"
-        store = open_store(db_url(tmp_path / "sw.db"))
-        telemetry = Telemetry(
-            TelemetrySettings(store, **settings),
-            name="cadence",
-            world_size=1,
-            config={},
-            control={},
-            inbox=deque(),
-        )
-        made.append((telemetry, store))
-        wait_for(lambda: telemetry.run_id is not None, 30, "the writer to create its run")
-        return telemetry, store, batches
-
-    batches: list[int] = []
-
-    def counting(store: Store, run_id: int, values: Any, findings: Any = ()) -> None:
-        batches.append(len(values))
-        write(store, run_id, values, findings)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(store_runs, "write_step_values", counting)
-        yield make
-    for telemetry, store in made:
-        telemetry.close()
-        store.close()
-
-
-@pytest.fixture
-def writer(make_writer: MakeWriter) -> tuple[Telemetry, Store, list[int]]:
-    """A telemetry writer with the default settings (see ``make_writer``)."""
-    return make_writer()
-
-
-def _stored(store: Store) -> int:
-    with store.read() as conn:
-        return int(conn.execute(select(func.count()).select_from(steps)).scalar_one())
-
-
-def test_the_writer_gathers_a_burst_of_records_into_one_transaction(
-    make_writer: MakeWriter,
-) -> None:
-    telemetry, store, batches = make_writer(coalesce_s=2.0)
-    for step in range(1, 41):  # as the recorder hands them over: a few at a time
-        telemetry.submit([_sample(step)])
-        time.sleep(0.001)
-    wait_for(lambda: _stored(store) == 40, 30, "the burst to reach the store")
-    assert batches == [40]
-
-
-def test_the_default_cadence_keeps_a_step_under_a_second_from_the_store(
-    writer: tuple[Telemetry, Store, list[int]],
-) -> None:
-    """What a kill -9 may lose, and what a live chart waits for, stay under 1 s."""
-    telemetry, store, _ = writer
-    assert telemetry.settings.coalesce_s == TelemetrySettings().coalesce_s <= 0.25
-    began = time.monotonic()
-    telemetry.submit([_sample(1)])
-    wait_for(lambda: _stored(store) == 1, 30, "the step to reach the store")
-    assert time.monotonic() - began < 1.0
-
-
-def test_queued_records_leave_the_garbage_collectors_tracking(make_writer: MakeWriter) -> None:
-    """Records waiting for the writer cost the collections that run meanwhile, some of them
-    on the training thread, nothing once a collection has seen them."""
-    telemetry, store, _ = make_writer(coalesce_s=600.0)  # they stay queued
-    telemetry.submit([_sample(step) for step in range(1, 11)])
-    gc.collect(0)
-    with telemetry._queue.lock:
-        queued = list(telemetry._queue.records)
-    assert len(queued) == 10
-    assert not any(gc.is_tracked(record) for record in queued)
-    assert telemetry.flush(30) and _stored(store) == 10
-
-
-def test_flush_and_a_full_batch_write_at_once(make_writer: MakeWriter) -> None:
-    telemetry, store, batches = make_writer(coalesce_s=600.0, batch=10)
-    telemetry.submit([_sample(step) for step in range(1, 4)])
-    assert telemetry.flush(30)
-    assert _stored(store) == 3 and batches == [3]
-    telemetry.submit([_sample(step) for step in range(4, 14)])  # a whole batch: no waiting
-    wait_for(lambda: _stored(store) == 13, 30, "a full batch to reach the store")
-    assert batches == [3, 10]
-
-
 @pytest.mark.parametrize(
     "bad",
     [
@@ -721,12 +571,12 @@ def test_settings_are_per_writer_not_per_process(tmp_path: Path) -> None:
     small = TelemetrySettings(db_url(tmp_path / "missing" / "a.db"), max_pending=3)
     large = TelemetrySettings(db_url(tmp_path / "missing" / "b.db"), max_pending=8)
     made = [
-        Telemetry(settings, name=None, world_size=1, config={}, control={}, inbox=deque())
+        Telemetry(settings, name=None, world_size=1, config={}, control={}, inbox=ControlInbox())
         for settings in (small, large)
     ]
     try:
         for telemetry in made:
-            telemetry.submit([_sample(step) for step in range(1, 11)])
+            telemetry.submit([sample(step) for step in range(1, 11)])
         assert [telemetry.dropped for telemetry in made] == [7, 2]
     finally:
         for telemetry in made:
@@ -806,7 +656,7 @@ def test_telemetry_adds_no_sync_to_a_training_step(kind: str, tmp_path: Path) ->
         syncs.append(clean)
         overflow_syncs.append(overflow)
     ours = pair[1]
-    assert ours._link.telemetry is not None  # the store was really on
+    assert ours._session.telemetry is not None  # the store was really on
     ours.close()
     assert syncs[1] <= syncs[0]
     # an overflow step is explained: the diagnosis reads what it found (test_sync_count)

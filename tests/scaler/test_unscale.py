@@ -38,13 +38,16 @@ def test_the_inverse_is_kept_until_the_scale_changes_in_place(kind: str) -> None
     gs = make(kind, init_scale=1024.0)
     gs.scale(torch.ones(()))  # makes the scale tensor
     scale = gs._scale
-    first = gs._link.inverse_of(scale)
-    assert gs._link.inverse_of(scale) is first  # unchanged: not taken again
+    first = gs._step_context.inverse_of(scale)
+    assert gs._step_context.inverse_of(scale) is first  # unchanged: not taken again
     assert first.item() == 1 / 1024
     scale.mul_(0.25)
-    assert gs._link.inverse_of(scale).item() == 1 / 256
+    assert gs._step_context.inverse_of(scale).item() == 1 / 256
     scale.fill_(3.0)
-    assert gs._link.inverse_of(scale).item() == torch.tensor(1 / 3.0, dtype=torch.float32).item()
+    assert (
+        gs._step_context.inverse_of(scale).item()
+        == torch.tensor(1 / 3.0, dtype=torch.float32).item()
+    )
 
 
 def test_growth_backoff_and_a_loaded_state_unscale_by_the_new_scale(kind: str) -> None:
@@ -83,8 +86,8 @@ def test_an_inference_mode_scale_is_inverted_without_keeping(kind: str) -> None:
     gs = make(kind, init_scale=16.0)
     with torch.inference_mode():
         scale = torch.full((), 16.0)
-    assert gs._link.inverse_of(scale).item() == 1 / 16
-    assert gs._link.inverse is None
+    assert gs._step_context.inverse_of(scale).item() == 1 / 16
+    assert gs._step_context.inverse is None
 
 
 def test_one_device_checks_against_found_inf_itself(kind: str) -> None:

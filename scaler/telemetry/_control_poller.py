@@ -10,26 +10,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 
 from .._control import ControlOutcome, ControlSource, ControlUpdate
+from .._control.inbox import ControlInbox
 from ..store import control as store_control
 from ..store.control_rules import check
 from ..store.records import ControlRequestRow
-from ._queue import QueuedOutcome, RecordQueue
+from ._queue import CommandQueue, WriteOutcome
 from ._writer import Writer
 
 log = logging.getLogger("scalewatch.telemetry")
 
 
-class Poller:
+class ControlPoller:
     """Polls the store that ``writer`` writes to, on a daemon thread."""
 
     def __init__(
         self,
         writer: Writer,
-        queue: RecordQueue,
-        inbox: deque[ControlUpdate],
+        queue: CommandQueue,
+        inbox: ControlInbox,
         *,
         interval_s: float,
     ) -> None:
@@ -73,7 +73,7 @@ class Poller:
             self._handed.add(request.id)
             problem = check(request.values, {})
             if problem is None:
-                self._inbox.append(ControlUpdate(request.id, request.values))
+                self._inbox.post(ControlUpdate(request.id, request.values))
             else:  # written past the store's validation: settle it, never apply it
                 outcome = ControlOutcome(
                     source=ControlSource.REQUEST,
@@ -84,7 +84,7 @@ class Poller:
                     state={},
                     version=0,
                 )
-                self._queue.put_outcome(QueuedOutcome(None, time.time(), outcome))
+                self._queue.put_outcome(WriteOutcome(None, time.time(), outcome))
 
 
 def _close_quietly(probe: store_control.PendingProbe | None) -> None:

@@ -1,7 +1,9 @@
 """The scale rules scalewatch adds to torch's: min/max bounds and Megatron's hysteresis.
 
-All off by default, so that a scaler without them behaves exactly as torch's. A pickled
-scaler names this module (``scalewatch._extras.Extras``), so it keeps its path.
+Runs on the training thread of every rank. All off by default, so that a scaler without
+them behaves exactly as torch's. A scaler pickled before this module had its name names
+``scalewatch._extras.Extras`` (or ``scaler._extras.Extras``): the unpickler of
+docs/TRAINING.md reads it as this class.
 """
 
 from __future__ import annotations
@@ -16,12 +18,12 @@ Multiply = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(slots=True)
-class Extras:
+class ScaleRules:
     """min_scale/max_scale clamp the scale; ``hysteresis`` backs off only after that many
     overflows since the last growth. ``hysteresis_start`` is the tracker's value before
     its tensor exists (and what a checkpoint keeps); ``tracker`` is the tensor itself.
 
-    >>> Extras(min_scale=2.0, max_scale=8.0).clamped(16.0)
+    >>> ScaleRules(min_scale=2.0, max_scale=8.0).clamped(16.0)
     8.0
     """
 
@@ -113,7 +115,7 @@ class Extras:
             self.tracker = torch.full((), start, dtype=torch.int32, device=device)
         return self.tracker
 
-    def for_pickle(self) -> Extras:
+    def for_pickle(self) -> ScaleRules:
         """A copy without the tracker tensor, whose value it keeps as the start."""
         start = self.hysteresis_value()
-        return Extras(self.min_scale, self.max_scale, self.hysteresis, start, None)
+        return ScaleRules(self.min_scale, self.max_scale, self.hysteresis, start, None)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ._extras import Extras
-from ._recording import RunLink
+from ._recording import RunSession
+from ._scale_rules import ScaleRules
 from .stats import ScalerCheckpoint
 from .store.records import ScaleLoad
 
@@ -35,7 +35,7 @@ _CHECKPOINT_KEYS = (
 
 
 def our_state(
-    step: int, run_uid: str | None, extras: Extras, control_version: int
+    step: int, run_uid: str | None, rules: ScaleRules, control_version: int
 ) -> dict[str, Any]:
     """The ``STATE_KEY`` entry of a ``state_dict()``.
 
@@ -44,7 +44,7 @@ def our_state(
     return {
         "step": step,
         "run_uid": run_uid,
-        **extras.state(),
+        **rules.state(),
         "control_version": control_version,
     }
 
@@ -63,7 +63,11 @@ def checkpoint_state_dict(checkpoint: ScalerCheckpoint) -> dict[str, Any]:
 
 
 def note_load(
-    link: RunLink, before: tuple[float, int] | None, scale: float, step: int, run_uid: str | None
+    session: RunSession,
+    before: tuple[float, int] | None,
+    scale: float,
+    step: int,
+    run_uid: str | None,
 ) -> None:
     """Record a load of the scaler's state that left it at ``scale`` and step count ``step``.
 
@@ -75,11 +79,11 @@ def note_load(
     run of its own: nothing to record.
     """
     at = time.time()
-    telemetry = link.telemetry
+    telemetry = session.telemetry
     if before is not None and telemetry is not None and not telemetry.closed:
         load = ScaleLoad(
             step=step, at=at, scale_after=scale, scale_before=before[0], from_step=before[1]
         )
         telemetry.note_scale_load(load)
     elif run_uid is not None:
-        link.pending_load = ScaleLoad(step=step, at=at, scale_after=scale)
+        session.pending_load = ScaleLoad(step=step, at=at, scale_after=scale)
