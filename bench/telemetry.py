@@ -10,7 +10,8 @@ ours with telemetry off and on (a store in a temporary file), interleaved round 
 (every other round in reverse order), for a tiny model step and for the scaler's calls
 alone, for ``GradScaler`` and (in a one-process gloo group) ``ShardedGradScaler``, on cpu
 or (``--device cuda``) a GPU. Goal:
-telemetry on costs < 5 us per step. A second scaler with telemetry off, timed exactly as
+telemetry on costs < 3 us per step of the training thread's CPU, < 5 us of its wall
+time. A second scaler with telemetry off, timed exactly as
 the "on" one, gives the method's noise floor (a/a); the CPU time that telemetry's own
 threads spend per step is printed beside it, and so is a bootstrap 95% interval of each
 on - off median (how far one run's figure can be trusted on this machine).
@@ -47,7 +48,8 @@ from _figures import figure, median_interval
 
 WRITER_GOAL_RECORDS_PER_S = 100_000
 WRITER_GOAL_RATIO = 0.5
-TRAINING_GOAL_US = 5.0
+TRAINING_GOAL_US = 3.0  # the training thread's CPU, on - off
+WALL_GOAL_US = 5.0  # its wall time, which the job feels
 WARM_UP_S = 0.3  # untimed steps of the on variant before its round: one write cadence
 # Each round starts from this scale. Left to grow every 100 steps, a float32 model's scale
 # reaches inf after ~11,000 steps and every later step overflows, which no run does.
@@ -409,7 +411,7 @@ def print_training_thread(result: dict[str, Any]) -> None:
                 + ("" if row["written"] else "  (store not flushed)")
             )
     worst_cpu, worst_wall = worst["cpu on-off"], worst["wall on-off"]
-    ok = worst_cpu < TRAINING_GOAL_US
+    ok = worst_cpu < TRAINING_GOAL_US and worst_wall < WALL_GOAL_US
     worst_row = max(result["rows"].values(), key=lambda row: row["cpu"]["on-off"])
     worst_low, worst_high = worst_row["cpu"]["on-off interval"]
     above = [
@@ -418,8 +420,9 @@ def print_training_thread(result: dict[str, Any]) -> None:
         if row["cpu"]["on-off interval"][0] >= TRAINING_GOAL_US
     ]
     print(
-        f"  goal: telemetry on - off < {TRAINING_GOAL_US} us/step of training-thread CPU:"
-        f" {_verdict(ok)} (worst {worst_cpu:+.1f} us; wall time worst {worst_wall:+.1f} us)"
+        f"  goal: telemetry on - off < {TRAINING_GOAL_US} us/step of training-thread CPU and"
+        f" < {WALL_GOAL_US} us of wall time: {_verdict(ok)} (worst {worst_cpu:+.1f} us cpu,"
+        f" {worst_wall:+.1f} us wall)"
     )
     print(
         "  rows whose whole 95% interval lies at or above the goal: "
@@ -432,7 +435,7 @@ def print_training_thread(result: dict[str, Any]) -> None:
     figure(
         "telemetry cost on the training thread (on - off, CPU time per step)",
         f"{worst_cpu:+.1f} us",
-        f"< {TRAINING_GOAL_US} us",
+        f"< {TRAINING_GOAL_US} us cpu, < {WALL_GOAL_US} us wall",
         ok,
         f"95% interval [{worst_low:+.1f}, {worst_high:+.1f}] us;"
         f" wall time on - off {worst_wall:+.1f} us/step; off - off (noise floor)"

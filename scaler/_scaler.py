@@ -30,6 +30,7 @@ from ._control import changes as _changes
 from ._control.inbox import ControlInbox
 from ._diagnosis import Diagnoser
 from ._diagnosis.preflight import TORCHS_REFUSAL, fp16_refusal
+from ._group import Group
 from ._recording import RunOpening, RunSession
 from ._recording.learning_rates import group_rates
 from ._recording.recorder import Snapshot, make
@@ -358,18 +359,18 @@ class Instrumented(_Base):
         when off."""
         option = self._telemetry_option
         info = self._group_info()
-        if option is False or (info is not None and info[0] != 0):
+        if option is False or (info is not None and not info.reports):
             return None
         return RunOpening(
             target=None if option is None or option is True else option,
             name=self._run_name,
-            world_size=1 if info is None else info[1],
+            world_size=1 if info is None else info.size,
             config=self._config(),
             control=_changes.current(self, self._scale_rules).as_dict(),
             uid=self._run_uid,
         )
 
-    def _group_info(self) -> tuple[int, int] | None:
+    def _group_info(self) -> Group | None:
         """(rank, size) of the group whose rank 0 reports; None for a single process.
 
         Looked up once (a group, once joined, keeps its rank and size), not every step.

@@ -20,6 +20,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import (
     ShardedGradScaler as TorchShardedGradScaler,
 )
 
+from ._group import Group
 from ._torch_check import (
     FSDP2_PUBLIC,
     PINNED,
@@ -311,11 +312,11 @@ def gather_to_group_rank0(
         dist.gather(tensor, slots, dst=dst, group=group)
 
 
-def process_group_info(group: Any) -> tuple[int, int] | None:
-    """(rank in group, group size), or None when no process group is initialised."""
+def process_group_info(group: Any) -> Group | None:
+    """This process's place in ``group``, or None when no process group is initialised."""
     if not (_DIST_AVAILABLE and dist.is_initialized()):  # asked every step without a group
         return None
-    return dist.get_rank(group), dist.get_world_size(group)
+    return Group(dist.get_rank(group), dist.get_world_size(group))
 
 
 def deprecation_of(device: str) -> str:

@@ -106,7 +106,7 @@ class GradScaler(Instrumented, TorchGradScaler):
         group = self._step_context.group
         if group is None:  # asked every step: cheaply, for a group may be made later
             group = self._group_info()
-        if group is not None and group[1] > 1:
+        if group is not None and group.size > 1:
             return Attribution.unknown()
         return Attribution.single()
 

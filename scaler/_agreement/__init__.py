@@ -21,6 +21,7 @@ import torch.distributed as dist
 from .. import _control
 from .._control import ControlUpdate
 from .._control.inbox import ControlInbox
+from .._group import Group
 from . import payload as _payload
 from .host_copies import InFlightCopies
 
@@ -54,7 +55,7 @@ class Agreement:
         self,
         optimizer: int,
         per_device: dict[torch.device, torch.Tensor],
-        group: tuple[int, int],
+        group: Group,
         device: torch.device,
         inbox: ControlInbox,
         process_group: Any,
@@ -149,7 +150,7 @@ class Agreement:
         return rows
 
     def controls(
-        self, group: tuple[int, int] | None, device: torch.device, process_group: Any
+        self, group: Group | None, device: torch.device, process_group: Any
     ) -> list[ControlUpdate]:
         """The requests that apply at this update() on every rank; forgets this step.
 
@@ -175,7 +176,7 @@ class Agreement:
         return updates
 
     def _receive(
-        self, group: tuple[int, int] | None, device: torch.device, process_group: Any
+        self, group: Group | None, device: torch.device, process_group: Any
     ) -> list[ControlUpdate]:
         """Rank 0's request, broadcast to every rank: on cpu returned, on cuda lagged."""
         carrying, self.carrying = self.carrying, None
@@ -185,7 +186,7 @@ class Agreement:
             slots = slots.pin_memory().to(device, non_blocking=True)
         elif device.type != "cpu":
             slots = slots.to(device)
-        if group is not None and group[1] > 1:
+        if group is not None and group.size > 1:
             dist.broadcast(slots, group=process_group, group_src=0)
         if device.type != "cpu":
             self._in_flight.keep_slots(slots)

@@ -32,6 +32,7 @@ import torch
 
 from .._agreement import payload as _payload
 from .._agreement.payload import Attribution
+from .._group import Group
 from .findings import LIMIT, Diagnosis, Report, combine, loss_nonfinite, scan
 from .gather import gather_reports
 from .names import Names
@@ -40,8 +41,6 @@ if TYPE_CHECKING:
     from .._recording.step_values import StepValues
 
 log = logging.getLogger("scalewatch")
-
-Group = tuple[int, int]  # (rank, size) of the group whose rank 0 reports
 
 
 class Diagnoser:
@@ -197,7 +196,7 @@ class Overflow:
 
 def _reporting(group: Group | None, attribution: Attribution) -> tuple[int, bool]:
     """(this rank, whether the ranks gather their findings: they agreed found_inf)."""
-    return (0, False) if group is None else (group[0], attribution.gathers)
+    return (0, False) if group is None else (group.rank, attribution.gathers)
 
 
 def _merged(rank: int, reports: list[Report], loss_bad: bool) -> Report:

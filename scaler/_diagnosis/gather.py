@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .._group import Group
 from .._torch_compat import gather_to_group_rank0
 from ..store.records import FindingKind
 from .findings import LIMIT, NAME_BYTES, Report, cut_name
@@ -49,9 +50,7 @@ def decode(data: bytes, rank: int) -> Report:
     return Report(rank, tuple(params), omitted, bool(loss))
 
 
-def gather_reports(
-    report: Report, group: tuple[int, int], process_group: Any
-) -> list[Report] | None:
+def gather_reports(report: Report, group: Group, process_group: Any) -> list[Report] | None:
     """Every rank's report on the group's rank 0, in rank order; None on the other ranks.
 
     ``report.rank`` is the rank in ``group`` (rank, size).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .._group import Group
 from .learning_rates import Rates
 from .pinned_rows import PinnedRings
 from .skips import Skips
@@ -23,7 +24,7 @@ class StepContext:
         self.pinned = PinnedRings()
         self.scale_host: float | None = None  # the scale, where the host knows it
         self.last_found: torch.Tensor | None = None
-        self.group: tuple[int, int] | None = None  # (rank, size) of the reporting group
+        self.group: Group | None = None  # this rank's place in the reporting group
         # (scale, its version, 1/scale): the inverse kept while the scale is unchanged
         self.inverse: tuple[torch.Tensor, int, torch.Tensor] | None = None
         self.rates: list[Rates] = []  # this step's learning rates, optimizer by optimizer

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from statistics import median
@@ -341,6 +342,8 @@ def _slow_rank(rank: int, world: int, url: str, folder: str) -> dict[str, Any]:
     gs = scalewatch.ShardedGradScaler(
         "cpu", init_scale=INIT, growth_interval=1000, telemetry=url, run_name="slow-rank"
     )
+    if rank == 0:  # the reporting rank, whose control poller fills the inbox
+        threading.Thread(target=_tell_when_picked_up, args=(gs, folder), daemon=True).start()
     g = torch.Generator().manual_seed(rank)
     scales: list[float] = []
     states: list[dict[str, Any]] = []
@@ -366,6 +369,18 @@ def _slow_rank(rank: int, world: int, url: str, folder: str) -> dict[str, Any]:
     return result
 
 
+def _tell_when_picked_up(gs: Any, folder: str) -> None:
+    """For each stall, in the test's order: once the test says how many requests it filed
+    (``want-R``), wait until the control poller has put them in the scaler's inbox, then
+    say so (``picked-R``), while the stalled rank still waits."""
+    for stalled in SLOW_AT:
+        want = Path(folder, f"want-{stalled}")
+        wait_for(want.exists, 120, f"the test's requests for rank {stalled}'s stall")
+        count = int(want.read_text())
+        wait_for(lambda n=count: len(gs._inbox) >= n, 60, "the poller to pick them up")
+        Path(folder, f"picked-{stalled}").touch()
+
+
 def first_step_with(states: list[dict[str, Any]], key: str, value: Any) -> int:
     return next(i + 1 for i, state in enumerate(states) if state[key] == value)
 
@@ -388,8 +403,11 @@ def test_control_during_a_stalled_rank_applies_at_one_step_on_every_rank(tmp_pat
                 requested[next(iter(value))] = request_control(
                     store, run_id, value, requested_by="reliability"
                 ).id
-            # Let rank 0's poller (5 polls/s) pick the requests up while the rank is stalled.
-            time.sleep(1.0)
+            # Rank 0's poller (5 polls/s) picks the requests up while the rank is stalled.
+            (tmp_path / f"want-{rank}.part").write_text(str(len(values)))
+            (tmp_path / f"want-{rank}.part").rename(tmp_path / f"want-{rank}")
+            picked = tmp_path / f"picked-{rank}"
+            wait_for(picked.exists, 120, f"the poller to pick up rank {rank}'s requests")
             (tmp_path / f"go-{rank}").touch()
         rank0, rank1 = ranks.results(timeout=120)
         history = {row.id: row for row in control_history(store, rank0["run_id"])}
