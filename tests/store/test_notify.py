@@ -5,12 +5,28 @@ store while it has waiters; an in-memory store has none."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from scalewatch.store import RunRef, Store, notify, open_store
 from scalewatch.store.runs import create_run, write_steps
 from tests._helpers.records import step_record
 from tests._helpers.stored import CONTROL
 from tests._helpers.waiting import wait_for
+
+T = TypeVar("T")
+
+
+def _run(scenario: Callable[[], Awaitable[T]]) -> T:
+    """``scenario`` on an event loop of its own thread: the test's thread may be inside a
+    loop that an earlier test of this worker left running."""
+
+    async def main() -> T:
+        return await scenario()
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, main()).result()
 
 
 def _second_run(store: Store) -> RunRef:
@@ -41,7 +57,7 @@ def test_a_step_wakes_the_waiters_of_its_run_and_no_other(store: Store, run: Run
             notify.unsubscribe(store, waiter)
         return woken[0], woken[1], untouched
 
-    woken, also_woken, untouched = asyncio.run(scenario())
+    woken, also_woken, untouched = _run(scenario)
     assert woken and also_woken
     assert not untouched
     assert store.listener is None  # the store's last waiter took its watcher with it
@@ -61,7 +77,7 @@ def test_a_waiter_keeps_a_wake_up_that_came_while_its_reader_was_busy(
         notify.unsubscribe(store, waiter)
         return kept
 
-    assert asyncio.run(scenario())
+    assert _run(scenario)
 
 
 def test_an_in_memory_store_has_no_watcher() -> None:
@@ -69,5 +85,5 @@ def test_an_in_memory_store_has_no_watcher() -> None:
         return notify.subscribe(store, 1)
 
     with open_store("sqlite://") as store:
-        assert asyncio.run(scenario(store)) is None
+        assert _run(lambda: scenario(store)) is None
         assert store.listener is None
