@@ -17,17 +17,8 @@ from scalewatch.store.runs import create_run
 from scalewatch.store.schema import control_requests
 from scalewatch.telemetry._control_poller import ControlPoller
 from scalewatch.telemetry._queue import CommandQueue, WriteOutcome
-from tests._helpers.stored import db_url
+from tests._helpers.stored import CONTROL, db_url
 from tests._helpers.waiting import wait_for
-
-CONTROL = {
-    "growth_interval": 2000,
-    "growth_factor": 2.0,
-    "backoff_factor": 0.5,
-    "min_scale": None,
-    "max_scale": None,
-    "hysteresis": None,
-}
 
 
 @dataclass

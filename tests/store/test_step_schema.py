@@ -19,6 +19,7 @@ from scalewatch.store.step_schema import (
     StepField,
     StepRecord,
 )
+from tests._helpers.records import step_record
 
 PYTHON_TYPES = {Kind.INT: int, Kind.FLOAT: float, Kind.BOOL: bool, Kind.RANKS: str}
 PYTHON_TYPES[Kind.FLOAT_GROUPS] = str
@@ -57,18 +58,13 @@ def test_every_field_of_a_record_but_its_findings_is_a_column() -> None:
 
 
 def test_a_record_becomes_its_row_and_the_row_its_json() -> None:
-    record = StepRecord(
-        step=4,
+    record = step_record(
+        4,
         wall_time=10.5,
         scale=65536.0,
         overflow=True,
-        skipped=True,
         inf_ranks=(0, 3),
         scale_after=32768.0,
-        growth_tracker=0,
-        growth_interval=2000,
-        growth_factor=2.0,
-        backoff_factor=0.5,
         control_version=1,
         loss=math.nan,
         loss_nonfinite_ranks=(3,),
