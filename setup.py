@@ -1,16 +1,14 @@
 """The packages setuptools finds in each of the repository's folders, named under the one
-import name ``scalewatch`` (pyproject.toml's ``package-dir`` maps each folder)."""
+import name ``scalewatch``, as pyproject.toml's ``package-dir`` maps each folder."""
 
 from __future__ import annotations
 
+import tomllib
+
 from setuptools import find_packages, setup
 
-FOLDERS = {
-    "scalewatch": "scaler",
-    "scalewatch.app": "app",
-    "scalewatch.migrations": "migrations",
-    "scalewatch.web": "web",
-}
+with open("pyproject.toml", "rb") as project:
+    FOLDERS: dict[str, str] = tomllib.load(project)["tool"]["setuptools"]["package-dir"]
 
 setup(
     packages=[

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._helpers.imports import FOLDERS
 from tests._helpers.net import free_port
 from tests._helpers.processes import end_process
 from tests._helpers.projects import own_packages
@@ -33,13 +34,8 @@ from tests._helpers.projects import own_packages
 pytestmark = [pytest.mark.slow, pytest.mark.wheel]
 
 ROOT = Path(__file__).resolve().parent.parent
-# Each folder of the checkout and the name it is installed under.
-PRODUCT = {
-    "scaler": "scalewatch",
-    "app": "scalewatch/app",
-    "migrations": "scalewatch/migrations",
-    "web": "scalewatch/web",
-}
+# Each folder of the checkout and the path it is installed under (pyproject's package-dir).
+PRODUCT = {folder: package.replace(".", "/") for folder, package in FOLDERS.items()}
 # Tracked under the product's folders but not shipped: the dashboard's Node unit tests and
 # the package.json that lets Node import web/'s modules for them.
 NOT_SHIPPED = re.compile(r"^web/(tests/|package\.json$)")

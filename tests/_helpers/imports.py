@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# Each folder of the checkout and the package it is (pyproject.toml's package-dir).
-FOLDERS = {
-    "scaler": "scalewatch",
-    "app": "scalewatch.app",
-    "migrations": "scalewatch.migrations",
-    "web": "scalewatch.web",
-}
+# Each folder of the checkout and the package it is, as pyproject.toml's package-dir says.
+with (ROOT / "pyproject.toml").open("rb") as _project:
+    FOLDERS = {
+        folder: package
+        for package, folder in tomllib.load(_project)["tool"]["setuptools"]["package-dir"].items()
+    }
 
 
 def module_name(path: Path) -> str:
