@@ -47,9 +47,11 @@ def test_a_step_wakes_the_waiters_of_its_run_and_no_other(store: Store, run: Run
         )
         assert type(watcher) is expected
         await asyncio.to_thread(wait_for, watcher.listening.is_set, 30, "the watcher to start")
-        # Wake-ups of the start itself (steps written while nobody watched) are spent first.
+        # Wake-ups of the start itself (every run reads as moved at the watcher's first
+        # passes) are spent first: until each waiter stays quiet for 0.3 s.
         for waiter in (mine, also_mine, theirs):
-            await waiter.wait(0.05)
+            while await waiter.wait(0.3):
+                pass
         await asyncio.to_thread(write_steps, store, run.id, [step_record(1)])
         woken = await mine.wait(10), await also_mine.wait(10)
         untouched = await theirs.wait(0.5)
