@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast, overload
 
 import torch
@@ -32,12 +32,13 @@ from ._diagnosis import Diagnoser
 from ._diagnosis.preflight import TORCHS_REFUSAL, fp16_refusal
 from ._group import Group
 from ._recording import RunOpening, RunSession
-from ._recording.learning_rates import group_rates
-from ._recording.recorder import Snapshot, make
+from ._recording.learning_rates import Rates, group_rates
+from ._recording.recorder import Snapshot, inf_ranks, make, with_diagnosis
 from ._recording.step_context import StepContext
-from ._recording.step_values import Captured, read_cpu
+from ._recording.step_values import Captured, StepValues, read_cpu
 from ._scale_rules import ScaleRules
 from ._schedules import Schedules
+from ._step_sample import StepSample, record_of
 from ._torch_compat import (
     OptState,
     _refresh_per_optimizer_state,
@@ -48,6 +49,7 @@ from ._torch_compat import (
 from .stats import ScalerCheckpoint, ScalerStats
 
 if TYPE_CHECKING:
+    from ._diagnosis.findings import Diagnosis
     from ._torch_compat import TorchGradScaler as _Base
 else:
     _Base = object
@@ -198,7 +200,7 @@ class Instrumented(_Base):
     def _seen(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer`` is unscaled (``unscale_``) or checked (``_check_inf_per_device``, a
         fused optimizer's path): once a step on every path, before it steps."""
-        self._step_context.rates.append(group_rates(optimizer))
+        self._step_context.rates += (group_rates(optimizer),)
 
     def _unscaled(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         """``optimizer``'s gradients were just checked and unscaled (``state``: torch's)."""
@@ -291,18 +293,40 @@ class Instrumented(_Base):
         scale, tracker = self._scale, self._growth_tracker
         assert scale is not None and tracker is not None
         context, session = self._step_context, self._session
+        recorder = session.recorder
+        if recorder is None or recorder.closed:  # the first step: a recorder, and the run
+            uid = session.open(
+                self, self._init_scale, self._opening(), on_cpu=not scale.is_cuda
+            )
+            if uid is not None:
+                self._run_uid = uid
+            recorder = session.recorder
+            assert recorder is not None
         rates = context.take_rates()  # this step's: read only if a snapshot is kept
         schedules = self._schedules
         schedule = None if schedules is None else schedules.take()
         stepped = stepped_count > 0
-        recorder = session.recorder
-        # No sink reads a cpu step's record: counted as it comes, with no snapshot kept.
-        inline = recorder is not None and recorder.folds_inline and not scale.is_cuda
+        # A cpu step with no recorder thread: counted as it comes, with no snapshot kept.
+        inline = recorder.folds_inline and not scale.is_cuda
+        add_row = session.add_row
         diagnoser = self._diagnoser
-        if inline and (found is None or not found.item() > 0) and diagnoser.clean_step():
-            context.skips.settle(stepped_count, found, 0.0)
-            self._fold(scale.item(), False, stepped, scale_set)  # clean: nothing else to read
-            return
+        if inline and (found is None or not found.item() > 0):
+            loss = diagnoser.loss  # the step's, which clean_step() forgets
+            if diagnoser.clean_step():  # and step() met no overflow: nothing else to read
+                context.skips.settle(stepped_count, found, 0.0)
+                if add_row is None:
+                    self._fold(scale.item(), False, stepped, scale_set)
+                elif outcomes:
+                    values = read_cpu(scale, tracker, found, loss, flags)
+                    self._hand_over(
+                        add_row, values, attribution, stepped, scale_set, rates, schedule,
+                        outcomes, None,
+                    )
+                else:
+                    self._clean_row(
+                        add_row, scale, tracker, loss, stepped, scale_set, rates, schedule
+                    )
+                return
         loss = diagnoser.take_loss()
         # cpu tensors are memory: read at once, no sync (see step_values.read_cpu)
         values = None if scale.is_cuda else read_cpu(scale, tracker, found, loss, flags)
@@ -313,7 +337,13 @@ class Instrumented(_Base):
             group, process_group = self._group_info(), self._reporting_group()
             diagnosis = diagnoser.explain(overflow, values, attribution, loss, group, process_group)
         if inline and values is not None:
-            self._fold(values.scale, values.found > 0, stepped, scale_set)
+            if add_row is None:
+                self._fold(values.scale, values.found > 0, stepped, scale_set)
+            else:
+                self._hand_over(
+                    add_row, values, attribution, stepped, scale_set, rates, schedule, outcomes,
+                    diagnosis,
+                )
             return
         snapshot = make(Snapshot)  # every step: see recorder.make
         Snapshot.__init__(
@@ -338,14 +368,96 @@ class Instrumented(_Base):
             rates=rates,
             schedule=schedule,
         )
-        if recorder is None or recorder.closed:  # the first step: a recorder, and the run
-            uid = session.open(self, self._init_scale, self._opening())
-            if uid is not None:
-                self._run_uid = uid
-            recorder = session.recorder
-            assert recorder is not None
         recorder.submit(snapshot)
         context.scale_host = None
+
+    def _clean_row(
+        self,
+        add_row: Callable[[tuple[Any, ...]], None],
+        scale: torch.Tensor,
+        tracker: torch.Tensor,
+        loss: torch.Tensor | None,
+        stepped: bool,
+        scale_set: bool,
+        rates: tuple[Rates, ...],
+        schedule: tuple[int, int] | None,
+    ) -> None:
+        """:meth:`_hand_over` of a clean cpu step with no control change: the shortest
+        way, every step of most runs (no overflow: no payload to read, no rank to name)."""
+        recorder, context = self._session.recorder, self._step_context
+        assert recorder is not None
+        scale_after = scale.item()
+        used, _, drift = recorder.fold_step(
+            context.scale_host, scale_after, False, stepped, scale_set, schedule
+        )
+        context.scale_host = None
+        add_row(
+            (  # in TrainingRow's order
+                self._step_count,
+                time.time(),
+                used,
+                False,
+                False,
+                (),
+                scale_after,
+                tracker.item(),
+                self._growth_interval,
+                self._growth_factor,
+                self._backoff_factor,
+                self._control_version,
+                None if loss is None or not loss.is_cpu else loss.item(),
+                rates,
+                drift,
+            )
+        )
+
+    def _hand_over(
+        self,
+        add_row: Callable[[tuple[Any, ...]], None],
+        values: StepValues,
+        attribution: Attribution,
+        stepped: bool,
+        scale_set: bool,
+        rates: tuple[Rates, ...],
+        schedule: tuple[int, int] | None,
+        outcomes: tuple[ControlOutcome, ...],
+        diagnosis: Diagnosis | None,
+    ) -> None:
+        """Count a cpu step and hand its row to the telemetry that takes rows
+        (``RunSession.add_row``); a step with control changes or an explained overflow
+        goes as a whole sample."""
+        session, context = self._session, self._step_context
+        recorder = session.recorder
+        assert recorder is not None
+        scale_after, tracker, found, loss, payloads = values
+        overflow = found > 0
+        used, skipped, drift = recorder.fold_step(
+            context.scale_host, scale_after, overflow, stepped, scale_set, schedule
+        )
+        context.scale_host = None
+        row = (  # in TrainingRow's order
+            self._step_count,
+            time.time(),
+            used,
+            overflow,
+            skipped,
+            inf_ranks(attribution, overflow, payloads) if overflow else (),
+            scale_after,
+            tracker,
+            self._growth_interval,
+            self._growth_factor,
+            self._backoff_factor,
+            self._control_version,
+            loss,
+            rates,
+            drift,
+        )
+        if not outcomes and diagnosis is None:
+            add_row(row)
+            return
+        telemetry = session.telemetry
+        assert telemetry is not None
+        telemetry.submit([StepSample(with_diagnosis(record_of(row), diagnosis), outcomes)])
 
     def _fold(self, scale_after: float, overflow: bool, stepped: bool, scale_set: bool) -> None:
         """Count a cpu step that no sink reads (see ``Recorder.fold``)."""

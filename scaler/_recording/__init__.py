@@ -24,15 +24,14 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from .._control.inbox import ControlInbox
 from ..stats import ScalerStats
 from ..store.records import ScaleLoad
-from .recorder import Recorder, StepSample
+from .._step_sample import StepSample
+from .recorder import Recorder
 
-if TYPE_CHECKING:
-    from ..telemetry import Telemetry
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,6 +60,9 @@ class RunTelemetry(Protocol):
     def closed(self) -> bool: ...
     @property
     def threads(self) -> tuple[threading.Thread, ...]: ...
+    @property
+    def add_row(self) -> Callable[[tuple[Any, ...]], None] | None:
+        """Takes a cpu step's row from the training thread, or None: samples only."""
     def submit(self, samples: list[StepSample]) -> None: ...
     def note_scale_load(self, load: ScaleLoad) -> None: ...
     def flush(self, timeout: float = 30.0) -> bool: ...
@@ -70,11 +72,11 @@ class RunTelemetry(Protocol):
 TelemetryFactory = Callable[[RunOpening, ControlInbox], RunTelemetry]
 
 
-def open_telemetry(opening: RunOpening, inbox: ControlInbox) -> Telemetry:
+def open_telemetry(opening: RunOpening, inbox: ControlInbox) -> RunTelemetry:
     """The default factory: a writer into the store ``opening`` names."""
-    from ..telemetry import Telemetry  # the store's engine, loaded by a reporting rank only
+    from ..telemetry import open_run  # the store's engine, loaded by a reporting rank only
 
-    return Telemetry(
+    return open_run(
         opening.target,
         name=opening.name,
         world_size=opening.world_size,
@@ -100,6 +102,9 @@ class RunSession:
         # A load of the scaler's state for the telemetry that the next step opens (a run
         # resumed by a scaler that has not stepped in it): see _checkpoint_state.note_load.
         self.pending_load: ScaleLoad | None = None
+        # Where a cpu step's row goes, from the training thread (a telemetry that takes
+        # rows, with no recorder thread between); None: a snapshot to the recorder.
+        self.add_row: Callable[[tuple[Any, ...]], None] | None = None
 
     @property
     def is_open(self) -> bool:
@@ -107,15 +112,22 @@ class RunSession:
         recorder = self.recorder
         return recorder is not None and not recorder.closed
 
-    def open(self, owner: object, init_scale: float, opening: RunOpening | None) -> str | None:
+    def open(
+        self, owner: object, init_scale: float, opening: RunOpening | None, *, on_cpu: bool
+    ) -> str | None:
         """Start a recorder, with telemetry made from ``opening`` on the reporting rank
-        (None elsewhere, or with telemetry off); returns the run's uid if one is written."""
+        (None elsewhere, or with telemetry off); returns the run's uid if one is written.
+
+        A cpu step's values are on the host at once: with a telemetry that takes rows, the
+        training thread hands them over itself and no recorder thread runs (``add_row``).
+        """
         telemetry = None
         if opening is not None:
             load, self.pending_load = self.pending_load, None
             opening = dataclasses.replace(opening, scale_load=load)
             telemetry = self.telemetry = self._make_telemetry(opening, self._inbox)
-        sink = None if telemetry is None else telemetry.submit
+        self.add_row = None if telemetry is None or not on_cpu else telemetry.add_row
+        sink = None if telemetry is None or self.add_row is not None else telemetry.submit
         recorder = self.recorder = Recorder(init_scale, sink, self.recorder)
         self._close_when_dropped(owner, recorder)
         return None if telemetry is None else telemetry.uid

@@ -7,6 +7,8 @@ that is a tensor is read only from the CPU (memory, no sync); one on a device is
 read (None), never synced for.
 
 >>> import torch
+
+from .._step_sample import Rates, step_rates
 >>> opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
 >>> opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(1))], "lr": 0.01})
 >>> step_rates([group_rates(opt)])
@@ -17,15 +19,13 @@ read (None), never synced for.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from .._step_sample import Rates, step_rates
+
 __all__ = ["Rates", "group_rates", "step_rates"]
-
-Rates = tuple[float | None, ...]  # one optimizer's, group by group
-
 
 def group_rates(optimizer: torch.optim.Optimizer) -> Rates:
     """Each param group's learning rate, as the host holds it."""
@@ -38,14 +38,3 @@ def _host_rate(lr: Any) -> float | None:
     if isinstance(lr, torch.Tensor) and lr.device.type == "cpu" and lr.numel() == 1:
         return float(lr.item())
     return None
-
-
-def step_rates(rates: Sequence[Rates]) -> tuple[float | None, tuple[Rates, ...] | None]:
-    """``(lr, groups)`` of a step: the first group's rate of the first optimizer stepped,
-    and every group's, optimizer by optimizer, only when one differs from it."""
-    if not rates or not rates[0]:
-        return None, None
-    first = rates[0][0]
-    if all(rate == first for one in rates for rate in one):
-        return first, None
-    return first, tuple(rates)

@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING
 
 from .._agreement.payload import Attribution, overflowed_ranks
 from .._control import ControlOutcome
+from .._step_sample import StepSample, record_of
 from ..stats import ScalerStats
-from ..store.records import StepRecord
-from .learning_rates import Rates, step_rates
+from .learning_rates import Rates
 from .step_values import Captured, StepValues
 
 if TYPE_CHECKING:
     from .._diagnosis.findings import Diagnosis
+    from ..store.records import StepRecord
 
 log = logging.getLogger("scalewatch")
 
@@ -37,14 +38,6 @@ POLL_S = 0.05
 # bench/multirank.py's scaler cpu rows): it waited longer for the GIL each time.
 YIELD_EVERY = 32
 INLINE_BATCH = 256
-
-
-@dataclass(frozen=True, slots=True)
-class StepSample:
-    """One ``update()`` as the host sees it, with the control changes made at it."""
-
-    record: StepRecord
-    controls: tuple[ControlOutcome, ...] = ()
 
 
 @dataclass(kw_only=True, slots=True)
@@ -69,7 +62,7 @@ class Snapshot:
     diagnosis: Diagnosis | None = None  # an overflow explained (on the reporting rank)
     # Each optimizer's param groups' rates in effect at step(), as read there: the record's
     # lr and lr_groups are made of them on the recorder thread (``step_rates``).
-    rates: list[Rates] = dataclasses.field(default_factory=list)
+    rates: tuple[Rates, ...] = ()
     # Registered schedulers' steps since the last update: (before, after) this step's
     # optimizers stepped (see _schedules.Schedules.take); None when none is registered.
     schedule: tuple[int, int] | None = None
@@ -135,6 +128,23 @@ class _Fold:
         self.high = max(self.high, used, scale_after)
         self.last_scale = scale_after
         return used
+
+    def step(
+        self,
+        scale_used: float | None,
+        scale_after: float,
+        overflow: bool,
+        stepped: bool,
+        scale_set: bool,
+        schedule: tuple[int, int] | None,
+    ) -> tuple[float, bool, int | None]:
+        """Count one step: (the scale it used, whether it was skipped, the schedule's
+        drift so far, None without a registered scheduler)."""
+        skipped_before = self.last_skipped
+        skipped = self.last_skipped = overflow and stepped
+        used = self.add(scale_used, scale_after, overflow, stepped, scale_set)
+        drift = None if schedule is None else self.drifted(schedule, skipped_before, skipped)
+        return used, skipped, drift
 
     def drifted(self, schedule: tuple[int, int], skipped_before: bool, skipped: bool) -> int:
         """Add a step's scheduler calls that went to a skipped step; the drift so far."""
@@ -223,6 +233,21 @@ class Recorder:
         self._fold.add(scale_used, scale_after, overflow, stepped, scale_set)
         self._submitted += 1
         self._done += 1
+
+    def fold_step(
+        self,
+        scale_used: float | None,
+        scale_after: float,
+        overflow: bool,
+        stepped: bool,
+        scale_set: bool,
+        schedule: tuple[int, int] | None,
+    ) -> tuple[float, bool, int | None]:
+        """Count a cpu step where ``folds_inline`` for a telemetry that takes its row
+        from the training thread: (the scale it used, skipped, the schedule's drift)."""
+        self._submitted += 1
+        self._done += 1
+        return self._fold.step(scale_used, scale_after, overflow, stepped, scale_set, schedule)
 
     def stats(self, timeout: float = 30.0) -> ScalerStats:
         self.flush(timeout)
@@ -318,47 +343,46 @@ def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample
     values = captured.read() if isinstance(captured, Captured) else captured
     scale_after, tracker, found, loss, payloads = values
     overflow = found > 0
-    stepped = snap.stepped
-    skipped_before = fold.last_skipped
-    skipped = fold.last_skipped = overflow and stepped
-    scale_used = fold.add(snap.scale_used, scale_after, overflow, stepped, snap.scale_set)
-    schedule = snap.schedule
-    drift = None if schedule is None else fold.drifted(schedule, skipped_before, skipped)
+    used, skipped, drift = fold.step(
+        snap.scale_used, scale_after, overflow, snap.stepped, snap.scale_set, snap.schedule
+    )
     if not sample:
         return None
-    lr, lr_groups = step_rates(snap.rates)
-    record = make(StepRecord)
-    StepRecord.__init__(
-        record,
-        step=snap.step,
-        wall_time=snap.wall_time,
-        scale=scale_used,
-        overflow=overflow,
-        skipped=skipped,
-        inf_ranks=_inf_ranks(snap.attribution, overflow, payloads),
-        scale_after=scale_after,
-        growth_tracker=tracker,
-        growth_interval=snap.growth_interval,
-        growth_factor=float(snap.growth_factor),  # an int as torch keeps it: stored as float
-        backoff_factor=float(snap.backoff_factor),
-        control_version=snap.control_version,
-        loss=loss,
-        lr=lr,
-        lr_groups=lr_groups,
-        schedule_drift=drift,
-    )
-    diagnosis = snap.diagnosis
-    if diagnosis is not None:
-        record = dataclasses.replace(
-            record,
-            loss_nonfinite_ranks=diagnosis.loss_nonfinite_ranks,
-            params=diagnosis.params,
-            params_omitted=diagnosis.omitted,
+    record = record_of(
+        (
+            snap.step,
+            snap.wall_time,
+            used,
+            overflow,
+            skipped,
+            inf_ranks(snap.attribution, overflow, payloads),
+            scale_after,
+            tracker,
+            snap.growth_interval,
+            snap.growth_factor,
+            snap.backoff_factor,
+            snap.control_version,
+            loss,
+            snap.rates,
+            drift,
         )
-    return StepSample(record, snap.controls)
+    )
+    return StepSample(with_diagnosis(record, snap.diagnosis), snap.controls)
 
 
-def _inf_ranks(
+def with_diagnosis(record: StepRecord, diagnosis: Diagnosis | None) -> StepRecord:
+    """``record`` with what the diagnosis of its overflow found, if one was made."""
+    if diagnosis is None:
+        return record
+    return dataclasses.replace(
+        record,
+        loss_nonfinite_ranks=diagnosis.loss_nonfinite_ranks,
+        params=diagnosis.params,
+        params_omitted=diagnosis.omitted,
+    )
+
+
+def inf_ranks(
     attribution: Attribution, overflow: bool, payloads: Sequence[list[float]]
 ) -> tuple[int, ...]:
     """The ranks whose gradients held inf/NaN; () where the ranks are not known

@@ -27,12 +27,14 @@ class StepContext:
         self.group: Group | None = None  # this rank's place in the reporting group
         # (scale, its version, 1/scale): the inverse kept while the scale is unchanged
         self.inverse: tuple[torch.Tensor, int, torch.Tensor] | None = None
-        self.rates: list[Rates] = []  # this step's learning rates, optimizer by optimizer
+        # This step's learning rates, optimizer by optimizer: a tuple of tuples of floats,
+        # which the garbage collector stops tracking, as it does the row that holds them.
+        self.rates: tuple[Rates, ...] = ()
         self.skips = Skips()
 
-    def take_rates(self) -> list[Rates]:
+    def take_rates(self) -> tuple[Rates, ...]:
         """This step's learning rates; the next step starts with none."""
-        rates, self.rates = self.rates, []
+        rates, self.rates = self.rates, ()
         return rates
 
     def inverse_of(self, scale: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ import itertools
 import logging
 import os
 import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -25,16 +26,18 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .._control.inbox import ControlInbox
-from .._recording.recorder import StepSample
+from .._step_sample import StepSample
 from ..store import runs as store_runs
 from ..store.engine import Store
 from ..store.records import ScaleLoad
 from ..store.states import RunStatus
 from ._control_poller import ControlPoller
-from ._queue import CommandQueue
+from ._queue import CommandQueue, RecordGap
+from ._remote import RemoteTelemetry, open_remote
+from ._wire import OpenRun
 from ._writer import RunSpec, Writer, one_line
 
-__all__ = ["Telemetry", "TelemetrySettings"]
+__all__ = ["RemoteTelemetry", "Telemetry", "TelemetrySettings", "open_run"]
 
 log = logging.getLogger("scalewatch.telemetry")
 _UNSET = object()  # a field a pickle does not hold
@@ -44,6 +47,7 @@ _UNSET = object()  # a field a pickle does not hold
 # no object but the process; each Telemetry claims its uid here and lets it go at close().
 _LIVE_UIDS: set[str] = set()
 _LIVE_LOCK = threading.Lock()
+WRITERS = ("process", "thread")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +72,10 @@ class TelemetrySettings:
         heartbeat_s: how often an idle run tells the store it is alive (a run silent for
             ``scalewatch.store.runs.HEARTBEAT_TIMEOUT_S`` reads as crashed); a batch of steps
             counts as one.
+        writer: ``"process"``: the store is written by a process of the training process's
+            own (one for all its runs, started with the first), so that writing takes none
+            of training's GIL; ``"thread"``: by a thread of the training process. A store
+            passed open (a :class:`Store`) is always written by a thread.
     """
 
     store: str | Store | None = None
@@ -78,6 +86,7 @@ class TelemetrySettings:
     retry_s: float = 0.5
     close_failing_s: float = 5.0
     heartbeat_s: float = store_runs.HEARTBEAT_INTERVAL_S
+    writer: str = "process"
 
     def __setstate__(self, state: list[Any]) -> None:
         """A pickle made before a field was added takes that field's default."""
@@ -94,10 +103,23 @@ class TelemetrySettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+        if self.writer not in WRITERS:
+            raise ValueError(f"writer must be one of {', '.join(WRITERS)}, got {self.writer!r}")
         beat = self.heartbeat_s
         timeout = store_runs.HEARTBEAT_TIMEOUT_S
         if isinstance(beat, bool) or not isinstance(beat, int | float) or not 0 < beat < timeout:
             raise ValueError(f"heartbeat_s must be a number of seconds > 0 and < {timeout:g}")
+
+
+def release_uid(uid: str) -> None:
+    """``uid`` is written by no telemetry of this process any more (see :func:`_claim`)."""
+    with _LIVE_LOCK:
+        _LIVE_UIDS.discard(uid)
+
+
+def default_name(uid: str) -> str:
+    """A run's name when its script gives none: the host, the training process, the uid."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uid[:6]}"
 
 
 def _claim(uid: str | None) -> tuple[str, bool]:
@@ -137,16 +159,21 @@ class Telemetry:
         inbox: ControlInbox,
         uid: str | None = None,
         scale_load: ScaleLoad | None = None,
+        fresh: bool = False,
+        started_at: float | None = None,
     ) -> None:
+        """``fresh``: ``uid`` is a new run's (claimed already by a training process whose
+        writer process this is), not a run to resume; ``started_at``: when it began there."""
         # A run starts at or before its first step: a scaler makes its telemetry before it
         # takes the first step's wall time, and the writer creates the run after it.
-        started_at = time.time()
+        started_at = time.time() if started_at is None else started_at
         settings = target if isinstance(target, TelemetrySettings) else TelemetrySettings(target)
         self.settings = settings
         self.uid, resume = _claim(uid)
+        resume = resume and not fresh
         run = RunSpec(
             uid=self.uid,
-            name=name or f"{socket.gethostname()}-{os.getpid()}-{self.uid[:6]}",
+            name=name or default_name(self.uid),
             world_size=world_size,
             config=dict(config),
             control=dict(control),
@@ -171,9 +198,15 @@ class Telemetry:
         self._writer.thread.start()
         self._control_poller.thread.start()
 
+    add_row = None  # the recorder thread hands samples over, even of cpu steps
+
     def submit(self, samples: list[StepSample]) -> None:
         """Called by the recorder thread; never blocks on the store."""
         self._queue.put(samples)
+
+    def note_gap(self, gap: RecordGap) -> None:
+        """Steps dropped before they reached this telemetry; never blocks."""
+        self._queue.put_gap(gap)
 
     def note_scale_load(self, load: ScaleLoad) -> None:
         """Called by the training thread at a load of the scaler's state; never blocks."""
@@ -232,8 +265,7 @@ class Telemetry:
         if self._closed:
             return
         self._closed = True
-        with _LIVE_LOCK:
-            _LIVE_UIDS.discard(self.uid)
+        release_uid(self.uid)
         queue, writer = self._queue, self._writer
         flushed = self.flush(timeout, failing_timeout=min(timeout, self.settings.close_failing_s))
         writer.stop.set()
@@ -257,3 +289,55 @@ class Telemetry:
             log.warning("scalewatch: %d telemetry records not written at close", unwritten)
         if store is not None and writer.owns_store:
             store.close()
+
+
+def open_run(
+    target: str | Store | TelemetrySettings | None,
+    *,
+    name: str | None,
+    world_size: int,
+    config: Mapping[str, Any],
+    control: Mapping[str, Any],
+    inbox: ControlInbox,
+    uid: str | None = None,
+    scale_load: ScaleLoad | None = None,
+) -> Telemetry | RemoteTelemetry:
+    """A run's telemetry as its settings' ``writer`` says: written by this process's writer
+    process, or by a thread (an open :class:`Store`, or a process that cannot start one)."""
+    settings = target if isinstance(target, TelemetrySettings) else TelemetrySettings(target)
+    if settings.writer == "process" and not isinstance(settings.store, Store):
+        started_at = time.time()
+        claimed, resume = _claim(uid)
+        run = OpenRun(
+            settings=settings,
+            name=name or default_name(claimed),
+            world_size=world_size,
+            config=dict(config),
+            control=dict(control),
+            uid=claimed,
+            resume=resume,
+            started_at=started_at,
+        )
+        try:
+            remote = open_remote(run, inbox)
+        except (OSError, subprocess.SubprocessError) as error:
+            release_uid(claimed)
+            log.warning(
+                "scalewatch: could not start the telemetry writer process (%s);"
+                " a thread of this process writes the run",
+                one_line(error),
+            )
+        else:
+            if scale_load is not None and resume:  # a run of its own has no steps before it
+                remote.note_scale_load(scale_load)
+            return remote
+    return Telemetry(
+        settings,
+        name=name,
+        world_size=world_size,
+        config=config,
+        control=control,
+        inbox=inbox,
+        uid=uid,
+        scale_load=scale_load,
+    )

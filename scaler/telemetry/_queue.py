@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._control import ControlOutcome
-from .._recording.recorder import StepSample
+from .._step_sample import StepSample
 from ..store.records import ScaleLoad
 from ..store.runs import finding_rows, step_values
 
@@ -130,6 +130,14 @@ class CommandQueue:
         """A scale load the training thread noted: written before the steps queued after it."""
         with self.lock:
             self.commands.append(RecordLoad(load))
+        self._wake.set()
+
+    def put_gap(self, gap: RecordGap) -> None:
+        """Steps dropped before they reached this queue (by the training process, in
+        front of the writer's own): counted here, recorded where they would have been."""
+        with self.lock:
+            self.commands.append(gap)
+            self.dropped += gap.dropped
         self._wake.set()
 
     def _drop_oldest(self, count: int) -> None:

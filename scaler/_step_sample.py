@@ -1,0 +1,125 @@
+"""What a step hands to telemetry: a :class:`StepSample`, or on a cpu step a plain row.
+
+Imports no torch: the telemetry writer's own process reads these too
+(:mod:`scalewatch.telemetry._host`).
+
+A step with nothing rare about it (no control change, no overflow explained) travels as a
+plain tuple in :class:`TrainingRow`'s order: made on the training thread in a tenth of the
+time a :class:`~scalewatch.store.records.StepRecord` takes, and pickled as fast. The
+writer turns it into its record (:func:`record_of`).
+
+>>> row = TrainingRow(7, 1.5, 1024.0, False, False, (), 1024.0, 3, 100, 2, 0.5, 0, 2.5,
+...                   ((0.1,),), None)
+>>> record = record_of(tuple(row))
+>>> record.step, record.lr, record.growth_factor, record.lr_groups
+(7, 0.1, 2.0, None)
+>>> step_rates([(0.1,), (0.1,)]), step_rates([(0.1,), (0.2,)]), step_rates([])
+((0.1, None), (0.1, ((0.1,), (0.2,))), (None, None))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any, NamedTuple
+
+from ._control import ControlOutcome
+from .store.records import StepRecord
+
+__all__ = ["Rates", "StepSample", "TrainingRow", "record_of", "step_rates"]
+
+Rates = tuple[float | None, ...]  # one optimizer's learning rates, group by group
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One ``update()`` as the host sees it, with the control changes made at it."""
+
+    record: StepRecord
+    controls: tuple[ControlOutcome, ...] = ()
+
+
+class TrainingRow(NamedTuple):
+    """A clean step's values as the training thread hands them over, in this order.
+
+    Each field but ``rates`` is the :class:`StepRecord` field of its name; ``rates`` are
+    each optimizer's learning rates, of which the record's ``lr`` and ``lr_groups`` are
+    made (:func:`step_rates`). Fields a clean step never sets take their defaults.
+    """
+
+    step: int
+    wall_time: float
+    scale: float
+    overflow: bool
+    skipped: bool
+    inf_ranks: tuple[int, ...]
+    scale_after: float
+    growth_tracker: int
+    growth_interval: int
+    growth_factor: float
+    backoff_factor: float
+    control_version: int
+    loss: float | None
+    rates: tuple[Rates, ...]
+    schedule_drift: int | None
+
+
+_RECORD_FIELDS = {f.name for f in fields(StepRecord)}
+if not set(TrainingRow._fields) - {"rates"} <= _RECORD_FIELDS:
+    raise TypeError("every TrainingRow field but rates is a StepRecord field")
+
+_new = object.__new__  # see recorder.make: keywords to __init__ directly, twice as fast
+
+
+def record_of(row: tuple[Any, ...]) -> StepRecord:
+    """The record of a row in :class:`TrainingRow`'s order."""
+    (
+        step,
+        wall_time,
+        scale,
+        overflow,
+        skipped,
+        inf_ranks,
+        scale_after,
+        tracker,
+        interval,
+        growth,
+        backoff,
+        version,
+        loss,
+        rates,
+        drift,
+    ) = row
+    lr, lr_groups = step_rates(rates)
+    record = _new(StepRecord)
+    StepRecord.__init__(
+        record,
+        step=step,
+        wall_time=wall_time,
+        scale=scale,
+        overflow=overflow,
+        skipped=skipped,
+        inf_ranks=inf_ranks,
+        scale_after=scale_after,
+        growth_tracker=tracker,
+        growth_interval=interval,
+        growth_factor=float(growth),  # an int as torch keeps it: stored as float
+        backoff_factor=float(backoff),
+        control_version=version,
+        loss=loss,
+        lr=lr,
+        lr_groups=lr_groups,
+        schedule_drift=drift,
+    )
+    return record
+
+
+def step_rates(rates: Sequence[Rates]) -> tuple[float | None, tuple[Rates, ...] | None]:
+    """``(lr, groups)`` of a step: the first group's rate of the first optimizer stepped,
+    and every group's, optimizer by optimizer, only when one differs from it."""
+    if not rates or not rates[0]:
+        return None, None
+    first = rates[0][0]
+    if all(rate == first for one in rates for rate in one):
+        return first, None
+    return first, tuple(rates)
