@@ -35,7 +35,7 @@ from ._recording import RunOpening, RunSession
 from ._recording.learning_rates import Rates, group_rates
 from ._recording.recorder import Snapshot, inf_ranks, make, with_diagnosis
 from ._recording.step_context import StepContext
-from ._recording.step_values import Captured, StepValues, read_cpu
+from ._recording.step_values import Captured, StepValues, read_cpu, read_if_clean
 from ._scale_rules import ScaleRules
 from ._schedules import Schedules
 from ._step_sample import StepSample, record_of
@@ -295,9 +295,7 @@ class Instrumented(_Base):
         context, session = self._step_context, self._session
         recorder = session.recorder
         if recorder is None or recorder.closed:  # the first step: a recorder, and the run
-            uid = session.open(
-                self, self._init_scale, self._opening(), on_cpu=not scale.is_cuda
-            )
+            uid = session.open(self, self._init_scale, self._opening(), on_cpu=not scale.is_cuda)
             if uid is not None:
                 self._run_uid = uid
             recorder = session.recorder
@@ -310,23 +308,30 @@ class Instrumented(_Base):
         inline = recorder.folds_inline and not scale.is_cuda
         add_row = session.add_row
         diagnoser = self._diagnoser
-        if inline and (found is None or not found.item() > 0):
-            loss = diagnoser.loss  # the step's, which clean_step() forgets
-            if diagnoser.clean_step():  # and step() met no overflow: nothing else to read
-                context.skips.settle(stepped_count, found, 0.0)
-                if add_row is None:
-                    self._fold(scale.item(), False, stepped, scale_set)
-                elif outcomes:
-                    values = read_cpu(scale, tracker, found, loss, flags)
-                    self._hand_over(
-                        add_row, values, attribution, stepped, scale_set, rates, schedule,
-                        outcomes, None,
-                    )
-                else:
-                    self._clean_row(
-                        add_row, scale, tracker, loss, stepped, scale_set, rates, schedule
-                    )
-                return
+        clean = None
+        if inline:
+            clean = read_if_clean(found, scale, tracker, diagnoser.loss, add_row is not None)
+        if clean is not None and diagnoser.clean_step():  # step() met no overflow either
+            context.skips.settle(stepped_count, found, 0.0)
+            if add_row is None:  # and no record is kept: nothing else to read
+                self._fold(clean[0], False, stepped, scale_set)
+            elif outcomes:
+                values = read_cpu(scale, tracker, found, None, flags)
+                values = values._replace(loss=clean[2])
+                self._hand_over(
+                    add_row,
+                    values,
+                    attribution,
+                    stepped,
+                    scale_set,
+                    rates,
+                    schedule,
+                    outcomes,
+                    None,
+                )
+            else:
+                self._clean_row(add_row, clean, stepped, scale_set, rates, schedule)
+            return
         loss = diagnoser.take_loss()
         # cpu tensors are memory: read at once, no sync (see step_values.read_cpu)
         values = None if scale.is_cuda else read_cpu(scale, tracker, found, loss, flags)
@@ -341,7 +346,14 @@ class Instrumented(_Base):
                 self._fold(values.scale, values.found > 0, stepped, scale_set)
             else:
                 self._hand_over(
-                    add_row, values, attribution, stepped, scale_set, rates, schedule, outcomes,
+                    add_row,
+                    values,
+                    attribution,
+                    stepped,
+                    scale_set,
+                    rates,
+                    schedule,
+                    outcomes,
                     diagnosis,
                 )
             return
@@ -374,19 +386,17 @@ class Instrumented(_Base):
     def _clean_row(
         self,
         add_row: Callable[[tuple[Any, ...]], None],
-        scale: torch.Tensor,
-        tracker: torch.Tensor,
-        loss: torch.Tensor | None,
+        clean: tuple[float, int, float | None],
         stepped: bool,
         scale_set: bool,
         rates: tuple[Rates, ...],
         schedule: tuple[int, int] | None,
     ) -> None:
-        """:meth:`_hand_over` of a clean cpu step with no control change: the shortest
-        way, every step of most runs (no overflow: no payload to read, no rank to name)."""
+        """:meth:`_hand_over` of a clean cpu step with no control change (``clean``: its
+        scale, tracker and loss as read): the shortest way, every step of most runs."""
         recorder, context = self._session.recorder, self._step_context
         assert recorder is not None
-        scale_after = scale.item()
+        scale_after, tracker, loss = clean
         used, _, drift = recorder.fold_step(
             context.scale_host, scale_after, False, stepped, scale_set, schedule
         )
@@ -400,12 +410,12 @@ class Instrumented(_Base):
                 False,
                 (),
                 scale_after,
-                tracker.item(),
+                tracker,
                 self._growth_interval,
                 self._growth_factor,
                 self._backoff_factor,
                 self._control_version,
-                None if loss is None or not loss.is_cpu else loss.item(),
+                loss,
                 rates,
                 drift,
             )

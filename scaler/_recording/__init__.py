@@ -33,7 +33,6 @@ from .._step_sample import StepSample
 from .recorder import Recorder
 
 
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunOpening:
     """What the reporting rank's telemetry is opened with, at the scaler's first step."""
@@ -63,6 +62,7 @@ class RunTelemetry(Protocol):
     @property
     def add_row(self) -> Callable[[tuple[Any, ...]], None] | None:
         """Takes a cpu step's row from the training thread, or None: samples only."""
+
     def submit(self, samples: list[StepSample]) -> None: ...
     def note_scale_load(self, load: ScaleLoad) -> None: ...
     def flush(self, timeout: float = 30.0) -> bool: ...

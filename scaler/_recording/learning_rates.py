@@ -27,6 +27,7 @@ from .._step_sample import Rates, step_rates
 
 __all__ = ["Rates", "group_rates", "step_rates"]
 
+
 def group_rates(optimizer: torch.optim.Optimizer) -> Rates:
     """Each param group's learning rate, as the host holds it."""
     return tuple(_host_rate(group.get("lr")) for group in optimizer.param_groups)

@@ -127,3 +127,28 @@ def read_cpu(
 
 
 _new_values = tuple.__new__
+
+
+def read_if_clean(
+    found: torch.Tensor | None,
+    scale: torch.Tensor,
+    tracker: torch.Tensor,
+    loss: torch.Tensor | None,
+    whole: bool,
+) -> tuple[float, int, float | None] | None:
+    """A clean cpu step's (scale, tracker, loss), read at once; None if it overflowed
+    (found_inf > 0: :func:`read_cpu` reads it all). Not ``whole`` (no record is kept):
+    the scale alone, the tracker 0, the loss None.
+
+    The read of every clean cpu step of a run: the fewest reads, no payload, no tuple
+    of its own.
+    """
+    if found is not None and found.item() > 0:
+        return None
+    if not whole:
+        return scale.item(), 0, None
+    return (
+        scale.item(),
+        tracker.item(),
+        None if loss is None or not loss.is_cpu else loss.item(),
+    )

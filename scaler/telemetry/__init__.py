@@ -260,8 +260,11 @@ class Telemetry:
             queue.hurry(wait=min(left, 0.05))
         return True
 
-    def close(self, status: RunStatus = RunStatus.FINISHED, timeout: float = 30.0) -> None:
-        """Flush, mark the run ``status`` and stop both threads. Safe to call twice."""
+    def close(self, status: RunStatus | None = RunStatus.FINISHED, timeout: float = 30.0) -> None:
+        """Flush, mark the run ``status`` and stop both threads. Safe to call twice.
+
+        ``status`` None: the run is left as it is, its heartbeat stopped (the writer
+        process of a training process gone: the run reads crashed at the timeout)."""
         if self._closed:
             return
         self._closed = True
@@ -274,7 +277,7 @@ class Telemetry:
         writer.thread.join(timeout)
         self._control_poller.thread.join(timeout)
         store = writer.store
-        if store is not None and writer.run_id is not None:
+        if store is not None and writer.run_id is not None and status is not None:
             try:
                 store_runs.end_run(store, writer.run_id, status)
             except Exception as error:

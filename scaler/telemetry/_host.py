@@ -10,7 +10,9 @@ The main thread reads the connection, in order: steps go to the run's queue as t
 come, a flush or a close is waited for on a thread of its own, so that reading never
 stops. When the connection ends without a run's close (the training process was
 killed, or exited without closing), what was received is written and the run is marked
-crashed: nothing that reached this process is lost.
+left running: its heartbeat stops, and it reads crashed at the heartbeat's timeout, as a
+run whose process was killed with its writer thread does. Nothing that reached this
+process is lost.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from ._wire import Close, Flush, OpenRun, RunState, dumps, loads
 log = logging.getLogger("scalewatch.telemetry")
 
 STATE_S = 0.1  # how often a run's changed state is told to the training process
-CRASHED_TIMEOUT_S = 30.0  # how long the runs of a training process gone are written for
+ORPHAN_TIMEOUT_S = 30.0  # how long the runs of a training process gone are written for
 
 
 class _ForwardingInbox(ControlInbox):
@@ -154,11 +156,9 @@ class Host:
                 self.reply(("state", key, state))
 
     def _training_ended(self) -> None:
-        """The training process is gone: write what came and mark its open runs crashed."""
+        """The training process is gone: write what came; its open runs stay as they are."""
         closing = [
-            threading.Thread(
-                target=hosted.telemetry.close, args=(RunStatus.CRASHED, CRASHED_TIMEOUT_S)
-            )
+            threading.Thread(target=hosted.telemetry.close, args=(None, ORPHAN_TIMEOUT_S))
             for hosted in self._runs.values()
         ]
         for thread in closing:

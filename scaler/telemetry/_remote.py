@@ -88,7 +88,9 @@ class WriterLink:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self.alive = True
-        self.sender = threading.Thread(target=self._send_loop, name="scalewatch-sender", daemon=True)
+        self.sender = threading.Thread(
+            target=self._send_loop, name="scalewatch-sender", daemon=True
+        )
         self.receiver = threading.Thread(
             target=self._receive_loop, name="scalewatch-receiver", daemon=True
         )
@@ -268,6 +270,11 @@ class RemoteTelemetry:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def writer_pid(self) -> int:
+        """The process that writes the run."""
+        return self._link.process.pid
 
     @property
     def threads(self) -> tuple[threading.Thread, threading.Thread]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from scalewatch._control.inbox import ControlInbox
 from scalewatch._recording import RunOpening, RunSession
-from scalewatch._recording.recorder import StepSample
+from scalewatch._step_sample import StepSample
 from scalewatch.store.records import ScaleLoad
 
 
@@ -25,6 +25,7 @@ class KeptSamples:
     run_id: int | None = None
     dropped = 0
     threads: tuple[threading.Thread, ...] = ()
+    add_row = None  # samples from the recorder, cpu steps too
 
     def __init__(self, samples: list[StepSample]) -> None:
         self.samples = samples
@@ -47,12 +48,14 @@ class EveryRankSession(RunSession):
     """A session that opens telemetry on every rank, not only the reporting one: a test
     compares what each rank's recorder read."""
 
-    def open(self, owner: object, init_scale: float, opening: RunOpening | None) -> str | None:
+    def open(
+        self, owner: object, init_scale: float, opening: RunOpening | None, *, on_cpu: bool
+    ) -> str | None:
         if opening is None:
             opening = RunOpening(
                 target=None, name=None, world_size=1, config={}, control={}, uid=None
             )
-        return super().open(owner, init_scale, opening)
+        return super().open(owner, init_scale, opening, on_cpu=on_cpu)
 
 
 def keep_samples(scaler: Any) -> list[StepSample]:

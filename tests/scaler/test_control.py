@@ -13,6 +13,7 @@ import torch
 from sqlalchemy import select
 
 import scalewatch
+from scalewatch.telemetry import TelemetrySettings
 from scalewatch.store import ControlValidationError, RunNotRunning, Store, open_store
 from scalewatch.store import control as store_control
 from scalewatch.store.control import control_history, control_state, request_control
@@ -198,7 +199,8 @@ def test_idle_polls_only_probe_and_a_request_is_still_picked_up(
     url = db_url(tmp_path / "sw.db")
     model = mlp()
     opt = sgd(model)[0]
-    gs = scalewatch.GradScaler("cpu", init_scale=INIT, growth_interval=1000, telemetry=url)
+    settings = TelemetrySettings(url, writer="thread")  # the polls counted in this process
+    gs = scalewatch.GradScaler("cpu", init_scale=INIT, growth_interval=1000, telemetry=settings)
     train_step(gs, model, opt, 1)
     assert gs.flush(30)
     wait_for(lambda: len(probes) >= 3, 10, "three polls")

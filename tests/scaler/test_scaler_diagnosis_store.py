@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import select
 
 import scalewatch
+from scalewatch.telemetry import TelemetrySettings
 from scalewatch._recording.recorder import StepSample
 from scalewatch.store import Store, open_store
 from scalewatch.store import runs as store_runs
@@ -126,7 +127,10 @@ def test_a_failed_write_keeps_its_findings(tmp_path: Path, monkeypatch: pytest.M
         write(store, run_id, values, findings)
 
     monkeypatch.setattr(store_runs, "write_step_values", failing_once)
-    gs = scalewatch.GradScaler("cpu", init_scale=256.0, telemetry=url)
+    # the write fails in this process: written by a thread of it
+    gs = scalewatch.GradScaler(
+        "cpu", init_scale=256.0, telemetry=TelemetrySettings(url, writer="thread")
+    )
     model = Net()
     gs.watch(model)
     run(gs, model, {1: [("decoder.bias", 1, NAN), ("decoder.weight", 2, INF)]}, steps=3)

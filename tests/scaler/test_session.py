@@ -71,7 +71,7 @@ def test_a_load_noted_before_the_first_step_opens_with_the_run() -> None:
     session.pending_load = load
     owner = threading.Event()  # any object that can be weakly referenced
     opening = RunOpening(target=None, name=None, world_size=1, config={}, control={}, uid="u")
-    assert session.open(owner, 8.0, opening) == "uid-1"
+    assert session.open(owner, 8.0, opening, on_cpu=True) == "uid-1"
     factory = session._make_telemetry
     assert isinstance(factory, Factory) and factory.openings[0][0].scale_load == load
     assert session.pending_load is None and session.is_open

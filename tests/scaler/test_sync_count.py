@@ -4,7 +4,7 @@ On a clean step ours reads no more than torch's; on an overflow step the diagnos
 at most ``DIAGNOSIS_READS``: which gradients (and the loss) hold inf/NaN, then their
 counts. On cpu the calls that bring a tensor's value to the host are counted (only on
 the training thread), but for the telemetry capture of a cpu step
-(``scalewatch._recording.step_values.read_cpu``): a cpu tensor is memory, and reading it there is no
+(``scalewatch._recording.step_values.read_cpu`` and ``read_if_clean``): a cpu tensor is memory, and reading it there is no
 sync; on cuda that capture is an asynchronous copy to pinned memory instead. On cuda
 torch's sync debug mode reports the synchronisations themselves.
 """
@@ -26,7 +26,7 @@ from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
 import scalewatch
-from scalewatch._recording.step_values import read_cpu
+from scalewatch._recording.step_values import read_cpu, read_if_clean
 from tests._helpers.twin import (
     INJECT,
     batch,
@@ -39,6 +39,7 @@ from tests.scaler._kept_samples import keep_samples
 
 HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy")
 STEPS = 10
+CAPTURES = (read_cpu.__code__, read_if_clean.__code__)  # a cpu step's capture: no sync
 DIAGNOSIS_READS = 2  # per overflow step: one device, one gradient dtype
 
 
@@ -52,7 +53,7 @@ def counting_host_reads() -> Iterator[Counter[str]]:
     def counted(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            capture = sys._getframe(1).f_code is read_cpu.__code__
+            capture = sys._getframe(1).f_code in CAPTURES
             if threading.get_ident() == main and not capture:
                 counts[name] += 1
             return original(*args, **kwargs)

@@ -90,10 +90,14 @@ def _fsdp_twin(rank: int, world: int, url: str) -> dict[str, Any]:
     if ours._session.telemetry is not None:
         assert ours.flush(30)
     db_name = url.rsplit("/", 1)[-1]
+    # The store is open in this rank's process or in its telemetry's writer process.
+    writer_pid = getattr(ours._session.telemetry, "writer_pid", None)
     store_fds = [
         fd
-        for fd in os.listdir("/proc/self/fd")
-        if db_name in (os.readlink(f"/proc/self/fd/{fd}") if _is_link(fd) else "")
+        for pid in ("self", writer_pid)
+        if pid is not None
+        for fd in os.listdir(f"/proc/{pid}/fd")
+        if db_name in (os.readlink(f"/proc/{pid}/fd/{fd}") if _is_link(pid, fd) else "")
     ]
     result = {
         "scales": scales,
@@ -107,8 +111,8 @@ def _fsdp_twin(rank: int, world: int, url: str) -> dict[str, Any]:
     return result
 
 
-def _is_link(fd: str) -> bool:
-    return os.path.islink(f"/proc/self/fd/{fd}")
+def _is_link(pid: str | int, fd: str) -> bool:
+    return os.path.islink(f"/proc/{pid}/fd/{fd}")
 
 
 @pytest.mark.slow
@@ -321,7 +325,9 @@ def test_step_writes_keep_the_heartbeat_and_an_idle_run_beats_on_its_own(
     url = db_url(tmp_path / "sw.db")
     model = mlp()
     opt = sgd(model)[0]
-    with scalewatch.GradScaler("cpu", telemetry=TelemetrySettings(url, heartbeat_s=interval)) as gs:
+    with scalewatch.GradScaler(
+        "cpu", telemetry=TelemetrySettings(url, heartbeat_s=interval, writer="thread")
+    ) as gs:
         began = time.time()
         step = 0
         while time.time() < began + 2.5 * interval:  # steps all along: a write every 0.2 s
@@ -501,7 +507,7 @@ def test_an_unwritable_store_drops_past_the_bound_and_records_the_gap(
         switch(True)
     else:
         # The store's directory is gone when the writer first opens it.
-        settings = TelemetrySettings(url, max_pending=16)
+        settings = TelemetrySettings(url, max_pending=16, writer="thread")
         gs = scalewatch.GradScaler("cpu", growth_interval=50, telemetry=settings)
         store.close()
         folder.rename(tmp_path / "elsewhere")
@@ -672,7 +678,8 @@ def test_store_directory_removed_mid_run_is_noticed_and_recovered(
     url = f"sqlite:///{directory / 'sw.db'}"
     model = mlp()
     opt = sgd(model)[0]
-    gs = scalewatch.GradScaler("cpu", telemetry=url, run_name="moved")
+    settings = TelemetrySettings(url, writer="thread")  # its warnings in this process's log
+    gs = scalewatch.GradScaler("cpu", telemetry=settings, run_name="moved")
 
     def train(first: int, count: int) -> None:
         for step in range(first, first + count):
