@@ -5,6 +5,7 @@ database to it (or back). Any thread that opens a store; once per process and st
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +25,10 @@ from .errors import MigrationsUnusable
 from .timeouts import DEFAULTS
 
 log = logging.getLogger("scalewatch.store")
+# Alembic runs a command through module-level proxies (``alembic.context``, ``alembic.op``)
+# bound for its duration: two threads of one process upgrading two stores at once would
+# run each other's revisions. The store's own lock serialises processes; this, threads.
+_ALEMBIC_COMMANDS = threading.Lock()
 
 
 def _alembic_config(connection: Connection | None = None) -> Config:
@@ -107,7 +112,8 @@ def upgrade_engine(engine: Engine, *, wait_s: float = DEFAULTS.migration_wait_s)
                             current,
                             head,
                         )
-                    command.upgrade(_alembic_config(conn), "head")
+                    with _ALEMBIC_COMMANDS:
+                        command.upgrade(_alembic_config(conn), "head")
             return head
         except exc.OperationalError as error:
             if "locked" not in str(error.orig) or time.monotonic() > deadline:
@@ -123,5 +129,5 @@ def upgrade_engine(engine: Engine, *, wait_s: float = DEFAULTS.migration_wait_s)
 
 def downgrade_engine(engine: Engine, revision: str = "base") -> None:
     """Downgrade the database behind ``engine`` to ``revision`` (``"base"``: no tables)."""
-    with _migration_lock(engine) as conn:
+    with _migration_lock(engine) as conn, _ALEMBIC_COMMANDS:
         command.downgrade(_alembic_config(conn), revision)

@@ -238,3 +238,27 @@ def test_migrations_without_revisions_are_named_by_their_folder(
     assert str(refused.value) == (
         f"the store cannot be opened: no revision files (revisions read from {empty / 'versions'})"
     )
+
+
+def test_threads_of_one_process_upgrade_stores_of_their_own_at_once(tmp_path: Path) -> None:
+    """Alembic binds its command's context module-wide: two threads upgrading two stores
+    together (two scalers' writers in one process) each get the whole schema."""
+    urls = [f"sqlite:///{tmp_path / f'store{i}.db'}" for i in range(4)]
+    start = threading.Barrier(len(urls))
+    errors: list[BaseException] = []
+
+    def upgrade_at_once(url: str) -> None:
+        start.wait()
+        try:
+            upgrade(url)
+        except BaseException as error:  # reported below, with the url
+            errors.append(error)
+
+    threads = [threading.Thread(target=upgrade_at_once, args=(url,)) for url in urls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    for url in urls:
+        assert _tables(url) >= TABLES
