@@ -51,6 +51,29 @@ def shown_url(url: str | URL) -> str:
     return parsed.render_as_string(hide_password=True)
 
 
+def pinned_url(value: str | None) -> str:
+    """The store ``value`` names (None: :func:`default_url`), as any process reads it
+    alike: a SQLite file's relative path made absolute against this process's working
+    directory. For a process of our own that opens the store, whatever its environment
+    and folder have become since it started.
+
+    >>> pinned_url("runs/sw.db") == "sqlite:///" + os.path.abspath("runs/sw.db")
+    True
+    >>> pinned_url("sqlite:////data/sw.db?timeout=5"), pinned_url("sqlite://")
+    ('sqlite:////data/sw.db?timeout=5', 'sqlite://')
+    """
+    written = store_url(value or default_url())
+    try:
+        url = make_url(written)
+    except exc.ArgumentError:  # not a URL: the store's opening says so, as for any process
+        return written
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return url.render_as_string(hide_password=False)
+    if url.database.startswith("file:"):  # a SQLite URI: as written
+        return url.render_as_string(hide_password=False)
+    return url.set(database=os.path.abspath(url.database)).render_as_string(hide_password=False)
+
+
 def default_url() -> str:
     """``$SCALEWATCH_DB`` when set, else ``sqlite:///scalewatch.db`` (relative to the cwd)."""
     return os.environ.get(ENV_VAR) or DEFAULT_URL

@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from .._control.inbox import ControlInbox
@@ -31,6 +31,7 @@ from ..store import runs as store_runs
 from ..store.engine import Store
 from ..store.records import ScaleLoad
 from ..store.states import RunStatus
+from ..store.urls import pinned_url
 from ._control_poller import ControlPoller
 from ._queue import CommandQueue, RecordGap
 from ._remote import RemoteTelemetry, open_remote
@@ -309,6 +310,8 @@ def open_run(
     process, or by a thread (an open :class:`Store`, or a process that cannot start one)."""
     settings = target if isinstance(target, TelemetrySettings) else TelemetrySettings(target)
     if settings.writer == "process" and not isinstance(settings.store, Store):
+        # the writer process may have started before $SCALEWATCH_DB or the folder changed
+        settings = replace(settings, store=pinned_url(settings.store))
         started_at = time.time()
         claimed, resume = _claim(uid)
         run = OpenRun(
