@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import os
 import sqlite3
 import statistics
 import sys
@@ -42,6 +43,7 @@ from scalewatch.store import StepRecord, open_store, upgrade
 from scalewatch.store.records import ParamFinding
 from scalewatch.store.runs import create_run, step_rows, write_steps
 from scalewatch.store.sqlite import BUSY_TIMEOUT_MS
+from scalewatch.telemetry import TelemetrySettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _figures import figure, median_interval
@@ -216,16 +218,22 @@ def _variants(kind: str, url: str, device: str) -> dict[str, Any]:
         "torch": theirs(**kwargs),
         "off": ours(**kwargs, telemetry=False),
         "on": ours(**kwargs, telemetry=url),
+        # the same store written by threads of the training process, as before the writer
+        # had a process of its own
+        "thread": ours(
+            **kwargs, telemetry=TelemetrySettings(url.replace(".db", "-thread.db"), writer="thread")
+        ),
         "off again": ours(**kwargs, telemetry=False),
     }
 
 
 def _telemetry_threads_cpu(gs: Any) -> float:
-    """CPU seconds used so far by the threads of ``gs``'s telemetry and recorder."""
+    """CPU seconds used so far by the threads of ``gs``'s telemetry and recorder, and by
+    its writer process (which the other variants, telemetry off, leave idle)."""
     session = getattr(gs, "_session", None)  # torch's scalers have none
     if session is None or session.telemetry is None:
         return 0.0
-    total = 0.0
+    total = _process_cpu(getattr(session.telemetry, "writer_pid", None))
     recorder = () if session.recorder is None else (session.recorder.thread,)
     for thread in (*session.telemetry.threads, *recorder):
         if thread is None or thread.ident is None or not thread.is_alive():
@@ -235,6 +243,17 @@ def _telemetry_threads_cpu(gs: Any) -> float:
         except OSError:  # the thread ended meanwhile
             continue
     return total
+
+
+def _process_cpu(pid: int | None) -> float:
+    """CPU seconds (user and system) used so far by process ``pid``; 0 for None."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _timed(loop: Any, steps: int) -> tuple[float, float]:
@@ -337,15 +356,19 @@ def bench_training_thread(
                             # None of the on variant's writes may land in another's round,
                             # and its own round starts with its writer in its usual cadence.
                             variants["on"].flush(60)
-                            if name in ("on", "off again"):  # timed alike
+                            variants["thread"].flush(60)
+                            if name in ("on", "thread", "off again"):  # timed alike
                                 fn(gs, math.ceil(n * WARM_UP_S / min_round_s))
                             before = _telemetry_threads_cpu(gs)
                             wall, cpu = fn(gs, n)
                             samples[name].append((wall * 1e6, cpu * 1e6))
                             if name == "on":
                                 threads_cpu.append((_telemetry_threads_cpu(gs) - before) / n)
-                    telemetry = variants["on"]._session.telemetry
-                    written = telemetry is not None and telemetry.flush(60)
+                    written = all(
+                        variants[name]._session.telemetry is not None
+                        and variants[name]._session.telemetry.flush(60)
+                        for name in ("on", "thread")
+                    )
                     for gs in variants.values():
                         if hasattr(gs, "close"):
                             gs.close()
@@ -358,7 +381,11 @@ def bench_training_thread(
                             name: statistics.median(x[i] for x in xs)
                             for name, xs in samples.items()
                         }
-                        for label, other in (("on-off", "on"), ("a/a", "off again")):
+                        for label, other in (
+                            ("on-off", "on"),
+                            ("thread-off", "thread"),
+                            ("a/a", "off again"),
+                        ):
                             differences = [
                                 x[i] - off[i]
                                 for x, off in zip(samples[other], samples["off"], strict=True)
@@ -387,12 +414,16 @@ def print_training_thread(result: dict[str, Any]) -> None:
     )
     print(
         "  a/a = the same difference between two scalers with telemetry off (the method's"
-        " noise floor); threads = CPU of telemetry's writer and poller threads per step;"
-        " 95% = a bootstrap interval of the on-off median"
+        " noise floor); threads = CPU per step of telemetry's threads in the training"
+        " process and of its writer process;"
+        " 95% = a bootstrap interval of the on-off median;"
+        " thread-off = on - off with the store written by threads of the training process"
+        ' (TelemetrySettings(writer="thread"))'
     )
     print(
         f"  {'class':<18} {'workload':<13} {'time':<5} {'torch':>8} {'off':>8} {'on':>8}"
         f" {'on-off':>8} {'95%':>15} {'a/a':>7} {'on-torch':>9} {'threads':>8}"
+        f" {'thread-off':>11}"
     )
     worst: dict[str, float] = {}
     for (kind, workload), row in result["rows"].items():
@@ -407,7 +438,7 @@ def print_training_thread(result: dict[str, Any]) -> None:
             print(
                 f"  {kind:<18} {workload:<13} {metric:<5} {t['torch']:>8.1f} {t['off']:>8.1f}"
                 f" {t['on']:>8.1f} {t['on-off']:>+8.1f} {interval:>15} {t['a/a']:>+7.1f}"
-                f" {t['on'] - t['torch']:>+9.1f} {threads}"
+                f" {t['on'] - t['torch']:>+9.1f} {threads} {t['thread-off']:>+11.1f}"
                 + ("" if row["written"] else "  (store not flushed)")
             )
     worst_cpu, worst_wall = worst["cpu on-off"], worst["wall on-off"]

@@ -316,11 +316,10 @@ class Instrumented(_Base):
             if add_row is None:  # and no record is kept: nothing else to read
                 self._fold(clean[0], False, stepped, scale_set)
             elif outcomes:
-                values = read_cpu(scale, tracker, found, None, flags)
-                values = values._replace(loss=clean[2])
+                read = read_cpu(scale, tracker, found, None, flags)._replace(loss=clean[2])
                 self._hand_over(
                     add_row,
-                    values,
+                    read,
                     attribution,
                     stepped,
                     scale_set,
@@ -397,9 +396,11 @@ class Instrumented(_Base):
         recorder, context = self._session.recorder, self._step_context
         assert recorder is not None
         scale_after, tracker, loss = clean
-        used, _, drift = recorder.fold_step(
-            context.scale_host, scale_after, False, stepped, scale_set, schedule
-        )
+        # Counted here, in one call: every frame on this path is paid every step.
+        counts = recorder.counts
+        used = counts.add(context.scale_host, scale_after, False, stepped, scale_set)
+        drift = None if schedule is None else counts.drifted(schedule, counts.last_skipped, False)
+        counts.last_skipped = False
         context.scale_host = None
         add_row(
             (  # in TrainingRow's order

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .._control.inbox import ControlInbox
+from .._step_sample import StepSample
 from ..stats import ScalerStats
 from ..store.records import ScaleLoad
-from .._step_sample import StepSample
 from .recorder import Recorder
 
 

@@ -7,8 +7,6 @@ that is a tensor is read only from the CPU (memory, no sync); one on a device is
 read (None), never synced for.
 
 >>> import torch
-
-from .._step_sample import Rates, step_rates
 >>> opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)
 >>> opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(1))], "lr": 0.01})
 >>> step_rates([group_rates(opt)])

@@ -78,8 +78,9 @@ make = object.__new__
 
 
 @dataclass(slots=True)
-class _Fold:
-    """Running counts, kept as plain fields: a new ScalerStats per step costs the GIL."""
+class Counts:
+    """A scaler's running counts, kept as plain fields: a new ScalerStats per step costs
+    the GIL. The training thread adds a clean cpu step's itself (``Recorder.counts``)."""
 
     last_scale: float | None = None
     steps: int = 0
@@ -179,7 +180,8 @@ class Recorder:
         self._inline_batch = inline_batch
         self._pending: deque[Snapshot] = deque()
         self._cond = threading.Condition()
-        self._fold: _Fold = previous._fold if previous is not None else _Fold(last_scale=init_scale)
+        counts = Counts(last_scale=init_scale) if previous is None else previous.counts
+        self.counts: Counts = counts
         self._submitted = 0
         self._done = 0
         self._dropped: int = previous._dropped if previous is not None else 0
@@ -230,7 +232,7 @@ class Recorder:
     ) -> None:
         """Count a cpu step where ``folds_inline``: what a snapshot of it would count,
         without the snapshot."""
-        self._fold.add(scale_used, scale_after, overflow, stepped, scale_set)
+        self.counts.add(scale_used, scale_after, overflow, stepped, scale_set)
         self._submitted += 1
         self._done += 1
 
@@ -247,12 +249,12 @@ class Recorder:
         from the training thread: (the scale it used, skipped, the schedule's drift)."""
         self._submitted += 1
         self._done += 1
-        return self._fold.step(scale_used, scale_after, overflow, stepped, scale_set, schedule)
+        return self.counts.step(scale_used, scale_after, overflow, stepped, scale_set, schedule)
 
     def stats(self, timeout: float = 30.0) -> ScalerStats:
         self.flush(timeout)
         with self._cond:
-            return self._fold.stats(self._dropped)
+            return self.counts.stats(self._dropped)
 
     def flush(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -302,7 +304,7 @@ class Recorder:
             if threaded and popped % self._yield_every == 0:
                 time.sleep(0)  # hand the GIL to the training thread rather than make it wait
             try:
-                sample = _materialise(snap, self._fold, sample=self._sink is not None)
+                sample = _materialise(snap, self.counts, sample=self._sink is not None)
             except Exception:  # a broken snapshot must not stop the thread
                 log.exception("scalewatch: could not read step %d", snap.step)
                 sample = None
@@ -333,7 +335,7 @@ def _run(ref: weakref.ref[Recorder], cond: threading.Condition, poll_s: float) -
                 cond.wait(poll_s)
 
 
-def _materialise(snap: Snapshot, fold: _Fold, sample: bool = True) -> StepSample | None:
+def _materialise(snap: Snapshot, fold: Counts, sample: bool = True) -> StepSample | None:
     """Fold ``snap`` into ``fold``; returns its sample, unless ``sample`` is False (no sink).
 
     Read on the recorder thread for every step: a clean step (the common one) takes the

@@ -147,7 +147,8 @@ def read_if_clean(
         return None
     if not whole:
         return scale.item(), 0, None
-    return (
+    # item() is typed int | float: the tracker is an int32 tensor, whose item() is an int
+    return (  # type: ignore[return-value]
         scale.item(),
         tracker.item(),
         None if loss is None or not loss.is_cpu else loss.item(),

@@ -17,6 +17,7 @@ process is lost.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -33,7 +34,7 @@ from ..store.records import ScaleLoad
 from ..store.states import RunStatus
 from . import Telemetry
 from ._queue import RecordGap
-from ._wire import Close, Flush, OpenRun, RunState, dumps, loads
+from ._wire import Close, Flush, Marker, OpenRun, RunState, dumps, loads
 
 log = logging.getLogger("scalewatch.telemetry")
 
@@ -79,11 +80,8 @@ class Host:
     def reply(self, message: tuple[Any, ...]) -> None:
         """Send ``message`` to the training process; from any thread. Gone: let go."""
         data = dumps(message)
-        with self._send_lock:
-            try:
-                self._conn.send_bytes(data)
-            except OSError:
-                pass
+        with self._send_lock, contextlib.suppress(OSError):
+            self._conn.send_bytes(data)
 
     def serve(self) -> None:
         conn = self._conn
@@ -97,21 +95,33 @@ class Host:
         self._training_ended()
 
     def _handle(self, message: tuple[Any, ...]) -> None:
-        kind, key, body = message
-        if kind == "open":
-            self._open(key, body)
+        """A run's items in their order: the steps between two markers queued together."""
+        _, key, items = message
+        start = 0
+        for i, item in enumerate(items):
+            if type(item) is Marker:
+                self._take(key, items[start:i])
+                self._mark(key, item)
+                start = i + 1
+        self._take(key, items[start:] if start else items)
+
+    def _take(self, key: int, items: list[Any]) -> None:
+        hosted = self._runs.get(key)
+        if items and hosted is not None:  # else a run that could not be opened: logged then
+            _take(hosted.telemetry, items)
+
+    def _mark(self, key: int, marker: Marker) -> None:
+        if marker.kind == "open":
+            self._open(key, marker.body)
             return
         hosted = self._runs.get(key)
         if hosted is None:
-            return  # a run that could not be opened: logged then
-        telemetry = hosted.telemetry
-        if kind == "items":
-            _take(telemetry, body)
-        elif kind == "flush":
-            self._wait(self._flush, telemetry, body)
-        elif kind == "close":
+            return
+        if marker.kind == "flush":
+            self._wait(self._flush, hosted.telemetry, marker.body)
+        elif marker.kind == "close":
             del self._runs[key]
-            self._wait(self._close, telemetry, body)
+            self._wait(self._close, hosted.telemetry, marker.body)
 
     def _open(self, key: int, run: OpenRun) -> None:
         try:
@@ -188,11 +198,38 @@ def _take(telemetry: Telemetry, items: list[Any]) -> None:
         telemetry.submit(samples)
 
 
-def main(fd: int) -> None:
-    """Serve the connection on file descriptor ``fd`` (the training process's socket)."""
+class _LogForwarder(logging.Handler):
+    """Sends what this process logs to the training process, which logs it (``_remote``)."""
+
+    def __init__(self, host: Host, level: int) -> None:
+        super().__init__(level)
+        self._host = host
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields = dict(record.__dict__)
+            # as logging.handlers.QueueHandler.prepare: the message made here, the
+            # traceback as text, nothing that might not pickle
+            fields["msg"] = self.format(record)
+            fields["args"] = None
+            fields["exc_info"] = None
+            fields["exc_text"] = None
+            fields["stack_info"] = None
+            self._host.reply(("log", fields))
+        except Exception:
+            self.handleError(record)
+
+
+def main(fd: int, level: int = logging.WARNING) -> None:
+    """Serve the connection on file descriptor ``fd`` (the training process's socket);
+    what is logged here at ``level`` or above is logged by the training process."""
     # Ctrl-C reaches the whole foreground process group: the training process decides
     # when its runs end, and this one writes until it is told or its connection ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with Connection(fd) as conn:
-        Host(conn).serve()
+        host = Host(conn)
+        root = logging.getLogger()
+        root.handlers[:] = [_LogForwarder(host, level)]
+        root.setLevel(level)
+        host.serve()
     sys.exit(0)

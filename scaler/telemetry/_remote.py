@@ -25,6 +25,7 @@ import sys
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import islice
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -33,7 +34,7 @@ from .._step_sample import StepSample
 from ..store.records import ScaleLoad
 from ..store.states import RunStatus
 from ._queue import RecordGap
-from ._wire import Close, Flush, OpenRun, RunState, dumps, loads
+from ._wire import Close, Flush, Marker, OpenRun, RunState, dumps, loads
 
 log = logging.getLogger("scalewatch.telemetry")
 
@@ -42,19 +43,9 @@ ANSWER_MARGIN_S = 10.0  # past a flush's or close's own timeout, for the answer 
 # The child imports the package from where this one was found if nothing else has it.
 _CHILD = (
     "import sys; sys.path.append(sys.argv[2]);"
-    " from scalewatch.telemetry._host import main; main(int(sys.argv[1]))"
+    " from scalewatch.telemetry._host import main; main(int(sys.argv[1]), int(sys.argv[3]))"
 )
 _KEYS = itertools.count(1)
-
-
-class _Marker:
-    """An item that is a message of its own: a run opened, a flush, a close."""
-
-    __slots__ = ("kind", "body")
-
-    def __init__(self, kind: str, body: Any) -> None:
-        self.kind = kind
-        self.body = body
 
 
 @dataclass
@@ -71,7 +62,16 @@ class WriterLink:
         try:
             package_root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
             self.process = subprocess.Popen(
-                [sys.executable, "-P", "-c", _CHILD, str(theirs.fileno()), package_root],
+                [
+                    sys.executable,
+                    "-P",
+                    "-c",
+                    _CHILD,
+                    str(theirs.fileno()),
+                    package_root,
+                    # what it logs at or above this comes back (see _relog)
+                    str(logging.getLogger("scalewatch").getEffectiveLevel()),
+                ],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
             )
@@ -156,6 +156,9 @@ class WriterLink:
                 self._ended()
                 return
             kind = message[0]
+            if kind == "log":
+                _relog(message[1])
+                continue
             if kind == "done":
                 _, token, ok, state = message
                 with self._lock:
@@ -195,6 +198,16 @@ class WriterLink:
         self._conn.close()
 
 
+def _relog(fields: dict[str, Any]) -> None:
+    """A record the writer process logged, handled here by the logger of its name: the
+    training script's logging configuration (levels, handlers, files) applies to it as to
+    the training process's own records."""
+    record = logging.makeLogRecord(fields)
+    logger = logging.getLogger(record.name)
+    if logger.isEnabledFor(record.levelno):
+        logger.handle(record)
+
+
 def _exit_status(process: subprocess.Popen[bytes]) -> str:
     try:
         code = process.wait(timeout=1.0)
@@ -230,7 +243,7 @@ class RemoteTelemetry:
         self.state = RunState()
         self._link = link
         self._max_pending: int = run.settings.max_pending
-        self._items: deque[Any] = deque([_Marker("open", run)])
+        self._items: deque[Any] = deque([Marker("open", run)])
         self._lock = threading.Lock()  # between dropping the oldest and sending
         self._lost = 0  # records dropped in this process
         self._closed = False
@@ -303,7 +316,7 @@ class RemoteTelemetry:
 
     def _ask(self, kind: str, request: Any, timeout: float) -> tuple[bool, RunState] | None:
         token, answer = self._link.expect()
-        self._items.append(_Marker(kind, request(token)))
+        self._items.append(Marker(kind, request(token)))
         self._link.hurry()
         answer.event.wait(timeout + ANSWER_MARGIN_S)
         if answer.value is None:
@@ -314,21 +327,17 @@ class RemoteTelemetry:
     # ------------------------------------------------ the sender thread's side
 
     def messages(self) -> list[tuple[Any, ...]]:
-        """What was handed over since the last call, as messages in its order."""
+        """What was handed over since the last call, in its order: one message, or none.
+
+        Taken in one C call (``popleft`` until the count read first) and pickled in
+        another, with no bytecode between items: a sender that ran Python per item would
+        lose the GIL at each of the training thread's torch calls, and win it back, many
+        times a send; the writer process splits the list (``_host``).
+        """
+        items = self._items
         with self._lock:
-            items = self._items
-            taken = [items.popleft() for _ in range(len(items))]
-        messages: list[tuple[Any, ...]] = []
-        start = 0
-        for i, item in enumerate(taken):
-            if type(item) is _Marker:
-                if start < i:
-                    messages.append(("items", self.key, taken[start:i]))
-                messages.append((item.kind, self.key, item.body))
-                start = i + 1
-        if start < len(taken):
-            messages.append(("items", self.key, taken[start:]))
-        return messages
+            taken = list(islice(iter(items.popleft, None), len(items)))
+        return [("items", self.key, taken)] if taken else []
 
     def lost(self, message: tuple[Any, ...]) -> None:
         """``message`` could not be sent: its records count as dropped."""

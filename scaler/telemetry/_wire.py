@@ -2,10 +2,11 @@
 
 Both ends of one connection (``multiprocessing.connection``), each message a pickled
 tuple whose first element is its kind. To the writer process (``_remote`` sends them):
-``("open", key, OpenRun)``, ``("items", key, [item, ...])``, ``("flush", key, Flush)``,
-``("close", key, Close)``; an item is a step's row (a plain tuple in
-``TrainingRow``'s order), a :class:`~scalewatch._step_sample.StepSample`, a
-:class:`~scalewatch.store.records.ScaleLoad` or a :class:`~scalewatch.telemetry._queue.RecordGap`.
+``("items", key, [item, ...])``, what a run handed over in its order; an item is a step's
+row (a plain tuple in ``TrainingRow``'s order), a
+:class:`~scalewatch._step_sample.StepSample`, a :class:`~scalewatch.store.records.ScaleLoad`,
+a :class:`~scalewatch.telemetry._queue.RecordGap`, or a :class:`Marker`: the run opened
+(``OpenRun``), a :class:`Flush` or a :class:`Close`, each in its place among the steps.
 Back (``_host`` sends them): ``("state", key, RunState)``, ``("control", key,
 ControlUpdate)``, ``("done", token, ok, RunState)``.
 
@@ -20,6 +21,14 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+
+class Marker(NamedTuple):
+    """An item that is not a step: ``"open"`` (an :class:`OpenRun`), ``"flush"`` (a
+    :class:`Flush`) or ``"close"`` (a :class:`Close`)."""
+
+    kind: str
+    body: Any
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,12 +71,14 @@ def train(
     out: IO[str],
     stop: Path | None = None,
     max_steps: int = 1_000_000,
+    writer_pid_out: str | None = None,
 ) -> int:
     """Train a small MLP with ``scalewatch.GradScaler`` writing to ``url``; one line per step.
 
     Every 50th step overflows (an inf loss), so the scale backs off and grows again.
     Steps are paced at ``period`` seconds; ``work_s`` is the step's own time, without
     the pacing. Stops after ``max_steps`` or once ``stop`` exists; returns the last step.
+    ``writer_pid_out``: a file the pid of the run's telemetry writer process is written to.
     """
     import torch
 
@@ -103,6 +105,8 @@ def train(
         gs.step(opt)
         gs.update()
         work = time.perf_counter() - started
+        if step == 1 and writer_pid_out is not None:  # the run opens at the first step
+            Path(writer_pid_out).write_text(str(gs._session.telemetry.writer_pid))
         print(step, repr(time.time()), f"{work:.6f}", file=out, flush=True)
         if stop is not None and stop.exists():
             break
@@ -165,12 +169,22 @@ def killable_context() -> Any:
 
 
 def killable_trainer(url: str, name: str, out_path: str, period: float) -> None:
-    """A trainer whose stdout is ``out_path`` (the target of a forkserver process)."""
+    """A trainer whose stdout is ``out_path`` (the target of a forkserver process); the
+    pid of its telemetry writer process is in ``out_path`` + ``.writer``."""
     fd = os.open(out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.close(fd)
     stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (the process's stdout)
-    train(url, name, period=period, out=stdout)
+    train(url, name, period=period, out=stdout, writer_pid_out=f"{out_path}.writer")
+
+
+def process_gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie that nobody has reaped yet counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
 
 
 # ------------------------------------------------------------ a trainer on the test's thread

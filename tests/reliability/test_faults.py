@@ -28,6 +28,7 @@ from tests._helpers.faults import (
     integrity,
     killable_context,
     killable_trainer,
+    process_gone,
     read_steps,
     record_figures,
     service,
@@ -95,6 +96,13 @@ def test_sigkill_at_random_steps_leaves_an_intact_store_and_runs_that_read_crash
                 for trainer in trainers:
                     trainer["proc"].kill()
                     trainer["proc"].join(10)
+            # A killed trainer's writer process writes what reached it, then exits.
+            writers = [int(Path(f"{t['out']}.writer").read_text()) for t in trainers]
+            wait_for(
+                lambda writers=writers: all(process_gone(pid) for pid in writers),
+                60,
+                "the killed trainers' writer processes to write what they had and exit",
+            )
             check = integrity(db)
             for trainer in trainers:
                 lines = read_steps(trainer["out"])
@@ -452,7 +460,8 @@ def store_run_id(store: Any) -> int:
     return int(wait_for(found, 30, "the run"))
 
 
-RESTART_AT = 40  # steps before the job goes down; as many again after it restarts
+RESTART_AT = 40  # steps before the job goes down; at least as many again after it restarts
+RESTART_CAP = 3000  # steps the restarted job trains at most, waiting for the request
 
 
 def _restarting_rank(rank: int, world: int, url: str, folder: str, phase: int) -> dict[str, Any]:
@@ -481,7 +490,13 @@ def _restarting_rank(rank: int, world: int, url: str, folder: str, phase: int) -
     g = torch.Generator().manual_seed(100 * phase + rank)
     states: list[dict[str, Any]] = []
     scales: list[float] = []
-    for _ in range(RESTART_AT):
+    # Phase 2 goes on past its RESTART_AT steps until the request made while the job was
+    # down shows (its writer process starts, opens the run and polls first: on a loaded
+    # machine that takes seconds). Both ranks see it at one step, so both stop there; a
+    # rank that saw it alone would wait in DDP's next all-reduce, and the test time out.
+    while len(states) < RESTART_AT or (
+        phase == 2 and states[-1]["growth_interval"] != 7 and len(states) < RESTART_CAP
+    ):
         opt.zero_grad()
         gs.scale(model(torch.randn(8, 8, generator=g)).pow(2).mean()).backward()
         gs.step(opt)
@@ -531,10 +546,11 @@ def test_control_requested_while_the_job_restarts_applies_at_one_step_on_every_r
             ]
             (status,) = conn.execute(select(runs.c.status).where(runs.c.id == run_id)).one()
     assert after[0]["run_id"] == run_id and after[0]["run_uid"] == before[0]["run_uid"]
-    assert [r["steps"] for r in after] == [2 * RESTART_AT] * 2
-    assert sorted(stored) == list(range(1, 2 * RESTART_AT + 1))
+    (trained,) = {r["steps"] for r in after}  # one count, both ranks
+    assert 2 * RESTART_AT <= trained < RESTART_AT + RESTART_CAP
+    assert sorted(stored) == list(range(1, trained + 1))
     assert status == "finished"
-    assert row.status == "applied"
+    assert row.status == "applied", row
     applied = [RESTART_AT + first_step_with(r["states"], "growth_interval", 7) for r in after]
     assert applied == [row.applied_step] * 2
     assert after[0]["scales"] == after[1]["scales"]

@@ -13,12 +13,12 @@ import torch
 from sqlalchemy import select
 
 import scalewatch
-from scalewatch.telemetry import TelemetrySettings
 from scalewatch.store import ControlValidationError, RunNotRunning, Store, open_store
 from scalewatch.store import control as store_control
 from scalewatch.store.control import control_history, control_state, request_control
 from scalewatch.store.runs import create_run, end_run
 from scalewatch.store.schema import control_requests, runs, steps
+from scalewatch.telemetry import TelemetrySettings
 from tests._helpers.ranks import Ranks
 from tests._helpers.twin import batch, mlp, sgd, train_step
 from tests._helpers.waiting import wait_for

@@ -88,17 +88,27 @@ def test_a_scaler_never_closed_in_a_function_that_returns_loses_no_step(
     assert [step for _, step in step_list] == list(range(1, 301))
 
 
+@pytest.mark.parametrize("writer", ["process", "thread"])
 @pytest.mark.parametrize("cls", [GradScaler, ShardedGradScaler])
-def test_a_dropped_scaler_is_closed_and_its_threads_end(tmp_path: Path, cls: type) -> None:
+def test_a_dropped_scaler_is_closed_and_its_threads_end(
+    tmp_path: Path, cls: type, writer: str
+) -> None:
+    """The threads that are the run's end with it; a writer process's link to the training
+    process is the process's, shared by its runs, and stays."""
     url = f"sqlite:///{tmp_path / 'sw.db'}"
-    gs = cls("cpu", telemetry=url, run_name="dropped")
+    gs = cls("cpu", telemetry=TelemetrySettings(url, writer=writer), run_name="dropped")
     train_steps(gs, range(1, 21))
-    threads = [gs._session.recorder.thread, *gs._session.telemetry.threads]
+    telemetry = gs._session.telemetry
+    threads = [gs._session.recorder.thread]
+    if writer == "thread":
+        threads += telemetry.threads
     del gs
     gc.collect()
     for thread in threads:
-        thread.join(30)
-        assert not thread.is_alive(), thread.name
+        if thread is not None:
+            thread.join(30)
+            assert not thread.is_alive(), thread.name
+    assert telemetry.closed
     assert stored(url)[0] == [("dropped", "finished")]
     assert by_run(url) == [list(range(1, 21))]
 
@@ -151,7 +161,11 @@ def test_flush_returns_false_when_the_recorder_is_behind(
         return original(*args, **kwargs)
 
     monkeypatch.setattr(_recorder, "_materialise", slow)
-    gs = GradScaler("cpu", telemetry=f"sqlite:///{tmp_path / 'sw.db'}")
+    # A cpu run read by a recorder thread: one whose store a thread writes (with a writer
+    # process the training thread hands the rows over itself; test_writer_process).
+    gs = GradScaler(
+        "cpu", telemetry=TelemetrySettings(f"sqlite:///{tmp_path / 'sw.db'}", writer="thread")
+    )
     train_steps(gs, range(1, 2))
     assert gs.flush(0.2) is False
     with pytest.raises(TimeoutError):

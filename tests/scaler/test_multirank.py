@@ -10,6 +10,7 @@ inf/NaN injected into one chosen rank's local gradients at chosen steps.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -202,7 +203,8 @@ def test_fsdp1_cpu_offload_on_one_gpu(reduce: bool) -> None:
     assert [s.record.inf_ranks for s in ours.samples] == expected_ranks
 
 
-def _threads_after_steps(rank: int, world: int, url: str) -> list[str]:
+def _threads_after_steps(rank: int, world: int, url: str) -> tuple[list[str], int]:
+    """The scalewatch threads of this rank after 5 steps, and how many processes it started."""
     import threading
 
     model = nn.parallel.DistributedDataParallel(model_copy())
@@ -215,18 +217,25 @@ def _threads_after_steps(rank: int, world: int, url: str) -> list[str]:
         gs.step(opt)
         gs.update()
     names = sorted(t.name for t in threading.enumerate() if t.name.startswith("scalewatch"))
+    children = sum(
+        len(Path(task, "children").read_text().split())
+        for task in Path("/proc/self/task").iterdir()
+    )
     assert gs.stats().steps == 5  # a rank without a thread still counts its steps
     gs.close()
-    return names
+    return names, children
 
 
 @pytest.mark.slow
 def test_only_the_reporting_rank_runs_threads(tmp_path: Any) -> None:
-    """A rank that writes nothing needs no thread: 2-4 ranks share a few cores."""
+    """A rank that writes nothing needs no thread and no writer process: 2-4 ranks share
+    a few cores. The reporting rank's store writes and control polls run in its writer
+    process; in the rank itself (on cpu, where the training thread hands each step's row
+    over and no recorder thread is needed) the writer process's sender and receiver."""
     url = f"sqlite:///{tmp_path / 'sw.db'}"
-    names = run_ranks(_threads_after_steps, 2, url, timeout=120.0)
-    assert names[0] == ["scalewatch-poller", "scalewatch-recorder", "scalewatch-writer"]
-    assert names[1] == []
+    reporting, other = run_ranks(_threads_after_steps, 2, url, timeout=120.0)
+    assert reporting == (["scalewatch-receiver", "scalewatch-sender"], 1)
+    assert other == ([], 0)
 
 
 def worker_float64(rank: int, world: int, kinds: list[str]) -> dict[str, Any]:

@@ -11,13 +11,13 @@ import pytest
 from sqlalchemy import select
 
 import scalewatch
-from scalewatch.telemetry import TelemetrySettings
 from scalewatch._recording.recorder import StepSample
 from scalewatch.store import Store, open_store
 from scalewatch.store import runs as store_runs
 from scalewatch.store.diagnosis import overflow_detail
 from scalewatch.store.records import ParamFinding
 from scalewatch.store.schema import overflow_params, steps
+from scalewatch.telemetry import TelemetrySettings
 from scalewatch.telemetry._queue import CommandQueue, Diagnosed, RecordGap, findings_of
 from tests._helpers.diagnosis import INF, NAN, PLAN, Net, run
 from tests._helpers.records import step_record

@@ -4,9 +4,10 @@ On a clean step ours reads no more than torch's; on an overflow step the diagnos
 at most ``DIAGNOSIS_READS``: which gradients (and the loss) hold inf/NaN, then their
 counts. On cpu the calls that bring a tensor's value to the host are counted (only on
 the training thread), but for the telemetry capture of a cpu step
-(``scalewatch._recording.step_values.read_cpu`` and ``read_if_clean``): a cpu tensor is memory, and reading it there is no
-sync; on cuda that capture is an asynchronous copy to pinned memory instead. On cuda
-torch's sync debug mode reports the synchronisations themselves.
+(``scalewatch._recording.step_values.read_cpu`` and ``read_if_clean``): a cpu tensor is
+memory, and reading it there is no sync; on cuda that capture is an asynchronous copy to
+pinned memory instead. On cuda torch's sync debug mode reports the synchronisations
+themselves.
 """
 
 from __future__ import annotations
