@@ -25,6 +25,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 @pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
+    """Chromium, for every browser test (a module that needs nothing else from the
+    browser than this fixture is skipped here as the others skip themselves)."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
