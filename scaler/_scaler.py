@@ -47,6 +47,7 @@ from ._torch_compat import (
     process_group_info,
 )
 from .stats import ScalerCheckpoint, ScalerStats
+from .telemetry import refuse_unusable_store
 
 if TYPE_CHECKING:
     from ._diagnosis.findings import Diagnosis
@@ -74,6 +75,8 @@ class Instrumented(_Base):
         self._scale_rules.hysteresis_start = options.hysteresis
         if self._enabled:  # an init_scale outside min/max_scale starts at the bound
             _changes.clamp_scale(self, self._scale_rules)
+        if self._enabled:  # on every rank alike, before the first step
+            refuse_unusable_store(options.telemetry)
         self._telemetry_option = options.telemetry
         # A scaler built by a script that cannot be edited (scalewatch instrument) is named so.
         self._run_name = options.run_name or os.environ.get("SCALEWATCH_RUN_NAME") or None

@@ -140,7 +140,7 @@ def user_error(error: Exception) -> str | None:
     from alembic.util.exc import CommandError
     from sqlalchemy.exc import ArgumentError, DBAPIError
 
-    from scalewatch.store.errors import NotAStoreURL, StoreDamaged
+    from scalewatch.store.errors import NotAStoreURL, StoreDamaged, StoreOnNetworkFilesystem
 
     from ..alerts.config import RulesFileError
 
@@ -148,7 +148,7 @@ def user_error(error: Exception) -> str | None:
         return f"alert rules: {error}"
     if isinstance(error, ValidationError):
         return refused(error, given=set())
-    if isinstance(error, NotAStoreURL | StoreDamaged):
+    if isinstance(error, NotAStoreURL | StoreDamaged | StoreOnNetworkFilesystem):
         return str(error)
     if isinstance(error, DBAPIError):
         # The driver's first line says what failed; libpq adds hints on lines of their own.

@@ -27,6 +27,22 @@ class UnsupportedDriver(NotAStoreURL):
         self.url = drivername
 
 
+class StoreOnNetworkFilesystem(ValueError):
+    """A SQLite store on a filesystem other hosts share (``scalewatch.store.filesystems``)."""
+
+    def __init__(self, path: str, fstype: str, mountpoint: str) -> None:
+        super().__init__(
+            f"the store {path!r} is on a {fstype} filesystem (mounted at {mountpoint}), where"
+            " SQLite's WAL and locks do not hold across hosts: put it on a local disk"
+            " (SCALEWATCH_DB=/local/path/scalewatch.db) or use PostgreSQL"
+            " (postgresql+psycopg://...); if no other host ever opens it, add"
+            " ?journal_mode=delete to its URL"
+        )
+        self.path = path
+        self.fstype = fstype
+        self.mountpoint = mountpoint
+
+
 class RunNotFound(LookupError):
     """No run has this id (404)."""
 

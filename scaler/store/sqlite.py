@@ -14,7 +14,9 @@ from typing import Any
 from sqlalchemy import URL, Connection, Engine, create_engine, event, exc
 
 from .errors import StoreDamaged, storage_failure
+from .filesystems import JOURNAL_MODES, refuse_network
 from .timeouts import DEFAULTS, Timeouts
+from .urls import parse_store_url
 
 BUSY_TIMEOUT_MS = DEFAULTS.busy_ms  # the default (bench/telemetry.py's raw connections)
 # Connections an engine on a file keeps open (one per worker thread of the service), and
@@ -68,6 +70,10 @@ def make_engine(url: str, parsed: URL, *, timeouts: Timeouts = DEFAULTS) -> Engi
     as ``BEGIN`` or, with the execution option ``sqlite_begin="IMMEDIATE"``, ``BEGIN
     IMMEDIATE``.
     """
+    journal_mode = journal_mode_of(parsed)
+    if journal_mode is not None:  # ours, not the driver's: sqlite3.connect takes no such keyword
+        parsed = parsed.difference_update_query(["journal_mode"])
+        url = parsed.render_as_string(hide_password=False)
     database = parsed.database or ""
     if database and database != ":memory:" and not database.startswith("file:"):
         parent = Path(database).expanduser().absolute().parent
@@ -75,6 +81,7 @@ def make_engine(url: str, parsed: URL, *, timeouts: Timeouts = DEFAULTS) -> Engi
             raise FileNotFoundError(
                 f"cannot open the store {url!r}: the directory {str(parent)!r} does not exist"
             )
+        refuse_network(database, journal_mode)
     pool: dict[str, int] = {}
     if database and database != ":memory:" and "mode=memory" not in database:
         # A file store gets SQLAlchemy's QueuePool; with WAL, readers never wait for the
@@ -82,17 +89,58 @@ def make_engine(url: str, parsed: URL, *, timeouts: Timeouts = DEFAULTS) -> Engi
         # (anyio runs sync routes in up to 40 threads) and keep it.
         pool = {"pool_size": POOL_SIZE, "max_overflow": POOL_OVERFLOW}
     engine = create_engine(url, **pool)
-    event.listen(engine, "connect", functools.partial(_on_connect, busy_ms=timeouts.busy_ms))
+    on_connect = functools.partial(
+        _on_connect, busy_ms=timeouts.busy_ms, journal_mode=journal_mode or "wal"
+    )
+    event.listen(engine, "connect", on_connect)
     event.listen(engine, "begin", _on_begin)
     return engine
 
 
-def _on_connect(dbapi_connection: sqlite3.Connection, _record: Any, *, busy_ms: int) -> None:
+def refuse_network_store(url: str) -> None:
+    """Raise :class:`~scalewatch.store.errors.StoreOnNetworkFilesystem` for a SQLite store
+    ``url`` on a network filesystem (unless its URL asks for a rollback journal), as
+    opening it would; nothing for another store, or a URL that opening will refuse."""
+    try:
+        parsed = parse_store_url(url)
+        journal_mode = journal_mode_of(parsed)
+    except (ValueError, exc.ArgumentError):
+        return
+    database = parsed.database or ""
+    local = database not in ("", ":memory:") and not database.startswith("file:")
+    if parsed.get_backend_name() == "sqlite" and local:
+        refuse_network(database, journal_mode)
+
+
+def journal_mode_of(parsed: URL) -> str | None:
+    """The journal mode a store's URL asks for (``?journal_mode=delete``), None if none.
+
+    >>> from sqlalchemy import make_url
+    >>> journal_mode_of(make_url("sqlite:////nfs/me/sw.db?journal_mode=DELETE"))
+    'delete'
+    """
+    value = parsed.query.get("journal_mode")
+    if value is None:
+        return None
+    mode = value if isinstance(value, str) else value[-1]
+    if mode.lower() not in JOURNAL_MODES:
+        raise ValueError(
+            f"journal_mode in a store's URL is one of {', '.join(JOURNAL_MODES)}, not {mode!r}"
+        )
+    return mode.lower()
+
+
+def _on_connect(
+    dbapi_connection: sqlite3.Connection, _record: Any, *, busy_ms: int, journal_mode: str
+) -> None:
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
-        _use_wal(cursor)
+        if journal_mode == "wal":
+            _use_wal(cursor)
+        else:  # a rollback journal, asked for by the URL (one of JOURNAL_MODES)
+            cursor.execute(f"PRAGMA journal_mode = {journal_mode}")
         for pragma in _PRAGMAS:
             cursor.execute(pragma)
     finally:

@@ -30,6 +30,7 @@ from .._step_sample import StepSample
 from ..store import runs as store_runs
 from ..store.engine import Store
 from ..store.records import ScaleLoad
+from ..store.sqlite import refuse_network_store
 from ..store.states import RunStatus
 from ..store.urls import pinned_url
 from ._control_poller import ControlPoller
@@ -110,6 +111,16 @@ class TelemetrySettings:
         timeout = store_runs.HEARTBEAT_TIMEOUT_S
         if isinstance(beat, bool) or not isinstance(beat, int | float) or not 0 < beat < timeout:
             raise ValueError(f"heartbeat_s must be a number of seconds > 0 and < {timeout:g}")
+
+
+def refuse_unusable_store(target: str | Store | TelemetrySettings | bool | None) -> None:
+    """Raise now, where a scaler is made, for a telemetry target whose store cannot be
+    kept where it is (a SQLite file on a network filesystem: ``StoreOnNetworkFilesystem``,
+    a ValueError), rather than once training has begun and its writer opens it."""
+    store = target.store if isinstance(target, TelemetrySettings) else target
+    if store is False or isinstance(store, Store):
+        return
+    refuse_network_store(pinned_url(None if store is True else store))
 
 
 def release_uid(uid: str) -> None:
