@@ -73,10 +73,9 @@ class Instrumented(_Base):
     def _setup(self, options: Options) -> None:
         self._scale_rules = ScaleRules(options.min_scale, options.max_scale, options.hysteresis)
         self._scale_rules.hysteresis_start = options.hysteresis
-        if self._enabled:  # an init_scale outside min/max_scale starts at the bound
-            _changes.clamp_scale(self, self._scale_rules)
-        if self._enabled:  # on every rank alike, before the first step
-            refuse_unusable_store(options.telemetry)
+        if self._enabled:
+            _changes.clamp_scale(self, self._scale_rules)  # an init_scale outside the bounds
+            refuse_unusable_store(options.telemetry)  # on every rank, before the first step
         self._telemetry_option = options.telemetry
         # A scaler built by a script that cannot be edited (scalewatch instrument) is named so.
         self._run_name = options.run_name or os.environ.get("SCALEWATCH_RUN_NAME") or None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from scalewatch.store.urls import parse_store_url
+from scalewatch.store.urls import parse_store_url, sqlite_file
 
 __all__ = ["existing_store", "refuse_foreign"]
 
@@ -14,13 +14,8 @@ __all__ = ["existing_store", "refuse_foreign"]
 def local_file(url: str) -> Path | None:
     """The file behind a SQLite store URL; None for a server's database (PostgreSQL), an
     in-memory or a ``file:`` URI one."""
-    parsed = parse_store_url(url)
-    database = parsed.database or ""
-    if parsed.get_backend_name() != "sqlite":
-        return None
-    if database in ("", ":memory:") or database.startswith("file:"):
-        return None
-    return Path(database)
+    path = sqlite_file(parse_store_url(url))
+    return None if path is None else Path(path)
 
 
 def existing_store(url: str) -> str:

@@ -16,7 +16,7 @@ from sqlalchemy import URL, Connection, Engine, create_engine, event, exc
 from .errors import StoreDamaged, storage_failure
 from .filesystems import JOURNAL_MODES, refuse_network
 from .timeouts import DEFAULTS, Timeouts
-from .urls import parse_store_url
+from .urls import parse_store_url, sqlite_file
 
 BUSY_TIMEOUT_MS = DEFAULTS.busy_ms  # the default (bench/telemetry.py's raw connections)
 # Connections an engine on a file keeps open (one per worker thread of the service), and
@@ -75,13 +75,14 @@ def make_engine(url: str, parsed: URL, *, timeouts: Timeouts = DEFAULTS) -> Engi
         parsed = parsed.difference_update_query(["journal_mode"])
         url = parsed.render_as_string(hide_password=False)
     database = parsed.database or ""
-    if database and database != ":memory:" and not database.startswith("file:"):
-        parent = Path(database).expanduser().absolute().parent
+    path = sqlite_file(parsed)
+    if path is not None:
+        parent = Path(path).expanduser().absolute().parent
         if not parent.is_dir():
             raise FileNotFoundError(
                 f"cannot open the store {url!r}: the directory {str(parent)!r} does not exist"
             )
-        refuse_network(database, journal_mode)
+        refuse_network(path, journal_mode)
     pool: dict[str, int] = {}
     if database and database != ":memory:" and "mode=memory" not in database:
         # A file store gets SQLAlchemy's QueuePool; with WAL, readers never wait for the
@@ -106,10 +107,9 @@ def refuse_network_store(url: str) -> None:
         journal_mode = journal_mode_of(parsed)
     except (ValueError, exc.ArgumentError):
         return
-    database = parsed.database or ""
-    local = database not in ("", ":memory:") and not database.startswith("file:")
-    if parsed.get_backend_name() == "sqlite" and local:
-        refuse_network(database, journal_mode)
+    path = sqlite_file(parsed)
+    if path is not None:
+        refuse_network(path, journal_mode)
 
 
 def journal_mode_of(parsed: URL) -> str | None:

@@ -51,6 +51,19 @@ def shown_url(url: str | URL) -> str:
     return parsed.render_as_string(hide_password=True)
 
 
+def sqlite_file(url: URL) -> str | None:
+    """The file a SQLite store ``url`` names, as written; None for another database, an
+    in-memory one or a ``file:`` URI (whose path SQLite reads itself).
+
+    >>> sqlite_file(make_url("sqlite:///runs/sw.db")), sqlite_file(make_url("sqlite://"))
+    ('runs/sw.db', None)
+    """
+    database = url.database or ""
+    if url.get_backend_name() != "sqlite" or database in ("", ":memory:"):
+        return None
+    return None if database.startswith("file:") else database
+
+
 def pinned_url(value: str | None) -> str:
     """The store ``value`` names (None: :func:`default_url`), as any process reads it
     alike: a SQLite file's relative path made absolute against this process's working
@@ -67,11 +80,10 @@ def pinned_url(value: str | None) -> str:
         url = make_url(written)
     except exc.ArgumentError:  # not a URL: the store's opening says so, as for any process
         return written
-    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
-        return url.render_as_string(hide_password=False)
-    if url.database.startswith("file:"):  # a SQLite URI: as written
-        return url.render_as_string(hide_password=False)
-    return url.set(database=os.path.abspath(url.database)).render_as_string(hide_password=False)
+    path = sqlite_file(url)
+    if path is not None:
+        url = url.set(database=os.path.abspath(path))
+    return url.render_as_string(hide_password=False)
 
 
 def default_url() -> str:

@@ -340,9 +340,8 @@ class RemoteTelemetry:
         return [("items", self.key, taken)] if taken else []
 
     def lost(self, message: tuple[Any, ...]) -> None:
-        """``message`` could not be sent: its records count as dropped."""
-        if message[0] == "items":
-            self._lost += _records(message[2])
+        """``message`` (``messages()``'s) could not be sent: its records count as dropped."""
+        self._lost += _records(message[2])
 
     def _drop_oldest(self) -> None:
         """Past ``max_pending`` items not yet sent (the writer process does not keep up):

@@ -8,7 +8,8 @@ row (a plain tuple in ``TrainingRow``'s order), a
 a :class:`~scalewatch.telemetry._queue.RecordGap`, or a :class:`Marker`: the run opened
 (``OpenRun``), a :class:`Flush` or a :class:`Close`, each in its place among the steps.
 Back (``_host`` sends them): ``("state", key, RunState)``, ``("control", key,
-ControlUpdate)``, ``("done", token, ok, RunState)``.
+ControlUpdate)``, ``("done", token, ok, RunState)``, ``("log", fields)`` (a log record's
+fields, logged again there).
 
 Imports no torch and no store: both ends load it.
 """
