@@ -463,12 +463,11 @@ export class RunChart {
     this.node.dataset.scaleJumps = String(this.loadMarks.filter((m) => m.jump).length);
   }
 
-  // The steps shown: Plotly writes the range it drew back into the layout.
+  // The steps shown: the zoomed view, else the whole run (its steps and its marks). Not the
+  // range Plotly last wrote into the layout: while a redraw is in flight that is still the
+  // empty plot's, or one autoranged over the shapes alone, and labels thinned for it are lost.
   xRange() {
-    const range = this.node.layout && this.node.layout.xaxis && this.node.layout.xaxis.range;
-    if (range && Number.isFinite(Number(range[0])) && Number.isFinite(Number(range[1]))) {
-      return [Number(range[0]), Number(range[1])];
-    }
+    if (this.view) return [this.view[0], this.view[1]];
     const steps = [
       ...this.markers.map((m) => m.step),
       ...this.alertMarks.map((a) => a.from),
