@@ -18,6 +18,7 @@ from .docs import install_docs
 from .errors import install_error_handlers
 from .live.hubs import Hubs, Pacing
 from .middleware.access import Access, reads_open
+from .middleware.forwarded import ClientAddress
 from .middleware.head import HeadAsGet
 from .middleware.headers import SecurityHeaders
 from .middleware.health import StorageGuard, StoreHealth
@@ -111,10 +112,16 @@ def create_app(
     app.add_middleware(BodyLimit)
     app.add_middleware(Access, settings=settings)  # before the body
     app.add_middleware(HeadAsGet)
-    if is_loopback(settings.host):
+    if is_loopback(settings.host) and settings.uds is None:  # no browser reaches a unix socket
         app.add_middleware(LoopbackHost, allowed=settings.allowed_hosts)
     app.add_middleware(StorageGuard)
-    app.add_middleware(SecurityHeaders)  # outermost: on every refusal too
+    app.add_middleware(SecurityHeaders)  # on every refusal too
+    # Outermost: who the client is, before anything counts or logs it.
+    app.add_middleware(
+        ClientAddress,
+        trust_proxy=settings.trust_proxy,
+        unix_is_proxy=settings.uds is not None and settings.proxy_user_header is not None,
+    )
     app.include_router(router)
     install_docs(app)
     install_openapi(app)

@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     # Addresses (CIDR) of an authenticating proxy, whose header proxy_user_header names
     # the user (and proxy_role_header, when set, the role); from elsewhere both are ignored.
     trust_proxy: Annotated[tuple[str, ...], NoDecode] = ()
+    # A unix socket to listen on instead of host:port (``serve --uds``), made 0660: for a
+    # proxy on the same host, whose group alone may connect; its peers are the proxy.
+    uds: Path | None = None
     proxy_user_header: str | None = None
     proxy_role_header: str | None = None
     # TLS served by uvicorn itself (else: none, or at the proxy).

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import gc
+import os
 import socket
 import sys
+from pathlib import Path
 from typing import Any, TextIO
 
 import uvicorn
@@ -25,6 +27,7 @@ __all__ = [
     "access_line",
     "freeze_startup_heap",
     "listen",
+    "listen_unix",
     "make_server",
     "prepare",
     "ready_to_serve",
@@ -102,6 +105,35 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def listen_unix(path: Path) -> socket.socket:
+    """A unix socket bound at ``path``, mode 0660 from its creation (the proxy's group may
+    connect, no one else). A socket file left by a service that is gone is replaced; one
+    that answers, or a file of another kind, is refused."""
+    if path.is_socket():
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # nobody listens: a stale one
+        else:
+            raise CannotServe(f"cannot listen on {path}: a service is listening there")
+        finally:
+            probe.close()
+    elif path.exists():
+        raise CannotServe(f"cannot listen on {path}: it exists and is no socket")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o117)  # no window in which others may connect
+    try:
+        sock.bind(str(path))
+        path.chmod(0o660)
+    except OSError as error:
+        sock.close()
+        raise CannotServe(f"cannot listen on {path}: {error.strerror or error}") from error
+    finally:
+        os.umask(old)
+    return sock
+
+
 def ready_to_serve(settings: Settings, out: TextIO) -> tuple[Settings, socket.socket]:
     """What ``serve`` and ``demo`` do before serving, in an order that writes no token on a
     refusal: the bind check, the store (checked whole, then created or upgraded: a damaged
@@ -112,13 +144,17 @@ def ready_to_serve(settings: Settings, out: TextIO) -> tuple[Settings, socket.so
     """
     refuse_unguarded(settings)
     open_store(settings.db, check=True).close()
+    if settings.uds is not None:
+        sock = listen_unix(settings.uds)
+    else:
+        try:
+            sock = listen(settings.host, settings.port)
+        except OSError as error:
+            where = f"{settings.host}:{settings.port}"
+            raise CannotServe(f"cannot listen on {where}: {error.strerror or error}") from error
     try:
-        sock = listen(settings.host, settings.port)
-    except OSError as error:
-        where = f"{settings.host}:{settings.port}"
-        raise CannotServe(f"cannot listen on {where}: {error.strerror or error}") from error
-    try:
-        settings = prepare(settings, out, port=sock.getsockname()[1])
+        port = None if settings.uds is not None else sock.getsockname()[1]
+        settings = prepare(settings, out, port=port)
         tune_for_serving()
     except BaseException:
         sock.close()
@@ -156,9 +192,9 @@ def access_line(settings: Settings) -> str:
     else:
         reads = "reads need a viewer token (bound beyond loopback)"
     proxy = ""
-    if settings.trust_proxy:
-        trusted = ", ".join(settings.trust_proxy)
-        proxy = f"; {settings.proxy_user_header} names the user from {trusted}"
+    sources = [*settings.trust_proxy, *(["the unix socket"] if settings.uds is not None else [])]
+    if settings.proxy_user_header and sources:
+        proxy = f"; {settings.proxy_user_header} names the user from {', '.join(sources)}"
     return f"{reads}; writes need an operator token{proxy}"
 
 
@@ -171,8 +207,11 @@ def make_server(app: Any, settings: Settings, sock: socket.socket, **config: Any
         uvicorn.Config(
             app,
             host=settings.host.strip("[]"),
-            port=sock.getsockname()[1],
+            port=settings.port if sock.family == socket.AF_UNIX else sock.getsockname()[1],
             timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+            # uvicorn would take X-Forwarded-For from loopback as the client's address: any
+            # local process could name one. ClientAddress reads it from --trust-proxy only.
+            proxy_headers=False,
             ssl_certfile=settings.ssl_certfile,
             ssl_keyfile=settings.ssl_keyfile,
             **config,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import sys
 
 import click
@@ -22,6 +23,13 @@ __all__ = ["serve"]
 @db_option
 @click.option("--host", help="address to bind (default 127.0.0.1)")
 @click.option("--port", type=int, help="port (default 8765)")
+@click.option(
+    "--uds",
+    metavar="PATH",
+    help="listen on a unix socket (made 0660) instead of --host and --port: for a proxy on"
+    " the same host, whose group alone may connect (with --proxy-user-header, its peers are"
+    " the trusted proxy)",
+)
 @click.option(
     "--alerts",
     metavar="FILE",
@@ -60,6 +68,7 @@ def serve(
     db: str | None,
     host: str | None,
     port: int | None,
+    uds: str | None,
     alerts: str | None,
     **access: str | bool | None,
 ) -> None:
@@ -67,13 +76,17 @@ def serve(
     from ..main import create_app
     from ._serving import BindRefused, CannotServe, access_line, make_server, ready_to_serve
 
-    chosen = settings(host=host, port=port, alerts=alerts, **access)
+    chosen = settings(host=host, port=port, uds=uds, alerts=alerts, **access)
+    if chosen.uds is not None and (host is not None or port is not None):
+        raise Refused("--uds listens instead of --host and --port: give one or the other")
     if (chosen.ssl_certfile is None) != (chosen.ssl_keyfile is None):
         raise Refused("--ssl-certfile and --ssl-keyfile go together")
     if chosen.public_read and chosen.private_read:
         raise Refused("--public-read and --private-read say opposite things: choose one")
     if chosen.trust_proxy and not chosen.proxy_user_header:
         raise Refused("--trust-proxy needs --proxy-user-header")
+    if chosen.proxy_user_header and not (chosen.trust_proxy or chosen.uds):
+        raise Refused("--proxy-user-header needs --trust-proxy (or --uds): whose header to trust")
     try:
         rules = load_rules(chosen.alerts) if chosen.alerts is not None else None
     except RulesFileError as refused:  # before anything else: nothing bound, no token
@@ -86,12 +99,21 @@ def serve(
         raise Failed(str(refused), refused.code) from None
     with sock:
         server = make_server(create_app(served, rules), served, sock)
-        bound, bound_port = sock.getsockname()[:2]
         scheme = "https" if served.ssl_certfile else "http"
-        url = f"{scheme}://{f'[{bound}]' if ':' in bound else bound}:{bound_port}/"
+        if served.uds is not None:
+            url = f"{scheme}+unix:{served.uds}"
+        else:
+            bound, bound_port = sock.getsockname()[:2]
+            url = f"{scheme}://{f'[{bound}]' if ':' in bound else bound}:{bound_port}/"
         click.echo(f"scalewatch: {access_line(served)}")
         click.echo(f"scalewatch: serving {url} (Ctrl-C to stop)")
-        with contextlib.suppress(KeyboardInterrupt):  # uvicorn hands Ctrl-C back once stopped
-            server.run(sockets=[sock])
+        if served.uds is not None:  # uvicorn hands SIGTERM back once stopped: remove the socket
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        try:
+            with contextlib.suppress(KeyboardInterrupt):  # uvicorn hands Ctrl-C back once stopped
+                server.run(sockets=[sock])
+        finally:
+            if served.uds is not None:
+                served.uds.unlink(missing_ok=True)
     if not server.started:
         click.get_current_context().exit(3)

@@ -10,9 +10,10 @@ or started ``--public-read``).
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import math
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import parse_qs
 
 from sqlalchemy.exc import DBAPIError
@@ -20,18 +21,14 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from scalewatch.store.engine import Store
 from scalewatch.store.identities import Role, TokenRefusal
 
 from ..services import services_of
 from ..settings import Settings
 from .hosts import is_loopback
-from .identity import (
-    BOOTSTRAP_NAME,
-    Identity,
-    from_proxy,
-    from_token,
-    in_networks,
-)
+from .identity import BOOTSTRAP_NAME, Identity, from_proxy, from_token
+from .penalty import credential_key
 from .roles import TICKET_PATHS, needed
 
 __all__ = ["Access", "Refusal", "current_identity", "reads_open"]
@@ -67,9 +64,6 @@ class Access:
     def __init__(self, app: ASGIApp, settings: Settings) -> None:
         self.app, self.settings = app, settings
         self.reads_open = reads_open(settings)
-        self.trusted = tuple(
-            ipaddress.ip_network(cidr, strict=False) for cidr in settings.trust_proxy
-        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -87,31 +81,36 @@ class Access:
         await self.app(scope, receive, send)
 
     async def _identify(self, scope: Scope, path: str, *, open_read: bool) -> Identity | None:
-        client = scope["client"][0] if scope.get("client") else "unknown"
+        # The client as ClientAddress decided it (behind a trusted proxy: the one it
+        # forwards for); a unix socket's peer has no address.
+        client = scope["client"][0] if scope.get("client") else "unix"
         services = services_of(scope["app"])
-        penalty = services.penalty  # wrong tokens per client
-        locked = penalty.locked_for(client)
-        if locked > 0 and (_credentials(scope, path) or not (open_read and self.reads_open)):
+        headers = Headers(scope=scope)
+        user = self.settings.proxy_user_header
+        if user and scope.get("state", {}).get("via_proxy") and headers.get(user, "").strip():
+            # Named by the proxy, which authenticated the user: nothing here to guess.
+            return await self._from_proxy(services.store, headers, user)
+        penalty = services.penalty  # wrong credentials per client
+        scheme, token, ticket = "", "", None
+        if "authorization" in headers:
+            scheme, _, token = headers["authorization"].partition(" ")
+            token = token.strip()
+        elif path in TICKET_PATHS:
+            ticket = _query(scope).get("ticket")
+        presented = token or ticket
+        credential = credential_key(presented) if presented else None
+        locked = penalty.locked_for(client, credential)
+        if locked > 0 and (
+            "authorization" in headers or ticket is not None or not (open_read and self.reads_open)
+        ):
             wait = str(math.ceil(locked))
             raise Refusal(
                 429,
                 f"too many wrong tokens from {client}: try again in {wait} s",
                 {"Retry-After": wait},
             )
-        headers = Headers(scope=scope)
-        store = services.store
         found: Identity | TokenRefusal | None = None
-        user = self.settings.proxy_user_header
-        if user and self.trusted and in_networks(client, self.trusted) and headers.get(user):
-            role = (
-                headers.get(self.settings.proxy_role_header or "")
-                if self.settings.proxy_role_header
-                else None
-            )
-            found = await _from_store(from_proxy, store, headers[user], role)
-        elif "authorization" in headers:
-            scheme, _, token = headers["authorization"].partition(" ")
-            token = token.strip()
+        if "authorization" in headers:
             if scheme.lower() != "bearer" or not token:
                 found = TokenRefusal.UNKNOWN
             else:
@@ -119,18 +118,32 @@ class Access:
                 found = (
                     self._bootstrap(token)
                     or known.identity(token)
-                    or await _from_store(from_token, store, token, known.clock, known)
+                    or await _from_store(from_token, services.store, token, known.clock, known)
                 )
-        elif path in TICKET_PATHS and "ticket" in (query := _query(scope)):
-            found = services.tickets.check(query["ticket"])
+        elif ticket is not None:
+            found = services.tickets.check(ticket)
             if found is None:
                 penalty.failed(client)
                 raise Refusal(401, "the stream ticket is wrong or has expired: get a new one")
         if isinstance(found, TokenRefusal):
             penalty.failed(client)
             raise Refusal(401, REFUSED[found], {"WWW-Authenticate": "Bearer"})
-        if found is not None and found.source != "ticket":
-            penalty.succeeded(client)
+        if found is not None and credential is not None:
+            penalty.succeeded(client, credential)
+        return found
+
+    async def _from_proxy(self, store: Store, headers: Headers, user: str) -> Identity:
+        try:  # HTTP headers arrive as bytes, read as Latin-1: a UTF-8 name is read again
+            name = headers[user].encode("latin-1").decode("utf-8")
+        except UnicodeError:
+            raise Refusal(400, f"the proxy's {user} header is not UTF-8") from None
+        role_header = self.settings.proxy_role_header
+        role = headers.get(role_header) if role_header else None
+        found: Identity | TokenRefusal | str = await _from_store(from_proxy, store, name, role)
+        if isinstance(found, TokenRefusal):  # before str: a TokenRefusal is one
+            raise Refusal(401, f"the proxy's user was {found.value}")
+        if isinstance(found, str):
+            raise Refusal(400, f"the proxy's {user} header names no user: {found}")
         return found
 
     def _bootstrap(self, token: str) -> Identity | None:
@@ -149,18 +162,12 @@ class Access:
             raise Refusal(403, f"{identity.name!r} has the role {identity.role}: this needs {need}")
 
 
-async def _from_store(function: object, *args: object) -> Identity | TokenRefusal:
+async def _from_store(function: Callable[..., Any], *args: object) -> Any:
     try:
-        found: Identity | TokenRefusal = await run_in_threadpool(function, *args)  # type: ignore[arg-type]
+        found = await run_in_threadpool(function, *args)
     except DBAPIError:
         raise Refusal(503, "the store cannot be used to check the token") from None
     return found
-
-
-def _credentials(scope: Scope, path: str) -> bool:
-    """Whether the request presents anything that names an identity."""
-    headers = Headers(scope=scope)
-    return "authorization" in headers or (path in TICKET_PATHS and "ticket" in _query(scope))
 
 
 def _query(scope: Scope) -> dict[str, str]:

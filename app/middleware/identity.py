@@ -139,13 +139,18 @@ class KnownTokens:
             self._known.clear()
 
 
-def from_proxy(store: Store, user: str, role: str | None) -> Identity | TokenRefusal:
-    """The identity a trusted proxy's header names (a role header naming no role: none)."""
-    known = {r.value: r for r in Role}
-    found = proxy_identity(store, user.strip(), known.get((role or "").strip().lower()))
+def from_proxy(store: Store, user: str, role: str | None) -> Identity | TokenRefusal | str:
+    """The identity of the user a trusted proxy's header names, ``proxy:<user>``, with the
+    role its role header names for this request (none, or no role: the record's); or why
+    the header names nobody (a one-line reason)."""
+    try:
+        found = proxy_identity(store, user.strip())
+    except ValueError as refused:
+        return str(refused)
     if isinstance(found, TokenRefusal):
         return found
-    return Identity(found.name, found.role, "proxy")
+    known = {r.value: r for r in Role}
+    return Identity(found.name, known.get((role or "").strip().lower(), found.role), "proxy")
 
 
 def in_networks(

@@ -38,6 +38,8 @@ from .schema import identities, identity_events
 
 __all__ = [
     "NAME_PATTERN",
+    "PROXY_PREFIX",
+    "PROXY_USER_PATTERN",
     "IdentityEvent",
     "IdentityExists",
     "IdentityNotFound",
@@ -57,6 +59,10 @@ __all__ = [
 # What a token's identity may be called: no spaces, slashes or control characters (the
 # name is in URLs, audit trails and command lines).
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,199}$"
+# A user a trusted proxy names: the same rules, letters of any script kept as sent (an
+# identity provider's names are not all ASCII); stored as ``proxy:<user>``.
+PROXY_USER_PATTERN = r"^[^\W_][\w.@+-]{0,199}$"
+PROXY_PREFIX = "proxy:"
 PREFIX = "sw_"
 KEY_HEX = 16
 
@@ -272,33 +278,37 @@ def touch_identity(store: Store, identity_id: int, at: float) -> None:
 
 
 def proxy_identity(
-    store: Store, name: str, role: Role | None = None, *, now: float | None = None
+    store: Store, user: str, *, now: float | None = None
 ) -> IdentityRow | TokenRefusal:
-    """The identity a trusted proxy names: made on first sight (a viewer unless ``role``
-    says), its role set to ``role`` when given. A revoked one stays refused."""
+    """The identity of the user a trusted proxy names: ``proxy:<user>``, a namespace of its
+    own (a token's name holds no colon), made a viewer on first sight (audited as made by
+    ``proxy``). The proxy's role header applies to its request only: the record's role is
+    never changed through the proxy. A revoked one stays refused.
+
+    Raises ValueError for a user outside ``PROXY_USER_PATTERN``.
+    """
+    if not re.fullmatch(PROXY_USER_PATTERN, user):
+        raise ValueError(
+            f"{user[:40]!r} is no user name: letters, digits and . _ @ + - (not first), 200 at most"
+        )
+    name = f"{PROXY_PREFIX}{user}"
     now = time.time() if now is None else now
     with store.read() as conn:
         row = _by_name(conn, name)
-    if row is not None and row["revoked_at"] is not None:
-        return TokenRefusal.REVOKED
-    if row is not None and (role is None or row["role"] == role.value):
-        return IdentityRow.of(row)
-    with store.write() as conn:
-        row = _by_name(conn, name)
-        if row is None:
-            chosen = role or Role.VIEWER
-            conn.execute(
-                insert(identities).values(
-                    name=name, role=chosen.value, created_at=now, created_by="proxy"
+    if row is None:
+        with store.write() as conn:
+            row = _by_name(conn, name)
+            if row is None:
+                conn.execute(
+                    insert(identities).values(
+                        name=name, role=Role.VIEWER.value, created_at=now, created_by="proxy"
+                    )
                 )
-            )
-            _audit(conn, name, "created", chosen, "proxy", now)
-        elif role is not None and row["role"] != role.value:
-            conn.execute(
-                update(identities).where(identities.c.id == row["id"]).values(role=role.value)
-            )
-        row = _by_name(conn, name)
+                _audit(conn, name, "created", Role.VIEWER, "proxy", now)
+                row = _by_name(conn, name)
     assert row is not None
+    if row["revoked_at"] is not None:
+        return TokenRefusal.REVOKED
     return IdentityRow.of(row)
 
 

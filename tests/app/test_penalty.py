@@ -7,6 +7,7 @@ from fastapi.testclient import TestClient
 
 from scalewatch.app.middleware.penalty import FailurePenalty
 from scalewatch.store.engine import Store
+from scalewatch.store.identities import Role, create_identity
 from tests._helpers.service import TOKEN, add_run, auth, simulate
 
 
@@ -25,12 +26,35 @@ def test_repeated_wrong_tokens_lock_the_client_out(client: TestClient, store: St
     assert client.get(f"/api/runs/{run}/control").json()["history"] == []
 
 
-def test_a_right_token_clears_the_count() -> None:
-    penalty = FailurePenalty(free_failures=2, base_s=1.0)
+def test_a_right_token_clears_nothing_but_goes_on_while_locked() -> None:
+    """A success cleared every failure of its address, whatever credential succeeded: a
+    valid viewer token every 15th request allowed unlimited guesses at SCALEWATCH_TOKEN."""
+    penalty = FailurePenalty(free_failures=2, base_s=10.0)
+    penalty.succeeded("a", b"mine")
     for now in (1.0, 2.0):
         assert penalty.failed("a", now=now) == 0.0
-    penalty.succeeded("a")
-    assert penalty.failed("a", now=3.0) == 0.0 and len(penalty) == 1
+    penalty.succeeded("a", b"mine")
+    assert penalty.failed("a", now=3.0) == 10.0  # the count went on
+    assert penalty.locked_for("a", b"guess", now=4.0) == 9.0
+    assert penalty.locked_for("a", None, now=4.0) == 9.0
+    assert penalty.locked_for("a", b"mine", now=4.0) == 0.0  # its own token still works
+    assert penalty.locked_for("b", b"mine", now=4.0) == 0.0  # nor is anyone else locked
+
+
+def test_interleaved_right_tokens_do_not_reset_the_guesses(
+    client: TestClient, store: Store
+) -> None:
+    viewer = create_identity(store, "vic", Role.VIEWER, by="test").token
+    client.app.state.services.penalty = FailurePenalty(free_failures=5, base_s=30.0)
+    codes = []
+    for i in range(12):
+        token = viewer if i % 3 == 0 else f"guess-{i:016d}"
+        codes.append(client.get("/api/whoami", headers=auth(token)).status_code)
+    # 5 guesses free, the 6th locks the client: the next are refused unread; the
+    # viewer's own token goes on.
+    assert codes == [200, 401, 401, 200, 401, 401, 200, 401, 401, 200, 429, 429]
+    bootstrap = client.get("/api/whoami", headers=auth(TOKEN))
+    assert bootstrap.status_code == 429  # a new credential tells nothing while locked
 
 
 def test_the_lockout_doubles_up_to_a_bound_and_is_forgotten() -> None:

@@ -96,16 +96,21 @@ def test_creating_and_revoking_are_audited(store: Store) -> None:
     ]
 
 
-def test_a_proxy_names_a_viewer_unless_it_says_a_role(store: Store) -> None:
-    first = proxy_identity(store, "ada@example.org")
+def test_a_proxy_user_is_a_viewer_of_its_own_namespace(store: Store) -> None:
+    create_identity(store, "ada", Role.ADMIN, by="root")
+    first = proxy_identity(store, "ada")
     assert not isinstance(first, TokenRefusal)
-    assert (first.role, first.has_token) == (Role.VIEWER, False)
-    assert proxy_identity(store, "ada@example.org") == first
-    promoted = proxy_identity(store, "ada@example.org", Role.OPERATOR)
-    assert not isinstance(promoted, TokenRefusal) and promoted.role is Role.OPERATOR
-    revoke_identity(store, "ada@example.org", by="root")
-    assert proxy_identity(store, "ada@example.org") is TokenRefusal.REVOKED
-    assert [e.action for e in identity_events_page(store)] == ["created", "revoked"]
+    assert (first.name, first.role, first.has_token) == ("proxy:ada", Role.VIEWER, False)
+    assert proxy_identity(store, "ada") == first
+    revoke_identity(store, "proxy:ada", by="root")
+    assert proxy_identity(store, "ada") is TokenRefusal.REVOKED
+    assert [(e.name, e.action) for e in identity_events_page(store)] == [
+        ("ada", "created"),
+        ("proxy:ada", "created"),
+        ("proxy:ada", "revoked"),
+    ]
+    with pytest.raises(ValueError, match="is no user name"):
+        proxy_identity(store, "ops/team lead")
 
 
 def test_the_table_holds_no_token_in_clear(store: Store, db_url: str, backend: str) -> None:
