@@ -26,6 +26,7 @@ from .middleware.hosts import LoopbackHost, is_loopback
 from .middleware.identity import KnownTokens, Tickets, UsageClock
 from .middleware.limits import BodyLimit
 from .middleware.penalty import FailurePenalty
+from .middleware.revocations import Revocations
 from .middleware.roles import undeclared
 from .openapi import install_openapi
 from .routes import router
@@ -67,6 +68,7 @@ def create_app(
 
     health, tickets = StoreHealth(), Tickets()
     known_tokens = KnownTokens(UsageClock())
+    revocations = Revocations(known_tokens)
     penalty = penalty if penalty is not None else FailurePenalty()
 
     @asynccontextmanager
@@ -90,9 +92,11 @@ def create_app(
                     penalty=penalty,
                     tickets=tickets,
                     known_tokens=known_tokens,
+                    revocations=revocations,
                     reads_open=reads_open(settings),
                 )
                 tasks.start_soon(run_loop, autopilot, settings.autopilot_interval_s)
+                tasks.start_soon(revocations.watch, store, hubs.wake)
                 yield
                 tasks.cancel_scope.cancel()
         finally:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from .middleware.health import StoreHealth
     from .middleware.identity import KnownTokens, Tickets
     from .middleware.penalty import FailurePenalty
+    from .middleware.revocations import Revocations
 
 __all__ = ["Services", "services_of"]
 
@@ -32,9 +33,9 @@ __all__ = ["Services", "services_of"]
 class Services:
     """What the routes and the middleware of a serving app share.
 
-    ``health``, ``penalty``, ``tickets`` and ``known_tokens`` are the app's, made once in
-    ``create_app``; the others are opened by each start of its lifespan and closed by its
-    end.
+    ``health``, ``penalty``, ``tickets``, ``known_tokens`` and ``revocations`` are the
+    app's, made once in ``create_app``; the others are opened by each start of its
+    lifespan and closed by its end.
     """
 
     store: Store
@@ -47,6 +48,7 @@ class Services:
     penalty: FailurePenalty  # wrong tokens per client
     tickets: Tickets  # the streams' and exports' tickets
     known_tokens: KnownTokens  # tokens checked in the last few seconds
+    revocations: Revocations  # identities no longer usable: open streams and tickets end
     reads_open: bool  # anonymous reads allowed (loopback unless --private-read, or --public-read)
 
 

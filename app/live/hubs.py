@@ -358,6 +358,11 @@ class Hubs:
             if hub.task is not None:
                 hub.task.cancel()
 
+    def wake(self) -> None:
+        """Wake every stream of every run (an identity was revoked: each asks of its own)."""
+        for hub in self._hubs.values():
+            hub.wake()
+
     def close(self) -> None:
         """Stop every hub (the app is shutting down)."""
         for hub in self._hubs.values():

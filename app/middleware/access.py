@@ -125,6 +125,8 @@ class Access:
             if found is None:
                 penalty.failed(client)
                 raise Refusal(401, "the stream ticket is wrong or has expired: get a new one")
+            if why := services.revocations.refusal(found):
+                raise Refusal(401, f"the stream ticket's identity {why}")
         if isinstance(found, TokenRefusal):
             penalty.failed(client)
             raise Refusal(401, REFUSED[found], {"WWW-Authenticate": "Bearer"})
@@ -150,7 +152,7 @@ class Access:
         """The holder of ``SCALEWATCH_TOKEN``, compared in constant time."""
         expected = self.settings.token.get_secret_value() if self.settings.token else ""
         if expected and hmac.compare_digest(token.encode(), expected.encode()):
-            return Identity(BOOTSTRAP_NAME, Role.ADMIN, "bootstrap")
+            return Identity(BOOTSTRAP_NAME, Role.ADMIN, "bootstrap", revocable=False)
         return None
 
     def _judge(self, identity: Identity | None, need: Role) -> None:

@@ -25,7 +25,7 @@ import re
 import secrets
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scalewatch.store.engine import Store
 from scalewatch.store.identities import (
@@ -80,6 +80,9 @@ class Identity:
     name: str
     role: Role
     source: str  # token | proxy | ticket | bootstrap
+    # An identity of the store, which may be revoked or expire (not SCALEWATCH_TOKEN's):
+    # what its open streams and its tickets are checked against (:mod:`.revocations`).
+    revocable: bool = field(default=True, repr=False, compare=False)
 
 
 def from_token(
@@ -101,7 +104,8 @@ class KnownTokens:
     """The identities of the tokens checked in the last ``KNOWN_S`` seconds, by each token's
     SHA-256 (not the token): a request with one costs no read of the store and no trip to a
     worker thread. One revoked through this service is forgotten at once (:meth:`forget`);
-    revoked elsewhere (the CLI, another service) it is refused within ``KNOWN_S``. Expiry
+    revoked elsewhere (the CLI, another service) it is forgotten when the store's trail of identity
+    events moves (:mod:`.revocations`, within a second), and in ``KNOWN_S`` at most. Expiry
     is checked at each use; one whose last-used time is due goes to the store again."""
 
     def __init__(self, clock: UsageClock) -> None:
@@ -202,7 +206,7 @@ class Tickets:
     def issue(self, identity: Identity, now: float | None = None) -> str:
         expiry = int((time.time() if now is None else now) + TICKET_S)
         name = base64.urlsafe_b64encode(identity.name.encode()).decode().rstrip("=")
-        body = f"{expiry}.{identity.role.value}.{name}"
+        body = f"{expiry}.{identity.role.value}.{'r' if identity.revocable else 'b'}.{name}"
         return f"{body}.{self._sign(body)}"
 
     def check(self, ticket: str, now: float | None = None) -> Identity | None:
@@ -210,8 +214,9 @@ class Tickets:
         body, _, signature = ticket.rpartition(".")
         if not hmac.compare_digest(signature.encode(), self._sign(body).encode()):
             return None
-        expiry, role, name = body.split(".", 2)  # signed by us: well formed
+        expiry, role, kind, name = body.split(".", 3)  # signed by us: well formed
         if int(expiry) <= (time.time() if now is None else now):
             return None
         padded = name + "=" * (-len(name) % 4)
-        return Identity(base64.urlsafe_b64decode(padded).decode(), Role(role), "ticket")
+        decoded = base64.urlsafe_b64decode(padded).decode()
+        return Identity(decoded, Role(role), "ticket", revocable=kind == "r")

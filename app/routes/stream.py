@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.concurrency import run_in_threadpool
 
@@ -17,6 +17,7 @@ from scalewatch.store import queries
 from ..deps import ServicesDep, SettingsDep, StoreDep
 from ..live.hubs import Hub, Hubs
 from ..live.sse import opening, sse_event
+from ..middleware.access import current_identity
 from .runs import NOT_FOUND, After, RunId, require_run_exists
 
 __all__ = ["router"]
@@ -30,11 +31,17 @@ STOP_GRACE_S = 1.0
 
 
 async def _events(
-    hubs: Hubs, run_id: int, after: int, stopping: anyio.Event
+    hubs: Hubs,
+    run_id: int,
+    after: int,
+    stopping: anyio.Event,
+    still: Callable[[], str | None] = lambda: None,
 ) -> AsyncIterator[bytes]:
     """The stream of one client: the hub's bytes as they are, never copied here. It ends
     when the run does, or when the server stops (``stopping``, set by sse-starlette): a
-    whole response, which the client reconnects after."""
+    whole response, which the client reconnects after. It ends too, with ``event:
+    refused``, once ``still()`` says why its client may no longer read (a revocation wakes
+    every stream to ask)."""
     yield opening(run_id, after)
     hub = hubs.join(run_id, after)
     seen_control = len(hub.control_log)
@@ -43,6 +50,9 @@ async def _events(
     try:
         while not stopping.is_set():
             tick = hub.tick
+            if why := still():
+                yield sse_event("refused", {"detail": why}).encode()
+                return
             if after < hub.floor:  # behind what the hub keeps (a resume from far back)
                 data, after = await hub.behind(after)
                 if data:
@@ -85,6 +95,7 @@ LastEventId = Annotated[int | None, Header(ge=queries.BEFORE_FIRST_STEP, le=quer
     responses={200: {"content": {"text/event-stream": {}}}, **NOT_FOUND},
 )
 async def stream(
+    request: Request,
     services: ServicesDep,
     store: StoreDep,
     settings: SettingsDep,
@@ -103,8 +114,10 @@ async def stream(
     # Never past the last step: the run's one poller may start from this stream's point.
     start = newest if resume is None else min(resume, newest)
     stopping = anyio.Event()
+    identity = current_identity(request.scope)
+    revocations = services.revocations
     return EventSourceResponse(
-        _events(services.hubs, run, start, stopping),
+        _events(services.hubs, run, start, stopping, lambda: revocations.refusal(identity)),
         headers={"Cache-Control": "no-cache"},
         ping=settings.stream_keepalive_s,
         ping_message_factory=_keep_alive,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Literal
 
+import anyio
 from fastapi import APIRouter, HTTPException, Path, Request, status
 from pydantic import BaseModel, Field
 
@@ -112,7 +113,7 @@ def ticket(request: Request, services: ServicesDep) -> Ticket:
     """A ticket for the streams and exports of who asks (an anonymous viewer where reads
     are open: the dashboard asks alike either way)."""
     identity: Identity | None = getattr(request.state, "identity", None)
-    holder = identity or Identity(ANONYMOUS, Role.VIEWER, "anonymous")
+    holder = identity or Identity(ANONYMOUS, Role.VIEWER, "anonymous", revocable=False)
     return Ticket(ticket=services.tickets.issue(holder), expires_in=TICKET_S)
 
 
@@ -147,4 +148,6 @@ def revoke(
     except IdentityNotFound as missing:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(missing)) from None
     services.known_tokens.forget()  # refused from the next request on
+    if services.revocations.load(store):  # its streams end now, its tickets fail
+        anyio.from_thread.run_sync(services.hubs.wake)
     return IdentityOut.of(revoked)

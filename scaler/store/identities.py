@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sqlalchemy import Connection, RowMapping, insert, select, update
+from sqlalchemy import Connection, RowMapping, func, insert, select, update
 
 from .engine import Store
 from .schema import identities, identity_events
@@ -47,13 +47,16 @@ __all__ = [
     "NewIdentity",
     "Role",
     "TokenRefusal",
+    "Unusable",
     "check_token",
     "create_identity",
+    "identities_mark",
     "identity_events_page",
     "list_identities",
     "proxy_identity",
     "revoke_identity",
     "touch_identity",
+    "unusable_identities",
 ]
 
 # What a token's identity may be called: no spaces, slashes or control characters (the
@@ -61,7 +64,7 @@ __all__ = [
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,199}$"
 # A user a trusted proxy names: the same rules, letters of any script kept as sent (an
 # identity provider's names are not all ASCII); stored as ``proxy:<user>``.
-PROXY_USER_PATTERN = r"^[^\W_][\w.@+-]{0,199}$"
+PROXY_USER_PATTERN = r"^[^\W_][\w.@+-]{0,193}$"  # with the prefix, 200 at most
 PROXY_PREFIX = "proxy:"
 PREFIX = "sw_"
 KEY_HEX = 16
@@ -289,7 +292,7 @@ def proxy_identity(
     """
     if not re.fullmatch(PROXY_USER_PATTERN, user):
         raise ValueError(
-            f"{user[:40]!r} is no user name: letters, digits and . _ @ + - (not first), 200 at most"
+            f"{user[:40]!r} is no user name: letters, digits and . _ @ + - (not first), 194 at most"
         )
     name = f"{PROXY_PREFIX}{user}"
     now = time.time() if now is None else now
@@ -310,6 +313,38 @@ def proxy_identity(
     if row["revoked_at"] is not None:
         return TokenRefusal.REVOKED
     return IdentityRow.of(row)
+
+
+@dataclass(frozen=True)
+class Unusable:
+    """The identities that may no longer be used, as of the audit event ``mark``: revoked
+    (by name), and those with an expiry (by name, when)."""
+
+    mark: int
+    revoked: frozenset[str]
+    expiring: dict[str, float]
+
+
+def identities_mark(store: Store) -> int:
+    """The newest event of the identities' audit trail (0: none): it moves with every
+    creation and revocation, by this process or any other."""
+    with store.read() as conn:
+        return int(conn.execute(select(func.max(identity_events.c.id))).scalar() or 0)
+
+
+def unusable_identities(store: Store) -> Unusable:
+    with store.read() as conn:
+        mark = int(conn.execute(select(func.max(identity_events.c.id))).scalar() or 0)
+        rows = conn.execute(
+            select(identities.c.name, identities.c.revoked_at, identities.c.expires_at).where(
+                identities.c.revoked_at.is_not(None) | identities.c.expires_at.is_not(None)
+            )
+        ).all()
+    return Unusable(
+        mark=mark,
+        revoked=frozenset(name for name, revoked, _ in rows if revoked is not None),
+        expiring={name: expires for name, revoked, expires in rows if revoked is None and expires},
+    )
 
 
 def identity_events_page(store: Store, limit: int = 100) -> list[IdentityEvent]:
