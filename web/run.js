@@ -169,6 +169,17 @@ async function openStream(chart, panel, after) {
     }
     setLive("ended", status ? `not live: run ${status}` : "not live: run ended");
   });
+  // The identity that opened the stream was revoked or has expired: no reconnecting.
+  stream.addEventListener("refused", (event) => {
+    stream.close();
+    let detail = "";
+    try {
+      detail = JSON.parse(event.data).detail || "";
+    } catch {
+      // A refusal without a body still ends the stream.
+    }
+    setLive("ended", `not live: ${detail || "access refused"}; reload with a valid token`);
+  });
   stream.addEventListener("error", () => {
     if (stream.readyState === EventSource.CLOSED) {
       if (live.dataset.state === "ended" || runMissing) return;
