@@ -84,6 +84,24 @@ class RunDetail(RunSummary):
         0, description="loads of a scaler's state into the run once it had steps"
     )
     scale_jumps: int = Field(0, description="those whose scale differs from the last recorded one")
+    forecast: ScaleForecastOut | None = Field(
+        None, description="where the scale is heading, read from the last steps (null: too few)"
+    )
+
+
+class ScaleForecastOut(BaseModel):
+    """Where a run's scale is heading (:mod:`scalewatch.store.forecast`)."""
+
+    trend: Literal["falling", "rising", "steady", "pinned"]
+    text: str = Field(description='in words: "halving every ~310 steps: 1.0 in ~3,700 steps..."')
+    first_step: int = Field(description="the window it was read from")
+    last_step: int
+    scale: float = Field(description="the scale after the last step (under 1: gradients shrunk)")
+    floor: float = Field(description="the run's min_scale, else 1.0")
+    steps_to_floor: int | None = Field(description="falling: steps to the floor at this rate")
+    halving_steps: float | None = Field(
+        description="falling: steps per halving of the scale; rising: per doubling"
+    )
 
 
 _SERIES_TYPES: dict[Kind, Any] = {Kind.INT: int, Kind.FLOAT: float}

@@ -62,3 +62,12 @@ export function scheduleText(run) {
   }
   return held ? "held: on the weights' steps (drift 0)" : "on the weights' steps (drift 0)";
 }
+
+// Where the scale is heading (the detail's forecast), with the steps it was read from:
+// null when the run has too few steps (the card is hidden).
+export function forecastText(run) {
+  const f = run.forecast;
+  if (!f) return null;
+  const range = `${f.first_step.toLocaleString("en-US")}–${f.last_step.toLocaleString("en-US")}`;
+  return `${f.text} (read from steps ${range})`;
+}

@@ -6,7 +6,7 @@ import { RunChart } from "./chart.js";
 import { AutopilotPanel } from "./autopilot.js";
 import { ControlPanel } from "./control.js";
 import { OverflowDetail, ParamsPanel } from "./diagnosis.js";
-import { LiveFacts, scheduleText } from "./facts.js";
+import { LiveFacts, forecastText, scheduleText } from "./facts.js";
 import { ScaleLoadsView } from "./scale_loads.js";
 import { controlFields } from "./rules.js";
 import { canWrite, showIdentity } from "./who.js";
@@ -75,6 +75,9 @@ function renderDetail(run, panel) {
   const schedule = scheduleText(run);
   document.getElementById("schedule-fact").hidden = schedule === null;
   if (schedule !== null) setText(document.querySelector('[data-fact="schedule"]'), schedule);
+  const heading = forecastText(run);
+  document.getElementById("forecast-fact").hidden = heading === null;
+  if (heading !== null) setText(document.querySelector('[data-fact="forecast"]'), heading);
 }
 
 async function pollDetail(panel, loads) {

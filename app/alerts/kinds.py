@@ -24,6 +24,8 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from scalewatch.store.forecast import WINDOW, ScaleStep, read_forecast
+
 from .units import Unit
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "RunView",
     "ScaleBelow",
     "ScaleDrop",
+    "ScaleForecastWatch",
     "ScheduleDrift",
     "SkipRate",
     "SkipStreak",
@@ -394,3 +397,68 @@ class AutopilotGaveUp(Watch[Stopped]):
         if reason is None:
             return Reading(False, 0.0)
         return Reading(True, 1.0, detail=reason[:200])
+
+
+class Heading(Params):
+    threshold: float = Field(
+        default=20_000, gt=0, description="steps ahead: fires when the floor is forecast within"
+    )
+    floor: float = Field(default=1.0, gt=0, description="the run's min_scale, where it has one")
+    window: int = Field(default=WINDOW, ge=10, le=1_000_000, description="steps read")
+
+
+@kind(
+    "scale_forecast",
+    Heading,
+    "at the rate the scale fell over the last `window` steps, it reaches `floor` within"
+    " `threshold` steps (before `scale_below` would fire)",
+    unit=Unit.COUNT,
+    says="the scale reaches its floor in ~{value} steps: {detail}",
+)
+class ScaleForecastWatch(Watch[Heading]):
+    """Keeps the window's scale changes, and the scale at its start: a forecast costs as
+    many of them as the window holds, read again on a change and every ``EVERY`` steps."""
+
+    EVERY = 50
+
+    def __init__(self, params: Heading, run: RunView) -> None:
+        super().__init__(params, run)
+        self.changes: deque[ScaleStep] = deque()
+        self.start: ScaleStep | None = None  # the scale the window starts from
+        self.reading = Reading(False, 0.0)
+        self.since = 0
+
+    @property
+    def history(self) -> int:
+        return self.params.window
+
+    def step(self, row: StepView) -> Reading:
+        now = ScaleStep(row.step, row.scale, row.scale_after)
+        if self.start is None:
+            self.start = now
+        changed = row.scale_after != row.scale
+        if changed:
+            self.changes.append(now)
+        first = row.step - self.params.window + 1
+        while self.changes and self.changes[0].step < first:
+            left = self.changes.popleft()
+            self.start = ScaleStep(first, left.scale_after, left.scale_after)
+        if self.start.step < first:
+            self.start = ScaleStep(first, self.start.scale_after, self.start.scale_after)
+        self.since += 1
+        if changed or self.since >= self.EVERY:
+            self.since = 0
+            self.reading = self._reading(now)
+        return self.reading
+
+    def _reading(self, now: ScaleStep) -> Reading:
+        assert self.start is not None
+        rows = [self.start, *(c for c in self.changes if c.step > self.start.step)]
+        if rows[-1].step != now.step:
+            rows.append(now)
+        found = read_forecast(rows, floor=self.params.floor)
+        if found is None or found.steps_to_floor is None:
+            return Reading(False, 0.0)
+        return Reading(
+            found.steps_to_floor <= self.params.threshold, found.steps_to_floor, found.text
+        )

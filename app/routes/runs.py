@@ -7,7 +7,7 @@ from typing import Annotated
 import anyio
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
-from scalewatch.store import diagnosis, queries, scale_loads
+from scalewatch.store import diagnosis, forecast, queries, scale_loads
 from scalewatch.store.engine import Store
 from scalewatch.store.queries import BEFORE_FIRST_STEP, INT64_MAX, RunInfo
 
@@ -19,6 +19,7 @@ from ..models import (
     RunDetail,
     RunList,
     RunSummary,
+    ScaleForecastOut,
     ScaleLoadItem,
     ScaleLoadList,
     Step,
@@ -69,7 +70,20 @@ def list_runs(store: StoreDep) -> RunList:
 def get_run(store: StoreDep, run: RunId) -> RunDetail:
     detail = RunDetail.model_validate(require_run(store, run), from_attributes=True)
     loads, jumps = scale_loads.load_counts(store, run)
-    return detail.model_copy(update={"scale_loads": loads, "scale_jumps": jumps})
+    return detail.model_copy(
+        update={"scale_loads": loads, "scale_jumps": jumps, "forecast": _forecast(store, detail)}
+    )
+
+
+def _forecast(store: Store, detail: RunDetail) -> ScaleForecastOut | None:
+    """Where the run's scale is heading, from its last ``forecast.WINDOW`` steps."""
+    floor, ceiling = detail.config.get("min_scale"), detail.config.get("max_scale")
+    found = forecast.read_forecast(
+        forecast.recent_scale_changes(store, detail.id, detail.steps),
+        floor=float(floor) if isinstance(floor, int | float) and floor > 0 else 1.0,
+        ceiling=float(ceiling) if isinstance(ceiling, int | float) and ceiling > 0 else None,
+    )
+    return None if found is None else ScaleForecastOut.model_validate(found, from_attributes=True)
 
 
 def chart_json(

@@ -51,7 +51,7 @@ def _turns(kind: str, rows: list[StepView], run: RunView = RUN, **params: object
 def test_the_registry_holds_every_kind_with_a_default_rule() -> None:
     assert set(KINDS) == {
         "scale_below", "scale_drop", "skip_rate", "skip_streak", "stalled", "rank_hotspot",
-        "autopilot", "schedule_drift",
+        "autopilot", "schedule_drift", "scale_forecast",
     }  # fmt: skip
     assert all(spec.default for spec in KINDS.values())
 
@@ -156,3 +156,36 @@ def test_every_kind_has_words_that_fill_in() -> None:
         words = said(name, 1.0, 1.0, "over the window")
         assert "{" not in words and ("over the window" in words) == ("{detail}" in spec.says), name
         assert spec.unit is Unit.FLAG or spec.unit.say(1.0) in words, name
+
+
+def _collapsing(last: int, every: int, start: float = 2.0**16) -> list[StepView]:
+    """A scale halved every ``every`` steps from ``start``, never growing."""
+    rows, scale = [], start
+    for step in range(1, last + 1):
+        after = scale / 2 if step % every == 0 else scale
+        rows.append(StepView(step, 1000.0 + step, scale, after, after < scale, after < scale))
+        scale = after
+    return rows
+
+
+def test_scale_forecast_fires_before_the_scale_reaches_the_floor() -> None:
+    """Halving every 100 steps from 2^16: 1.0 at step 1600. A forecast over 1000 steps with
+    a horizon of 500 fires once the floor is 500 steps away at that rate, well before
+    scale_below does."""
+    rows = _collapsing(1700, every=100)
+    turns = _turns("scale_forecast", rows, threshold=500, window=1000)
+    assert turns[0][:2] == (1100, True) and turns[0][2] == 500
+    below = _turns("scale_below", rows, threshold=1.0)
+    assert below[0][:2] == (1700, True) and turns[0][0] < below[0][0]
+    # One backoff (as a healthy run has now and then) is no collapse.
+    assert _turns("scale_forecast", _steps(backoffs=[30]), threshold=10**6, window=50) == []
+
+
+def test_scale_forecast_says_the_rate_in_words() -> None:
+    spec = KINDS["scale_forecast"]
+    watch = spec.watch(spec.params.model_validate({"threshold": 10**6, "window": 1000}), RUN)
+    for row in _collapsing(800, every=100):
+        reading = watch.step(row)
+    assert reading.on and reading.detail == "halving every ~100 steps: 1.0 in ~800 steps at this rate"
+    words = said("scale_forecast", reading.value, 10**6, reading.detail)
+    assert words.startswith("the scale reaches its floor in ~800 steps: halving every ~100"), words

@@ -45,6 +45,25 @@ def test_run_detail_has_configuration(client: TestClient, store: Store) -> None:
     assert {"torch_version", "host", "pid"} <= set(body)
 
 
+def test_run_detail_says_where_the_scale_is_heading(client: TestClient, store: Store) -> None:
+    collapsing = add_run(store, simulate(1200, set(range(100, 1201, 100)), interval=10**9))
+    healthy = add_run(store, simulate(200, {50}, interval=100), name="healthy")
+    forecast = client.get(f"/api/runs/{collapsing}").json()["forecast"]
+    assert forecast == {
+        "trend": "falling",
+        "text": "halving every ~100 steps: 1.0 in ~400 steps at this rate",
+        "first_step": 1,
+        "last_step": 1200,
+        "scale": 16.0,
+        "floor": 1.0,
+        "steps_to_floor": 400,
+        "halving_steps": 100.0,
+    }
+    steady = client.get(f"/api/runs/{healthy}").json()["forecast"]
+    assert (steady["trend"], steady["text"]) == ("steady", "steady near 2^16")
+    assert client.get(f"/api/runs/{add_run(store, [], name='empty')}").json()["forecast"] is None
+
+
 def test_a_silent_running_run_reads_as_crashed(client: TestClient, store: Store) -> None:
     run = add_run(store, simulate(10, set()))
     with store.write() as conn:

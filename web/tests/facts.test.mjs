@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { LiveFacts, scheduleText } from "../facts.js";
+import { LiveFacts, forecastText, scheduleText } from "../facts.js";
 
 const detail = (steps, extra = {}) => ({
   name: "r",
@@ -82,4 +82,18 @@ test("the schedule's card: the drift at the latest step, held, or none registere
   assert.equal(scheduleText(held), "held: on the weights' steps (drift 0)");
   assert.equal(scheduleText({ schedule_drift: 0, config: { schedulers: [{ held: false }] } }), "on the weights' steps (drift 0)");
   assert.equal(scheduleText({ schedule_drift: null, config: {} }), null);
+});
+
+test("where the scale is heading, with the steps it was read from", () => {
+  const forecast = { text: "halving every ~310 steps: 1.0 in ~3,700 steps at this rate", first_step: 1, last_step: 12400 };
+  assert.equal(
+    forecastText({ forecast }),
+    "halving every ~310 steps: 1.0 in ~3,700 steps at this rate (read from steps 1–12,400)",
+  );
+  assert.equal(forecastText({ forecast: null }), null);
+  // A live step moves the detail on: the forecast stays the polled one's.
+  const facts = new LiveFacts();
+  facts.setDetail({ steps: 10, recorded: 10, skipped: 0, overflows: 0, forecast });
+  facts.addStep({ step: 11, overflow: false, skipped: false, scale_after: 2 });
+  assert.equal(forecastText(facts.current()), forecastText({ forecast }));
 });
