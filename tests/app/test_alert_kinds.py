@@ -186,6 +186,7 @@ def test_scale_forecast_says_the_rate_in_words() -> None:
     watch = spec.watch(spec.params.model_validate({"threshold": 10**6, "window": 1000}), RUN)
     for row in _collapsing(800, every=100):
         reading = watch.step(row)
-    assert reading.on and reading.detail == "halving every ~100 steps: 1.0 in ~800 steps at this rate"
+    assert reading.on
+    assert reading.detail == "halving every ~100 steps: 1.0 in ~800 steps at this rate"
     words = said("scale_forecast", reading.value, 10**6, reading.detail)
     assert words.startswith("the scale reaches its floor in ~800 steps: halving every ~100"), words
