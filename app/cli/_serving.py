@@ -11,6 +11,8 @@ import uvicorn
 from pydantic import SecretStr
 
 from scalewatch.store.engine import open_store
+from scalewatch.store.permissions import exposure
+from scalewatch.store.urls import parse_store_url, sqlite_file
 
 from ..bootstrap_token import new_token, write_token_file
 from ..middleware.hosts import is_loopback
@@ -30,6 +32,7 @@ __all__ = [
     "ready_to_serve",
     "refuse_unguarded",
     "tune_for_serving",
+    "warn_if_exposed",
 ]
 
 # The GIL switch interval of a serving process (CPython's default: 5 ms).
@@ -112,6 +115,7 @@ def ready_to_serve(settings: Settings, out: TextIO) -> tuple[Settings, socket.so
     """
     refuse_unguarded(settings)
     open_store(settings.db, check=True).close()
+    warn_if_exposed(settings.db)
     try:
         sock = listen(settings.host, settings.port)
     except OSError as error:
@@ -124,6 +128,15 @@ def ready_to_serve(settings: Settings, out: TextIO) -> tuple[Settings, socket.so
         sock.close()
         raise
     return settings, sock
+
+
+def warn_if_exposed(url: str) -> None:
+    """One line on stderr when users other than its owner can read the SQLite store
+    ``url``: no token the service asks for then keeps them from its runs."""
+    path = sqlite_file(parse_store_url(url))
+    line = exposure(path) if path is not None else None
+    if line is not None:
+        print(f"scalewatch: warning: {line}", file=sys.stderr, flush=True)
 
 
 def freeze_startup_heap() -> None:
