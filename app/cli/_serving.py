@@ -15,6 +15,7 @@ from scalewatch.store.permissions import exposure
 from scalewatch.store.urls import parse_store_url, sqlite_file
 
 from ..bootstrap_token import new_token, write_token_file
+from ..http_protocol import with_header_deadline
 from ..middleware.hosts import is_loopback
 from ..settings import Settings
 
@@ -178,7 +179,9 @@ def access_line(settings: Settings) -> str:
 def make_server(app: Any, settings: Settings, sock: socket.socket, **config: Any) -> uvicorn.Server:
     """A server for ``app`` on ``sock``, which waits ``SHUTDOWN_GRACE_S`` at most for open
     responses. Live streams end as it stops: sse-starlette ends them on uvicorn's exit.
-    The heap built so far is frozen (:func:`freeze_startup_heap`)."""
+    A connection is closed when a request's headers take over ``settings.header_timeout_s``
+    (:mod:`scalewatch.app.http_protocol`). The heap built so far is frozen
+    (:func:`freeze_startup_heap`)."""
     freeze_startup_heap()
     return uvicorn.Server(
         uvicorn.Config(
@@ -186,6 +189,7 @@ def make_server(app: Any, settings: Settings, sock: socket.socket, **config: Any
             host=settings.host.strip("[]"),
             port=sock.getsockname()[1],
             timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+            http=with_header_deadline(settings.header_timeout_s),
             ssl_certfile=settings.ssl_certfile,
             ssl_keyfile=settings.ssl_keyfile,
             **config,
