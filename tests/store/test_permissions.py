@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+import scalewatch
 from scalewatch.app.cli._serving import ready_to_serve
 from scalewatch.app.settings import Settings
 from scalewatch.store import open_store
 from scalewatch.store.permissions import readable_by_others
 from tests._helpers.service import add_run, simulate
+from tests._helpers.twin import mlp, sgd, train_step
 
 
 @pytest.fixture
@@ -41,6 +43,19 @@ def test_a_new_store_its_wal_and_shm_are_its_owners_alone(tmp_path: Path) -> Non
         files = [db, Path(f"{db}-wal"), Path(f"{db}-shm")]
         assert [(file.name, mode(file)) for file in files] == [(file.name, 0o600) for file in files]
     assert readable_by_others(str(db)) == []
+
+
+@pytest.mark.usefixtures("lax_umask")
+def test_a_store_a_training_job_creates_is_its_owners_alone(tmp_path: Path) -> None:
+    db = tmp_path / "trained.db"
+    model = mlp()
+    opt = sgd(model)[0]
+    with scalewatch.GradScaler("cpu", telemetry=f"sqlite:///{db}", run_name="private") as scaler:
+        for step in range(1, 4):
+            train_step(scaler, model, opt, step)
+        assert scaler.flush(30)
+        files = [db, Path(f"{db}-wal"), Path(f"{db}-shm")]
+        assert [(file.name, mode(file)) for file in files] == [(file.name, 0o600) for file in files]
 
 
 @pytest.mark.usefixtures("lax_umask")
