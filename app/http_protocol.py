@@ -16,16 +16,14 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["HEADER_TIMEOUT_S", "HeaderDeadline", "with_header_deadline"]
-
-HEADER_TIMEOUT_S = 10.0
+__all__ = ["HeaderDeadline", "with_header_deadline"]
 
 
 class HeaderDeadline(H11Protocol):
     """uvicorn's :class:`H11Protocol`; a connection whose next request's headers have not
     all arrived ``header_timeout_s`` after it became ready for them is closed."""
 
-    header_timeout_s = HEADER_TIMEOUT_S
+    header_timeout_s: float  # with_header_deadline's (the settings')
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

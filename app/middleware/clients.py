@@ -13,15 +13,13 @@ from collections import Counter
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["MAX_REQUESTS_PER_CLIENT", "ClientCap"]
-
-MAX_REQUESTS_PER_CLIENT = 128
+__all__ = ["ClientCap"]
 
 
 class ClientCap:
     """Refuse a request with 429 while its client has ``max_requests`` others in flight."""
 
-    def __init__(self, app: ASGIApp, max_requests: int = MAX_REQUESTS_PER_CLIENT) -> None:
+    def __init__(self, app: ASGIApp, *, max_requests: int) -> None:
         self.app, self.max_requests = app, max_requests
         self._in_flight: Counter[str] = Counter()  # the event loop's alone: no lock
 

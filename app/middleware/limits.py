@@ -9,10 +9,9 @@ import anyio
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["BODY_TIMEOUT_S", "MAX_BODY_BYTES", "BodyLimit"]
+__all__ = ["MAX_BODY_BYTES", "BodyLimit"]
 
 MAX_BODY_BYTES = 64 * 1024
-BODY_TIMEOUT_S = 30.0
 _NO_BODY = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
@@ -25,9 +24,7 @@ class BodyLimit:
     app began to read it, with 408, and the connection is closed.
     """
 
-    def __init__(
-        self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES, timeout_s: float = BODY_TIMEOUT_S
-    ) -> None:
+    def __init__(self, app: ASGIApp, *, timeout_s: float, max_bytes: int = MAX_BODY_BYTES) -> None:
         self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
