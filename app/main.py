@@ -18,6 +18,7 @@ from .docs import install_docs
 from .errors import install_error_handlers
 from .live.hubs import Hubs, Pacing
 from .middleware.access import Access, reads_open
+from .middleware.clients import ClientCap
 from .middleware.forwarded import ClientAddress
 from .middleware.head import HeadAsGet
 from .middleware.headers import SecurityHeaders
@@ -113,7 +114,8 @@ def create_app(
     )
     app.state.settings = settings  # what the routes' SettingsDep gives
     install_error_handlers(app)
-    app.add_middleware(BodyLimit)
+    app.add_middleware(BodyLimit, timeout_s=settings.body_timeout_s)
+    app.add_middleware(ClientCap, max_requests=settings.max_requests_per_client)
     app.add_middleware(Access, settings=settings)  # before the body
     app.add_middleware(HeadAsGet)
     if is_loopback(settings.host) and settings.uds is None:  # no browser reaches a unix socket

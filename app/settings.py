@@ -75,6 +75,12 @@ class Settings(BaseSettings):
     alerts: Path | None = None
     # Seconds between two rounds of the alert rules over the store.
     alerts_interval_s: float = Field(default=1.0, gt=0, le=3600)
+    # Slow clients: seconds a request's headers may take to arrive (after the connection
+    # opened, or the answer before), and then its body; the requests one client address
+    # may have in flight at once (an open live stream is one), beyond which it gets 429.
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    max_requests_per_client: int = Field(default=128, gt=0)
 
     @field_validator("db")
     @classmethod

@@ -13,8 +13,11 @@ import uvicorn
 from pydantic import SecretStr
 
 from scalewatch.store.engine import open_store
+from scalewatch.store.permissions import exposure
+from scalewatch.store.urls import parse_store_url, sqlite_file
 
 from ..bootstrap_token import new_token, write_token_file
+from ..http_protocol import with_header_deadline
 from ..middleware.hosts import is_loopback
 from ..settings import Settings
 
@@ -33,6 +36,7 @@ __all__ = [
     "ready_to_serve",
     "refuse_unguarded",
     "tune_for_serving",
+    "warn_if_exposed",
 ]
 
 # The GIL switch interval of a serving process (CPython's default: 5 ms).
@@ -144,6 +148,7 @@ def ready_to_serve(settings: Settings, out: TextIO) -> tuple[Settings, socket.so
     """
     refuse_unguarded(settings)
     open_store(settings.db, check=True).close()
+    warn_if_exposed(settings.db)
     if settings.uds is not None:
         sock = listen_unix(settings.uds)
     else:
@@ -160,6 +165,15 @@ def ready_to_serve(settings: Settings, out: TextIO) -> tuple[Settings, socket.so
         sock.close()
         raise
     return settings, sock
+
+
+def warn_if_exposed(url: str) -> None:
+    """One line on stderr when users other than its owner can read the SQLite store
+    ``url``: no token the service asks for then keeps them from its runs."""
+    path = sqlite_file(parse_store_url(url))
+    line = exposure(path) if path is not None else None
+    if line is not None:
+        print(f"scalewatch: warning: {line}", file=sys.stderr, flush=True)
 
 
 def freeze_startup_heap() -> None:
@@ -201,7 +215,9 @@ def access_line(settings: Settings) -> str:
 def make_server(app: Any, settings: Settings, sock: socket.socket, **config: Any) -> uvicorn.Server:
     """A server for ``app`` on ``sock``, which waits ``SHUTDOWN_GRACE_S`` at most for open
     responses. Live streams end as it stops: sse-starlette ends them on uvicorn's exit.
-    The heap built so far is frozen (:func:`freeze_startup_heap`)."""
+    A connection is closed when a request's headers take over ``settings.header_timeout_s``
+    (:mod:`scalewatch.app.http_protocol`). The heap built so far is frozen
+    (:func:`freeze_startup_heap`)."""
     freeze_startup_heap()
     return uvicorn.Server(
         uvicorn.Config(
@@ -212,6 +228,7 @@ def make_server(app: Any, settings: Settings, sock: socket.socket, **config: Any
             # uvicorn would take X-Forwarded-For from loopback as the client's address: any
             # local process could name one. ClientAddress reads it from --trust-proxy only.
             proxy_headers=False,
+            http=with_header_deadline(settings.header_timeout_s),
             ssl_certfile=settings.ssl_certfile,
             ssl_keyfile=settings.ssl_keyfile,
             **config,

@@ -1,11 +1,12 @@
 """Security headers on every answer: the pages load scripts, styles and data from this
-service alone and run no inline script, and no other site may frame them."""
+service alone and run no inline script, and no other site may frame them; served over TLS,
+browsers are told to come back over TLS alone (HSTS)."""
 
 from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["CONTENT_SECURITY_POLICY", "SECURITY_HEADERS", "SecurityHeaders"]
+__all__ = ["CONTENT_SECURITY_POLICY", "SECURITY_HEADERS", "STRICT_TRANSPORT", "SecurityHeaders"]
 
 # Inline styles stay allowed: plotly.js and Swagger UI set them as they draw.
 CONTENT_SECURITY_POLICY = (
@@ -19,9 +20,13 @@ SECURITY_HEADERS = (
     (b"x-content-type-options", b"nosniff"),
 )
 
+# A year, this host alone: the service's name says nothing of its domain's other hosts.
+STRICT_TRANSPORT = (b"strict-transport-security", b"max-age=31536000")
+
 
 class SecurityHeaders:
-    """Add :data:`SECURITY_HEADERS` to every HTTP answer that does not set them itself."""
+    """Add :data:`SECURITY_HEADERS` to every HTTP answer that does not set them itself, and
+    :data:`STRICT_TRANSPORT` to those over HTTPS (a plain-HTTP answer's would be ignored)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -30,12 +35,15 @@ class SecurityHeaders:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        added: tuple[tuple[bytes, bytes], ...] = SECURITY_HEADERS
+        if scope.get("scheme") == "https":
+            added = (*SECURITY_HEADERS, STRICT_TRANSPORT)
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 present = {name.lower() for name, _ in headers}
-                headers.extend(item for item in SECURITY_HEADERS if item[0] not in present)
+                headers.extend(item for item in added if item[0] not in present)
                 message = {**message, "headers": headers}
             await send(message)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from fastapi import APIRouter, Response, status
@@ -23,6 +24,18 @@ from ..models import Health, Unhealthy
 router = APIRouter(tags=["metrics"])
 
 LABELS = ["run_id", "run_name"]
+# C0, DEL and C1: prometheus_client escapes only backslash, newline and double quote, and a
+# run's name is whatever its trainer called it (a terminal escape reaches whoever reads it).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def label_value(text: str) -> str:
+    r"""``text`` with each control character written as ``\uXXXX``.
+
+    >>> print(label_value("gpt\x1b[2J\r\tx\x7f\n"))
+    gpt\u001b[2J\u000d\u0009x\u007f\u000a
+    """
+    return _CONTROL.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
 
 
 class StoreCollector(Collector):
@@ -54,7 +67,7 @@ class StoreCollector(Collector):
             labels=LABELS,
         )
         for run in queries.list_runs(self.store):
-            labels = [str(run.id), run.name]
+            labels = [str(run.id), label_value(run.name)]
             if run.scale is not None:
                 scale.add_metric(labels, run.scale)
             if run.growth_tracker is not None:
@@ -71,7 +84,8 @@ class StoreCollector(Collector):
             labels=[*LABELS, "rule"],
         )
         for alert in firing_alerts(self.store):
-            firing.add_metric([str(alert.run_id), alert.run_name, alert.rule], 1.0)
+            labels = [str(alert.run_id), label_value(alert.run_name), label_value(alert.rule)]
+            firing.add_metric(labels, 1.0)
         yield from (scale, tracker, drift, running, steps, overflows, skipped, firing)
 
 

@@ -1,5 +1,6 @@
-"""SQLite, the embedded store: its engine's connections (WAL, the busy timeout, the
-pragmas, transactions begun as asked), multi-row inserts, and the file's integrity check.
+"""SQLite, the embedded store: its engine's connections (a new file readable by its owner
+alone, WAL, the busy timeout, the pragmas, transactions begun as asked), multi-row inserts,
+and the file's integrity check.
 Any thread that opens a store; the writer thread inserts."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from sqlalchemy import URL, Connection, Engine, create_engine, event, exc
 
 from .errors import StoreDamaged, storage_failure
 from .filesystems import JOURNAL_MODES, refuse_network
+from .permissions import create_private
 from .timeouts import DEFAULTS, Timeouts
 from .urls import parse_store_url, sqlite_file
 
@@ -93,6 +95,10 @@ def make_engine(url: str, parsed: URL, *, timeouts: Timeouts = DEFAULTS) -> Engi
     on_connect = functools.partial(
         _on_connect, busy_ms=timeouts.busy_ms, journal_mode=journal_mode or "wal"
     )
+    if path is not None:
+        # Before SQLite opens it: a file made by SQLite itself takes the umask's mode
+        # (0644, readable by every user of the host), and its -wal and -shm follow it.
+        event.listen(engine, "do_connect", functools.partial(_before_connect, path))
     event.listen(engine, "connect", on_connect)
     event.listen(engine, "begin", _on_begin)
     return engine
@@ -128,6 +134,10 @@ def journal_mode_of(parsed: URL) -> str | None:
             f"journal_mode in a store's URL is one of {', '.join(JOURNAL_MODES)}, not {mode!r}"
         )
     return mode.lower()
+
+
+def _before_connect(path: str, *_: Any) -> None:
+    create_private(path)
 
 
 def _on_connect(

@@ -59,3 +59,10 @@ def test_the_pages_have_no_inline_script_the_policy_would_block(client: TestClie
         assert parser.inline == [], parser.inline
     for script in web_dir().glob("*.js"):
         assert not re.search(r"\beval\(|new Function\(", script.read_text()), script.name
+
+
+def test_hsts_only_over_https(client: TestClient) -> None:
+    assert "strict-transport-security" not in client.get("/healthz").headers
+    over_tls = client.get(client.base_url.copy_with(scheme="https").join("/healthz"))
+    assert over_tls.headers["strict-transport-security"] == "max-age=31536000"
+    assert over_tls.headers["x-frame-options"] == "DENY"

@@ -46,3 +46,23 @@ def test_the_schedules_drift_is_a_gauge_of_the_runs_that_register_one(
     families = list(text_string_to_metric_families(client.get("/metrics").text))
     drift = next(family for family in families if family.name == "scalewatch_schedule_drift")
     assert [(s.labels["run_name"], s.value) for s in drift.samples] == [("drifting", 3)]
+
+
+def test_control_characters_of_a_runs_name_never_reach_the_scrape(
+    client: TestClient, store: Store
+) -> None:
+    add_run(store, simulate(3, set()), name="gpt\x1b[2J\r\tx\x7fy\x9b\nz")
+
+    body = client.get("/metrics").content
+
+    controls = {byte for byte in body if byte < 0x20 or byte == 0x7F} - {ord("\n")}
+    assert controls == set()
+    assert "\x9b" not in body.decode()
+    scale = next(
+        family
+        for family in text_string_to_metric_families(body.decode())
+        if family.name == "scalewatch_scale"
+    )
+    assert [sample.labels["run_name"] for sample in scale.samples] == [
+        "gpt\\u001b[2J\\u000d\\u0009x\\u007fy\\u009b\\u000az"
+    ]

@@ -1,4 +1,5 @@
-"""``scalewatch serve --ssl-certfile/--ssl-keyfile`` serves HTTPS (uvicorn's TLS)."""
+"""``scalewatch serve --ssl-certfile/--ssl-keyfile`` serves HTTPS (uvicorn's TLS), and says
+so in Strict-Transport-Security."""
 
 from __future__ import annotations
 
@@ -60,6 +61,8 @@ def test_serve_answers_https_with_the_certificate(tmp_path: Path) -> None:
                 except httpx.ConnectError:
                     time.sleep(0.1)
             assert me.json()["name"] == "admin"
+            # Browsers that met it once come back over HTTPS alone, for a year.
+            assert me.headers["strict-transport-security"] == "max-age=31536000"
         with pytest.raises(httpx.TransportError):  # plain HTTP is not spoken there
             httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
     finally:
