@@ -38,12 +38,16 @@ export function badge(status) {
 
 // Every number the pages show goes through formatNumber (or formatScale, which adds the
 // power of two): the same value reads the same on every panel and in the chart.
+// A scale under 1 makes the gradients smaller, not larger (torch#99640): said where shown.
+export const UNDER_ONE = " · under 1: gradients shrunk";
+
 export function formatScale(value) {
   if (value === null || value === undefined || !Number.isFinite(value)) return "–";
   const exponent = Math.log2(value);
   const power = Number.isInteger(exponent) ? ` (2^${exponent})` : "";
-  if (value >= 1e7 || value < 1e-3) return value.toExponential(3) + power;
-  return formatNumber(value) + power;
+  const under = value > 0 && value < 1 ? UNDER_ONE : "";
+  if (value >= 1e7 || value < 1e-3) return value.toExponential(3) + power + under;
+  return formatNumber(value) + power + under;
 }
 
 export function formatCount(value) {

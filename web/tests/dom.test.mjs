@@ -29,9 +29,10 @@ test("formatNumber groups thousands and keeps every digit of the double", () => 
 test("formatScale adds the power of two and switches to exponent form at the ends", () => {
   assert.equal(formatScale(65536), "65,536 (2^16)");
   assert.equal(formatScale(3), "3");
-  assert.equal(formatScale(0.5), "0.5 (2^-1)");
+  assert.equal(formatScale(0.5), "0.5 (2^-1) · under 1: gradients shrunk");
   assert.equal(formatScale(2 ** 24), "1.678e+7 (2^24)");
-  assert.equal(formatScale(2 ** -12), "2.441e-4 (2^-12)");
+  assert.equal(formatScale(2 ** -12), "2.441e-4 (2^-12) · under 1: gradients shrunk");
+  assert.equal(formatScale(1), "1 (2^0)");
   assert.equal(formatScale(null), "–");
   assert.equal(formatScale(NaN), "–");
   assert.equal(formatScale(Infinity), "–");
