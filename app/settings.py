@@ -81,6 +81,8 @@ class Settings(BaseSettings):
     header_timeout_s: float = Field(default=10.0, gt=0)
     body_timeout_s: float = Field(default=30.0, gt=0)
     max_requests_per_client: int = Field(default=128, gt=0)
+    # Connections one peer address may hold open (a trusted proxy's are not counted).
+    max_connections_per_client: int = Field(default=256, gt=0)
 
     @field_validator("db")
     @classmethod

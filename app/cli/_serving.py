@@ -228,7 +228,11 @@ def make_server(app: Any, settings: Settings, sock: socket.socket, **config: Any
             # uvicorn would take X-Forwarded-For from loopback as the client's address: any
             # local process could name one. ClientAddress reads it from --trust-proxy only.
             proxy_headers=False,
-            http=with_header_deadline(settings.header_timeout_s),
+            http=with_header_deadline(
+                settings.header_timeout_s,
+                settings.max_connections_per_client,
+                settings.trust_proxy,
+            ),
             ssl_certfile=settings.ssl_certfile,
             ssl_keyfile=settings.ssl_keyfile,
             **config,

@@ -143,3 +143,35 @@ def test_one_client_may_have_so_many_requests_in_flight(tmp_path: Path) -> None:
             lambda: httpx.get(f"{base}/healthz").status_code == 200,
             what="the client's requests again, once its held ones left",
         )
+
+
+def test_one_peer_may_hold_so_many_connections(tmp_path: Path) -> None:
+    """250 trickling connections from one host were all held: now a peer's connections
+    past the cap are closed as they open, unread; one closed frees its place."""
+    with served(tmp_path, max_connections_per_client=4) as port, contextlib.ExitStack() as stack:
+        held = [
+            stack.enter_context(socket.create_connection(("127.0.0.1", port))) for _ in range(4)
+        ]
+        for conn in held:
+            conn.sendall(b"GET /healthz HTTP/1.1\r\n")  # headers begun, not ended
+        with socket.create_connection(("127.0.0.1", port), timeout=GIVE_UP_S) as extra:
+            extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert _read_to_close(extra) == b""  # closed, nothing answered
+        held.pop().close()
+
+        def answered() -> bool:
+            with socket.create_connection(("127.0.0.1", port), timeout=GIVE_UP_S) as again:
+                again.sendall(
+                    b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+                )
+                return _read_to_close(again).startswith(b"HTTP/1.1 200")
+
+        wait_for(answered, timeout=GIVE_UP_S, what="a place freed by a closed connection")
+
+
+def _read_to_close(conn: socket.socket) -> bytes:
+    answer = b""
+    with contextlib.suppress(ConnectionResetError):
+        while data := conn.recv(65536):
+            answer += data
+    return answer
