@@ -459,6 +459,6 @@ class ScaleForecastWatch(Watch[Heading]):
         found = read_forecast(rows, floor=self.params.floor)
         if found is None or found.steps_to_floor is None:
             return Reading(False, 0.0)
-        return Reading(
-            found.steps_to_floor <= self.params.threshold, found.steps_to_floor, found.text
-        )
+        # At the floor already: scale_below's to say, not a forecast's.
+        ahead = 0 < found.steps_to_floor <= self.params.threshold
+        return Reading(ahead, found.steps_to_floor, found.text)

@@ -94,7 +94,9 @@ def read_forecast(
     if ceiling is not None and now >= ceiling:
         held = span - (_last_change(rows) - first.step + 1 if backoffs or growths else 0)
         return made("pinned", f"pinned at max_scale for {held:,} steps", None, None)
-    if abs(net) <= STEADY_LOG2 or (backoffs == 0 and growths == 0):
+    # One change (a load, a control request, one backoff) is a level, not a rate.
+    lone = (net < 0 and backoffs < 2) or (net > 0 and growths < 2)
+    if abs(net) <= STEADY_LOG2 or lone:
         return made("steady", f"steady near {_power(now)}", None, None)
     per = span / abs(net)  # steps per halving (or doubling)
     if net < 0:

@@ -28,7 +28,7 @@ def test_a_collapsing_runs_page_says_when_the_scale_reaches_its_floor(
     page.goto(f"/run.html?run={run.id}")
     card = page.locator("#forecast-fact")
     card.wait_for(state="visible")
-    assert card.locator("dd").inner_text() == (
+    assert card.locator("[data-fact=forecast]").inner_text() == (
         "halving every ~100 steps: 1.0 in ~400 steps at this rate (read from steps 1\u20131,200)"
     )
     assert tab.unexpected_errors() == []
