@@ -108,6 +108,8 @@ def test_clicking_an_overflow_marker_shows_its_parameters(tab: Tab, served: Serv
         for row in detail.locator("table tbody tr").all()
     }
     assert cells == {FC1: [DASH, "inf · 12"], HEAD: ["NaN · 3", DASH]}
+    assert "null" not in detail.inner_text()  # no part left out is written as its null
+    assert "(2.5)" in detail.locator("[data-loss-flag]").inner_text()
 
     forward = _click_overflow(tab, 200)
     flag = forward.locator("[data-loss-flag]")
