@@ -44,6 +44,19 @@ def _field_options(function: Callable[..., Any]) -> Callable[..., Any]:
     return function
 
 
+def _said_once(problem: tuple[str, str]) -> str:
+    """A refused field's line: its rule names it already (``growth_interval must be ...``),
+    another message after its name.
+
+    >>> _said_once(("growth_interval", "growth_interval must be an integer"))
+    'growth_interval must be an integer'
+    >>> _said_once(("request", "a request sets at least one of: scale"))
+    'request: a request sets at least one of: scale'
+    """
+    name, message = problem
+    return message if message.startswith(f"{name} ") else f"{name}: {message}"
+
+
 @command("control", help="Request a change to a running job's scaler.")
 @click.argument("run", type=int)
 @_field_options
@@ -61,9 +74,7 @@ def control(run: int, db: str | None, **fields: int | float | None) -> None:
                 store, run, values, requested_by=getpass.getuser(), source=RequestSource.CLI
             )
         except ControlValidationError as refused:
-            raise Refused(
-                "\n".join(f"{name}: {message}" for name, message in refused.errors.items())
-            ) from None
+            raise Refused("\n".join(map(_said_once, refused.errors.items()))) from None
         except (RunNotFound, RunNotRunning) as refused:
             raise Failed(str(refused)) from None
     click.echo(json.dumps(row.to_dict(), indent=2))

@@ -192,13 +192,13 @@ def test_control_refusals_exit_2_with_the_messages(store: Store, db_url: str) ->
 
     assert result.exit_code == 2
     assert "backoff_factor" in result.stderr
-    assert result.stderr.startswith("scalewatch control: backoff_factor: backoff_factor must be")
+    assert result.stderr.startswith("scalewatch control: backoff_factor must be")  # named once
     assert result.stdout == ""
     result = scalewatch("control", str(run), "--min-scale", "8", "--max-scale", "4", "--db", db_url)
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [
-        "scalewatch control: min_scale: min_scale must be <= max_scale (4.0)",
-        "scalewatch control: max_scale: max_scale must be >= min_scale (8.0)",
+        "scalewatch control: min_scale must be <= max_scale (4.0)",
+        "scalewatch control: max_scale must be >= min_scale (8.0)",
     ]
     end_run(store, run)
     result = scalewatch("control", str(run), "--scale", "2", "--db", db_url)
