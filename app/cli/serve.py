@@ -54,6 +54,12 @@ __all__ = ["serve"]
     metavar="NAME",
     help="the trusted proxy's header naming the role (default: a new user is a viewer)",
 )
+@click.option(
+    "--log-reads",
+    is_flag=True,
+    help="log every request; by default reads answered below 400 (a dashboard's polls) are"
+    " left out, and writes and errors logged",
+)
 @click.option("--ssl-certfile", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
 @click.option("--ssl-keyfile", metavar="FILE", help="the certificate's private key (PEM)")
 def serve(
@@ -61,6 +67,7 @@ def serve(
     host: str | None,
     port: int | None,
     alerts: str | None,
+    log_reads: bool,
     **access: str | bool | None,
 ) -> None:
     from ..alerts.config import RulesFileError, load_rules
@@ -85,7 +92,7 @@ def serve(
     except CannotServe as refused:
         raise Failed(str(refused), refused.code) from None
     with sock:
-        server = make_server(create_app(served, rules), served, sock)
+        server = make_server(create_app(served, rules), served, sock, log_reads=log_reads)
         bound, bound_port = sock.getsockname()[:2]
         scheme = "https" if served.ssl_certfile else "http"
         url = f"{scheme}://{f'[{bound}]' if ':' in bound else bound}:{bound_port}/"
