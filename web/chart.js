@@ -15,6 +15,7 @@ import {
   extent,
   figureLayout,
   figureTraces,
+  labelPixels,
   lossExtent,
   overflowPoint,
   powerTicks,
@@ -380,14 +381,17 @@ export class RunChart {
       line: m.jump ? { color: "#d1242f", width: 2 } : { color: "rgba(101,109,118,0.55)", width: 1, dash: "dot" },
     }));
     const [x0, x1] = this.xRange();
-    const labels = thinLabels(this.loadMarks, [x0, x1], this.plotWidth()).map((m) => ({
+    const labelText = (m) => (m.jump ? "⇅ scale loaded" : "loaded");
+    const labels = thinLabels(this.loadMarks, [x0, x1], this.plotWidth(), 36, (m) =>
+      labelPixels(labelText(m)),
+    ).map((m) => ({
       xref: "x",
       yref: "y domain",
       x: m.step,
       y: 0,
       xanchor: m.step > x0 + 0.85 * (x1 - x0) ? "right" : "left", // near the right edge: inside it
       yanchor: "bottom",
-      text: m.jump ? "⇅ scale loaded" : "loaded",
+      text: labelText(m),
       hovertext: m.text,
       showarrow: false,
       font: { color: m.jump ? "#d1242f" : "#656d76", size: 11 },
@@ -414,6 +418,8 @@ export class RunChart {
       this.alertMarks.map((a) => ({ ...a, step: a.from })),
       this.xRange(),
       this.plotWidth(),
+      36,
+      (a) => labelPixels(`⚠ ${a.rule}`),
     ).map((a) => ({
       xref: "x",
       yref: "paper",

@@ -241,21 +241,28 @@ export function addScalePoints(cols, b, first) {
 }
 
 // Of the markers inside ``[x0, x1]`` (steps), those whose label stands at least ``gap``
-// pixels right of the last label kept, at ``width`` pixels for the range: many changes
-// close together keep their lines, and one label for a crowd, until zoomed in.
-export function thinLabels(markers, [x0, x1], width, gap = 36) {
+// pixels right of the last label kept, and clear of its text (``labelWidth(marker)``, in
+// pixels: a long label is wider than the gap), at ``width`` pixels for the range: many
+// changes close together keep their lines, and one label for a crowd, until zoomed in.
+export function thinLabels(markers, [x0, x1], width, gap = 36, labelWidth = () => 0) {
   const perStep = width / Math.max(1e-9, x1 - x0);
   const kept = [];
-  let last = -Infinity;
+  let free = -Infinity; // the first pixel right of the last label kept
   const inside = markers.filter((m) => m.step >= x0 && m.step <= x1).sort((a, b) => a.step - b.step);
   for (const m of inside) {
     const px = (m.step - x0) * perStep;
-    if (px - last >= gap) {
+    if (px >= free) {
       kept.push(m);
-      last = px;
+      free = px + Math.max(gap, labelWidth(m));
     }
   }
   return kept;
+}
+
+// About how many pixels ``text`` takes in the chart's sans-serif at ``size`` px, with a
+// margin: enough to keep two labels apart (an average glyph is ~0.6 of the size).
+export function labelPixels(text, size = 11) {
+  return Math.ceil(String(text).length * size * 0.62) + 6;
 }
 
 // One live step row, as its own one-step bucket: each band's min and max of its fields,

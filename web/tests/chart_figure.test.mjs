@@ -15,6 +15,7 @@ import {
   figureLayout,
   figureTraces,
   firstScale,
+  labelPixels,
   lossExtent,
   lossFlag,
   overflowPoint,
@@ -116,6 +117,16 @@ test("thinLabels keeps labels at least `gap` pixels apart, inside the range", ()
   const markers = [0, 1, 2, 50, 100, 200].map((step) => ({ step }));
   const kept = thinLabels(markers, [0, 100], 100, 36).map((m) => m.step);
   assert.deepEqual(kept, [0, 50, 100]);
+});
+
+test("thinLabels keeps a long label's neighbour clear of its text", () => {
+  // Two alert bands 40 px apart: "⚠ rank_hotspot" is ~100 px wide, so the second label
+  // would print inside the first ("rank_ho⚠spot").
+  const alerts = [{ step: 0, rule: "rank_hotspot" }, { step: 40, rule: "skip_rate" }, { step: 200, rule: "skip_rate" }];
+  const width = (a) => labelPixels(`⚠ ${a.rule}`);
+  assert.ok(width(alerts[0]) > 40);
+  assert.deepEqual(thinLabels(alerts, [0, 1000], 1000, 36, width).map((a) => a.step), [0, 200]);
+  assert.deepEqual(thinLabels(alerts, [0, 1000], 1000, 36).map((a) => a.step), [0, 40, 200]);
 });
 
 test("a live row's loss is its bucket's min, max and last; a missing one is a gap", () => {
