@@ -22,6 +22,7 @@ import pytest
 from scalewatch.store.engine import open_store
 from scalewatch.store.queries import list_runs
 from tests._helpers.net import free_port
+from tests._helpers.processes import interruptible
 from tests._helpers.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -74,6 +75,26 @@ def test_demo_trains_serves_and_stops_cleanly(tmp_path: Path) -> None:
     # Not a terminal: the progress is plain lines, the last one whole.
     assert "\r" not in demo.output
     assert any(line.split()[1:3] == ["step", "60/60"] for line in demo.output.splitlines())
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
+def test_a_demo_started_by_a_parent_that_ignores_sigint_still_takes_its_ctrl_c(
+    tmp_path: Path,
+) -> None:
+    """``make test`` run as a background job (SIGINT ignored, as a shell starts one) failed
+    every test here that stops the demo with a Ctrl-C: the demo inherited SIGINT ignored
+    (and Python then installs no KeyboardInterrupt)."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        demo = _Demo(tmp_path, steps=1)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    try:
+        status = Path(f"/proc/{demo.process.pid}/status").read_text()
+    finally:
+        demo.stop()
+    ignored = int(next(line for line in status.splitlines() if line.startswith("SigIgn:"))[7:], 16)
+    assert not ignored & (1 << (signal.SIGINT - 1)), "the demo starts with SIGINT ignored"
 
 
 def _marked(mark: str, command: bytes = b"") -> list[int]:
@@ -142,7 +163,7 @@ class _Demo:
             "--db",
             self.db,
         ]
-        self.process = subprocess.Popen(
+        self.process = interruptible(
             [*command, "--port", str(self.port)],
             env=env,
             stdout=subprocess.PIPE,
