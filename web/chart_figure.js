@@ -293,8 +293,11 @@ export function lossFlag(item) {
 
 export function overflowPoint(item) {
   const ranks = (item.inf_ranks || []).join(", ") || "none recorded";
-  // The chart's pages and live rows come without the parameters: "–" until clicked.
-  const params = item.params ? formatNumber(item.params.length + (item.params_omitted || 0)) : "–";
+  // The chart's pages and live rows come without the parameters: not "–", which read as
+  // none, but what a click shows.
+  const params = item.params
+    ? `${formatNumber(item.params.length + (item.params_omitted || 0))} (click for them)`
+    : "not loaded yet (click the marker to list them)";
   return {
     x: item.step,
     y: item.scale,
@@ -367,7 +370,7 @@ function overflowTrace(overflows) {
     hovertemplate:
       "overflow at step %{x}<br>scale %{customdata[2]} → %{customdata[0]}" +
       "<br>ranks with inf/NaN: %{customdata[1]}<br>loss: %{customdata[3]}" +
-      "<br>parameters: %{customdata[4]} (click for them)<extra></extra>",
+      "<br>parameters: %{customdata[4]}<extra></extra>",
   };
 }
 

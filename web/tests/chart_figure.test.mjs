@@ -219,9 +219,10 @@ test("each min–max band is its max line, then its min filled up to it, hover s
 test("an overflow marker says whether the loss was finite and how many parameters", () => {
   const item = { step: 9, scale: 1024, scale_after: 512, inf_ranks: [1] };
   const page = overflowPoint({ ...item, loss_nonfinite_ranks: [], params: [{}, {}], params_omitted: 3 });
-  assert.deepEqual(page.cd.slice(3), ["finite", "5"]);
+  assert.deepEqual(page.cd.slice(3), ["finite", "5 (click for them)"]);
   const live = overflowPoint({ ...item, loss_nonfinite_ranks: [0, 2] });
-  assert.deepEqual(live.cd.slice(3), ["not finite on ranks 0, 2", "–"]);
+  // Not "–", which reads as none: the parameters are one click away.
+  assert.deepEqual(live.cd.slice(3), ["not finite on ranks 0, 2", "not loaded yet (click the marker to list them)"]);
   assert.equal(lossFlag({ loss_nonfinite_ranks: [1] }), "not finite on rank 1");
 });
 
