@@ -388,6 +388,46 @@ function rateTrace(cols) {
   };
 }
 
+const PANEL_DOMAINS = { loss: [0.39, 0.53], lr: [0.25, 0.36] };
+
+// The panels of values a run may not record (the loss, the learning rate), by band.
+export const OPTIONAL_PANELS = [
+  { band: "loss", axis: "yaxis4", what: "loss" },
+  { band: "lr", axis: "yaxis5", what: "learning rate" },
+];
+
+// The optional panels with nothing to draw in ``cols``: their bands' names.
+export function emptyPanels(cols) {
+  return OPTIONAL_PANELS.filter(({ band }) => lossExtent([...cols[`${band}Min`], ...cols[`${band}Max`]]) === null).map(
+    ({ band }) => band,
+  );
+}
+
+// A panel with nothing to draw read as axes from -1 to 1 over nothing: its axis hidden
+// instead, and a line in its place says what is not recorded (in the run, or in the
+// steps of a zoomed ``view``). The relayout and the annotations of ``empty`` bands.
+export function panelNotes(empty, view = null) {
+  const layout = {};
+  const notes = [];
+  for (const { band, axis, what } of OPTIONAL_PANELS) {
+    const none = empty.includes(band);
+    layout[`${axis}.visible`] = !none;
+    if (!none) continue;
+    const [low, high] = PANEL_DOMAINS[band];
+    notes.push({
+      name: `unrecorded-${band}`,
+      xref: "paper",
+      yref: "paper",
+      x: 0.5,
+      y: (low + high) / 2,
+      text: view ? `no ${what} recorded in steps ${formatNumber(view[0])}–${formatNumber(view[1])}` : `${what} not recorded by this run`,
+      showarrow: false,
+      font: { color: "#656d76", size: 12 },
+    });
+  }
+  return { layout, notes };
+}
+
 export function figureLayout(narrow) {
   return {
     uirevision: "keep",
@@ -399,8 +439,8 @@ export function figureLayout(narrow) {
     legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", traceorder: "normal" },
     xaxis: { title: { text: "step" }, anchor: "y3", showspikes: true, spikemode: "across", spikethickness: 1 },
     yaxis: { type: "log", title: { text: "loss scale" }, domain: [0.56, 1], fixedrange: true, anchor: "x" },
-    yaxis4: { title: { text: "loss" }, domain: [0.39, 0.53], fixedrange: true, anchor: "x" },
-    yaxis5: { title: { text: "lr" }, domain: [0.25, 0.36], fixedrange: true, exponentformat: "e", anchor: "x" },
+    yaxis4: { title: { text: "loss" }, domain: PANEL_DOMAINS.loss, fixedrange: true, anchor: "x" },
+    yaxis5: { title: { text: "lr" }, domain: PANEL_DOMAINS.lr, fixedrange: true, exponentformat: "e", anchor: "x" },
     yaxis2: { title: { text: "tracker" }, domain: [0.13, 0.22], fixedrange: true, rangemode: "tozero", anchor: "x" },
     yaxis3: { title: { text: "skipped" }, domain: [0, 0.1], fixedrange: true, rangemode: "tozero", tickformat: ".1~%", anchor: "x" },
     shapes: [],

@@ -11,6 +11,7 @@ import {
   addBucket,
   bandPair,
   emptyColumns,
+  emptyPanels,
   extent,
   figureLayout,
   figureTraces,
@@ -19,6 +20,7 @@ import {
   lossExtent,
   lossFlag,
   overflowPoint,
+  panelNotes,
   powerTicks,
   seriesBucket,
   stepAsBucket,
@@ -273,4 +275,19 @@ test("a bucket of a service without a series draws gaps there", () => {
   const series = oneBucketSeries();
   delete series.lr_min;
   assert.equal(seriesBucket(series, 0).lr_min, null);
+});
+
+test("a panel with no value drawn is hidden and says what is not recorded", () => {
+  const cols = emptyColumns();
+  cols.lossMin.push(2.5, null);
+  cols.lossMax.push(2.5, null);
+  cols.lrMin.push(null, null);
+  cols.lrMax.push(null, null);
+  assert.deepEqual(emptyPanels(cols), ["lr"]);
+  assert.deepEqual(emptyPanels(emptyColumns()), ["loss", "lr"]);
+  const { layout, notes } = panelNotes(["lr"]);
+  assert.deepEqual(layout, { "yaxis4.visible": true, "yaxis5.visible": false });
+  assert.deepEqual(notes.map((n) => n.text), ["learning rate not recorded by this run"]);
+  assert.deepEqual(panelNotes(["loss"], [100, 2000]).notes.map((n) => n.text), ["no loss recorded in steps 100–2,000"]);
+  assert.deepEqual(panelNotes([]), { layout: { "yaxis4.visible": true, "yaxis5.visible": true }, notes: [] });
 });
