@@ -61,7 +61,8 @@ def _said_once(problem: tuple[str, str]) -> str:
     return message if message.startswith(f"{name} ") else f"{name}: {message}"
 
 
-# How often a waiting ``control`` reads the request again, and says it is still waiting.
+# How often a waiting ``control`` reads the request again, and says it is still waiting
+# (at most: a short --timeout gets four lines).
 POLL_S = 0.2
 PROGRESS_S = 10.0
 
@@ -115,7 +116,7 @@ def control(
 
 def _settled(store: Store, row: ControlRequestRow, timeout: float) -> ControlRequestRow:
     """``row`` once it is no longer pending, or as it is after ``timeout`` seconds; a line on
-    standard error now and every ``PROGRESS_S`` while it waits."""
+    standard error now and every ``PROGRESS_S`` (or quarter of the timeout) while it waits."""
     from scalewatch.store.control import control_request
     from scalewatch.store.states import RequestStatus
 
@@ -124,6 +125,7 @@ def _settled(store: Store, row: ControlRequestRow, timeout: float) -> ControlReq
         f" (up to {timeout:g} s; --no-wait does not wait)",
         err=True,
     )
+    every = min(PROGRESS_S, timeout / 4)
     started = time.monotonic()
     said = started
     while True:
@@ -131,7 +133,7 @@ def _settled(store: Store, row: ControlRequestRow, timeout: float) -> ControlReq
         now = time.monotonic()
         if row.status is not RequestStatus.PENDING or now - started >= timeout:
             return row
-        if now - said >= PROGRESS_S:
+        if now - said >= every:
             click.echo(f"request {row.id}: still pending after {now - started:.0f} s", err=True)
             said = now
         time.sleep(min(POLL_S, max(0.0, timeout - (now - started))))

@@ -11,7 +11,6 @@ import pytest
 from click.testing import CliRunner, Result
 
 from scalewatch.app.cli import cli
-from scalewatch.app.cli import control as control_command
 from scalewatch.store.control import control_state, mark_applied, mark_rejected, pending_requests
 from scalewatch.store.engine import Store
 from scalewatch.store.records import ControlRequestRow
@@ -86,9 +85,8 @@ def test_control_says_why_the_job_rejected_it(
 
 
 def test_control_gives_up_after_its_timeout_saying_how_long_it_waited(
-    store: Store, db_url: str, monkeypatch: pytest.MonkeyPatch
+    store: Store, db_url: str
 ) -> None:
-    monkeypatch.setattr(control_command, "PROGRESS_S", 0.2)
     run = add_run(store, simulate(10, set()))
     started = time.monotonic()
 
