@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    create_model,
+)
+from pydantic_core import PydanticCustomError
 
-from scalewatch.store.control_rules import SCHEMAS
+from scalewatch.store.control_rules import RULES, SCHEMAS
 from scalewatch.store.queries import INT64_MAX
 from scalewatch.store.states import AlertState, RequestSource, RequestStatus, RunStatus
 from scalewatch.store.step_schema import SERIES_COLUMNS, Kind
@@ -230,6 +240,20 @@ def _control_schema(schema: dict[str, Any]) -> None:
         field.update(SCHEMAS[name], title=title)
 
 
+def _ruled(name: str) -> WrapValidator:
+    """A control field refused in one error, its rule's words (as the store refuses a value
+    out of range): pydantic's own is one error a member of the union it tried
+    (``growth_interval.int``, ``growth_interval.float``)."""
+
+    def validate(value: object, handler: ValidatorFunctionWrapHandler) -> object:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("value_error", RULES[name]) from None
+
+    return WrapValidator(validate)
+
+
 class ControlRequest(BaseModel):
     """A change to the running scaler; any subset of the fields (one at least), applied
     together. Beyond each field's rule, ``min_scale <= scale <= max_scale`` must hold, the
@@ -242,13 +266,13 @@ class ControlRequest(BaseModel):
     )
 
     # JSON Schema's integers include 500.0; the store takes it as 500.
-    growth_interval: StrictInt | StrictFloat | None = None
-    growth_factor: StrictFloat | None = None
-    backoff_factor: StrictFloat | None = None
-    scale: StrictFloat | None = None
-    min_scale: StrictFloat | None = None
-    max_scale: StrictFloat | None = None
-    hysteresis: StrictInt | StrictFloat | None = None
+    growth_interval: Annotated[StrictInt | StrictFloat | None, _ruled("growth_interval")] = None
+    growth_factor: Annotated[StrictFloat | None, _ruled("growth_factor")] = None
+    backoff_factor: Annotated[StrictFloat | None, _ruled("backoff_factor")] = None
+    scale: Annotated[StrictFloat | None, _ruled("scale")] = None
+    min_scale: Annotated[StrictFloat | None, _ruled("min_scale")] = None
+    max_scale: Annotated[StrictFloat | None, _ruled("max_scale")] = None
+    hysteresis: Annotated[StrictInt | StrictFloat | None, _ruled("hysteresis")] = None
 
 
 class ControlFieldRule(BaseModel):

@@ -12,11 +12,14 @@ import {
   TRACE_COLUMNS,
   addBucket,
   emptyColumns,
+  emptyPanels,
   extent,
   figureLayout,
   figureTraces,
+  labelPixels,
   lossExtent,
   overflowPoint,
+  panelNotes,
   powerTicks,
   seriesBucket,
   stepAsBucket,
@@ -54,6 +57,8 @@ export class RunChart {
     this.alertMarks = []; // alerts of the run: { id, rule, from, to, text }, see alerts.js
     this.loadMarks = []; // loads of the scaler's state: { id, step, jump, text }, see scale_loads.js
     this.drawnMarkers = null; // what applyMarkers last drew, so that it redraws only a change
+    this.empty = []; // the optional panels (loss, lr) with nothing drawn: see panelNotes
+    this.panelNotes = [];
     this.scaleExtent = [Infinity, -Infinity]; // of the whole run drawn
     this.shown = null; // a zoomed view drawn, and its y ranges: { view, scales, tracker, rate }
     this.plotted = false;
@@ -188,6 +193,7 @@ export class RunChart {
     this.scaleExtent = extent([...cols.scaleMin, ...cols.scaleMax, ...this.node.data[T.overflows].y]);
     this.shown = this.view ? this.viewShown(cols) : null;
     await Plotly.relayout(this.node, this.shown ? this.shownLayout() : { ...AUTORANGE_Y, ...powerTicks(this.scaleExtent) });
+    await this.showEmptyPanels(emptyPanels(cols));
     const rateName = `skipped-step rate (last ${this.rate.window} steps)`;
     if (this.node.data[T.skipRate].name !== rateName) {
       await Plotly.restyle(this.node, { name: rateName }, [T.skipRate]);
@@ -328,6 +334,10 @@ export class RunChart {
     this.scaleExtent = wider;
     if (this.shown) this.widenShown(cols);
     else if (widened) Plotly.relayout(this.node, powerTicks(wider));
+    const filled = emptyPanels(cols);
+    if (this.empty.some((band) => !filled.includes(band))) {
+      this.showEmptyPanels(this.empty.filter((band) => filled.includes(band))).catch(this.onError);
+    }
     this.appended += rows.length;
     if (!this.view && this.hasMarkers()) this.applyMarkers(); // more steps in as many pixels
     this.updateCounts();
@@ -362,6 +372,19 @@ export class RunChart {
     if (this.plotted) this.applyMarkers();
   }
 
+  // Hide the optional panels with nothing drawn (``empty``), and say so where they are.
+  async showEmptyPanels(empty) {
+    const key = JSON.stringify([empty, this.view]);
+    if (key === this.emptyKey) return;
+    this.emptyKey = key;
+    this.empty = empty;
+    const { layout, notes } = panelNotes(empty, this.view);
+    this.panelNotes = notes;
+    await Plotly.relayout(this.node, layout);
+    this.node.dataset.unrecorded = empty.join(" ");
+    this.applyMarkers();
+  }
+
   hasMarkers() {
     return this.markers.length > 0 || this.alertMarks.length > 0 || this.loadMarks.length > 0;
   }
@@ -380,14 +403,17 @@ export class RunChart {
       line: m.jump ? { color: "#d1242f", width: 2 } : { color: "rgba(101,109,118,0.55)", width: 1, dash: "dot" },
     }));
     const [x0, x1] = this.xRange();
-    const labels = thinLabels(this.loadMarks, [x0, x1], this.plotWidth()).map((m) => ({
+    const labelText = (m) => (m.jump ? "⇅ scale loaded" : "loaded");
+    const labels = thinLabels(this.loadMarks, [x0, x1], this.plotWidth(), 36, (m) =>
+      labelPixels(labelText(m)),
+    ).map((m) => ({
       xref: "x",
       yref: "y domain",
       x: m.step,
       y: 0,
       xanchor: m.step > x0 + 0.85 * (x1 - x0) ? "right" : "left", // near the right edge: inside it
       yanchor: "bottom",
-      text: m.jump ? "⇅ scale loaded" : "loaded",
+      text: labelText(m),
       hovertext: m.text,
       showarrow: false,
       font: { color: m.jump ? "#d1242f" : "#656d76", size: 11 },
@@ -414,6 +440,8 @@ export class RunChart {
       this.alertMarks.map((a) => ({ ...a, step: a.from })),
       this.xRange(),
       this.plotWidth(),
+      36,
+      (a) => labelPixels(`⚠ ${a.rule}`),
     ).map((a) => ({
       xref: "x",
       yref: "paper",
@@ -449,12 +477,12 @@ export class RunChart {
       font: { color: "#6e40c9", size: 11 },
     }));
     const loads = this.loadShapes();
-    const key = JSON.stringify([shapes.length, annotations.map((a) => a.text), bands, alertLabels, loads]);
+    const key = JSON.stringify([shapes.length, annotations.map((a) => a.text), bands, alertLabels, loads, this.panelNotes]);
     if (key === this.drawnMarkers) return;
     this.drawnMarkers = key;
     Plotly.relayout(this.node, {
       shapes: [...bands, ...shapes, ...loads.lines],
-      annotations: [...alertLabels, ...annotations, ...loads.labels],
+      annotations: [...alertLabels, ...annotations, ...loads.labels, ...this.panelNotes],
     });
     this.node.dataset.markers = String(shapes.length);
     this.node.dataset.labels = String(annotations.length);

@@ -241,21 +241,28 @@ export function addScalePoints(cols, b, first) {
 }
 
 // Of the markers inside ``[x0, x1]`` (steps), those whose label stands at least ``gap``
-// pixels right of the last label kept, at ``width`` pixels for the range: many changes
-// close together keep their lines, and one label for a crowd, until zoomed in.
-export function thinLabels(markers, [x0, x1], width, gap = 36) {
+// pixels right of the last label kept, and clear of its text (``labelWidth(marker)``, in
+// pixels: a long label is wider than the gap), at ``width`` pixels for the range: many
+// changes close together keep their lines, and one label for a crowd, until zoomed in.
+export function thinLabels(markers, [x0, x1], width, gap = 36, labelWidth = () => 0) {
   const perStep = width / Math.max(1e-9, x1 - x0);
   const kept = [];
-  let last = -Infinity;
+  let free = -Infinity; // the first pixel right of the last label kept
   const inside = markers.filter((m) => m.step >= x0 && m.step <= x1).sort((a, b) => a.step - b.step);
   for (const m of inside) {
     const px = (m.step - x0) * perStep;
-    if (px - last >= gap) {
+    if (px >= free) {
       kept.push(m);
-      last = px;
+      free = px + Math.max(gap, labelWidth(m));
     }
   }
   return kept;
+}
+
+// About how many pixels ``text`` takes in the chart's sans-serif at ``size`` px, with a
+// margin: enough to keep two labels apart (an average glyph is ~0.6 of the size).
+export function labelPixels(text, size = 11) {
+  return Math.ceil(String(text).length * size * 0.62) + 6;
 }
 
 // One live step row, as its own one-step bucket: each band's min and max of its fields,
@@ -286,8 +293,11 @@ export function lossFlag(item) {
 
 export function overflowPoint(item) {
   const ranks = (item.inf_ranks || []).join(", ") || "none recorded";
-  // The chart's pages and live rows come without the parameters: "–" until clicked.
-  const params = item.params ? formatNumber(item.params.length + (item.params_omitted || 0)) : "–";
+  // The chart's pages and live rows come without the parameters: not "–", which read as
+  // none, but what a click shows.
+  const params = item.params
+    ? `${formatNumber(item.params.length + (item.params_omitted || 0))} (click for them)`
+    : "not loaded yet (click the marker to list them)";
   return {
     x: item.step,
     y: item.scale,
@@ -360,7 +370,7 @@ function overflowTrace(overflows) {
     hovertemplate:
       "overflow at step %{x}<br>scale %{customdata[2]} → %{customdata[0]}" +
       "<br>ranks with inf/NaN: %{customdata[1]}<br>loss: %{customdata[3]}" +
-      "<br>parameters: %{customdata[4]} (click for them)<extra></extra>",
+      "<br>parameters: %{customdata[4]}<extra></extra>",
   };
 }
 
@@ -378,6 +388,46 @@ function rateTrace(cols) {
   };
 }
 
+const PANEL_DOMAINS = { loss: [0.39, 0.53], lr: [0.25, 0.36] };
+
+// The panels of values a run may not record (the loss, the learning rate), by band.
+export const OPTIONAL_PANELS = [
+  { band: "loss", axis: "yaxis4", what: "loss" },
+  { band: "lr", axis: "yaxis5", what: "learning rate" },
+];
+
+// The optional panels with nothing to draw in ``cols``: their bands' names.
+export function emptyPanels(cols) {
+  return OPTIONAL_PANELS.filter(({ band }) => lossExtent([...cols[`${band}Min`], ...cols[`${band}Max`]]) === null).map(
+    ({ band }) => band,
+  );
+}
+
+// A panel with nothing to draw read as axes from -1 to 1 over nothing: its axis hidden
+// instead, and a line in its place says what is not recorded (in the run, or in the
+// steps of a zoomed ``view``). The relayout and the annotations of ``empty`` bands.
+export function panelNotes(empty, view = null) {
+  const layout = {};
+  const notes = [];
+  for (const { band, axis, what } of OPTIONAL_PANELS) {
+    const none = empty.includes(band);
+    layout[`${axis}.visible`] = !none;
+    if (!none) continue;
+    const [low, high] = PANEL_DOMAINS[band];
+    notes.push({
+      name: `unrecorded-${band}`,
+      xref: "paper",
+      yref: "paper",
+      x: 0.5,
+      y: (low + high) / 2,
+      text: view ? `no ${what} recorded in steps ${formatNumber(view[0])}–${formatNumber(view[1])}` : `${what} not recorded by this run`,
+      showarrow: false,
+      font: { color: "#656d76", size: 12 },
+    });
+  }
+  return { layout, notes };
+}
+
 export function figureLayout(narrow) {
   return {
     uirevision: "keep",
@@ -389,8 +439,8 @@ export function figureLayout(narrow) {
     legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", traceorder: "normal" },
     xaxis: { title: { text: "step" }, anchor: "y3", showspikes: true, spikemode: "across", spikethickness: 1 },
     yaxis: { type: "log", title: { text: "loss scale" }, domain: [0.56, 1], fixedrange: true, anchor: "x" },
-    yaxis4: { title: { text: "loss" }, domain: [0.39, 0.53], fixedrange: true, anchor: "x" },
-    yaxis5: { title: { text: "lr" }, domain: [0.25, 0.36], fixedrange: true, exponentformat: "e", anchor: "x" },
+    yaxis4: { title: { text: "loss" }, domain: PANEL_DOMAINS.loss, fixedrange: true, anchor: "x" },
+    yaxis5: { title: { text: "lr" }, domain: PANEL_DOMAINS.lr, fixedrange: true, exponentformat: "e", anchor: "x" },
     yaxis2: { title: { text: "tracker" }, domain: [0.13, 0.22], fixedrange: true, rangemode: "tozero", anchor: "x" },
     yaxis3: { title: { text: "skipped" }, domain: [0, 0.1], fixedrange: true, rangemode: "tozero", tickformat: ".1~%", anchor: "x" },
     shapes: [],

@@ -105,7 +105,7 @@ export class Comparison {
     const traces = overlayTraces(shown, drawnCharts, steps);
     const narrow = window.matchMedia("(max-width: 640px)").matches;
     this.node.dataset.rateWindow = String(steps);
-    await window.Plotly.react(this.node, traces, overlayLayout(narrow, steps), {
+    await window.Plotly.react(this.node, traces, overlayLayout(narrow, steps, drawnCharts), {
       responsive: true,
       displaylogo: false,
     });

@@ -2,7 +2,7 @@
 // chart's traces, from each run's chart buckets (min/max per bucket, so no overflow or
 // skipped step is sampled away). No DOM, no fetching here; see compare.js.
 
-import { RollingRate } from "./chart_figure.js";
+import { RollingRate, extent, powerTicks } from "./chart_figure.js";
 
 export const STATUSES = ["running", "finished", "crashed"];
 export const MAX_COMPARED = 8;
@@ -102,7 +102,17 @@ export function overlayTraces(runs, charts, window = rateWindow(charts)) {
   );
 }
 
-export function overlayLayout(narrow, window) {
+// The scale axis's ticks at powers of two, as the run page's: over every compared run's
+// scales (Plotly's own log ticks read "7 6 5 4 3 2 10k 9 8").
+export function scaleTicks(charts) {
+  const scales = [...charts.values()].flatMap(({ series }) => [...series.scale_min, ...series.scale_max]);
+  const ticks = powerTicks(extent(scales));
+  return "yaxis.tickmode" in ticks
+    ? { tickmode: ticks["yaxis.tickmode"], tickvals: ticks["yaxis.tickvals"], ticktext: ticks["yaxis.ticktext"] }
+    : {};
+}
+
+export function overlayLayout(narrow, window, charts = new Map()) {
   return {
     autosize: true,
     margin: { l: narrow ? 52 : 70, r: 12, t: 36, b: 44 },
@@ -111,7 +121,7 @@ export function overlayLayout(narrow, window) {
     showlegend: true,
     legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom" },
     xaxis: { title: { text: "step" }, anchor: "y2" },
-    yaxis: { type: "log", title: { text: "loss scale" }, domain: [0.3, 1], anchor: "x" },
+    yaxis: { type: "log", title: { text: "loss scale" }, domain: [0.3, 1], anchor: "x", ...scaleTicks(charts) },
     yaxis2: { title: { text: narrow ? "skipped" : `skipped (last ${window})` }, domain: [0, 0.24], rangemode: "tozero", tickformat: ".1~%", anchor: "x" },
   };
 }

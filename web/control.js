@@ -25,13 +25,14 @@ export function noteText(row) {
 
 export class ControlPanel {
   // `fields`: the service's control fields (rules.js's controlFields).
-  constructor(runId, fields, { onMarkers, onError, onChange, onStatus } = {}) {
+  constructor(runId, fields, { onMarkers, onError, onChange, onStatus, onToken } = {}) {
     this.runId = runId;
     this.fields = fields;
     this.onMarkers = onMarkers || (() => {});
     this.onError = onError || (() => {});
     this.onChange = onChange || (() => {});
     this.onStatus = onStatus || (() => {});
+    this.onToken = onToken || (() => {}); // the kept token changed: the header asks whose it is
     this.history = new Map();
     this.state = {};
     this.pollTimer = null;
@@ -44,6 +45,9 @@ export class ControlPanel {
     this.submitButton = document.getElementById("control-submit");
     this.forgetButton = document.getElementById("forget-token");
     this.closedNote = document.getElementById("control-closed");
+    this.fieldsBox = document.getElementById("control-fields");
+    this.formHelp = document.getElementById("control-form-help");
+    this.actions = this.submitButton.parentElement;
     this.open = true; // the run takes changes (known once its status is)
     this.inputs = {};
     this.errors = {};
@@ -56,6 +60,7 @@ export class ControlPanel {
       storeToken("");
       this.updateTokenUi();
       this.notice("Token forgotten for this browser session.");
+      this.onToken();
     });
     this.updateTokenUi();
   }
@@ -99,13 +104,15 @@ export class ControlPanel {
     this.closedNote.hidden = writable;
     const why = this.readOnly || (this.open ? "" : `This run is ${status}: it takes no changes.`);
     setText(this.closedNote, why);
+    // A run that takes no more changes says so, without a form it could not send.
+    for (const node of [this.fieldsBox, this.formHelp, this.actions]) node.hidden = !this.open;
+    this.updateTokenUi();
     this.onStatus(status);
   }
 
   // The identity's role changes no run: the form stays disabled and says why.
   setReadOnly(message) {
     this.readOnly = message;
-    this.tokenBox.hidden = true;
     this.setRunStatus(this.status || "running");
   }
 
@@ -122,22 +129,28 @@ export class ControlPanel {
 
   // A token the server refused: forgotten, and asked for again.
   refuseToken() {
+    const had = Boolean(storedToken());
     storeToken("");
     this.tokenInput.value = "";
     this.updateTokenUi("The token was refused. Enter it again.");
     this.tokenInput.focus();
+    if (had) this.onToken();
   }
 
-  // A token the server accepted: kept for the browser session, the token box hidden.
+  // A token the server accepted: kept for the browser session, the token box hidden, and
+  // the header told who it names.
   keepToken(token) {
+    const changed = storedToken() !== token;
     storeToken(token);
     this.tokenInput.value = "";
     this.updateTokenUi();
+    if (changed) this.onToken();
   }
 
   updateTokenUi(message) {
     const have = Boolean(storedToken());
-    this.tokenBox.hidden = have && !message;
+    // No token to ask for where no change can be sent (a finished run, a viewer).
+    this.tokenBox.hidden = (have && !message) || !this.open || Boolean(this.readOnly);
     this.forgetButton.hidden = !have;
     setText(this.tokenError, message || "");
     this.tokenError.hidden = !message;

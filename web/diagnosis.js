@@ -3,7 +3,7 @@
 // the chart's visible window. The pure functions at the top are tested in web/tests/.
 
 import { getJSON, paths } from "./api.js";
-import { displayName, el, formatCount, formatNumber, formatScale, setText } from "./dom.js";
+import { displayName, el, formatCount, formatScale, formatSignificant, setText } from "./dom.js";
 
 const KIND_TEXT = { inf: "inf", nan: "NaN", both: "inf + NaN" };
 export const RANKED_PARAMS = 10;
@@ -41,7 +41,7 @@ export function lossVerdict(item) {
   }
   return {
     forward: false,
-    text: `The loss was finite on every rank (${formatNumber(item.loss)}): the gradients overflowed in backward.`,
+    text: `The loss was finite on every rank (${formatSignificant(item.loss)}): the gradients overflowed in backward.`,
   };
 }
 
@@ -117,7 +117,8 @@ export class OverflowDetail {
     const none = rows.length
       ? null
       : el("p", { class: "muted small", text: "No parameter was named at this step (see the documentation on fused optimizers)." });
-    this.node.replaceChildren(
+    // replaceChildren writes a null as the text "null": only the parts there are.
+    const parts = [
       el("h3", { text: `Overflow at step ${formatCount(item.step)}` }),
       el("p", {
         class: "small",
@@ -138,7 +139,8 @@ export class OverflowDetail {
           )
         : none,
       omitted,
-    );
+    ].filter((part) => part !== null);
+    this.node.replaceChildren(...parts);
     this.node.dataset.state = "shown";
   }
 }

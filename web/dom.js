@@ -72,6 +72,18 @@ export function formatNumber(value) {
   return fraction === undefined ? grouped : `${grouped}.${fraction}`;
 }
 
+// A measured value (a loss) to at most ``digits`` significant digits: 0.6930818557739258 is
+// "0.6931", 1234567.8 is "1.235e+6"; an integer-valued one keeps its grouping.
+export function formatSignificant(value, digits = 4) {
+  if (value === null || value === undefined) return "–";
+  if (typeof value !== "number" || !Number.isFinite(value)) return String(value);
+  const magnitude = Math.abs(value);
+  if (magnitude !== 0 && (magnitude >= 10 ** digits || magnitude < 1e-3)) {
+    return value.toExponential(digits - 1).replace(/\.?0+e/, "e");
+  }
+  return formatNumber(Number(value.toPrecision(digits)));
+}
+
 const SCALE_FIELDS = new Set(["scale", "min_scale", "max_scale", "scale_after"]);
 
 // A control or state value by its name: scales as formatScale, the rest as formatNumber.

@@ -9,7 +9,7 @@ import { OverflowDetail, ParamsPanel } from "./diagnosis.js";
 import { LiveFacts, forecastText, scheduleText } from "./facts.js";
 import { ScaleLoadsView } from "./scale_loads.js";
 import { controlFields } from "./rules.js";
-import { canWrite, showIdentity } from "./who.js";
+import { canWrite, refreshIdentity, showIdentity } from "./who.js";
 import {
   badge,
   displayName,
@@ -238,6 +238,7 @@ async function main() {
     onStatus: (status) => autopilot && autopilot.setRunStatus(status),
     // A change (the autopilot's, say) can come with a new decision.
     onChange: () => autopilot && autopilot.refresh().catch(reportError),
+    onToken: () => refreshIdentity().catch(reportError),
   });
   autopilot = new AutopilotPanel(runId, panel, { onError: reportError });
   if (!canWrite(who)) {

@@ -28,6 +28,30 @@ function signInBox() {
   return form;
 }
 
+// What the header says of ``who``: a name and a role, or that nobody signed in.
+export function identityLabel(who) {
+  return who && who.name ? `${who.name} · ${who.role}` : "anonymous · read-only";
+}
+
+function showWho(who) {
+  let node = document.getElementById("whoami");
+  if (!node) {
+    node = el("span", { id: "whoami", class: "whoami" });
+    document.querySelector("header.top").append(node);
+  }
+  node.textContent = identityLabel(who);
+  node.dataset.role = who.role || "";
+  document.body.dataset.role = who.role || "";
+}
+
+// Ask again, after the page kept or forgot a token: the header said "anonymous" after a
+// token was accepted and a change sent with it.
+export async function refreshIdentity() {
+  const who = await whoami();
+  showWho(who);
+  return who;
+}
+
 // {name, role, source, reads_open}, or null where the service wants a token first (the
 // sign-in box then shows).
 export async function showIdentity() {
@@ -41,8 +65,6 @@ export async function showIdentity() {
     header.append(signInBox());
     return null;
   }
-  const label = who.name ? `${who.name} · ${who.role}` : "anonymous · read-only";
-  header.append(el("span", { id: "whoami", class: "whoami", dataset: { role: who.role || "" }, text: label }));
-  document.body.dataset.role = who.role || "";
+  showWho(who);
   return who;
 }

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scalewatch.store.forecast import WINDOW, ScaleStep, read_forecast
 
@@ -333,17 +333,47 @@ class Stalled(Watch[Silence]):
         return Reading(on, silent, at=self.progress_at + self.params.threshold if on else now)
 
 
+# How far under its threshold a firing rank_hotspot's share must fall before it resolves,
+# unless the rule sets resolve_below: a share hovering about the threshold (61%, 59%, 62%
+# of a 60% one) fired and resolved the alert every few hundred steps.
+HOTSPOT_BAND = 0.05
+
+
 class Hotspot(Params):
     window: int = Field(default=1000, gt=0, le=1_000_000)
     threshold: float = Field(default=0.6, gt=0, le=1, description="a rank's share")
     min_overflows: int = Field(default=5, ge=1, description="overflows in the window, at least")
+    resolve_below: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="once firing, it resolves when the share is at or under this (default:"
+        " `threshold` - 0.05) or the overflows fewer than `min_overflows`",
+    )
+
+    @model_validator(mode="after")
+    def _band(self) -> Hotspot:
+        if self.resolve_below is not None and self.resolve_below > self.threshold:
+            raise ValueError(
+                f"resolve_below ({self.resolve_below:g}) must not be above threshold"
+                f" ({self.threshold:g})"
+            )
+        return self
+
+    @property
+    def resolve_at(self) -> float:
+        """The share at or under which a firing alert resolves."""
+        if self.resolve_below is not None:
+            return self.resolve_below
+        return max(0.0, self.threshold - HOTSPOT_BAND)
 
 
 @kind(
     "rank_hotspot",
     Hotspot,
     "one rank is in more than `threshold` of the inf/NaN reports of the overflows within"
-    " `window` steps (`min_overflows` of them at least; runs of 2 ranks or more)",
+    " `window` steps (`min_overflows` of them at least; runs of 2 ranks or more); it"
+    " resolves once that share is at or under `resolve_below` (default `threshold` - 0.05)",
     unit=Unit.SHARE,
     says="{value} of the {detail}",
     applies=lambda run: run.world_size > 1,
@@ -374,6 +404,8 @@ class RankHotspot(_Windowed[Hotspot]):
         rank, count = max(self.reports.items(), key=lambda item: (item[1], -item[0]))
         share = count / self.total
         detail = f"last {len(self.items)} overflows on rank {rank}"
+        if self.reading.on:  # firing: it holds until the share falls through the band
+            return Reading(share > self.params.resolve_at, share, detail=detail)
         return Reading(share > self.params.threshold, share, detail=detail)
 
 

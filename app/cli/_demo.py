@@ -22,8 +22,12 @@ from ..settings import Settings
 if TYPE_CHECKING:
     import uvicorn
 
+    from scalewatch.store.queries import RunInfo
+
 TRAINER = "scalewatch.examples.tiny_lm"
-DEFAULT_STEPS = 10_000  # minutes at 10-60 it/s: 1500 ended before a reader had sent a change
+# About 25 minutes on a 2-core machine (7 it/s; 10-60 on faster ones): 1500 ended before
+# a reader had sent a change.
+DEFAULT_STEPS = 10_000
 WAIT_POLL_S = 0.1  # how often the demo looks whether its trainer has ended
 STOP_S = 30.0  # for the trainer to stop after a Ctrl-C (its ranks get 20 s of it)
 
@@ -40,6 +44,7 @@ def run(
         raise
     try:
         _announce(settings, sys.stdout)
+        before = _newest_run(settings, run_name)
         # A Ctrl-C while the trainer is being started (it exists, Popen has not returned)
         # would leave it without its handle: it is held until Popen returns, then taken as
         # any other. A Python handler is no handler in the child once it has exec'd.
@@ -74,11 +79,40 @@ def run(
             _stop_trainer(trainer)
             if forced.is_set():
                 return 130  # as an interrupted command: the run was not closed
+        print(f"scalewatch demo: {_outcome(settings, run_name, before)}", flush=True)
         return 0
     finally:
         _stop_server(server)
         thread.join(timeout=10)
         sock.close()
+
+
+def _newest_run(settings: Settings, run_name: str) -> RunInfo | None:
+    """The newest run named ``run_name`` in the store, or None."""
+    from scalewatch.store.engine import open_store
+    from scalewatch.store.queries import list_runs
+
+    with open_store(settings.db) as store:
+        return next((run for run in list_runs(store) if run.name == run_name), None)
+
+
+def _outcome(settings: Settings, run_name: str, before: RunInfo | None) -> str:
+    """The demo's last word: how its run ended, at which step, and where it is stored.
+
+    ``before`` is the newest run of that name when the demo started: an older run, not this
+    demo's.
+    """
+    from scalewatch.store.urls import parse_store_url, shown_url, sqlite_file
+
+    path = sqlite_file(parse_store_url(settings.db))
+    where = os.path.abspath(path) if path is not None else shown_url(settings.db)
+    run = _newest_run(settings, run_name)
+    if run is None or (before is not None and run.id == before.id):
+        return f"no run was recorded (the store: {where})"
+    return (
+        f"run {run.id} ({run.name!r}) {run.status} at step {run.steps:,}; it is stored in"
+        f" {where} ('scalewatch serve --db {where}' shows it again)"
+    )
 
 
 def _start_trainer(

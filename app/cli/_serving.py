@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import socket
 import sys
@@ -27,6 +28,7 @@ __all__ = [
     "SWITCH_INTERVAL_S",
     "BindRefused",
     "CannotServe",
+    "QuietReads",
     "access_line",
     "freeze_startup_heap",
     "listen",
@@ -212,14 +214,37 @@ def access_line(settings: Settings) -> str:
     return f"{reads}; writes need an operator token{proxy}"
 
 
-def make_server(app: Any, settings: Settings, sock: socket.socket, **config: Any) -> uvicorn.Server:
+class QuietReads(logging.Filter):
+    """Drops uvicorn's access line of a read that succeeded (a GET or HEAD answered below
+    400): an open dashboard polls about once a second, which buried the writes and the
+    errors under 65 lines a minute.
+
+    >>> def line(method, status):
+    ...     args = ("127.0.0.1:5", method, "/api/runs", "1.1", status)
+    ...     return logging.LogRecord("uvicorn.access", 20, "", 0, '%s "%s %s" %d', args, None)
+    >>> [QuietReads().filter(line(*r)) for r in (("GET", 200), ("GET", 404), ("POST", 202))]
+    [False, True, True]
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if not isinstance(args, tuple) or len(args) != 5:
+            return True
+        method, status = args[1], args[4]
+        return not (method in ("GET", "HEAD") and isinstance(status, int) and status < 400)
+
+
+def make_server(
+    app: Any, settings: Settings, sock: socket.socket, *, log_reads: bool = False, **config: Any
+) -> uvicorn.Server:
     """A server for ``app`` on ``sock``, which waits ``SHUTDOWN_GRACE_S`` at most for open
     responses. Live streams end as it stops: sse-starlette ends them on uvicorn's exit.
     A connection is closed when a request's headers take over ``settings.header_timeout_s``
-    (:mod:`scalewatch.app.http_protocol`). The heap built so far is frozen
+    (:mod:`scalewatch.app.http_protocol`). Its access log leaves out the reads that
+    succeeded unless ``log_reads`` (:class:`QuietReads`). The heap built so far is frozen
     (:func:`freeze_startup_heap`)."""
     freeze_startup_heap()
-    return uvicorn.Server(
+    server = uvicorn.Server(
         uvicorn.Config(
             app,
             host=settings.host.strip("[]"),
@@ -238,6 +263,12 @@ def make_server(app: Any, settings: Settings, sock: socket.socket, **config: Any
             **config,
         )
     )
+    access = logging.getLogger("uvicorn.access")  # configured by uvicorn.Config just now
+    for quiet in [f for f in access.filters if isinstance(f, QuietReads)]:
+        access.removeFilter(quiet)
+    if not log_reads:
+        access.addFilter(QuietReads())
+    return server
 
 
 def prepare(settings: Settings, out: TextIO, *, port: int | None = None) -> Settings:

@@ -62,6 +62,12 @@ __all__ = ["serve"]
     metavar="NAME",
     help="the trusted proxy's header naming the role (default: a new user is a viewer)",
 )
+@click.option(
+    "--log-reads",
+    is_flag=True,
+    help="log every request; by default reads answered below 400 (a dashboard's polls) are"
+    " left out, and writes and errors logged",
+)
 @click.option("--ssl-certfile", metavar="FILE", help="serve HTTPS with this certificate (PEM)")
 @click.option("--ssl-keyfile", metavar="FILE", help="the certificate's private key (PEM)")
 def serve(
@@ -70,6 +76,7 @@ def serve(
     port: int | None,
     uds: str | None,
     alerts: str | None,
+    log_reads: bool,
     **access: str | bool | None,
 ) -> None:
     from ..alerts.config import RulesFileError, load_rules
@@ -98,7 +105,7 @@ def serve(
     except CannotServe as refused:
         raise Failed(str(refused), refused.code) from None
     with sock:
-        server = make_server(create_app(served, rules), served, sock)
+        server = make_server(create_app(served, rules), served, sock, log_reads=log_reads)
         scheme = "https" if served.ssl_certfile else "http"
         if served.uds is not None:
             url = f"{scheme}+unix:{served.uds}"

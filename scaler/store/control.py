@@ -41,6 +41,7 @@ __all__ = [
     "RunNotRunning",
     "control_history",
     "control_history_page",
+    "control_request",
     "control_state",
     "file_request",
     "mark_applied",
@@ -315,6 +316,20 @@ def _as_shown(run: RowMapping, history: list[ControlRequestRow]) -> list[Control
         else row
         for row in history
     ]
+
+
+def control_request(store: Store, request_id: int) -> ControlRequestRow:
+    """The request ``request_id`` as :func:`control_history` shows it (one still pending in a
+    run that crashed reads as rejected); :class:`RequestNotFound` if there is none."""
+    with store.read() as conn:
+        row = conn.execute(
+            select(control_requests).where(control_requests.c.id == request_id)
+        ).first()
+        if row is None:
+            raise RequestNotFound(request_id)
+        request = _to_row(row)
+        run = _run_row(conn, request.run_id)
+    return _as_shown(run, [request])[0]
 
 
 def control_state(store: Store, run_id: int) -> dict[str, Any]:

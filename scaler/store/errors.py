@@ -95,6 +95,20 @@ class StoreDamaged(RuntimeError):
         self.reason = reason
 
 
+class NotAStore(StoreDamaged):
+    """The file a SQLite store URL names is no SQLite database at all (``--db /etc/passwd``):
+    nothing was ever a store there, so there is no copy to restore."""
+
+    def __init__(self, url: str, path: str) -> None:
+        RuntimeError.__init__(
+            self,
+            f"{path} is not a scalewatch store: not a SQLite database at all (is --db or"
+            " $SCALEWATCH_DB the path you meant?)",
+        )
+        self.url = url
+        self.reason = "not a SQLite database"
+
+
 # SQLite's primary result codes of a store that cannot be used as it is (the file, the
 # disk, a lock), as opposed to a mistake in a statement: sqlite3.h.
 _STORAGE_CODES = frozenset(

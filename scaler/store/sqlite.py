@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy import URL, Connection, Engine, create_engine, event, exc
 
-from .errors import StoreDamaged, storage_failure
+from .errors import NotAStore, StoreDamaged, storage_failure
 from .filesystems import JOURNAL_MODES, refuse_network
 from .permissions import create_private
 from .timeouts import DEFAULTS, Timeouts
@@ -194,8 +194,25 @@ def check_integrity(engine: Engine) -> None:
         reason = storage_failure(error)
         if reason is None or "locked" in reason:
             raise
+        path = sqlite_file(engine.url)
+        if path is not None and not _sqlite_header(Path(path)):
+            raise NotAStore(url, path) from None
         raise StoreDamaged(url, reason) from None
     if problems != ["ok"]:
         lines = [line for row in problems for line in str(row).splitlines()]
         first = next((line for line in lines if not line.startswith("***")), lines[0])
         raise StoreDamaged(url, f"SQLite's quick_check: {first}")
+
+
+# The first 16 bytes of every SQLite database file (sqlite.org/fileformat.html).
+_HEADER = b"SQLite format 3\x00"
+
+
+def _sqlite_header(path: Path) -> bool:
+    """Whether ``path`` begins as a SQLite database does; True where it cannot be read (the
+    error SQLite gave says more then)."""
+    try:
+        with path.open("rb") as file:
+            return file.read(len(_HEADER)) == _HEADER
+    except OSError:
+        return True

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pytest
+from pydantic import ValidationError
 
 from scalewatch.app.alerts.kinds import KINDS, Reading, RunView, StepView
 from scalewatch.app.alerts.text import said
@@ -109,6 +110,35 @@ def test_rank_hotspot_names_the_rank_in_most_overflow_reports() -> None:
     assert not readings[120].on  # step 20 too: 4 overflows in the window
     assert not spec.applies(RunView(2, "one rank", 1, True, 0.0, 0, None))
     assert spec.applies(RUN)
+
+
+def test_rank_hotspot_hovering_about_its_threshold_fires_once() -> None:
+    """The demo's rank_hotspot fired and resolved 6 times in 4 minutes, its share at 61-62%
+    of a 60% threshold, now and then at 60% or under: once firing, it holds until the
+    share falls to ``resolve_below`` (default: the threshold less 0.05)."""
+    spec = KINDS["rank_hotspot"]
+    params = spec.params.model_validate({"window": 100, "threshold": 0.6}).model_dump()
+    # An overflow every 5 steps, 20 in the window: rank 1 in 13 of 20 (65%), then 12 (60%),
+    # over and over; then the three ranks in turn (33% each); then 65% again.
+    above = [1, 1, 0, 1, 1, 0, 1, 0, 1, 1, 0, 1, 1, 0, 1, 1, 0, 1, 1, 0]
+    at = [1, 1, 0, 1, 1, 0, 1, 0, 1, 0, 0, 1, 1, 0, 1, 1, 0, 1, 1, 0]
+    even = [0, 1, 2] * 7
+    history = (above + at) * 3 + even + above
+    ranks = {5 * (i + 1): (rank,) for i, rank in enumerate(history)}
+    rows = _steps(ranks=ranks, last=5 * len(history) + 4)
+
+    turns = _turns("rank_hotspot", rows, **params)
+
+    assert [on for _, on, _ in turns] == [True, False, True]  # resolved in the even stretch
+    assert turns[1][2] <= 0.55
+    # Without the band (resolve_below = threshold) the same history flaps.
+    flapping = _turns("rank_hotspot", rows, **{**params, "resolve_below": 0.6})
+    assert [on for _, on, _ in flapping[:6]] == [True, False] * 3
+
+
+def test_rank_hotspot_refuses_a_resolve_level_above_its_threshold() -> None:
+    with pytest.raises(ValidationError, match="resolve_below"):
+        KINDS["rank_hotspot"].params.model_validate({"threshold": 0.6, "resolve_below": 0.7})
 
 
 def test_stalled_counts_seconds_without_a_new_step_on_the_services_clock() -> None:

@@ -16,6 +16,7 @@ from scalewatch.app import cli as cli_package
 from scalewatch.app import exports
 from scalewatch.app.cli import cli, main
 from scalewatch.app.cli import export as export_command
+from scalewatch.store.control import control_history
 from scalewatch.store.engine import Store
 from scalewatch.store.runs import end_run
 from tests._helpers.golden import GOLDEN_CSV, ROWS
@@ -172,17 +173,17 @@ def test_an_export_to_a_file_shows_its_rows_on_a_terminal(
     assert quiet.getvalue() == ""
 
 
-def test_control_prints_the_pending_request(store: Store, db_url: str) -> None:
+def test_control_files_the_request_as_the_cli_user(store: Store, db_url: str) -> None:
     run = add_run(store, simulate(10, set()))
 
     result = scalewatch("control", str(run), "--growth-interval", "500", "--growth-factor", "1.5",
-                        "--db", db_url)  # fmt: skip
+                        "--no-wait", "--db", db_url)  # fmt: skip
 
     assert result.exit_code == 0
-    printed = json.loads(result.stdout)
-    assert printed["status"] == "pending"
-    assert printed["source"] == "cli"
-    assert printed["values"] == {"growth_interval": 500, "growth_factor": 1.5}
+    (row,) = control_history(store, run)
+    assert row.status == "pending"
+    assert row.source == "cli"
+    assert row.values == {"growth_interval": 500, "growth_factor": 1.5}
 
 
 def test_control_refusals_exit_2_with_the_messages(store: Store, db_url: str) -> None:
@@ -192,13 +193,13 @@ def test_control_refusals_exit_2_with_the_messages(store: Store, db_url: str) ->
 
     assert result.exit_code == 2
     assert "backoff_factor" in result.stderr
-    assert result.stderr.startswith("scalewatch control: backoff_factor: backoff_factor must be")
+    assert result.stderr.startswith("scalewatch control: backoff_factor must be")  # named once
     assert result.stdout == ""
     result = scalewatch("control", str(run), "--min-scale", "8", "--max-scale", "4", "--db", db_url)
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [
-        "scalewatch control: min_scale: min_scale must be <= max_scale (4.0)",
-        "scalewatch control: max_scale: max_scale must be >= min_scale (8.0)",
+        "scalewatch control: min_scale must be <= max_scale (4.0)",
+        "scalewatch control: max_scale must be >= min_scale (8.0)",
     ]
     end_run(store, run)
     result = scalewatch("control", str(run), "--scale", "2", "--db", db_url)
@@ -234,14 +235,14 @@ def test_errors_a_user_can_fix_are_one_line(
         (["runs", "--db", str(missing)], f"scalewatch runs: no store at {missing}"),
         (["export", str(run), "--db", str(missing)], "scalewatch export: no store at"),
         (["control", str(run), "--scale", "2", "--db", str(missing)], "no store at"),
-        (["runs", "--db", str(corrupt)], "scalewatch runs: the store cannot be read: file is not"),
+        (["runs", "--db", str(corrupt)], f"scalewatch runs: {corrupt} is not a scalewatch store"),
         (
             ["export", str(run), "-o", str(tmp_path / "no" / "dir.csv"), "--db", db_url],
             f"scalewatch export: cannot write {tmp_path / 'no' / 'dir.csv'}: the directory"
             f" {tmp_path / 'no'} does not exist",
         ),
         (["db", "upgrade", "--db", str(tmp_path / "no" / "x.db")], "does not exist"),
-        (["serve", "--db", str(corrupt)], "scalewatch serve: the store cannot be read"),
+        (["serve", "--db", str(corrupt)], f"scalewatch serve: {corrupt} is not a scalewatch store"),
         (["serve", "--port", "70000", "--db", db_url], "serve: --port: Input should be less"),
     ]
     other_database = "mysql://user:secret@127.0.0.1:1/x"

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
+from scalewatch.store.control_rules import RULES
 from scalewatch.store.engine import Store
 from scalewatch.store.runs import end_run
 from tests._helpers.service import TOKEN, add_run, auth, simulate
@@ -103,6 +104,27 @@ def test_invalid_values_are_422_naming_the_field(client: TestClient, store: Stor
         if field is not None:
             assert any(field in error["loc"] for error in detail), detail
     assert client.post(f"/api/runs/{run}/control", json={}, headers=auth()).status_code == 422
+    assert client.get(f"/api/runs/{run}/control").json()["history"] == []
+
+
+def test_a_value_of_the_wrong_type_is_one_error_in_the_rules_words(
+    client: TestClient, store: Store
+) -> None:
+    """pydantic named each member of the union it tried: growth_interval.int and
+    growth_interval.float, two raw errors for one wrong value."""
+    run = add_run(store, simulate(10, set()))
+    for body, field in (
+        ({"growth_interval": "500"}, "growth_interval"),
+        ({"growth_interval": True}, "growth_interval"),
+        ({"hysteresis": [2]}, "hysteresis"),
+        ({"growth_factor": "2"}, "growth_factor"),
+    ):
+        response = client.post(f"/api/runs/{run}/control", json=body, headers=auth())
+        assert response.status_code == 422, body
+        detail = response.json()["detail"]
+        assert [(error["loc"], error["msg"]) for error in detail] == [
+            (["body", field], RULES[field])
+        ], body
     assert client.get(f"/api/runs/{run}/control").json()["history"] == []
 
 

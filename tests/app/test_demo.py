@@ -22,6 +22,7 @@ import pytest
 from scalewatch.store.engine import open_store
 from scalewatch.store.queries import list_runs
 from tests._helpers.net import free_port
+from tests._helpers.processes import interruptible
 from tests._helpers.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -74,6 +75,31 @@ def test_demo_trains_serves_and_stops_cleanly(tmp_path: Path) -> None:
     # Not a terminal: the progress is plain lines, the last one whole.
     assert "\r" not in demo.output
     assert any(line.split()[1:3] == ["step", "60/60"] for line in demo.output.splitlines())
+    db = demo.db.removeprefix("sqlite:///")
+    assert demo.output.rstrip().splitlines()[-1] == (
+        f"scalewatch demo: run 1 ('tiny-lm-fp16') finished at step 60; it is stored in {db}"
+        f" ('scalewatch serve --db {db}' shows it again)"
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
+def test_a_demo_started_by_a_parent_that_ignores_sigint_still_takes_its_ctrl_c(
+    tmp_path: Path,
+) -> None:
+    """``make test`` run as a background job (SIGINT ignored, as a shell starts one) failed
+    every test here that stops the demo with a Ctrl-C: the demo inherited SIGINT ignored
+    (and Python then installs no KeyboardInterrupt)."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        demo = _Demo(tmp_path, steps=1)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    try:
+        status = Path(f"/proc/{demo.process.pid}/status").read_text()
+    finally:
+        demo.stop()
+    ignored = int(next(line for line in status.splitlines() if line.startswith("SigIgn:"))[7:], 16)
+    assert not ignored & (1 << (signal.SIGINT - 1)), "the demo starts with SIGINT ignored"
 
 
 def _marked(mark: str, command: bytes = b"") -> list[int]:
@@ -142,7 +168,7 @@ class _Demo:
             "--db",
             self.db,
         ]
-        self.process = subprocess.Popen(
+        self.process = interruptible(
             [*command, "--port", str(self.port)],
             env=env,
             stdout=subprocess.PIPE,
@@ -473,6 +499,55 @@ def test_a_ctrl_c_while_the_trainer_is_being_started_stops_it_as_any_other(
     with socket_module.socket() as sock:
         code = demo_module.run(settings, sock, steps=1, world_size=1, run_name="x")
     assert (code, stopped) == (0, [trainer])
+
+
+def test_the_demo_ends_saying_how_its_run_ended_at_which_step_and_where_it_is_stored(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its last line was "stopping": nothing of the run it had trained, nor of its store."""
+    import socket as socket_module
+
+    import scalewatch.app.cli._demo as demo_module
+    from scalewatch.app.settings import Settings
+    from scalewatch.store.runs import create_run, end_run, write_steps
+    from tests._helpers.records import step_record
+
+    db = tmp_path / "demo.db"
+    settings = Settings(db=f"sqlite:///{db}")
+    with open_store(settings.db) as store:  # an older run of the same name
+        create_run(store, name="tiny", world_size=2, config={}, control={})
+
+    class Trainer:
+        pid = 0
+
+        def poll(self) -> int | None:
+            return None
+
+    def start_trainer(*args: object, **kwargs: object) -> Trainer:
+        with open_store(settings.db) as store:  # the trainer's run: 1234 steps
+            run = create_run(store, name="tiny", world_size=2, config={}, control={})
+            write_steps(store, run.id, [step_record(1), step_record(1234)])
+        os.kill(os.getpid(), signal.SIGINT)  # the Ctrl-C
+        return Trainer()
+
+    def stop_trainer(trainer: object) -> None:
+        with open_store(settings.db) as store:
+            end_run(store, 2)
+
+    server = threading.Thread()
+    server.start()
+    monkeypatch.setattr(demo_module, "_start_server", lambda *a: (object(), server))
+    monkeypatch.setattr(demo_module, "_stop_server", lambda server: None)
+    monkeypatch.setattr(demo_module, "_start_trainer", start_trainer)
+    monkeypatch.setattr(demo_module, "_stop_trainer", stop_trainer)
+    with socket_module.socket() as sock:
+        code = demo_module.run(settings, sock, steps=1234, world_size=2, run_name="tiny")
+    assert code == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == (
+        f"scalewatch demo: run 2 ('tiny') finished at step 1,234; it is stored in {db}"
+        f" ('scalewatch serve --db {db}' shows it again)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -248,6 +248,45 @@ def test_ctrl_c_stops_serve_while_a_live_stream_is_open(tmp_path: Path) -> None:
     assert ended[0] - signalled < SHUTDOWN_GRACE_S, ended[0] - signalled
 
 
+def test_serve_logs_writes_and_errors_but_not_the_reads_that_succeeded(tmp_path: Path) -> None:
+    """An open dashboard's polls were 65 access lines a minute, burying what mattered."""
+    url = f"sqlite:///{tmp_path / 'sw.db'}"
+    with open_store(url) as store:
+        run = add_run(store, simulate(5, set()))
+    sock = listen("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    sock.close()
+    env = {**os.environ, "SCALEWATCH_TOKEN": "t"}
+    command = [sys.executable, "-m", "scalewatch.app", "serve", "--port", str(port), "--db", url]
+    with subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as server:
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+                deadline = time.monotonic() + 60
+                while not _answers(http):
+                    assert server.poll() is None and time.monotonic() < deadline, "no server"
+                    time.sleep(0.05)
+                for _ in range(3):
+                    assert http.get(f"/api/runs/{run}/steps").status_code == 200
+                assert http.get("/api/runs/999").status_code == 404
+                written = http.post(
+                    f"/api/runs/{run}/control",
+                    json={"growth_interval": 7},
+                    headers={"Authorization": "Bearer t"},
+                )
+                assert written.status_code == 202
+            server.send_signal(signal.SIGINT)
+            out, _ = server.communicate(timeout=30)
+        finally:
+            if server.poll() is None:
+                server.kill()
+    assert server.returncode == 0, out
+    assert '"GET /api/runs/999 HTTP/1.1" 404' in out
+    assert f'"POST /api/runs/{run}/control HTTP/1.1" 202' in out
+    assert "/steps" not in out and "/healthz" not in out, out
+
+
 def _answers(http: httpx.Client) -> bool:
     try:
         return http.get("/healthz").status_code == 200

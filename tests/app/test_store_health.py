@@ -65,6 +65,24 @@ def test_the_cli_refuses_a_damaged_store_in_one_line(
     assert not (tmp_path / "token").exists()
 
 
+def test_a_file_that_never_was_a_store_is_called_so_not_damaged(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``runs --db /etc/passwd`` advised restoring the file "from a copy"."""
+    monkeypatch.setenv("SCALEWATCH_TOKEN_FILE", str(tmp_path / "token"))
+    text = tmp_path / "passwd"
+    text.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    for argv in (["db", "upgrade"], ["runs"], ["export", "1"], ["serve", "--port", "0"]):
+        assert main([*argv, "--db", str(text)]) == 1, argv
+        err = capsys.readouterr().err
+        assert err == (
+            f"scalewatch {argv[0]}: {text} is not a scalewatch store: not a SQLite database"
+            " at all (is --db or $SCALEWATCH_DB the path you meant?)\n"
+        ), argv
+    assert text.read_text() == "root:x:0:0:root:/root:/bin/bash\n"
+    assert not (tmp_path / "token").exists()
+
+
 def test_a_store_that_breaks_while_serving_is_a_503_with_its_reason(
     client: TestClient, store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from scalewatch.store import StepRecord, runs
+from scalewatch.store.alerts import Firing, fire_alert, resolve_alert
 from tests._helpers.harness import CHROMIUM, Served, Tab
-from tests._helpers.pages import open_run
+from tests._helpers.pages import open_run, zoom
 from tests._helpers.records import step_record
 
 pytestmark = pytest.mark.browser
@@ -101,3 +102,51 @@ def test_firing_alerts_show_in_a_banner_and_every_alert_on_the_chart_and_the_run
     quiet = page.locator(f'#runs tbody tr[data-run-id="{ended}"] td[data-label="Alerts"]')
     assert quiet.inner_text() == "\u2013"
     assert tab.unexpected_errors() == []
+
+
+def test_neighbouring_alert_bands_do_not_print_their_labels_over_each_other(
+    tab: Tab, served: Served
+) -> None:
+    """Two bands a few steps apart printed "rank_ho⚠spot": the second label began inside
+    the first's text. One of them keeps its label until zoomed in; both keep their bands."""
+    run = runs.create_run(served.store, name="neighbours", world_size=2, config={}, control={})
+    runs.write_steps(served.store, run.id, _steps(1, 1000, low_from=2000, skipped=range(0)))
+    runs.end_run(served.store, run.id)
+    for rule, kind, step in (("rank_hotspot", "rank_hotspot", 300), ("skips", "skip_rate", 320)):
+        firing = Firing(run.id, rule, kind, 0.6, 0.61, "", step, time.time())
+        fired = fire_alert(served.store, firing)
+        assert fired is not None
+        resolve_alert(served.store, fired.id, step=step + 10, at=time.time(), value=0.5)
+
+    page = tab.page
+    open_run(tab, run.id)
+    page.wait_for_function("document.getElementById('chart').dataset.alertMarkers === '2'")
+    # A view where the two bands' starts are 60 px apart: more than the 36 px that kept
+    # labels apart, less than "⚠ rank_hotspot" is wide.
+    plot_px = page.evaluate("document.getElementById('chart')._fullLayout.xaxis._length")
+    zoom(tab, 250, 250 + round(20 * plot_px / 60))
+    assert _alert_labels(page) == ["\u26a0 rank_hotspot"]
+    zoom(tab, 290, 340)  # zoomed in: both, clear of each other
+    labels = _alert_labels(page, count=2)
+    assert sorted(labels) == ["\u26a0 rank_hotspot", "\u26a0 skips"]
+    boxes = sorted(
+        page.evaluate(
+            """[...document.querySelectorAll('#chart g.annotation')]
+                .filter((g) => g.textContent.includes('\u26a0'))
+                .map((g) => { const r = g.getBoundingClientRect(); return [r.left, r.right]; })"""
+        )
+    )
+    assert boxes[0][1] <= boxes[1][0], boxes
+    assert tab.unexpected_errors() == []
+
+
+def _alert_labels(page: Any, count: int | None = None) -> list[str]:
+    """The alert labels the chart shows, once there are ``count`` of them (else any)."""
+    shown = (
+        "[...document.querySelectorAll('#chart g.annotation')]"
+        ".filter((g) => g.textContent.includes('\u26a0'))"
+    )
+    wanted = f"=== {count}" if count is not None else "> 0"
+    page.wait_for_function(f"{shown}.length {wanted}")
+    texts: list[str] = page.evaluate(f"{shown}.map((g) => g.textContent)")
+    return texts

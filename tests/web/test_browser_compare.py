@@ -3,6 +3,7 @@ the choice kept in the URL, and one chart of the chosen runs overlaid by step.""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
@@ -67,6 +68,14 @@ def test_filter_choose_and_overlay_runs_kept_in_the_url(tab: Tab, served: Served
     assert query(tab) == {"compare": [f"{live},{ended}"]}
     drawn(tab, [live, ended])
 
+    # The scale axis reads powers of two, as the run page's ("7 6 5 4 3 2 10k 9 8" before).
+    ticks = page.evaluate(
+        f"""({{mode: {CHART}._fullLayout.yaxis.tickmode,
+              text: [...{CHART}.querySelectorAll('.ytick text')].map((t) => t.innerHTML)}})"""
+    )
+    assert ticks["mode"] == "array" and ticks["text"], ticks
+    # Plotly writes 2<sup>15</sup> as 2, a zero-width space, then the exponent raised.
+    assert all(re.match(r"2\u200b<tspan[^>]*>\d+</tspan>", text) for text in ticks["text"]), ticks
     # The finished run's curves are its chart buckets, as the chart query gives them.
     series = queries.chart_series(served.store, ended, max_points=1000).columns
     traces = page.evaluate(

@@ -156,6 +156,7 @@ def test_control_change_asks_token_again_then_applies_and_marks_chart(
     page = tab.page
     open_run(tab, served.run_id)
     assert page.is_visible("#token")
+    assert page.inner_text("#whoami") == "anonymous · read-only"
 
     submit(tab, token="not-the-token", growth_interval=37)
     page.locator("#token-error").wait_for()
@@ -191,6 +192,11 @@ def test_control_change_asks_token_again_then_applies_and_marks_chart(
     page.locator("[data-state=growth_interval]", has_text="37").wait_for()
     assert not page.is_visible("#token")  # kept for the browser session
     assert page.evaluate("sessionStorage.getItem('scalewatch.token')") == served.token
+    # The header names who the accepted token is, no longer "anonymous · read-only".
+    page.wait_for_function(
+        "document.getElementById('whoami').textContent !== 'anonymous · read-only'"
+    )
+    assert page.inner_text("#whoami") == "admin · admin"
     assert tab.unexpected_errors(401) == []
 
 
@@ -272,6 +278,9 @@ def test_finished_run_says_it_is_not_running_and_takes_no_changes(tab: Tab, serv
     page.locator("#control-closed", has_text="This run is finished").wait_for()
     assert page.is_disabled("#f-growth_factor") and page.is_disabled("#control-submit")
     assert page.is_disabled("#token")
+    # Neither a token box nor greyed fields: the note says why there is no form.
+    for part in ("#token-box", "#control-fields", "#control-submit", "#control-form-help"):
+        assert not page.is_visible(part), part
     # A submission by script, token and value given, sends nothing: fetch is called (or not)
     # before submit() first awaits, so the count is final when the event has been handled.
     posts = page.evaluate(
@@ -294,6 +303,7 @@ def test_finished_run_says_it_is_not_running_and_takes_no_changes(tab: Tab, serv
     page.locator("[data-fact=steps]", has_text=re.compile("[0-9]")).wait_for()
     assert not page.is_visible("#control-closed")
     assert page.is_enabled("#f-growth_factor") and page.is_enabled("#control-submit")
+    assert page.is_visible("#token-box") and page.is_visible("#control-fields")
 
 
 def test_overflow_csv_download_matches_store(tab: Tab, served: Served) -> None:

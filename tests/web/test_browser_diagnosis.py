@@ -13,6 +13,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from scalewatch.store import runs
 from scalewatch.store.records import ParamFinding
 from tests._helpers.harness import CHROMIUM, Served, Tab
+from tests._helpers.pages import zoom
 from tests._helpers.records import step_record
 
 pytestmark = pytest.mark.browser
@@ -108,6 +109,8 @@ def test_clicking_an_overflow_marker_shows_its_parameters(tab: Tab, served: Serv
         for row in detail.locator("table tbody tr").all()
     }
     assert cells == {FC1: [DASH, "inf · 12"], HEAD: ["NaN · 3", DASH]}
+    assert "null" not in detail.inner_text()  # no part left out is written as its null
+    assert "(2.5)" in detail.locator("[data-loss-flag]").inner_text()
 
     forward = _click_overflow(tab, 200)
     flag = forward.locator("[data-loss-flag]")
@@ -159,4 +162,42 @@ def test_the_learning_rate_is_a_panel_under_the_loss(tab: Tab, served: Served) -
     assert lr["y"] == pytest.approx([_lr(step) for step in range(1, 301)])
     assert layout["lr"][1] < layout["loss"][0]  # under the loss
     assert layout["drawn"] > 0  # its axis has ticks on the page
+    assert tab.unexpected_errors() == []
+
+
+def test_a_panel_with_nothing_recorded_says_so_instead_of_empty_axes(
+    tab: Tab, served: Served
+) -> None:
+    """A run that records no learning rate showed its panel as axes from -1 to 1 over
+    nothing; a zoomed view without one says which steps have none."""
+    page = tab.page
+    run = runs.create_run(served.store, name="no-lr", world_size=1, config={}, control={})
+    runs.write_steps(
+        served.store, run.id, [step_record(step, loss=2.0 - step / 100) for step in range(1, 101)]
+    )
+    page.goto(f"/run.html?run={run.id}")
+    page.wait_for_function("document.getElementById('chart').dataset.unrecorded === 'lr'")
+    shown = page.evaluate(
+        """(gd => ({loss: gd._fullLayout.yaxis4.visible, lr: gd._fullLayout.yaxis5.visible,
+                    lrTicks: gd.querySelectorAll('.y5tick').length,
+                    notes: gd.layout.annotations
+                        .filter((a) => (a.name || '').startsWith('unrecorded'))
+                        .map((a) => a.text)}))(document.getElementById('chart'))"""
+    )
+    assert shown == {
+        "loss": True,
+        "lr": False,
+        "lrTicks": 0,
+        "notes": ["learning rate not recorded by this run"],
+    }
+    page.get_by_text("learning rate not recorded by this run").wait_for()
+
+    diagnosed = _diagnosed_run(served)  # its learning rate is missing on steps 240 to 249
+    page.goto(f"/run.html?run={diagnosed}")
+    page.wait_for_function("Number(document.getElementById('chart').dataset.points) > 0")
+    assert page.get_attribute("#chart", "data-unrecorded") == ""
+    zoom(tab, 241, 248)
+    page.get_by_text(f"no learning rate recorded in steps 241{DASH}248").wait_for()
+    zoom(tab, 200, 260)
+    page.wait_for_function("document.getElementById('chart').dataset.unrecorded === ''")
     assert tab.unexpected_errors() == []

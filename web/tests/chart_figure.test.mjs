@@ -11,13 +11,16 @@ import {
   addBucket,
   bandPair,
   emptyColumns,
+  emptyPanels,
   extent,
   figureLayout,
   figureTraces,
   firstScale,
+  labelPixels,
   lossExtent,
   lossFlag,
   overflowPoint,
+  panelNotes,
   powerTicks,
   seriesBucket,
   stepAsBucket,
@@ -118,6 +121,16 @@ test("thinLabels keeps labels at least `gap` pixels apart, inside the range", ()
   assert.deepEqual(kept, [0, 50, 100]);
 });
 
+test("thinLabels keeps a long label's neighbour clear of its text", () => {
+  // Two alert bands 40 px apart: "⚠ rank_hotspot" is ~100 px wide, so the second label
+  // would print inside the first ("rank_ho⚠spot").
+  const alerts = [{ step: 0, rule: "rank_hotspot" }, { step: 40, rule: "skip_rate" }, { step: 200, rule: "skip_rate" }];
+  const width = (a) => labelPixels(`⚠ ${a.rule}`);
+  assert.ok(width(alerts[0]) > 40);
+  assert.deepEqual(thinLabels(alerts, [0, 1000], 1000, 36, width).map((a) => a.step), [0, 200]);
+  assert.deepEqual(thinLabels(alerts, [0, 1000], 1000, 36).map((a) => a.step), [0, 40, 200]);
+});
+
 test("a live row's loss is its bucket's min, max and last; a missing one is a gap", () => {
   const row = { step: 3, scale: 8, scale_after: 8, growth_tracker: 1, skipped: false };
   const seen = stepAsBucket({ ...row, loss: 2.5 });
@@ -208,9 +221,10 @@ test("each min–max band is its max line, then its min filled up to it, hover s
 test("an overflow marker says whether the loss was finite and how many parameters", () => {
   const item = { step: 9, scale: 1024, scale_after: 512, inf_ranks: [1] };
   const page = overflowPoint({ ...item, loss_nonfinite_ranks: [], params: [{}, {}], params_omitted: 3 });
-  assert.deepEqual(page.cd.slice(3), ["finite", "5"]);
+  assert.deepEqual(page.cd.slice(3), ["finite", "5 (click for them)"]);
   const live = overflowPoint({ ...item, loss_nonfinite_ranks: [0, 2] });
-  assert.deepEqual(live.cd.slice(3), ["not finite on ranks 0, 2", "–"]);
+  // Not "–", which reads as none: the parameters are one click away.
+  assert.deepEqual(live.cd.slice(3), ["not finite on ranks 0, 2", "not loaded yet (click the marker to list them)"]);
   assert.equal(lossFlag({ loss_nonfinite_ranks: [1] }), "not finite on rank 1");
 });
 
@@ -261,4 +275,19 @@ test("a bucket of a service without a series draws gaps there", () => {
   const series = oneBucketSeries();
   delete series.lr_min;
   assert.equal(seriesBucket(series, 0).lr_min, null);
+});
+
+test("a panel with no value drawn is hidden and says what is not recorded", () => {
+  const cols = emptyColumns();
+  cols.lossMin.push(2.5, null);
+  cols.lossMax.push(2.5, null);
+  cols.lrMin.push(null, null);
+  cols.lrMax.push(null, null);
+  assert.deepEqual(emptyPanels(cols), ["lr"]);
+  assert.deepEqual(emptyPanels(emptyColumns()), ["loss", "lr"]);
+  const { layout, notes } = panelNotes(["lr"]);
+  assert.deepEqual(layout, { "yaxis4.visible": true, "yaxis5.visible": false });
+  assert.deepEqual(notes.map((n) => n.text), ["learning rate not recorded by this run"]);
+  assert.deepEqual(panelNotes(["loss"], [100, 2000]).notes.map((n) => n.text), ["no loss recorded in steps 100–2,000"]);
+  assert.deepEqual(panelNotes([]), { layout: { "yaxis4.visible": true, "yaxis5.visible": true }, notes: [] });
 });

@@ -7,10 +7,12 @@ import {
   PALETTE,
   choiceQuery,
   matches,
+  overlayLayout,
   overlayTraces,
   parseChoice,
   plotlyText,
   rateWindow,
+  scaleTicks,
   skipRates,
 } from "../compare_figure.js";
 
@@ -103,4 +105,15 @@ test("overlayTraces draws each run's band, scale and skipped rate in its own col
   assert.ok(traces.slice(4).every((t) => t.legendgroup === "run-7" && t.line.color === PALETTE[1]));
   assert.equal(traces.filter((t) => t.showlegend !== false).length, 2);
   assert.deepEqual(traces[6].y, [1, 2, 3]);
+});
+
+test("the scale axis ticks at powers of two over every compared run, as the run page's", () => {
+  const series = (lo, hi) => ({ series: { scale_min: [lo, hi], scale_max: [lo, hi] } });
+  const charts = new Map([[1, series(2 ** 10, 2 ** 13)], [2, series(2 ** 12, 2 ** 16)]]);
+  const { yaxis } = overlayLayout(false, 200, charts);
+  assert.equal(yaxis.type, "log");
+  assert.equal(yaxis.tickmode, "array");
+  assert.deepEqual(yaxis.tickvals, [10, 11, 12, 13, 14, 15, 16].map((k) => 2 ** k));
+  assert.deepEqual(yaxis.ticktext, [10, 11, 12, 13, 14, 15, 16].map((k) => `2<sup>${k}</sup>`));
+  assert.deepEqual(scaleTicks(new Map()), {}); // nothing drawn: Plotly's own
 });

@@ -53,6 +53,8 @@ test("lossVerdict: forward when the loss itself was not finite", () => {
   assert.equal(backward.forward, false);
   assert.match(backward.text, /finite on every rank \(2\.5\)/);
   assert.equal(lossVerdict({ loss: null, loss_nonfinite_ranks: [] }).text, "The loss was not recorded at this step.");
+  // A float32 loss reads to 4 significant digits, not its 16.
+  assert.match(lossVerdict({ loss: 0.6930818557739258, loss_nonfinite_ranks: [] }).text, /finite on every rank \(0\.6931\):/);
 });
 
 test("rankedRows and windowText", () => {

@@ -10,6 +10,7 @@ import {
   formatNumber,
   formatRate,
   formatScale,
+  formatSignificant,
   formatTime,
   formatValue,
   formatValues,
@@ -89,4 +90,16 @@ test("formatDuration", () => {
   assert.equal(formatDuration(3 * 3600 + 7 * 60), "3 h 07 min");
   assert.equal(formatDuration(-3), "0 s");
   assert.equal(formatDuration(null), "–");
+});
+
+test("formatSignificant keeps at most 4 significant digits", () => {
+  assert.equal(formatSignificant(0.6930818557739258), "0.6931");
+  assert.equal(formatSignificant(2.5), "2.5");
+  assert.equal(formatSignificant(-3.14159), "-3.142");
+  assert.equal(formatSignificant(1234.5678), "1,235");
+  assert.equal(formatSignificant(12345.6), "1.235e+4");
+  assert.equal(formatSignificant(0.000123456), "1.235e-4");
+  assert.equal(formatSignificant(0), "0");
+  assert.equal(formatSignificant(Infinity), "Infinity");
+  assert.equal(formatSignificant(null), "–");
 });
