@@ -38,14 +38,17 @@ export function badge(status) {
 
 // Every number the pages show goes through formatNumber (or formatScale, which adds the
 // power of two): the same value reads the same on every panel and in the chart.
-// A scale under 1 makes the gradients smaller, not larger (torch#99640): said where shown.
+// A scale under 1 makes the gradients smaller, not larger (torch#99640): said where shown,
+// in full where there is room (hovers, the overflow detail), in short on a card, and not at
+// all in a table's column (``under: ""``), whose width every row shares.
 export const UNDER_ONE = " · under 1: gradients shrunk";
+export const UNDER_ONE_SHORT = " · under 1";
 
-export function formatScale(value) {
+export function formatScale(value, { under: note = UNDER_ONE } = {}) {
   if (value === null || value === undefined || !Number.isFinite(value)) return "–";
   const exponent = Math.log2(value);
   const power = Number.isInteger(exponent) ? ` (2^${exponent})` : "";
-  const under = value > 0 && value < 1 ? UNDER_ONE : "";
+  const under = value > 0 && value < 1 ? note : "";
   if (value >= 1e7 || value < 1e-3) return value.toExponential(3) + power + under;
   return formatNumber(value) + power + under;
 }

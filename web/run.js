@@ -18,6 +18,7 @@ import {
   formatCount,
   formatRate,
   formatScale,
+  UNDER_ONE_SHORT,
   formatTime,
   setText,
   showAlert,
@@ -60,7 +61,7 @@ function renderDetail(run, panel) {
   const facts = {
     world_size: formatCount(run.world_size),
     steps: formatCount(run.steps),
-    scale: formatScale(run.scale),
+    scale: formatScale(run.scale, { under: UNDER_ONE_SHORT }),
     overflows: formatCount(run.overflows),
     skipped_rate: formatRate(run.skipped_rate),
     last_heartbeat: formatAgo(run.last_heartbeat),

@@ -41,7 +41,7 @@ const COLUMNS = [
   { key: "status", label: "Status" },
   { key: "world_size", label: "World size", cls: "num", show: formatCount },
   { key: "steps", label: "Steps", cls: "num", show: formatCount },
-  { key: "scale", label: "Current scale", cls: "num", show: formatScale },
+  { key: "scale", label: "Current scale", cls: "num", show: (value) => formatScale(value, { under: "" }) },
   { key: "overflows", label: "Overflows", cls: "num", show: formatCount },
   { key: "skipped_rate", label: "Skipped steps", cls: "num", show: formatRate },
   // A count under a ⚠ heading, the rules named on hover and to screen readers: the table

@@ -34,6 +34,8 @@ test("formatScale adds the power of two and switches to exponent form at the end
   assert.equal(formatScale(2 ** 24), "1.678e+7 (2^24)");
   assert.equal(formatScale(2 ** -12), "2.441e-4 (2^-12) · under 1: gradients shrunk");
   assert.equal(formatScale(1), "1 (2^0)");
+  assert.equal(formatScale(0.5, { under: " · under 1" }), "0.5 (2^-1) · under 1");
+  assert.equal(formatScale(0.5, { under: "" }), "0.5 (2^-1)");
   assert.equal(formatScale(null), "–");
   assert.equal(formatScale(NaN), "–");
   assert.equal(formatScale(Infinity), "–");
