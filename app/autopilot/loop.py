@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
+from sqlalchemy.exc import DBAPIError
 
 from scalewatch.store.autopilot import (
     REQUESTED_BY,
@@ -165,6 +166,13 @@ async def run_loop(loop: AutopilotLoop, interval_s: float) -> None:
     while True:
         try:
             await anyio.to_thread.run_sync(loop.tick)
+        except DBAPIError as error:  # the store away a while: one line, as the routes say it
+            if not failing:
+                log.warning(
+                    "scalewatch: the autopilot cannot read the store (%s); it tries again",
+                    type(error.orig or error).__name__,
+                )
+            failing = True
         except Exception:
             if not failing:
                 log.exception("scalewatch: the autopilot's evaluation failed; it tries again")

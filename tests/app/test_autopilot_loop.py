@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Connection
+from sqlalchemy.exc import OperationalError
 
 from scalewatch.app.alerts.config import RulesFileError, parse_rules
 from scalewatch.app.autopilot import AutopilotLoop, run_loop
@@ -187,6 +188,36 @@ def test_a_failing_store_is_logged_once_until_it_works_again(
         "scalewatch: the autopilot's evaluation failed; it tries again",
         "scalewatch: the autopilot evaluates runs again",
     ]
+
+
+def test_a_store_that_is_away_is_one_line_with_no_traceback(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A PostgreSQL server restarting under the service: the routes say it in one line; the
+    autopilot logged a traceback of 60 lines."""
+
+    class Away(AutopilotLoop):
+        failures = 2
+
+        def tick(self) -> None:
+            if self.failures:
+                self.failures -= 1
+                raise OperationalError("SELECT 1", {}, ConnectionRefusedError("refused"))
+            super().tick()
+            if self.ticks == 2:
+                raise asyncio.CancelledError  # ends the loop, as the lifespan's end does
+
+    async def main() -> None:
+        with pytest.raises(asyncio.CancelledError):
+            await run_loop(Away(store), 0.001)
+
+    with caplog.at_level(logging.WARNING, logger="scalewatch.app.autopilot"):
+        asyncio.run(main())
+    assert [record.getMessage() for record in caplog.records] == [
+        "scalewatch: the autopilot cannot read the store (ConnectionRefusedError); it tries again",
+        "scalewatch: the autopilot evaluates runs again",
+    ]
+    assert "Traceback" not in caplog.text
 
 
 RULES_FILE = """
