@@ -37,8 +37,12 @@ def test_a_step_wakes_the_waiters_of_its_run_and_no_other(store: Store, run: Run
     other = _second_run(store)
 
     async def scenario() -> tuple[bool, bool, bool]:
-        mine, also_mine = notify.subscribe(store, run.id), notify.subscribe(store, run.id)
+        # The other run's waiter first: the watcher starts with it, so its first pass knows
+        # that run's last step. A run first seen at a later pass (a waiter that subscribed
+        # after the first one) reads as moved at the next commit, which here would be the
+        # step written to this run, and wake it for nothing.
         theirs = notify.subscribe(store, other.id)
+        mine, also_mine = notify.subscribe(store, run.id), notify.subscribe(store, run.id)
         assert mine is not None and also_mine is not None and theirs is not None
         watcher = store.listener
         assert watcher is not None
@@ -48,9 +52,10 @@ def test_a_step_wakes_the_waiters_of_its_run_and_no_other(store: Store, run: Run
         assert type(watcher) is expected
         await asyncio.to_thread(wait_for, watcher.listening.is_set, 30, "the watcher to start")
         # Wake-ups of the start itself (every run reads as moved at the watcher's first
-        # passes) are spent first: until each waiter stays quiet for 0.3 s.
+        # passes) are spent first: until each waiter stays quiet for 1 s (a busy machine's
+        # watcher may take a few tenths for its first read).
         for waiter in (mine, also_mine, theirs):
-            while await waiter.wait(0.3):
+            while await waiter.wait(1.0):
                 pass
         await asyncio.to_thread(write_steps, store, run.id, [step_record(1)])
         woken = await mine.wait(10), await also_mine.wait(10)
