@@ -44,6 +44,15 @@ function reportError(error) {
   showAlert(errorBox, error && error.message ? error.message : String(error));
 }
 
+// A last event's JSON body ({} without one: the event still ends the stream).
+function eventBody(event) {
+  try {
+    return JSON.parse(event.data) || {};
+  } catch {
+    return {};
+  }
+}
+
 function setLive(state, text) {
   live.dataset.state = state;
   setText(live, text);
@@ -165,23 +174,13 @@ async function openStream(chart, panel, after) {
   });
   stream.addEventListener("end", (event) => {
     stream.close();
-    let status = "";
-    try {
-      status = JSON.parse(event.data).status || "";
-    } catch {
-      // An end event without a body still ends the stream.
-    }
+    const status = eventBody(event).status || "";
     setLive("ended", status ? `not live: run ${status}` : "not live: run ended");
   });
   // The identity that opened the stream was revoked or has expired: no reconnecting.
   stream.addEventListener("refused", (event) => {
     stream.close();
-    let detail = "";
-    try {
-      detail = JSON.parse(event.data).detail || "";
-    } catch {
-      // A refusal without a body still ends the stream.
-    }
+    const detail = eventBody(event).detail || "";
     setLive("ended", `not live: ${detail || "access refused"}; reload with a valid token`);
   });
   stream.addEventListener("error", () => {

@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import ipaddress
 import re
 import secrets
 import threading
@@ -46,7 +45,6 @@ __all__ = [
     "UsageClock",
     "from_proxy",
     "from_token",
-    "in_networks",
     "parse_duration",
 ]
 
@@ -155,21 +153,6 @@ def from_proxy(store: Store, user: str, role: str | None) -> Identity | TokenRef
         return found
     known = {r.value: r for r in Role}
     return Identity(found.name, known.get((role or "").strip().lower(), found.role), "proxy")
-
-
-def in_networks(
-    address: str, networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
-) -> bool:
-    """Whether ``address`` is in one of ``networks``.
-
-    >>> in_networks("10.0.0.7", (ipaddress.ip_network("10.0.0.0/8"),))
-    True
-    """
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    return any(ip in network for network in networks)
 
 
 class UsageClock:
