@@ -12,7 +12,7 @@ from ._common import Command, Failed, Refused, aligned, db_option, existing_stor
 __all__ = ["tokens"]
 
 COLUMNS = ["NAME", "ROLE", "KIND", "CREATED", "LAST USED", "EXPIRES", "REVOKED"]
-ROLES = ("viewer", "operator", "admin")
+ROLES = ("viewer", "operator", "admin", "writer")
 
 
 def _when(at: float | None) -> str:
@@ -25,7 +25,7 @@ def _by() -> str:
 
 @click.group(
     "tokens",
-    help="Identities (viewer, operator, admin) and their bearer tokens, in the store.",
+    help="Identities (viewer, operator, admin, writer) and their bearer tokens, in the store.",
 )
 def tokens() -> None:
     pass
@@ -42,7 +42,8 @@ def tokens() -> None:
     type=click.Choice(ROLES),
     default="viewer",
     show_default=True,
-    help="what it may do: read; also change runs; also manage identities",
+    help="what it may do: read; also change runs; also manage identities;"
+    " or (writer) record a job's runs through the service",
 )
 @click.option("--expires", metavar="DURATION", help="30d, 12h, 45m, 2w (default: never)")
 @db_option

@@ -16,7 +16,7 @@ from scalewatch.store.identities import Role
 
 __all__ = ["ROUTE_ROLES", "TICKET_PATHS", "needed", "undeclared"]
 
-VIEWER, OPERATOR, ADMIN = Role.VIEWER, Role.OPERATOR, Role.ADMIN
+VIEWER, OPERATOR, ADMIN, WRITER = Role.VIEWER, Role.OPERATOR, Role.ADMIN, Role.WRITER
 
 ROUTE_ROLES: dict[tuple[str, str], Role | None] = {
     ("GET", "/api/runs"): VIEWER,
@@ -43,6 +43,9 @@ ROUTE_ROLES: dict[tuple[str, str], Role | None] = {
     ("GET", "/api/tokens"): ADMIN,
     ("POST", "/api/tokens"): ADMIN,
     ("DELETE", "/api/tokens/{name}"): ADMIN,
+    # A job's token: its own runs alone (the route checks whose run it is).
+    ("POST", "/api/ingest/runs"): WRITER,
+    ("POST", "/api/ingest/runs/{run}/batches"): WRITER,
 }
 
 # Routes that a short-lived ticket in the query may open (app.tickets): the browser cannot

@@ -11,6 +11,7 @@ from . import (
     control,
     diagnosis,
     export,
+    ingest,
     metrics,
     rules,
     runs,
@@ -25,5 +26,17 @@ STORE_UNAVAILABLE: dict[int | str, dict[str, object]] = {
 }
 
 router = APIRouter()
-for module in (runs, diagnosis, alerts, control, autopilot, rules, export, stream, metrics, tokens):
+for module in (
+    runs,
+    diagnosis,
+    alerts,
+    control,
+    autopilot,
+    rules,
+    export,
+    stream,
+    metrics,
+    tokens,
+    ingest,
+):
     router.include_router(module.router, responses=STORE_UNAVAILABLE)

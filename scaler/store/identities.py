@@ -71,20 +71,31 @@ KEY_HEX = 16
 
 
 class Role(StrEnum):
-    """What an identity may do; each role may do what the ones before it may."""
+    """What an identity may do. Viewer, operator, admin: each may do what the ones before
+    it may. A writer (a training job's token) records its own runs and nothing else; an
+    admin may do what a writer may."""
 
     VIEWER = "viewer"  # every read, streams and exports
     OPERATOR = "operator"  # also control requests, the autopilot, alert rules
     ADMIN = "admin"  # also identities
+    WRITER = "writer"  # creates runs, records into those it created, reads their requests
 
     def allows(self, needed: Role) -> bool:
         """Whether this role may do what ``needed`` may.
 
         >>> Role.OPERATOR.allows(Role.VIEWER), Role.VIEWER.allows(Role.OPERATOR)
         (True, False)
+        >>> Role.WRITER.allows(Role.VIEWER), Role.ADMIN.allows(Role.WRITER)
+        (False, True)
         """
-        order = list(Role)
-        return order.index(self) >= order.index(needed)
+        if self is needed or self is Role.ADMIN:
+            return True
+        if Role.WRITER in (self, needed):
+            return False
+        return _READ_ORDER.index(self) >= _READ_ORDER.index(needed)
+
+
+_READ_ORDER = (Role.VIEWER, Role.OPERATOR, Role.ADMIN)
 
 
 class TokenRefusal(StrEnum):

@@ -82,11 +82,16 @@ def create_run(
     uid: str | None = None,
     torch_version: str | None = None,
     started_at: float | None = None,
+    owner: str | None = None,
+    host: str | None = None,
+    pid: int | None = None,
 ) -> RunRef:
     """Insert a running run owned by this process; ``uid`` defaults to a fresh UUID (hex).
 
     ``started_at`` (default: now) is when recording began: a trainer's writer creates the
     row after its first steps were taken, and a run starts at or before its first step.
+    ``owner``, ``host``, ``pid``: for a run a job creates through the service, the identity
+    that created it and the job's host and process (default: this process's).
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -101,13 +106,14 @@ def create_run(
         "control": dict(control),
         "control_version": 0,
         "torch_version": torch_version or _torch_version(),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
+        "host": socket.gethostname() if host is None else host,
+        "pid": os.getpid() if pid is None else pid,
         "started_at": now if started_at is None else min(started_at, now),
         "ended_at": None,
         "heartbeat_at": now,
         "last_step": 0,
         "dropped": 0,
+        "owner": owner,
     }
     try:
         with store.write() as conn:
@@ -119,8 +125,11 @@ def create_run(
     return RunRef(id=int(key[0]), uid=uid)
 
 
-def resume_run(store: Store, uid: str) -> RunRef | None:
-    """Mark the run ``uid`` running again, owned by this process; ``None`` if there is none.
+def resume_run(
+    store: Store, uid: str, *, host: str | None = None, pid: int | None = None
+) -> RunRef | None:
+    """Mark the run ``uid`` running again, owned by this process (or by the job on ``host``
+    as ``pid``); ``None`` if there is none.
 
     Control requests left pending by a run that crashed are rejected, not applied late.
     """
@@ -141,8 +150,8 @@ def resume_run(store: Store, uid: str) -> RunRef | None:
                 status=RunStatus.RUNNING,
                 ended_at=None,
                 heartbeat_at=now,
-                host=socket.gethostname(),
-                pid=os.getpid(),
+                host=socket.gethostname() if host is None else host,
+                pid=os.getpid() if pid is None else pid,
             )
         )
     return RunRef(id=int(run_id), uid=uid)

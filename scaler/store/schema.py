@@ -58,6 +58,11 @@ runs = Table(
     Column("heartbeat_at", Float, nullable=False),
     Column("last_step", Integer, nullable=False, default=0),
     Column("dropped", Integer, nullable=False, default=0),  # telemetry records lost
+    # The identity whose token created it through the service (app/routes/ingest); a
+    # writer records into its own runs alone. Null: written into the store directly.
+    Column("owner", String(200), nullable=True),
+    # The last batch of it the service stored: a batch sent again stores nothing twice.
+    Column("batch_sequence", Integer, nullable=False, server_default="0"),
 )
 
 _TYPES: dict[Kind, type[TypeEngine[Any]]] = {
@@ -247,7 +252,7 @@ identities = Table(
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("name", String(200), nullable=False, unique=True),
-    Column("role", String(16), nullable=False),  # viewer | operator | admin
+    Column("role", String(16), nullable=False),  # viewer | operator | admin | writer
     Column("key", String(32), nullable=True, unique=True),  # the token's public part
     Column("salt", String(32), nullable=True),
     Column("token_hash", String(64), nullable=True),  # sha256(salt + secret), hex

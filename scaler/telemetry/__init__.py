@@ -33,9 +33,10 @@ from ..store.records import ScaleLoad
 from ..store.sqlite import refuse_network_store
 from ..store.states import RunStatus
 from ..store.urls import pinned_url
-from ._control_poller import ControlPoller
+from ._control_poller import ControlPoller, Handout
 from ._queue import CommandQueue, RecordGap
 from ._remote import RemoteTelemetry, open_remote
+from ._sender import ServiceSender, is_service_url
 from ._wire import OpenRun
 from ._writer import RunSpec, Writer, one_line
 
@@ -50,6 +51,7 @@ _UNSET = object()  # a field a pickle does not hold
 _LIVE_UIDS: set[str] = set()
 _LIVE_LOCK = threading.Lock()
 WRITERS = ("process", "thread")
+MAX_SENT_STEPS = 2000  # steps in one batch posted to the service: well under its body cap
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,23 +194,39 @@ class Telemetry:
             started_at=started_at,
             resume=resume,
         )
-        self._queue = CommandQueue(settings.max_pending, settings.batch)
-        self._writer = Writer(
-            settings.store,
-            run,
-            self._queue,
-            coalesce_s=settings.coalesce_s,
-            retry_s=settings.retry_s,
-            heartbeat_s=settings.heartbeat_s,
-        )
+        service = is_service_url(settings.store)
+        batch = min(settings.batch, MAX_SENT_STEPS) if service else settings.batch
+        self._queue = CommandQueue(settings.max_pending, batch)
+        self._writer: Writer | ServiceSender
+        self._control_poller: ControlPoller | None = None
+        if service:  # the answers to its batches carry the control requests: no poller
+            assert isinstance(settings.store, str)
+            self._writer = ServiceSender(
+                settings.store,
+                run,
+                self._queue,
+                Handout(self._queue, inbox),
+                coalesce_s=settings.coalesce_s,
+                retry_s=settings.retry_s,
+                poll_s=settings.poll_interval_s,
+            )
+        else:
+            self._writer = Writer(
+                settings.store,
+                run,
+                self._queue,
+                coalesce_s=settings.coalesce_s,
+                retry_s=settings.retry_s,
+                heartbeat_s=settings.heartbeat_s,
+            )
+            self._control_poller = ControlPoller(
+                self._writer, self._queue, inbox, interval_s=settings.poll_interval_s
+            )
         if scale_load is not None and resume:  # a run of its own has no steps before it
             self._queue.put_load(scale_load)
-        self._control_poller = ControlPoller(
-            self._writer, self._queue, inbox, interval_s=settings.poll_interval_s
-        )
         self._closed = False
-        self._writer.thread.start()
-        self._control_poller.thread.start()
+        for thread in self.threads:
+            thread.start()
 
     add_row = None  # the recorder thread hands samples over, even of cpu steps
 
@@ -243,8 +261,9 @@ class Telemetry:
         return self._closed
 
     @property
-    def threads(self) -> tuple[threading.Thread, threading.Thread]:
-        return self._writer.thread, self._control_poller.thread
+    def threads(self) -> tuple[threading.Thread, ...]:
+        poller = self._control_poller
+        return (self._writer.thread, *(() if poller is None else (poller.thread,)))
 
     def flush(self, timeout: float = 30.0, *, failing_timeout: float | None = None) -> bool:
         """Wait until everything queued so far is in the store (or ``timeout``).
@@ -284,26 +303,16 @@ class Telemetry:
         queue, writer = self._queue, self._writer
         flushed = self.flush(timeout, failing_timeout=min(timeout, self.settings.close_failing_s))
         writer.stop.set()
-        self._control_poller.stop.set()
+        if self._control_poller is not None:
+            self._control_poller.stop.set()
         queue.wake_writer()
-        writer.thread.join(timeout)
-        self._control_poller.thread.join(timeout)
-        store = writer.store
-        if store is not None and writer.run_id is not None and status is not None:
-            try:
-                store_runs.end_run(store, writer.run_id, status)
-            except Exception as error:
-                log.warning(
-                    "scalewatch: could not mark run %s %s: %s",
-                    writer.run_id,
-                    status,
-                    one_line(error),
-                )
+        for thread in self.threads:
+            thread.join(timeout)
+        writer.end(status)
         if not flushed:  # queued, and a batch the writer may still be stuck writing
             unwritten = queue.drop_unwritten()
             log.warning("scalewatch: %d telemetry records not written at close", unwritten)
-        if store is not None and writer.owns_store:
-            store.close()
+        writer.close_store()
 
 
 def open_run(

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .._control import ControlOutcome, ControlSource, ControlUpdate
 from .._control.inbox import ControlInbox
@@ -20,6 +22,39 @@ from ._queue import CommandQueue, WriteOutcome
 from ._writer import Writer
 
 log = logging.getLogger("scalewatch.telemetry")
+
+
+class Handout:
+    """Hands each pending request to ``inbox`` once; one that breaks a rule on its own
+    (written past the store's validation) is settled as rejected through ``queue``, never
+    applied. Called by the thread that finds them: the poller, or a job's sender to the
+    service (``_sender``), which finds them in the answers to its batches."""
+
+    def __init__(self, queue: CommandQueue, inbox: ControlInbox) -> None:
+        self._queue = queue
+        self._inbox = inbox
+        self._handed: set[int] = set()
+
+    def __call__(self, pending: Iterable[tuple[int, Mapping[str, Any]]]) -> None:
+        """``pending``: (request id, values) of each, oldest first."""
+        for request_id, values in pending:
+            if request_id in self._handed:
+                continue
+            self._handed.add(request_id)
+            problem = check(values, {})
+            if problem is None:
+                self._inbox.post(ControlUpdate(request_id, values))
+            else:
+                outcome = ControlOutcome(
+                    source=ControlSource.REQUEST,
+                    request_id=request_id,
+                    values=dict(values),
+                    applied=False,
+                    reason=problem,
+                    state={},
+                    version=0,
+                )
+                self._queue.put_outcome(WriteOutcome(None, time.time(), outcome))
 
 
 class ControlPoller:
@@ -34,10 +69,8 @@ class ControlPoller:
         interval_s: float,
     ) -> None:
         self._writer = writer
-        self._queue = queue
-        self._inbox = inbox
+        self._handout = Handout(queue, inbox)
         self._interval_s = interval_s
-        self._handed: set[int] = set()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="scalewatch-poller", daemon=True)
 
@@ -67,24 +100,7 @@ class ControlPoller:
             _close_quietly(probe)
 
     def _take(self, pending: list[ControlRequestRow]) -> None:
-        for request in pending:
-            if request.id in self._handed:
-                continue
-            self._handed.add(request.id)
-            problem = check(request.values, {})
-            if problem is None:
-                self._inbox.post(ControlUpdate(request.id, request.values))
-            else:  # written past the store's validation: settle it, never apply it
-                outcome = ControlOutcome(
-                    source=ControlSource.REQUEST,
-                    request_id=request.id,
-                    values=dict(request.values),
-                    applied=False,
-                    reason=problem,
-                    state={},
-                    version=0,
-                )
-                self._queue.put_outcome(WriteOutcome(None, time.time(), outcome))
+        self._handout((request.id, request.values) for request in pending)
 
 
 def _close_quietly(probe: store_control.PendingProbe | None) -> None:

@@ -253,6 +253,11 @@ class CommandQueue:
         self._hurry.set()
         self._wake.set()
 
+    def count_dropped(self, count: int) -> None:
+        """``count`` steps taken were refused for good, not written."""
+        with self.lock:
+            self.dropped += count
+
     def drop_unwritten(self) -> int:
         """Count the steps queued or being written as dropped (at close); returns how many."""
         with self.lock:

@@ -26,6 +26,7 @@ from ..store import control as store_control
 from ..store import runs as store_runs
 from ..store import scale_loads as store_scale_loads
 from ..store.engine import Store, open_store
+from ..store.states import RunStatus
 from ._queue import Command, CommandQueue, RecordGap, RecordLoad, WriteOutcome, findings_of
 
 log = logging.getLogger("scalewatch.telemetry")
@@ -175,6 +176,22 @@ class Writer:
         steps = cast(list[tuple[Any, ...]], commands)  # take() gives steps alone, or none
         store_runs.write_step_values(store, run_id, steps, findings_of(steps))
         return True
+
+    def end(self, status: RunStatus | None) -> None:
+        """Mark the run ``status`` (after the thread stopped; None: left as it is, its
+        heartbeat stopped), and close the store if it is this writer's own."""
+        store = self.store
+        if store is not None and self.run_id is not None and status is not None:
+            try:
+                store_runs.end_run(store, self.run_id, status)
+            except Exception as error:
+                log.warning(
+                    "scalewatch: could not mark run %s %s: %s", self.run_id, status, one_line(error)
+                )
+
+    def close_store(self) -> None:
+        if self.store is not None and self.owns_store:
+            self.store.close()
 
     def _failed(self, error: Exception) -> None:
         reason = one_line(error)

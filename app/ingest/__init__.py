@@ -1,0 +1,21 @@
+"""What a job sends the service over HTTP (``SCALEWATCH_DB=http://...``), and how it is stored.
+
+``models``: the bodies, validated (a step's fields derived from the step schema); ``writes``:
+a run opened for its job, a batch stored in its order, once. Runs on the service's
+threadpool, one batch of a run at a time.
+"""
+
+from __future__ import annotations
+
+from .models import BatchAnswer, BatchIn, PendingControl, RunOpen, RunOpened
+from .writes import open_job_run, store_batch
+
+__all__ = [
+    "BatchAnswer",
+    "BatchIn",
+    "PendingControl",
+    "RunOpen",
+    "RunOpened",
+    "open_job_run",
+    "store_batch",
+]

@@ -1,0 +1,194 @@
+"""The bodies of the ingest routes: a run opened, a batch of its records, the answer.
+
+A step travels as an object keyed by its fields' names; its model is derived from the step
+schema (:data:`~scalewatch.store.step_schema.STEP_FIELDS`), so a field declared there is
+taken here with no change. Values travel as the store keeps them (``step_values``): a
+flag as a boolean, ranks as ``"1,3"``, learning rates by group as JSON text.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, create_model
+
+from scalewatch.store.control_rules import FIELDS
+from scalewatch.store.queries import INT64_MAX
+from scalewatch.store.schema import PARAM_NAME_LENGTH
+from scalewatch.store.step_schema import STEP_FIELDS, Kind, StepField
+
+__all__ = [
+    "MAX_ITEMS",
+    "MAX_STEPS",
+    "BatchAnswer",
+    "BatchIn",
+    "FindingIn",
+    "GapIn",
+    "LoadIn",
+    "OutcomeIn",
+    "PendingControl",
+    "RunOpen",
+    "RunOpened",
+    "StepIn",
+    "StepsIn",
+]
+
+MAX_STEPS = 5000  # steps in one batch (the trainer's writer batches at most this many)
+MAX_ITEMS = 1000  # other items in one batch
+StrictInt = Annotated[int, Strict()]
+StrictBool = Annotated[bool, Strict()]
+Count = Annotated[int, Strict(), Field(ge=0, le=INT64_MAX)]
+Name = Annotated[str, Field(min_length=1, max_length=200)]
+FORBID = ConfigDict(extra="forbid")
+
+
+def _lr_groups(text: str | None) -> str | None:
+    if text is None:
+        return None
+    groups = json.loads(text)
+    if not isinstance(groups, list) or not all(
+        isinstance(g, list) and all(v is None or type(v) in (int, float) for v in g) for g in groups
+    ):
+        raise ValueError("learning rates by group are lists of numbers or nulls")
+    return text
+
+
+_TYPES: dict[Kind, Any] = {
+    Kind.INT: Annotated[int, Strict(), Field(ge=-INT64_MAX, le=INT64_MAX)],
+    Kind.FLOAT: float,
+    Kind.BOOL: StrictBool,
+    Kind.RANKS: Annotated[str, Field(max_length=65536, pattern=r"^(\d{1,9}(,\d{1,9})*)?$")],
+    Kind.FLOAT_GROUPS: Annotated[str, Field(max_length=65536), AfterValidator(_lr_groups)],
+}
+_SERVER_DEFAULTS: dict[Kind, Any] = {Kind.INT: int, Kind.RANKS: str}
+
+
+def _field(f: StepField) -> tuple[Any, Any]:
+    kind = Annotated[int, Strict(), Field(ge=0, le=INT64_MAX)] if f.key else _TYPES[f.kind]
+    if f.nullable:
+        return kind | None, None
+    if f.server_default is not None:  # a field added later: absent from an older job's steps
+        return kind, _SERVER_DEFAULTS[f.kind](f.server_default)
+    return kind, ...
+
+
+StepIn: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "StepIn",
+    __config__=FORBID,
+    __doc__="One step's record, its fields as the step schema declares them.",
+    **{f.name: _field(f) for f in STEP_FIELDS},
+)
+
+
+class FindingIn(BaseModel):
+    """A parameter whose local gradient held inf or NaN on ``rank`` at the overflow ``step``."""
+
+    model_config = FORBID
+    step: Count
+    rank: Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)]
+    name: Annotated[str, Field(max_length=PARAM_NAME_LENGTH)]
+    kind: Literal["inf", "nan", "both"]
+    count: Count
+
+
+class StepsIn(BaseModel):
+    model_config = FORBID
+    kind: Literal["steps"]
+    steps: Annotated[list[StepIn], Field(min_length=1, max_length=MAX_STEPS)]  # type: ignore[valid-type]
+    findings: Annotated[list[FindingIn], Field(max_length=MAX_STEPS)] = []
+
+
+class GapIn(BaseModel):
+    """Steps ``first`` to ``last`` the job dropped (``dropped`` records), and why."""
+
+    model_config = FORBID
+    kind: Literal["gap"]
+    first: Count
+    last: Count
+    dropped: Count
+    reason: Annotated[str, Field(max_length=500)]
+
+
+class LoadIn(BaseModel):
+    """A load of the scaler's state (:class:`~scalewatch.store.records.ScaleLoad`)."""
+
+    model_config = FORBID
+    kind: Literal["load"]
+    step: Count
+    at: float
+    scale_after: float
+    scale_before: float | None = None
+    from_step: Count | None = None
+
+
+Number = StrictInt | float
+ControlValues = Annotated[dict[Literal[FIELDS], Number], Field(max_length=len(FIELDS))]  # type: ignore[valid-type]
+
+
+class OutcomeIn(BaseModel):
+    """What became of a control change at a step (``step`` null: settled at no step)."""
+
+    model_config = FORBID
+    kind: Literal["outcome"]
+    step: Count | None
+    at: float
+    source: Literal["request", "code"]
+    request_id: Annotated[int, Strict(), Field(ge=1, le=INT64_MAX)] | None
+    values: ControlValues
+    applied: StrictBool
+    reason: Annotated[str, Field(max_length=500)] | None = None
+    state: Annotated[
+        dict[Literal[FIELDS], Number | None], Field(max_length=len(FIELDS))  # type: ignore[valid-type]
+    ]
+    version: Count
+
+
+Item = Annotated[StepsIn | GapIn | LoadIn | OutcomeIn, Field(discriminator="kind")]
+
+
+class BatchIn(BaseModel):
+    """A run's records in the order they came, numbered: the run keeps the last number
+    stored, and a batch of a number stored already stores nothing (it is a poll)."""
+
+    model_config = FORBID
+    sequence: Annotated[int, Strict(), Field(ge=0, le=INT64_MAX)] = Field(
+        description="1 for the run's first batch, then one more each; 0: no records, a poll"
+    )
+    items: Annotated[list[Item], Field(max_length=MAX_ITEMS)] = []
+    end: Literal["finished", "crashed"] | None = Field(
+        None, description="the run ended so, after these records"
+    )
+
+
+class PendingControl(BaseModel):
+    id: int
+    values: dict[str, float | int]
+
+
+class BatchAnswer(BaseModel):
+    sequence: int = Field(description="the run's last batch stored")
+    stored: bool = Field(description="false: this batch was stored before, nothing again")
+    control: list[PendingControl] = Field(description="the run's pending control requests")
+
+
+class RunOpen(BaseModel):
+    """A job's run: a new one of ``uid``, or (``resume``) the stored one continued."""
+
+    model_config = FORBID
+    uid: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
+    name: Name
+    world_size: Annotated[int, Strict(), Field(ge=1, le=2**31 - 1)]
+    config: Annotated[dict[str, Any], Field(max_length=100)]
+    control: Annotated[dict[str, Any], Field(max_length=100)]
+    started_at: float
+    resume: StrictBool = False
+    host: Annotated[str, Field(max_length=255)]
+    pid: Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)]
+    torch_version: Annotated[str, Field(max_length=64)]
+
+
+class RunOpened(BaseModel):
+    id: int
+    uid: str
+    sequence: int = Field(description="the run's last batch stored: the next is one more")

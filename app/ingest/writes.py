@@ -1,0 +1,189 @@
+"""A job's run opened, and its batches stored in their order, each once.
+
+One batch of a run at a time (a lock per run): a batch sent again while the first copy is
+being stored waits, then finds its number stored and stores nothing. A writer's token
+reaches the runs it created alone; an admin's, any run.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from fastapi import HTTPException, status
+
+from scalewatch.store import control as store_control
+from scalewatch.store import runs as store_runs
+from scalewatch.store.batches import (
+    BatchState,
+    advance_sequence,
+    batch_state,
+    batch_state_of_uid,
+)
+from scalewatch.store.engine import Store
+from scalewatch.store.errors import RequestNotFound
+from scalewatch.store.identities import Role
+from scalewatch.store.records import ScaleLoad
+from scalewatch.store.scale_loads import record_scale_load
+from scalewatch.store.step_rows import COLUMNS
+
+from ..middleware.identity import Identity
+from .models import (
+    BatchAnswer,
+    BatchIn,
+    GapIn,
+    LoadIn,
+    OutcomeIn,
+    PendingControl,
+    RunOpen,
+    RunOpened,
+    StepsIn,
+)
+
+__all__ = ["open_job_run", "store_batch"]
+
+log = logging.getLogger("scalewatch.app")
+
+_LOCKS: dict[int, threading.Lock] = {}
+_LOCKS_LOCK = threading.Lock()
+_BEATS: dict[int, float] = {}  # when a poll last set a run's heartbeat (monotonic)
+
+
+def _run_lock(run_id: int) -> threading.Lock:
+    with _LOCKS_LOCK:
+        return _LOCKS.setdefault(run_id, threading.Lock())
+
+
+def check_owner(state: BatchState, who: Identity) -> None:
+    """403 unless ``who`` may write the run: an admin, or the writer that created it."""
+    if who.role is Role.ADMIN or (who.role is Role.WRITER and state.owner == who.name):
+        return
+    raise HTTPException(
+        status.HTTP_403_FORBIDDEN,
+        f"{who.name!r} has the role {who.role}: it records into the runs it created alone",
+    )
+
+
+def open_job_run(store: Store, body: RunOpen, who: Identity) -> RunOpened:
+    """The run ``body.uid``: made (owned by ``who``), or continued when it exists: resumed,
+    or the same run again when the answer to its making was lost."""
+    found = batch_state_of_uid(store, body.uid)
+    if found is not None:
+        check_owner(found, who)
+        if body.resume:
+            store_runs.resume_run(store, body.uid, host=body.host, pid=body.pid)
+        return RunOpened(id=found.run_id, uid=body.uid, sequence=found.sequence)
+    try:
+        ref = store_runs.create_run(
+            store,
+            name=body.name,
+            world_size=body.world_size,
+            config=body.config,
+            control=body.control,
+            uid=body.uid,
+            torch_version=body.torch_version,
+            started_at=body.started_at,
+            owner=who.name,
+            host=body.host,
+            pid=body.pid,
+        )
+    except ValueError as refused:  # made meanwhile by another request
+        raise HTTPException(status.HTTP_409_CONFLICT, str(refused)) from None
+    return RunOpened(id=ref.id, uid=ref.uid, sequence=0)
+
+
+def store_batch(store: Store, run_id: int, body: BatchIn, who: Identity) -> BatchAnswer:
+    """Store ``body``'s items in their order, then its end, unless its number is stored
+    already; answer with the run's pending control requests."""
+    with _run_lock(run_id):
+        state = batch_state(store, run_id)
+        check_owner(state, who)
+        fresh = body.sequence > state.sequence
+        if fresh:
+            for item in body.items:
+                _store_item(store, run_id, item)
+            if body.end is not None:
+                store_runs.end_run(store, run_id, body.end)
+            advance_sequence(store, run_id, body.sequence)
+            _BEATS[run_id] = time.monotonic()
+        elif time.monotonic() - _BEATS.get(run_id, 0.0) >= store_runs.HEARTBEAT_INTERVAL_S:
+            store_runs.heartbeat(store, run_id)  # a poll says the job is alive
+            _BEATS[run_id] = time.monotonic()
+        pending = store_control.pending_requests(store, run_id)
+    return BatchAnswer(
+        sequence=max(body.sequence, state.sequence),
+        stored=fresh,
+        control=[PendingControl(id=row.id, values=row.values) for row in pending],
+    )
+
+
+def _store_item(store: Store, run_id: int, item: StepsIn | GapIn | LoadIn | OutcomeIn) -> None:
+    if isinstance(item, StepsIn):
+        rows = [tuple(getattr(step, name) for name in COLUMNS) for step in item.steps]
+        findings = [(f.step, f.rank, f.name, f.kind, f.count) for f in item.findings]
+        try:
+            store_runs.write_step_values(store, run_id, rows, findings)
+        except ValueError as refused:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(refused)) from None
+    elif isinstance(item, GapIn):
+        if item.last < item.first:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, "a gap's last < first")
+        store_runs.record_gap(store, run_id, item.first, item.last, item.dropped, item.reason)
+    elif isinstance(item, LoadIn):
+        load = ScaleLoad(
+            step=item.step,
+            at=item.at,
+            scale_after=item.scale_after,
+            scale_before=item.scale_before,
+            from_step=item.from_step,
+        )
+        record_scale_load(store, run_id, load)
+    else:
+        _store_outcome(store, run_id, item)
+
+
+def _store_outcome(store: Store, run_id: int, item: OutcomeIn) -> None:
+    """A control outcome of the run; one of a request of another run, or settled already
+    (a batch stored half before the service stopped, sent again), is let go."""
+    state = dict(item.state)
+    if item.source == "code":
+        if item.step is None:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, "a code change has a step")
+        store_control.record_code_change(
+            store,
+            run_id,
+            item.values,
+            step=item.step,
+            at=item.at,
+            state=state,
+            version=item.version,
+        )
+        return
+    if item.request_id is None:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, "a request's outcome has its id")
+    try:
+        if store_control.control_request(store, item.request_id).run_id != run_id:
+            log.warning("scalewatch: an outcome of request %d of another run", item.request_id)
+            return
+        if item.applied:
+            if item.step is None:
+                raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, "applied at no step")
+            store_control.mark_applied(
+                store,
+                item.request_id,
+                step=item.step,
+                at=item.at,
+                state=state,
+                version=item.version,
+            )
+        else:
+            store_control.mark_rejected(
+                store,
+                item.request_id,
+                reason=item.reason or "refused",
+                step=item.step,
+                at=item.at,
+            )
+    except (RequestNotFound, ValueError):  # gone, or settled already
+        return

@@ -1,0 +1,149 @@
+"""A job's records through the service: a writer's token opens its run and posts numbered
+batches; a batch sent again stores nothing; the answers carry the pending requests; the
+token reaches its own runs and nothing else."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from scalewatch._control import ControlOutcome, ControlSource
+from scalewatch.store.engine import Store
+from scalewatch.store.identities import Role, create_identity
+from scalewatch.store.records import ParamFinding
+from scalewatch.store.runs import finding_rows, step_values
+from scalewatch.store.schema import overflow_params, runs, steps, telemetry_gaps
+from scalewatch.telemetry._batches import items
+from scalewatch.telemetry._queue import Diagnosed, RecordGap, WriteOutcome
+from tests._helpers.service import CONTROL, auth, simulate
+
+
+def opening(uid: str, *, resume: bool = False) -> dict[str, Any]:
+    return {
+        "uid": uid,
+        "name": "job-42",
+        "world_size": 2,
+        "config": {"init_scale": 2.0**16},
+        "control": CONTROL,
+        "started_at": 1_700_000_000.0,
+        "resume": resume,
+        "host": "node-7",
+        "pid": 4242,
+        "torch_version": "2.9.0",
+    }
+
+
+def step_commands(first: int, count: int) -> list[Any]:
+    """Steps as the writer's queue holds them; the overflow at step 3 names its parameter."""
+    commands: list[Any] = []
+    for record in simulate(count, {3}, first=first):
+        if record.overflow:
+            found = ParamFinding(rank=1, name="layers.0.weight", kind="inf", count=2)
+            record = type(record)(**{**_fields(record), "params": (found,)})
+            commands.append(Diagnosed(step_values(record), finding_rows([record])))
+        else:
+            commands.append(step_values(record))
+    return commands
+
+
+def _fields(record: Any) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in record.__dataclass_fields__}
+
+
+def counts(store: Store, run_id: int) -> tuple[int, int, int, int]:
+    with store.read() as conn:
+        stored = conn.execute(select(func.count()).where(steps.c.run_id == run_id)).scalar()
+        found = conn.execute(
+            select(func.count()).where(overflow_params.c.run_id == run_id)
+        ).scalar()
+        gaps = conn.execute(select(func.count()).where(telemetry_gaps.c.run_id == run_id)).scalar()
+        dropped = conn.execute(select(runs.c.dropped).where(runs.c.id == run_id)).scalar()
+    return int(stored or 0), int(found or 0), int(gaps or 0), int(dropped or 0)
+
+
+def test_a_writer_records_its_run_once_and_reaches_nothing_else(
+    client: TestClient, store: Store
+) -> None:
+    writer = auth(create_identity(store, "job-42", Role.WRITER, by="test").token)
+    other = auth(create_identity(store, "job-43", Role.WRITER, by="test").token)
+    operator = auth(create_identity(store, "ops", Role.OPERATOR, by="test").token)
+    uid = uuid.uuid4().hex
+
+    opened = client.post("/api/ingest/runs", json=opening(uid), headers=writer)
+    assert opened.status_code == 200, opened.text
+    run = opened.json()["id"]
+    assert opened.json()["sequence"] == 0
+    # Its making answered again (the first answer lost): the same run.
+    assert client.post("/api/ingest/runs", json=opening(uid), headers=writer).json()["id"] == run
+    with store.read() as conn:
+        row = conn.execute(select(runs).where(runs.c.id == run)).one()
+    assert (row.owner, row.host, row.pid, row.torch_version) == ("job-42", "node-7", 4242, "2.9.0")
+
+    batch = {
+        "sequence": 1,
+        "items": [
+            *items(step_commands(1, 10), reason=""),
+            *items([RecordGap(11, 12, 2)], reason="telemetry queue full"),
+        ],
+    }
+    first = client.post(f"/api/ingest/runs/{run}/batches", json=batch, headers=writer)
+    assert first.status_code == 200, first.text
+    assert first.json() == {"sequence": 1, "stored": True, "control": []}
+    assert counts(store, run) == (10, 1, 1, 2)
+    again = client.post(f"/api/ingest/runs/{run}/batches", json=batch, headers=writer)
+    assert again.json() == {"sequence": 1, "stored": False, "control": []}
+    assert counts(store, run) == (10, 1, 1, 2)  # nothing twice: not the gap, not the drops
+
+    # A request filed by an operator rides the next answer; its outcome settles it.
+    asked = client.post(
+        f"/api/runs/{run}/control", json={"growth_interval": 3}, headers=operator
+    ).json()
+    poll = client.post(
+        f"/api/ingest/runs/{run}/batches", json={"sequence": 1}, headers=writer
+    ).json()
+    assert poll["control"] == [{"id": asked["id"], "values": {"growth_interval": 3}}]
+    outcome = ControlOutcome(
+        source=ControlSource.REQUEST,
+        request_id=asked["id"],
+        values={"growth_interval": 3},
+        applied=True,
+        reason=None,
+        state={**{k: v for k, v in CONTROL.items()}, "growth_interval": 3},
+        version=1,
+    )
+    done = client.post(
+        f"/api/ingest/runs/{run}/batches",
+        json={
+            "sequence": 2,
+            "items": items([WriteOutcome(13, 1.0, outcome)], reason=""),
+            "end": "finished",
+        },
+        headers=writer,
+    ).json()
+    assert done == {"sequence": 2, "stored": True, "control": []}
+    control = client.get(f"/api/runs/{run}/control", headers=operator).json()
+    assert (control["history"][0]["status"], control["history"][0]["applied_step"]) == (
+        "applied",
+        13,
+    )
+    assert client.get(f"/api/runs/{run}", headers=operator).json()["status"] == "finished"
+
+    # Its own run and nothing else: no reads, no other run, no control, no tokens.
+    bad_step = {"sequence": 3, "items": [{"kind": "steps", "steps": [{"step": 1}]}]}
+    for method, path, body, headers in [
+        ("POST", f"/api/ingest/runs/{run}/batches", {"sequence": 3}, other),
+        ("POST", "/api/ingest/runs", opening(uid, resume=True), other),
+        ("GET", f"/api/runs/{run}", None, writer),
+        ("GET", "/api/runs", None, writer),
+        ("GET", f"/api/runs/{run}/export", None, writer),
+        ("POST", f"/api/runs/{run}/control", {"growth_interval": 5}, writer),
+        ("GET", "/api/tokens", None, writer),
+    ]:
+        answer = client.request(method, path, json=body, headers=headers)
+        assert answer.status_code == 403, (method, path, answer.text)
+    refused = client.post(f"/api/ingest/runs/{run}/batches", json=bad_step, headers=writer)
+    assert refused.status_code == 422  # a step's fields are the step schema's, all of them
+    assert counts(store, run) == (10, 1, 1, 2)
