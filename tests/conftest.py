@@ -88,6 +88,7 @@ GROUPS = ("tests/web/", "tests/app/test_demo.py")
 @pytest.fixture(autouse=True)
 def _private_default_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SCALEWATCH_DB", f"sqlite:///{tmp_path / 'default-store.db'}")
+    monkeypatch.setenv("SCALEWATCH_SPOOL_DIR", str(tmp_path / "spool"))  # never the user's
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ command's own process. What the commands share is in private modules: ``_common`
 SQLite file a command may open).
 
 >>> sorted(cli.commands)
-['alerts', 'control', 'db', 'demo', 'export', 'instrument', 'runs', 'serve', 'tokens']
+['alerts', 'control', 'db', 'demo', 'export', 'instrument', 'runs', 'serve', 'spool', 'tokens']
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import click
 
-from . import alerts, control, db, demo, export, instrument, runs, serve, tokens
+from . import alerts, control, db, demo, export, instrument, runs, serve, spool, tokens
 
 __all__ = ["cli", "main"]
 
@@ -33,6 +33,7 @@ cli = click.Group(
         demo.demo,
         instrument.instrument,
         tokens.tokens,
+        spool.spool,
     ],
 )
 # The installed distribution's version, as ``pip show scalewatch`` gives it.

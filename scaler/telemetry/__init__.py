@@ -36,7 +36,10 @@ from ..store.urls import pinned_url
 from ._control_poller import ControlPoller, Handout
 from ._queue import CommandQueue, RecordGap
 from ._remote import RemoteTelemetry, open_remote
-from ._sender import ServiceSender, is_service_url
+from ._sender import ServiceSender
+from ._service_client import is_service_url
+from ._spool import Spool, spool_root
+from ._spool import spool_bytes as spool_bound
 from ._wire import OpenRun
 from ._writer import RunSpec, Writer, one_line
 
@@ -80,6 +83,11 @@ class TelemetrySettings:
             own (one for all its runs, started with the first), so that writing takes none
             of training's GIL; ``"thread"``: by a thread of the training process. A store
             passed open (a :class:`Store`) is always written by a thread.
+        spool_dir: for a store URL ``http(s)://`` (the service): the node-local folder
+            where batches wait while the service cannot be reached; None:
+            ``$SCALEWATCH_SPOOL_DIR``, else ``scalewatch-spool-<uid>`` in the temporary folder.
+        spool_bytes: the most bytes waiting there, all runs together; None:
+            ``$SCALEWATCH_SPOOL_BYTES``, else 256 MiB. Past it, steps are dropped and counted.
     """
 
     store: str | Store | None = None
@@ -91,6 +99,8 @@ class TelemetrySettings:
     close_failing_s: float = 5.0
     heartbeat_s: float = store_runs.HEARTBEAT_INTERVAL_S
     writer: str = "process"
+    spool_dir: str | None = None
+    spool_bytes: int | None = None
 
     def __setstate__(self, state: list[Any]) -> None:
         """A pickle made before a field was added takes that field's default."""
@@ -107,6 +117,11 @@ class TelemetrySettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+        bound = self.spool_bytes
+        if bound is not None and (
+            isinstance(bound, bool) or not isinstance(bound, int) or bound < 0
+        ):
+            raise ValueError(f"spool_bytes must be an integer >= 0, got {bound!r}")
         if self.writer not in WRITERS:
             raise ValueError(f"writer must be one of {', '.join(WRITERS)}, got {self.writer!r}")
         beat = self.heartbeat_s
@@ -209,6 +224,8 @@ class Telemetry:
                 coalesce_s=settings.coalesce_s,
                 retry_s=settings.retry_s,
                 poll_s=settings.poll_interval_s,
+                spool=Spool(spool_root(settings.spool_dir), self.uid),
+                spool_bytes=spool_bound(settings.spool_bytes),
             )
         else:
             self._writer = Writer(

@@ -2,18 +2,21 @@
 ``http://`` or ``https://`` (the service owns the store; the job holds a writer's token).
 
 Runs on the reporting rank's writer thread, in place of ``_writer``: it takes the queue's
-commands in their order, as the writer does, and posts each take as one batch with the
-run's next number; it retries that very batch until the service answers, so a batch whose
-answer was lost is known by its number and stored once. Each answer carries the run's
-pending control requests, handed to the training thread (``Handout``); while no records
-come, an empty batch every ``poll_s`` asks for them and keeps the run's heartbeat.
-Training never waits for the network: records wait in the queue, past its bound dropped
-and counted, as for a store.
+commands in their order, as the writer does, and posts each take as the run's next batch.
+Each answer carries the run's pending control requests, handed to the training thread
+(``Handout``); while no records come, an empty batch every ``poll_s`` asks for them and
+keeps the run's heartbeat. Training never waits for the network.
+
+While the service cannot be reached, batches go to the node's spool (``_spool``), synced
+at each batch, and are posted from it in their order once the service answers: a batch
+whose answer was lost keeps its number, so the service stores it once. Past the spool's
+bound, a batch's steps are dropped (the oldest kept) and a gap recorded in their place.
+When the service first answers, the runs that jobs of this node left spooled for it are
+sent too.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import logging
 import os
@@ -28,34 +31,18 @@ from ..store.states import RunStatus
 from ._batches import items, steps_in
 from ._control_poller import Handout
 from ._queue import Command, CommandQueue
+from ._service_client import ServiceClient, ServiceRefused, one_line, torch_version
+from ._spool import Spool, send_orphans, send_spool, unsent_bytes
 from ._writer import RunSpec
 
-__all__ = ["TOKEN_ENV", "ServiceRefused", "ServiceSender", "is_service_url"]
+__all__ = ["ServiceSender"]
 
 log = logging.getLogger("scalewatch.telemetry")
 
-TOKEN_ENV = "SCALEWATCH_TOKEN"
-CONNECT_S = 2.0
-ANSWER_S = 30.0
-# Answers worth another try: the service restarting, overloaded, or its store away.
-RETRIED = frozenset({408, 429, 500, 502, 503, 504})
-
-
-def is_service_url(url: object) -> bool:
-    """Whether a store URL names the service rather than a database.
-
-    >>> is_service_url("https://sw.example:8000"), is_service_url("sqlite:///sw.db")
-    (True, False)
-    """
-    return isinstance(url, str) and url.lower().startswith(("http://", "https://"))
-
-
-class ServiceRefused(Exception):
-    """The service refused a body for good (a 4xx other than a wait): what it said."""
-
 
 class ServiceSender:
-    """Posts ``queue`` to the service at ``url`` on a daemon thread, as ``run``."""
+    """Posts ``queue`` to the service at ``url`` on a daemon thread, as ``run``; spools
+    under ``spool_root`` up to ``spool_bytes`` while the service is away."""
 
     store = None  # no store of its own: the service's
     owns_store = False
@@ -71,16 +58,11 @@ class ServiceSender:
         coalesce_s: float,
         retry_s: float,
         poll_s: float,
+        spool: Spool,
+        spool_bytes: int,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        token = os.environ.get(TOKEN_ENV, "")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.Client(
-            base_url=url.rstrip("/") + "/",
-            headers=headers,
-            timeout=httpx.Timeout(ANSWER_S, connect=CONNECT_S),
-            transport=transport,
-        )
+        self._client = ServiceClient(url, transport=transport)
         self._url = url
         self._run = run
         self._queue = queue
@@ -88,8 +70,13 @@ class ServiceSender:
         self._coalesce_s = coalesce_s
         self._retry_s = retry_s
         self._poll_s = poll_s
-        self._sequence = 0  # the run's last batch the service stored
+        self._spool = spool
+        self._spool_bytes = spool_bytes
+        self._spooling = False  # the spool holds this run's batches: said once
+        self._numbered = 0  # the run's last batch numbered (posted or spooled)
         self._posted_at = 0.0
+        self._tried_at = 0.0
+        self._orphans_sent = False
         self.run_id: int | None = None
         self.failing: str | None = None
         self.stop = threading.Event()
@@ -97,32 +84,56 @@ class ServiceSender:
 
     def _loop(self) -> None:
         queue = self._queue
+        if not self._spool.claim():  # a job of this run on the node already: post alone
+            log.warning("scalewatch: the spool of run %s is held by another process", self._run.uid)
+        self._numbered = self._spool.last_sequence
         while True:
             queue.wait_for_work(self._poll_s, self._coalesce_s)
             stopping = self.stop.is_set()
             try:
-                if self.run_id is None:
-                    self._open()
-                self._send_pending()
-                if time.monotonic() - self._posted_at >= self._poll_s and not stopping:
-                    self._post({"sequence": self._sequence, "items": []})  # a poll
-                self._recovered()
+                self._pass(stopping)
             except ServiceRefused as refused:  # the run itself refused: nothing to retry
                 self._failed(str(refused))
                 if not stopping:
                     self.stop.wait(self._retry_s)
-            except (httpx.HTTPError, _Stopped) as error:
-                self._failed(_one_line(error))
+            except (httpx.HTTPError, OSError) as error:
+                self._failed(one_line(error))
                 if not stopping:
                     self.stop.wait(self._retry_s)
             queue.pass_done()
             if stopping:
                 return
 
-    def _open(self) -> None:
+    def _pass(self, stopping: bool) -> None:
+        due = self.failing is None or time.monotonic() - self._tried_at >= self._retry_s
+        if due and (self.run_id is None or self._spool.pending()):
+            self._tried_at = time.monotonic()
+            try:
+                self._reach()
+            except httpx.HTTPError as error:  # away: this pass's batches spool
+                self._failed(one_line(error))
+        self._send_pending()
+        polled = time.monotonic() - self._posted_at < self._poll_s
+        if self.failing is None and self.run_id is not None and not (stopping or polled):
+            self._post({"sequence": self._numbered, "items": []})  # a poll
+        if self.failing is None and not self._orphans_sent:
+            self._orphans_sent = True
+            for uid, what in send_orphans(self._spool.root, self._url):
+                log.warning("scalewatch: spooled run %s sent: %s", uid, what)
+
+    def _reach(self) -> None:
+        """Open the run if need be, then post what the spool holds; the service answers."""
+        if self.run_id is None:
+            self.run_id, stored = self._client.open_run(self._opening())
+            self._numbered = max(self._numbered, stored)
+        if self._spool.pending():
+            send_spool(self._spool, self._client, on_answer=self._answered)
+        self._recovered()
+
+    def _opening(self) -> dict[str, Any]:
         run = self._run
         first = self._queue.first_wall_time()
-        body = {
+        return {
             "uid": run.uid,
             "name": run.name,
             "world_size": run.world_size,
@@ -132,11 +143,8 @@ class ServiceSender:
             "resume": run.resume,
             "host": socket.gethostname(),
             "pid": os.getpid(),
-            "torch_version": _torch_version(),
+            "torch_version": torch_version(),
         }
-        answer = self._request("api/ingest/runs", body)
-        self._sequence = int(answer["sequence"])
-        self.run_id = int(answer["id"])
 
     def _send_pending(self) -> None:
         queue = self._queue
@@ -150,11 +158,14 @@ class ServiceSender:
                 queue.written()
 
     def _send(self, commands: list[Command]) -> None:
-        """Post ``commands`` as the run's next batch until the service answers; refused for
-        good, they are dropped and counted."""
+        """Post ``commands`` as the run's next batch, or spool it; refused for good, its
+        steps are dropped and counted."""
+        if self.run_id is None and self._run.resume:
+            raise _Unnumbered("the run to resume is not opened yet")  # its number unknown
         reason = self.failing or "telemetry queue full"
-        body = {"sequence": self._sequence + 1, "items": items(commands, reason=reason)}
-        while True:
+        self._numbered += 1
+        body = {"sequence": self._numbered, "items": items(commands, reason=reason)}
+        if self.failing is None and not self._spool.pending() and self.run_id is not None:
             try:
                 self._post(body)
                 return
@@ -164,53 +175,67 @@ class ServiceSender:
                 log.warning("scalewatch: the service refused %d records: %s", dropped, refused)
                 return
             except httpx.HTTPError as error:
-                self._failed(_one_line(error))
-                if self.stop.wait(self._retry_s):
-                    raise _Stopped("stopped while the service was away") from error
+                self._failed(one_line(error))
+        self._spool_batch(body, commands)
+
+    def _spool_batch(self, body: dict[str, Any], commands: list[Command]) -> None:
+        spool = self._spool
+        if not self._spooling:
+            self._spooling = True
+            spool.write_run(self._url, self._opening())
+            log.warning(
+                "scalewatch: records of run %s spool to %s (at most %d bytes) until the"
+                " service answers",
+                self._run.uid,
+                spool.folder,
+                self._spool_bytes,
+            )
+        room = self._spool_bytes - unsent_bytes(spool.root)
+        if _size_of(body) > room:  # the oldest steps that fit are kept, the rest dropped
+            body, dropped = _fitted(body, room)
+            self._queue.count_dropped(dropped)
+        spool.append(body)
 
     def _post(self, body: dict[str, Any]) -> None:
         assert self.run_id is not None
-        answer = self._request(f"api/ingest/runs/{self.run_id}/batches", body)
-        self._sequence = max(self._sequence, int(answer["sequence"]))
+        self._answered(self._client.post_batch(self.run_id, body))
         self._posted_at = time.monotonic()
-        self._handout((request["id"], request["values"]) for request in answer["control"])
 
-    def _request(self, path: str, body: dict[str, Any]) -> Any:
-        """The answer's JSON; raises :class:`httpx.HTTPError` for no answer or one worth
-        another try, :class:`ServiceRefused` for a refusal."""
-        response = self._client.post(
-            path, content=json.dumps(body), headers={"Content-Type": "application/json"}
-        )
-        if response.status_code in RETRIED:
-            raise httpx.HTTPStatusError(
-                f"the service answered {response.status_code}: {_detail(response)}",
-                request=response.request,
-                response=response,
-            )
-        if response.is_error:
-            raise ServiceRefused(f"{response.status_code} {_detail(response)}")
-        return response.json()
+    def _answered(self, answer: dict[str, Any]) -> None:
+        self._handout((request["id"], request["values"]) for request in answer["control"])
 
     def end(self, status: RunStatus | None) -> None:
         """Tell the service the run ended ``status`` (after the thread stopped), one try;
-        None: nothing (its heartbeat stops)."""
-        if self.run_id is None or status is None:
+        spooled behind the run's other batches while any wait. None: nothing."""
+        if status is None:
             return
+        self._numbered += 1
+        body = {"sequence": self._numbered, "items": [], "end": str(status)}
         try:
-            self._post({"sequence": self._sequence + 1, "items": [], "end": str(status)})
-        except (httpx.HTTPError, ServiceRefused) as error:
-            log.warning("scalewatch: could not mark run %s %s: %s", self.run_id, status, error)
+            if self.failing is None and self.run_id is not None and not self._spool.pending():
+                self._post(body)
+                return
+            self._spool_batch(body, [])
+            self._reach()
+        except (httpx.HTTPError, ServiceRefused, OSError) as error:
+            log.debug("scalewatch: the run's end waits in the spool: %s", one_line(error))
 
     def close_store(self) -> None:
         self._client.close()
+        if self._spool.pending():
+            log.warning(
+                "scalewatch: %d bytes of run %s wait in the spool %s: the next scalewatch"
+                " process on this node sends them, or `scalewatch spool send`",
+                self._spool.unsent(),
+                self._run.uid,
+                self._spool.folder,
+            )
+        self._spool.release()
 
     def _failed(self, reason: str) -> None:
         if self.failing is None:
             log.warning(
-                "scalewatch: the service at %s is not taking records (%s);"
-                " records wait, then are dropped",
-                self._url,
-                reason,
+                "scalewatch: the service at %s is not taking records (%s)", self._url, reason
             )
         self.failing = reason
 
@@ -221,28 +246,57 @@ class ServiceSender:
                 self._queue.dropped,
             )
             self.failing = None
+        self._spooling = self._spool.pending()
 
 
-class _Stopped(Exception):
-    pass
+class _Unnumbered(httpx.HTTPError):
+    """A batch that cannot be numbered before the service answers (a resumed run)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
 
 
-def _detail(response: httpx.Response) -> str:
-    try:
-        detail = response.json().get("detail")
-    except (ValueError, AttributeError):
-        detail = None
-    text = detail if isinstance(detail, str) else response.reason_phrase
-    return text.splitlines()[0] if text else "no reason given"
+def _size_of(body: dict[str, Any]) -> int:
+    return len(json.dumps(body)) + 1
 
 
-def _one_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else 'no message'}"
+def _fitted(body: dict[str, Any], room: int) -> tuple[dict[str, Any], int]:
+    """``body`` in ``room`` bytes: its oldest steps that fit kept, the others dropped, the
+    gaps they leave recorded in their place; and how many were dropped."""
+    budget = room - _size_of({**body, "items": [i for i in body["items"] if i["kind"] != "steps"]})
+    out: list[dict[str, Any]] = []
+    dropped = 0
+    for item in body["items"]:
+        if item["kind"] != "steps":
+            out.append(item)
+            continue
+        found: dict[int, list[dict[str, Any]]] = {}
+        for finding in item["findings"]:
+            found.setdefault(finding["step"], []).append(finding)
+        kept: list[dict[str, Any]] = []
+        for step in item["steps"]:
+            size = len(json.dumps(step)) + len(json.dumps(found.get(step["step"], []))) + 2
+            if size > budget:
+                break
+            budget -= size
+            kept.append(step)
+        left = item["steps"][len(kept) :]
+        if kept:
+            findings = [f for step in kept for f in found.get(step["step"], [])]
+            out.append({**item, "steps": kept, "findings": findings})
+        out.extend(_gaps(sorted(step["step"] for step in left)))
+        dropped += len(left)
+    return {**body, "items": out}, dropped
 
 
-def _torch_version() -> str:
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+def _gaps(numbers: list[int]) -> list[dict[str, Any]]:
+    """The gaps that the dropped steps ``numbers`` (in order) leave."""
+    gaps: list[dict[str, Any]] = []
+    for number in numbers:
+        if gaps and gaps[-1]["last"] + 1 == number:
+            gaps[-1]["last"] = number
+            gaps[-1]["dropped"] += 1
+        else:
+            gap = {"kind": "gap", "first": number, "last": number, "dropped": 1}
+            gaps.append({**gap, "reason": "the spool is full"})
+    return gaps

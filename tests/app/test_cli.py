@@ -32,6 +32,7 @@ def scalewatch(*argv: str) -> Result:
 def test_commands_are_registered() -> None:
     assert set(cli.commands) == {
         "serve", "runs", "export", "control", "alerts", "db", "demo", "instrument", "tokens",
+        "spool",
     }  # fmt: skip
     assert cli_package.__all__ == ["cli", "main"]
 
@@ -77,7 +78,9 @@ def test_db_comes_from_the_option_or_scalewatch_db(
     assert result.stderr.startswith("scalewatch runs: no store at /no/such/dir/x.db")
     assert result.stderr.count("\n") == 1
     groups = [["db", "upgrade"], ["tokens", "create"], ["tokens", "list"], ["tokens", "revoke"]]
-    for command in [[name] for name in cli.commands if name not in ("db", "tokens")] + groups:
+    # spool: a node's folder, not a store
+    plain = [[name] for name in cli.commands if name not in ("db", "tokens", "spool")]
+    for command in plain + groups:
         shown = " ".join(scalewatch(*command, "--help").stdout.split())
         assert "--db URL store URL, or the path of its SQLite file" in shown, command
         assert "[env var: SCALEWATCH_DB]" in shown, command

@@ -1,6 +1,7 @@
 """A 2-rank gloo job recording through a real ``scalewatch serve`` with a writer's token,
-the service killed and restarted mid-run: every step stored once, the overflows on the
-rank that made them, control requests applied at one step on both ranks."""
+the service killed and restarted mid-run (the batches meanwhile spooled on the node, then
+sent): every step stored once, the overflows on the rank that made them, control requests
+applied at one step on both ranks."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from scalewatch.store.control import control_history
 from scalewatch.store.engine import open_store
 from scalewatch.store.identities import Role, create_identity
 from scalewatch.store.schema import runs
+from scalewatch.telemetry._spool import spooled_runs
 from tests._helpers.faults import TOKEN, service
 from tests._helpers.ranks import Ranks
 from tests._helpers.waiting import wait_for
@@ -83,3 +85,4 @@ def test_a_job_records_through_the_service_across_its_restart(
         states, "backoff_factor", SENTINEL
     )
     assert [r["control_version"] for r in rows] == [s["version"] for s in states]
+    assert spooled_runs(tmp_path / "spool") == []  # what waited there while it was away: sent
