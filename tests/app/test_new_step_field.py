@@ -1,5 +1,6 @@
-"""A field added to the step schema reaches the export, the stream and the chart series with
-no other edit than the migration of its columns: shown on a copy of the package."""
+"""A field added to the step schema reaches the export, the stream, the chart series and the
+service's ingest route with no other edit than the migration of its columns: shown on a
+copy of the package."""
 
 from __future__ import annotations
 
@@ -62,7 +63,9 @@ from pydantic import SecretStr
 from scalewatch.app.main import create_app
 from scalewatch.app.settings import Settings
 from scalewatch.store import StepRecord, open_store
-from scalewatch.store.runs import create_run, end_run, write_steps
+from scalewatch.store.identities import Role, create_identity
+from scalewatch.store.runs import create_run, end_run, step_values, write_steps
+from scalewatch.telemetry._batches import items
 
 url = "sqlite:///" + sys.argv[1]
 store = open_store(url)
@@ -84,8 +87,19 @@ with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
     stream = client.get(f"/api/runs/{run.id}/stream?after=2995").text
     fast = client.get(f"/api/runs/{run.id}/stream?after=2999").text
     series = client.get(f"/api/runs/{run.id}/steps?max_points=20").json()
+    # A job that records through the service sends the field, and the service takes it.
+    job = {"Authorization": "Bearer " + create_identity(store, "job", Role.WRITER, by="p").token}
+    opening = {"uid": "ab" * 16, "name": "sent", "world_size": 1, "config": {}, "control": {},
+               "started_at": 1.0, "host": "h", "pid": 1, "torch_version": "t"}
+    sent = client.post("/api/ingest/runs", json=opening, headers=job).json()["id"]
+    record = StepRecord(step=1, wall_time=1.0, scale=8.0, overflow=False, skipped=False,
+                        inf_ranks=(), scale_after=8.0, growth_tracker=1, growth_interval=100,
+                        growth_factor=2.0, backoff_factor=0.5, control_version=0, grad_norm=6.5)
+    batch = {"sequence": 1, "items": items([step_values(record)], reason="")}
+    client.post(f"/api/ingest/runs/{sent}/batches", json=batch, headers=job).raise_for_status()
+    ingested = client.get(f"/api/runs/{sent}/export?format=jsonl").text
 print(json.dumps({"package": scalewatch.__file__, "csv": csv, "jsonl": jsonl,
-                  "stream": stream, "fast": fast, "series": series}))
+                  "stream": stream, "fast": fast, "series": series, "ingested": ingested}))
 """
 
 
@@ -154,3 +168,4 @@ def test_a_field_declared_once_is_exported_streamed_and_charted(tmp_path: Path) 
         assert series["grad_norm_max"][i] == max(present)
         assert series["grad_norm_last"][i] == norms[last]
     assert out["series"]["bucket_width"] > 8  # read from the rollups, not step by step
+    assert json.loads(out["ingested"])["gradient_norm"] == 6.5  # sent by a job, over HTTP
