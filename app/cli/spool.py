@@ -32,7 +32,7 @@ def spool() -> None:
 @spool.command("list", cls=Command, help="List the runs whose records wait in the spool.")
 @dir_option
 def list_spool(folder: str | None) -> None:
-    from scalewatch.telemetry._spool import spool_root, spooled_runs
+    from scalewatch.spool import spool_root, spooled_runs
 
     table = [COLUMNS]
     for run in spooled_runs(spool_root(folder)):
@@ -50,7 +50,7 @@ def list_spool(folder: str | None) -> None:
 )
 @dir_option
 def send(folder: str | None) -> None:
-    from scalewatch.telemetry._spool import send_orphans, spool_root
+    from scalewatch.spool import send_orphans, spool_root
 
     results = send_orphans(spool_root(folder))
     for uid, what in results:

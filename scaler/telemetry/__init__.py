@@ -27,6 +27,8 @@ from typing import Any
 
 from .._control.inbox import ControlInbox
 from .._step_sample import StepSample
+from ..spool import Spool, is_service_url, spool_root
+from ..spool import spool_bytes as spool_bound
 from ..store import runs as store_runs
 from ..store.engine import Store
 from ..store.records import ScaleLoad
@@ -37,9 +39,6 @@ from ._control_poller import ControlPoller, Handout
 from ._queue import CommandQueue, RecordGap
 from ._remote import RemoteTelemetry, open_remote
 from ._sender import ServiceSender
-from ._service_client import is_service_url
-from ._spool import Spool, spool_root
-from ._spool import spool_bytes as spool_bound
 from ._wire import OpenRun
 from ._writer import RunSpec, Writer, one_line
 

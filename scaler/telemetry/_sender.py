@@ -7,7 +7,7 @@ Each answer carries the run's pending control requests, handed to the training t
 (``Handout``); while no records come, an empty batch every ``poll_s`` asks for them and
 keeps the run's heartbeat. Training never waits for the network.
 
-While the service cannot be reached, batches go to the node's spool (``_spool``), synced
+While the service cannot be reached, batches go to the node's spool (``scalewatch.spool``), synced
 at each batch, and are posted from it in their order once the service answers: a batch
 whose answer was lost keeps its number, so the service stores it once. Past the spool's
 bound, a batch's steps are dropped (the oldest kept) and a gap recorded in their place.
@@ -27,12 +27,12 @@ from typing import Any
 
 import httpx
 
+from ..spool.client import ServiceClient, ServiceRefused, one_line, torch_version
+from ..spool.folder import Spool, send_orphans, send_spool, unsent_bytes
 from ..store.states import RunStatus
 from ._batches import items, steps_in
 from ._control_poller import Handout
 from ._queue import Command, CommandQueue
-from ._service_client import ServiceClient, ServiceRefused, one_line, torch_version
-from ._spool import Spool, send_orphans, send_spool, unsent_bytes
 from ._writer import RunSpec
 
 __all__ = ["ServiceSender"]

@@ -12,11 +12,11 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from scalewatch.spool import spooled_runs
 from scalewatch.store.control import control_history
 from scalewatch.store.engine import open_store
 from scalewatch.store.identities import Role, create_identity
 from scalewatch.store.schema import runs
-from scalewatch.telemetry._spool import spooled_runs
 from tests._helpers.faults import TOKEN, service
 from tests._helpers.ranks import Ranks
 from tests._helpers.waiting import wait_for

@@ -15,10 +15,10 @@ import pytest
 from sqlalchemy import select
 
 from scalewatch.app.cli import main
+from scalewatch.spool import spooled_runs
 from scalewatch.store.engine import Store, open_store
 from scalewatch.store.identities import Role, create_identity
 from scalewatch.store.schema import runs, telemetry_gaps
-from scalewatch.telemetry._spool import spooled_runs
 from tests._helpers.faults import Service
 from tests._helpers.waiting import wait_for
 from tests.scaler.test_control import step_rows

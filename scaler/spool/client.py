@@ -1,7 +1,7 @@
 """The service's ingest routes as a job calls them: a run opened, a batch posted.
 
 Used by the sender (``_sender``) on the reporting rank's writer thread, and by whoever
-sends a spool's batches (``_spool``: the next sender on the node, ``scalewatch spool``).
+sends a spool's batches (``folder``: the next sender on the node, ``scalewatch spool``).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from ._service_client import ServiceClient, ServiceRefused, one_line
+from .client import ServiceClient, ServiceRefused, one_line
 
 __all__ = [
     "DEFAULT_BYTES",
