@@ -1,7 +1,9 @@
 """A job's run opened, and its batches stored in their order, each once.
 
 One batch of a run at a time (a lock per run): a batch sent again while the first copy is
-being stored waits, then finds its number stored and stores nothing. A writer's token
+being stored waits, then finds its number stored and stores nothing. One the service
+stopped in the middle of (killed) is stored again whole: its steps replace themselves,
+and its gaps, loads and outcomes already stored are let be. A writer's token
 reaches the runs it created alone; an admin's, any run.
 """
 
@@ -20,6 +22,9 @@ from scalewatch.store.batches import (
     advance_sequence,
     batch_state,
     batch_state_of_uid,
+    code_change_stored,
+    gap_stored,
+    load_stored,
 )
 from scalewatch.store.engine import Store
 from scalewatch.store.errors import RequestNotFound
@@ -129,7 +134,8 @@ def _store_item(store: Store, run_id: int, item: StepsIn | GapIn | LoadIn | Outc
     elif isinstance(item, GapIn):
         if item.last < item.first:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, "a gap's last < first")
-        store_runs.record_gap(store, run_id, item.first, item.last, item.dropped, item.reason)
+        if not gap_stored(store, run_id, item.first, item.last, item.dropped):
+            store_runs.record_gap(store, run_id, item.first, item.last, item.dropped, item.reason)
     elif isinstance(item, LoadIn):
         load = ScaleLoad(
             step=item.step,
@@ -138,7 +144,8 @@ def _store_item(store: Store, run_id: int, item: StepsIn | GapIn | LoadIn | Outc
             scale_before=item.scale_before,
             from_step=item.from_step,
         )
-        record_scale_load(store, run_id, load)
+        if not load_stored(store, run_id, item.step, item.at):
+            record_scale_load(store, run_id, load)
     else:
         _store_outcome(store, run_id, item)
 
@@ -150,6 +157,8 @@ def _store_outcome(store: Store, run_id: int, item: OutcomeIn) -> None:
     if item.source == "code":
         if item.step is None:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, "a code change has a step")
+        if code_change_stored(store, run_id, item.step, item.at):
+            return
         store_control.record_code_change(
             store,
             run_id,

@@ -8,15 +8,24 @@ and stores nothing twice. Any thread; each function is one transaction.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from sqlalchemy import select, update
+from sqlalchemy import Select, and_, select, update
 
 from .engine import Store
 from .errors import RunNotFound
-from .schema import runs
+from .schema import control_requests, runs, scale_loads, telemetry_gaps
+from .states import RequestSource
 
-__all__ = ["BatchState", "advance_sequence", "batch_state", "batch_state_of_uid"]
+__all__ = [
+    "BatchState",
+    "advance_sequence",
+    "batch_state",
+    "batch_state_of_uid",
+    "code_change_stored",
+    "gap_stored",
+    "load_stored",
+]
 
 
 class BatchState(NamedTuple):
@@ -54,3 +63,48 @@ def advance_sequence(store: Store, run_id: int, sequence: int) -> None:
             .where(runs.c.id == run_id, runs.c.batch_sequence < sequence)
             .values(batch_sequence=sequence)
         )
+
+
+# A batch the service stopped in the middle of storing is sent again whole: its steps
+# replace themselves, and these say which of its other records are stored already.
+
+
+def gap_stored(store: Store, run_id: int, first: int, last: int, dropped: int) -> bool:
+    return _exists(
+        store,
+        select(telemetry_gaps.c.id).where(
+            telemetry_gaps.c.run_id == run_id,
+            telemetry_gaps.c.first_step == first,
+            telemetry_gaps.c.last_step == last,
+            telemetry_gaps.c.dropped == dropped,
+        ),
+    )
+
+
+def load_stored(store: Store, run_id: int, step: int, at: float) -> bool:
+    return _exists(
+        store,
+        select(scale_loads.c.id).where(
+            scale_loads.c.run_id == run_id, scale_loads.c.step == step, scale_loads.c.at == at
+        ),
+    )
+
+
+def code_change_stored(store: Store, run_id: int, step: int, at: float) -> bool:
+    """Whether the training code's change of ``run_id`` at ``step`` (made at ``at``) is."""
+    return _exists(
+        store,
+        select(control_requests.c.id).where(
+            and_(
+                control_requests.c.run_id == run_id,
+                control_requests.c.source == RequestSource.CODE,
+                control_requests.c.applied_step == step,
+                control_requests.c.requested_at == at,
+            )
+        ),
+    )
+
+
+def _exists(store: Store, query: Select[Any]) -> bool:
+    with store.read() as conn:
+        return conn.execute(query).first() is not None

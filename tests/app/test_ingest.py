@@ -14,7 +14,7 @@ from scalewatch._control import ControlOutcome, ControlSource
 from scalewatch.store.engine import Store
 from scalewatch.store.identities import Role, create_identity
 from scalewatch.store.records import ParamFinding
-from scalewatch.store.runs import finding_rows, step_values
+from scalewatch.store.runs import finding_rows, record_gap, step_values
 from scalewatch.store.schema import overflow_params, runs, steps, telemetry_gaps
 from scalewatch.telemetry._batches import items
 from scalewatch.telemetry._queue import Diagnosed, RecordGap, WriteOutcome
@@ -147,3 +147,22 @@ def test_a_writer_records_its_run_once_and_reaches_nothing_else(
     refused = client.post(f"/api/ingest/runs/{run}/batches", json=bad_step, headers=writer)
     assert refused.status_code == 422  # a step's fields are the step schema's, all of them
     assert counts(store, run) == (10, 1, 1, 2)
+
+
+def test_a_batch_stored_in_part_before_the_service_stopped_is_stored_whole_once(
+    client: TestClient, store: Store
+) -> None:
+    writer = auth(create_identity(store, "job-42", Role.WRITER, by="test").token)
+    run = client.post("/api/ingest/runs", json=opening(uuid.uuid4().hex), headers=writer).json()
+    batch = {
+        "sequence": 1,
+        "items": [
+            *items([RecordGap(1, 2, 2)], reason="telemetry queue full"),
+            *items(step_commands(3, 5), reason=""),
+        ],
+    }
+    # The service stored the gap, then was killed before the steps and the batch's number.
+    record_gap(store, run["id"], 1, 2, 2, "telemetry queue full")
+    answer = client.post(f"/api/ingest/runs/{run['id']}/batches", json=batch, headers=writer)
+    assert answer.json()["stored"] is True
+    assert counts(store, run["id"]) == (5, 1, 1, 2)
