@@ -11,10 +11,17 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, create_model
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    create_model,
+)
 
 from scalewatch.store.control_rules import FIELDS
-from scalewatch.store.queries import INT64_MAX
 from scalewatch.store.schema import PARAM_NAME_LENGTH
 from scalewatch.store.step_schema import STEP_FIELDS, Kind, StepField
 
@@ -36,9 +43,28 @@ __all__ = [
 
 MAX_STEPS = 5000  # steps in one batch (the trainer's writer batches at most this many)
 MAX_ITEMS = 1000  # other items in one batch
-StrictInt = Annotated[int, Strict()]
+
+
+def _integral(value: Any) -> Any:
+    """A float with no fraction is the integer it equals (JSON Schema's integers include
+    ``3.0``); ``true`` stays no integer."""
+    return int(value) if type(value) is float and value.is_integer() else value
+
+
+_WHOLE = BeforeValidator(_integral)
 StrictBool = Annotated[bool, Strict()]
-Count = Annotated[int, Strict(), Field(ge=0, le=INT64_MAX)]
+# Bounds inside, before the validator: they are in the JSON Schema too. JSON's exact
+# integers (2**53), which every client compares exactly, well inside the store's 64 bits.
+EXACT = 2**53 - 1
+Count = Annotated[int, Strict(), Field(ge=0, le=EXACT), _WHOLE]
+StrictInt = Annotated[int, Strict(), Field(ge=-EXACT, le=EXACT), _WHOLE]
+Int32 = Annotated[int, Strict(), Field(ge=0, le=2**31 - 1), _WHOLE]
+WorldSize = Annotated[int, Strict(), Field(ge=1, le=2**31 - 1), _WHOLE]
+RequestId = Annotated[int, Strict(), Field(ge=1, le=EXACT), _WHOLE]
+# JSON numbers and nulls in lists in a list, as format_lr_groups writes them.
+_NUMBER = r"(null|-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?)"
+_GROUP = rf"\[({_NUMBER}(,{_NUMBER})*)?\]"
+LR_GROUPS = rf"^\[({_GROUP}(,{_GROUP})*)?\]$"
 Name = Annotated[str, Field(min_length=1, max_length=200)]
 FORBID = ConfigDict(extra="forbid")
 
@@ -55,17 +81,19 @@ def _lr_groups(text: str | None) -> str | None:
 
 
 _TYPES: dict[Kind, Any] = {
-    Kind.INT: Annotated[int, Strict(), Field(ge=-INT64_MAX, le=INT64_MAX)],
+    Kind.INT: StrictInt,
     Kind.FLOAT: float,
     Kind.BOOL: StrictBool,
     Kind.RANKS: Annotated[str, Field(max_length=65536, pattern=r"^(\d{1,9}(,\d{1,9})*)?$")],
-    Kind.FLOAT_GROUPS: Annotated[str, Field(max_length=65536), AfterValidator(_lr_groups)],
+    Kind.FLOAT_GROUPS: Annotated[
+        str, Field(max_length=65536, pattern=LR_GROUPS), AfterValidator(_lr_groups)
+    ],
 }
 _SERVER_DEFAULTS: dict[Kind, Any] = {Kind.INT: int, Kind.RANKS: str}
 
 
 def _field(f: StepField) -> tuple[Any, Any]:
-    kind = Annotated[int, Strict(), Field(ge=0, le=INT64_MAX)] if f.key else _TYPES[f.kind]
+    kind = Count if f.key else _TYPES[f.kind]
     if f.nullable:
         return kind | None, None
     if f.server_default is not None:  # a field added later: absent from an older job's steps
@@ -86,7 +114,7 @@ class FindingIn(BaseModel):
 
     model_config = FORBID
     step: Count
-    rank: Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)]
+    rank: Int32
     name: Annotated[str, Field(max_length=PARAM_NAME_LENGTH)]
     kind: Literal["inf", "nan", "both"]
     count: Count
@@ -134,7 +162,7 @@ class OutcomeIn(BaseModel):
     step: Count | None
     at: float
     source: Literal["request", "code"]
-    request_id: Annotated[int, Strict(), Field(ge=1, le=INT64_MAX)] | None
+    request_id: RequestId | None
     values: ControlValues
     applied: StrictBool
     reason: Annotated[str, Field(max_length=500)] | None = None
@@ -152,7 +180,7 @@ class BatchIn(BaseModel):
     stored, and a batch of a number stored already stores nothing (it is a poll)."""
 
     model_config = FORBID
-    sequence: Annotated[int, Strict(), Field(ge=0, le=INT64_MAX)] = Field(
+    sequence: Count = Field(
         description="1 for the run's first batch, then one more each; 0: no records, a poll"
     )
     items: Annotated[list[Item], Field(max_length=MAX_ITEMS)] = []
@@ -178,13 +206,15 @@ class RunOpen(BaseModel):
     model_config = FORBID
     uid: Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]
     name: Name
-    world_size: Annotated[int, Strict(), Field(ge=1, le=2**31 - 1)]
+    world_size: WorldSize
     config: Annotated[dict[str, Any], Field(max_length=100)]
-    control: Annotated[dict[str, Any], Field(max_length=100)]
+    control: Annotated[
+        dict[Literal[FIELDS], Number | None], Field(max_length=len(FIELDS))  # type: ignore[valid-type]
+    ]
     started_at: float
     resume: StrictBool = False
     host: Annotated[str, Field(max_length=255)]
-    pid: Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)]
+    pid: Int32
     torch_version: Annotated[str, Field(max_length=64)]
 
 

@@ -126,15 +126,16 @@ def store_batch(store: Store, run_id: int, body: BatchIn, who: Identity) -> Batc
 def _store_item(store: Store, run_id: int, item: StepsIn | GapIn | LoadIn | OutcomeIn) -> None:
     if isinstance(item, StepsIn):
         rows = [tuple(getattr(step, name) for name in COLUMNS) for step in item.steps]
+        numbers = {row[0] for row in rows}
         findings = [(f.step, f.rank, f.name, f.kind, f.count) for f in item.findings]
-        try:
-            store_runs.write_step_values(store, run_id, rows, findings)
-        except ValueError as refused:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(refused)) from None
+        if any(finding[0] not in numbers for finding in findings):
+            log.warning("scalewatch: findings of steps not in their batch, of run %d", run_id)
+            findings = [finding for finding in findings if finding[0] in numbers]
+        store_runs.write_step_values(store, run_id, rows, findings)
     elif isinstance(item, GapIn):
         if item.last < item.first:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, "a gap's last < first")
-        if not gap_stored(store, run_id, item.first, item.last, item.dropped):
+            log.warning("scalewatch: a gap that ends before it begins, of run %d", run_id)
+        elif not gap_stored(store, run_id, item.first, item.last, item.dropped):
             store_runs.record_gap(store, run_id, item.first, item.last, item.dropped, item.reason)
     elif isinstance(item, LoadIn):
         load = ScaleLoad(
@@ -154,9 +155,11 @@ def _store_outcome(store: Store, run_id: int, item: OutcomeIn) -> None:
     """A control outcome of the run; one of a request of another run, or settled already
     (a batch stored half before the service stopped, sent again), is let go."""
     state = dict(item.state)
+    if item.step is None and (item.source == "code" or item.applied):
+        log.warning("scalewatch: a change applied at no step, of run %d", run_id)
+        return
     if item.source == "code":
-        if item.step is None:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, "a code change has a step")
+        assert item.step is not None
         if code_change_stored(store, run_id, item.step, item.at):
             return
         store_control.record_code_change(
@@ -170,14 +173,14 @@ def _store_outcome(store: Store, run_id: int, item: OutcomeIn) -> None:
         )
         return
     if item.request_id is None:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, "a request's outcome has its id")
+        log.warning("scalewatch: a request's outcome without its id, of run %d", run_id)
+        return
     try:
         if store_control.control_request(store, item.request_id).run_id != run_id:
             log.warning("scalewatch: an outcome of request %d of another run", item.request_id)
             return
         if item.applied:
-            if item.step is None:
-                raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, "applied at no step")
+            assert item.step is not None
             store_control.mark_applied(
                 store,
                 item.request_id,

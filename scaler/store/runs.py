@@ -113,7 +113,7 @@ def create_run(
         "heartbeat_at": now,
         "last_step": 0,
         "dropped": 0,
-        "owner": owner,
+        **({} if owner is None else {"owner": owner}),
     }
     try:
         with store.write() as conn:

@@ -84,8 +84,9 @@ class ServiceSender:
 
     def _loop(self) -> None:
         queue = self._queue
-        if not self._spool.claim():  # a job of this run on the node already: post alone
-            log.warning("scalewatch: the spool of run %s is held by another process", self._run.uid)
+        if not self._spool.claim():  # another process writes this run: a folder of its own
+            self._spool = Spool(self._spool.root, f"{self._run.uid}-{os.getpid()}")
+            self._spool.claim()
         self._numbered = self._spool.last_sequence
         while True:
             queue.wait_for_work(self._poll_s, self._coalesce_s)
@@ -106,7 +107,7 @@ class ServiceSender:
 
     def _pass(self, stopping: bool) -> None:
         due = self.failing is None or time.monotonic() - self._tried_at >= self._retry_s
-        if due and (self.run_id is None or self._spool.pending()):
+        if due and (self.run_id is None or self._spool.pending() or self.failing is not None):
             self._tried_at = time.monotonic()
             try:
                 self._reach()
@@ -128,6 +129,8 @@ class ServiceSender:
             self._numbered = max(self._numbered, stored)
         if self._spool.pending():
             send_spool(self._spool, self._client, on_answer=self._answered)
+        elif self.failing is not None:  # a poll failed, say: does it answer now?
+            self._post({"sequence": self._numbered, "items": []})
         self._recovered()
 
     def _opening(self) -> dict[str, Any]:

@@ -418,6 +418,19 @@ def wrong_authorizations() -> list[dict[str, str]]:
     ]
 
 
+OPENING = {
+    "uid": "cd" * 16,
+    "name": "job",
+    "world_size": 1,
+    "config": {},
+    "control": {},
+    "started_at": 1.0,
+    "host": "node",
+    "pid": 1,
+    "torch_version": "2.9",
+}
+
+
 def test_every_mutating_route_needs_the_exact_token(client: TestClient, store: Store) -> None:
     run_id = add_run(store, simulate(20, {5}))
     control, autopilot = f"/api/runs/{run_id}/control", f"/api/runs/{run_id}/autopilot"
@@ -427,6 +440,8 @@ def test_every_mutating_route_needs_the_exact_token(client: TestClient, store: S
         ("DELETE", autopilot): (None, 200),
         ("POST", "/api/tokens"): ({"name": "probe", "role": "viewer"}, 201),
         ("DELETE", "/api/tokens/probe"): (None, 200),
+        ("POST", "/api/ingest/runs"): (OPENING, 200),  # an admin may do what a writer may
+        ("POST", f"/api/ingest/runs/{run_id}/batches"): ({"sequence": 1}, 200),
     }
     routes = mutating_routes(client, run_id)
     assert sorted(routes) == sorted(accepted)
