@@ -72,7 +72,7 @@ class ServiceSender:
         self._poll_s = poll_s
         self._spool = spool
         self._spool_bytes = spool_bytes
-        self._spooling = False  # the spool holds this run's batches: said once
+        self._spooling = False  # run.json is written for this outage
         self._numbered = 0  # the run's last batch numbered (posted or spooled)
         self._posted_at = 0.0
         self._tried_at = 0.0
@@ -94,7 +94,7 @@ class ServiceSender:
             try:
                 self._pass(stopping)
             except ServiceRefused as refused:  # the run itself refused: nothing to retry
-                self._failed(str(refused))
+                self._failed(str(refused), away=False)
                 if not stopping:
                     self.stop.wait(self._retry_s)
             except (httpx.HTTPError, OSError) as error:
@@ -186,13 +186,6 @@ class ServiceSender:
         if not self._spooling:
             self._spooling = True
             spool.write_run(self._url, self._opening())
-            log.warning(
-                "scalewatch: records of run %s spool to %s (at most %d bytes) until the"
-                " service answers",
-                self._run.uid,
-                spool.folder,
-                self._spool_bytes,
-            )
         room = self._spool_bytes - unsent_bytes(spool.root)
         if _size_of(body) > room:  # the oldest steps that fit are kept, the rest dropped
             body, dropped = _fitted(body, room)
@@ -235,10 +228,23 @@ class ServiceSender:
             )
         self._spool.release()
 
-    def _failed(self, reason: str) -> None:
-        if self.failing is None:
+    def _failed(self, reason: str, *, away: bool = True) -> None:
+        """Said once a failure: the service away (its batches spool), or refusing the run."""
+        if self.failing is None and away:
             log.warning(
-                "scalewatch: the service at %s is not taking records (%s)", self._url, reason
+                "scalewatch: the service at %s cannot be reached (%s); records spool to %s"
+                " (at most %d bytes) until it answers",
+                self._url,
+                reason,
+                self._spool.folder,
+                self._spool_bytes,
+            )
+        elif self.failing is None:
+            log.warning(
+                "scalewatch: the service at %s refuses the run (%s); records wait, then are"
+                " dropped",
+                self._url,
+                reason,
             )
         self.failing = reason
 
