@@ -5,7 +5,6 @@ applied at one step on both ranks."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
@@ -45,7 +44,7 @@ def test_a_job_records_through_the_service_across_its_restart(
             run_id = wait_for(paused_run, 150, f"the ranks to reach step {PAUSE_AT}")
             served.kill()  # mid-run: the ranks train on while the service is away
             go.touch()
-            time.sleep(1.5)
+            wait_for(lambda: spooled_runs(tmp_path / "spool"), 60, "batches in the spool")
             served.start()
             served.wait_healthy()
             admin = {"Authorization": f"Bearer {TOKEN}"}
