@@ -4,15 +4,19 @@ A training process (a child, ``GradScaler`` on cpu, paced to ~20 steps/s) writes
 store in a temporary directory; this process inserts requests one at a time through
 ``scalewatch.store.control.request_control`` and waits for each to be applied. Latency is
 ``applied_at - requested_at`` and, in steps, the trainer's steps in that interval.
-Goal (issue 4): under 1 s plus two steps.
+Goal (issue 4): under 1 s plus two steps. ``--http``: the trainer records through a
+``scalewatch serve`` over that store (``SCALEWATCH_DB=http://...``, a writer's token), and
+the requests reach it in the answers to its batches.
 
-    python bench/control.py [--requests 10] [--rate 20]
+    python bench/control.py [--requests 10] [--rate 20] [--http]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
+import socket
 import statistics
 import subprocess
 import sys
@@ -20,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 from sqlalchemy import func, select
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from scalewatch.store import open_store  # noqa: E402
 from scalewatch.store.control import control_history, request_control  # noqa: E402
+from scalewatch.store.identities import Role, create_identity  # noqa: E402
 from scalewatch.store.schema import runs, steps  # noqa: E402
 
 TRAINER = """
@@ -57,13 +63,45 @@ def _wait(condition: object, timeout: float, what: str) -> object:
     raise TimeoutError(f"timed out waiting for {what}")
 
 
-def bench_control(requests: int = 10, rate: float = 20.0) -> dict[str, list[float]]:
+def _serve(url: str, tmp: str) -> tuple[subprocess.Popen[bytes], str, str]:
+    """``scalewatch serve`` over ``url`` on a free port of 127.0.0.1; (it, its URL, a
+    writer's token)."""
+    store = open_store(url)
+    writer = create_identity(store, "bench-job", Role.WRITER, by="bench").token
+    store.close()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "SCALEWATCH_TOKEN": secrets.token_hex(16),
+           "SCALEWATCH_TOKEN_FILE": str(Path(tmp) / "token")}  # fmt: skip
+    command = [sys.executable, "-m", "scalewatch.app", "serve", "--db", url, "--port", str(port)]
+    server = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    service = f"http://127.0.0.1:{port}"
+    _wait(lambda: _answers(service), 60, "scalewatch serve")
+    return server, service, writer
+
+
+def _answers(service: str) -> bool:
+    try:
+        return httpx.get(f"{service}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def bench_control(
+    requests: int = 10, rate: float = 20.0, http: bool = False
+) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'control.db'}"
         stop = Path(tmp) / "stop"
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
+        target, server = url, None
+        if http:
+            server, target, env["SCALEWATCH_TOKEN"] = _serve(url, tmp)
         trainer = subprocess.Popen(
-            [sys.executable, "-c", TRAINER, url, str(rate), str(stop)], env=env, cwd=tmp
+            [sys.executable, "-c", TRAINER, target, str(rate), str(stop)], env=env, cwd=tmp
         )
         seconds: list[float] = []
         in_steps: list[float] = []
@@ -110,6 +148,9 @@ def bench_control(requests: int = 10, rate: float = 20.0) -> dict[str, list[floa
             except subprocess.TimeoutExpired:
                 trainer.kill()
                 trainer.wait(10)
+            if server is not None:
+                server.terminate()
+                server.wait(30)
     return {"seconds": seconds, "steps": in_steps}
 
 
@@ -126,11 +167,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--requests", type=int, default=10)
     parser.add_argument("--rate", type=float, default=20.0, help="trainer steps per second")
+    parser.add_argument(
+        "--http", action="store_true", help="the trainer records through the service"
+    )
     args = parser.parse_args()
-    result = bench_control(args.requests, args.rate)
+    result = bench_control(args.requests, args.rate, args.http)
     seconds, in_steps = result["seconds"], result["steps"]
     period = 1.0 / args.rate
-    print(f"control latency over {len(seconds)} requests, trainer at {args.rate:g} steps/s")
+    how = "through the service (HTTP)" if args.http else "into the store"
+    print(
+        f"control latency over {len(seconds)} requests, trainer at {args.rate:g} steps/s,"
+        f" recording {how}"
+    )
     print(
         f"  request -> applied: median {statistics.median(seconds) * 1e3:.0f} ms,"
         f" max {max(seconds) * 1e3:.0f} ms"
@@ -142,7 +190,8 @@ def main() -> None:
     verdict = "ok" if max(seconds) < goal else "MISSED"
     print(f"  goal: under 1 s plus two steps ({goal * 1e3:.0f} ms): {verdict}")
     figure(
-        f"control request to application, trainer at {args.rate:g} steps/s",
+        f"control request to application, trainer at {args.rate:g} steps/s"
+        + (", recording through the service" if args.http else ""),
         f"median {statistics.median(seconds) * 1e3:.0f} ms, max {max(seconds) * 1e3:.0f} ms",
         f"< {goal * 1e3:.0f} ms (1 s + 2 steps)",
         max(seconds) < goal,
