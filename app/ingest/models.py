@@ -53,14 +53,13 @@ def _integral(value: Any) -> Any:
 
 _WHOLE = BeforeValidator(_integral)
 StrictBool = Annotated[bool, Strict()]
-# Bounds inside, before the validator: they are in the JSON Schema too. JSON's exact
-# integers (2**53), which every client compares exactly, well inside the store's 64 bits.
-EXACT = 2**53 - 1
-Count = Annotated[int, Strict(), Field(ge=0, le=EXACT), _WHOLE]
-StrictInt = Annotated[int, Strict(), Field(ge=-EXACT, le=EXACT), _WHOLE]
-Int32 = Annotated[int, Strict(), Field(ge=0, le=2**31 - 1), _WHOLE]
-WorldSize = Annotated[int, Strict(), Field(ge=1, le=2**31 - 1), _WHOLE]
-RequestId = Annotated[int, Strict(), Field(ge=1, le=EXACT), _WHOLE]
+# Bounds inside, before the validator: they are in the JSON Schema too. The store's integer
+# columns are 32 bits on PostgreSQL: a value past them would fail the write, not the body.
+INT4_MAX = (1 << 31) - 1
+Count = Annotated[int, Strict(), Field(ge=0, le=INT4_MAX), _WHOLE]
+StrictInt = Annotated[int, Strict(), Field(ge=-INT4_MAX, le=INT4_MAX), _WHOLE]
+WorldSize = Annotated[int, Strict(), Field(ge=1, le=INT4_MAX), _WHOLE]
+RequestId = Annotated[int, Strict(), Field(ge=1, le=INT4_MAX), _WHOLE]
 # JSON numbers and nulls in lists in a list, as format_lr_groups writes them.
 _NUMBER = r"(null|-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?)"
 _GROUP = rf"\[({_NUMBER}(,{_NUMBER})*)?\]"
@@ -114,7 +113,7 @@ class FindingIn(BaseModel):
 
     model_config = FORBID
     step: Count
-    rank: Int32
+    rank: Count
     name: Annotated[str, Field(max_length=PARAM_NAME_LENGTH)]
     kind: Literal["inf", "nan", "both"]
     count: Count
@@ -214,7 +213,7 @@ class RunOpen(BaseModel):
     started_at: float
     resume: StrictBool = False
     host: Annotated[str, Field(max_length=255)]
-    pid: Int32
+    pid: Count
     torch_version: Annotated[str, Field(max_length=64)]
 
 

@@ -111,7 +111,8 @@ def store_batch(store: Store, run_id: int, body: BatchIn, who: Identity) -> Batc
             if body.end is not None:
                 store_runs.end_run(store, run_id, body.end)
             advance_sequence(store, run_id, body.sequence)
-            _BEATS[run_id] = time.monotonic()
+            if any(isinstance(item, StepsIn) for item in body.items):  # steps set the heartbeat
+                _BEATS[run_id] = time.monotonic()
         elif time.monotonic() - _BEATS.get(run_id, 0.0) >= store_runs.HEARTBEAT_INTERVAL_S:
             store_runs.heartbeat(store, run_id)  # a poll says the job is alive
             _BEATS[run_id] = time.monotonic()
