@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
@@ -166,3 +167,10 @@ def test_a_batch_stored_in_part_before_the_service_stopped_is_stored_whole_once(
     answer = client.post(f"/api/ingest/runs/{run['id']}/batches", json=batch, headers=writer)
     assert answer.json()["stored"] is True
     assert counts(store, run["id"]) == (5, 1, 1, 2)
+
+
+@pytest.mark.postgres
+def test_a_writer_records_its_run_once_on_postgresql(
+    pg_client: TestClient, pg_store: Store
+) -> None:
+    test_a_writer_records_its_run_once_and_reaches_nothing_else(pg_client, pg_store)
