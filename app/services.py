@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from .alerts.service import Alerts
     from .autopilot.loop import AutopilotLoop
+    from .ingest import RunBatches
     from .live.hubs import Hubs
     from .middleware.health import StoreHealth
     from .middleware.identity import KnownTokens, Tickets
@@ -49,6 +50,7 @@ class Services:
     tickets: Tickets  # the streams' and exports' tickets
     known_tokens: KnownTokens  # tokens checked in the last few seconds
     revocations: Revocations  # identities no longer usable: open streams and tickets end
+    batches: RunBatches  # jobs' batches being stored: one of a run at a time
     reads_open: bool  # anonymous reads allowed (loopback unless --private-read, or --public-read)
 
 

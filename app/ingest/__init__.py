@@ -8,12 +8,13 @@ threadpool, one batch of a run at a time.
 from __future__ import annotations
 
 from .models import BatchAnswer, BatchIn, PendingControl, RunOpen, RunOpened
-from .writes import open_job_run, store_batch
+from .writes import RunBatches, open_job_run, store_batch
 
 __all__ = [
     "BatchAnswer",
     "BatchIn",
     "PendingControl",
+    "RunBatches",
     "RunOpen",
     "RunOpened",
     "open_job_run",

@@ -46,18 +46,23 @@ from .models import (
     StepsIn,
 )
 
-__all__ = ["open_job_run", "store_batch"]
+__all__ = ["RunBatches", "open_job_run", "store_batch"]
 
 log = logging.getLogger("scalewatch.app")
 
-_LOCKS: dict[int, threading.Lock] = {}
-_LOCKS_LOCK = threading.Lock()
-_BEATS: dict[int, float] = {}  # when a poll last set a run's heartbeat (monotonic)
 
+class RunBatches:
+    """The service's batches in progress: a lock per run, so that one batch of a run is
+    stored at a time, and when a poll last set each run's heartbeat (monotonic)."""
 
-def _run_lock(run_id: int) -> threading.Lock:
-    with _LOCKS_LOCK:
-        return _LOCKS.setdefault(run_id, threading.Lock())
+    def __init__(self) -> None:
+        self._locks: dict[int, threading.Lock] = {}
+        self._lock = threading.Lock()
+        self.beats: dict[int, float] = {}
+
+    def lock(self, run_id: int) -> threading.Lock:
+        with self._lock:
+            return self._locks.setdefault(run_id, threading.Lock())
 
 
 def check_owner(state: BatchState, who: Identity) -> None:
@@ -98,10 +103,13 @@ def open_job_run(store: Store, body: RunOpen, who: Identity) -> RunOpened:
     return RunOpened(id=ref.id, uid=ref.uid, sequence=0)
 
 
-def store_batch(store: Store, run_id: int, body: BatchIn, who: Identity) -> BatchAnswer:
+def store_batch(
+    store: Store, batches: RunBatches, run_id: int, body: BatchIn, who: Identity
+) -> BatchAnswer:
     """Store ``body``'s items in their order, then its end, unless its number is stored
     already; answer with the run's pending control requests."""
-    with _run_lock(run_id):
+    beats = batches.beats
+    with batches.lock(run_id):
         state = batch_state(store, run_id)
         check_owner(state, who)
         fresh = body.sequence > state.sequence
@@ -112,10 +120,10 @@ def store_batch(store: Store, run_id: int, body: BatchIn, who: Identity) -> Batc
                 store_runs.end_run(store, run_id, body.end)
             advance_sequence(store, run_id, body.sequence)
             if any(isinstance(item, StepsIn) for item in body.items):  # steps set the heartbeat
-                _BEATS[run_id] = time.monotonic()
-        elif time.monotonic() - _BEATS.get(run_id, 0.0) >= store_runs.HEARTBEAT_INTERVAL_S:
+                beats[run_id] = time.monotonic()
+        elif time.monotonic() - beats.get(run_id, 0.0) >= store_runs.HEARTBEAT_INTERVAL_S:
             store_runs.heartbeat(store, run_id)  # a poll says the job is alive
-            _BEATS[run_id] = time.monotonic()
+            beats[run_id] = time.monotonic()
         pending = store_control.pending_requests(store, run_id)
     return BatchAnswer(
         sequence=max(body.sequence, state.sequence),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, status
 
-from ..deps import ActorDep, StoreDep
+from ..deps import ActorDep, ServicesDep, StoreDep
 from ..ingest import BatchAnswer, BatchIn, RunOpen, RunOpened, open_job_run, store_batch
 from ..models import ErrorMessage
 from .runs import RunId
@@ -26,7 +26,7 @@ def open_run(store: StoreDep, actor: ActorDep, body: RunOpen) -> RunOpened:
 
 
 @router.post("/runs/{run}/batches", responses=_RESPONSES)
-def post_batch(store: StoreDep, actor: ActorDep, run: RunId, body: BatchIn) -> BatchAnswer:
+def post_batch(services: ServicesDep, actor: ActorDep, run: RunId, body: BatchIn) -> BatchAnswer:
     """Store a batch of the run's records in their order, once: a batch whose ``sequence``
     is stored already stores nothing. The answer carries the pending control requests."""
-    return store_batch(store, run, body, actor)
+    return store_batch(services.store, services.batches, run, body, actor)
