@@ -253,7 +253,10 @@ def send_orphans(root: Path, url: str | None = None) -> list[tuple[str, str]]:
     done = []
     for entry in [e for e in os.scandir(root) if e.is_dir()] if root.is_dir() else []:
         spool = Spool(root, entry.name)
-        if not spool.pending() or not spool.claim():
+        if not spool.claim():
+            continue  # a job still writing it
+        if not spool.pending():  # left empty by a job killed after all was sent
+            spool.release()
             continue
         try:
             target = spool.run()["url"]
@@ -265,7 +268,7 @@ def send_orphans(root: Path, url: str | None = None) -> list[tuple[str, str]]:
                 done.append((entry.name, f"run {run_id}: {sent} batches stored"))
             finally:
                 client.close()
-        except (httpx.HTTPError, ServiceRefused, OSError, ValueError) as error:
+        except (httpx.HTTPError, ServiceRefused, OSError, ValueError, KeyError) as error:
             done.append((entry.name, f"left in the spool: {one_line(error)}"))
         finally:
             spool.release()
