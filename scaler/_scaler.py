@@ -46,6 +46,7 @@ from ._torch_compat import (
     opt_step_unless_inf,
     process_group_info,
 )
+from .mirrors._env import chosen_mirrors
 from .stats import ScalerCheckpoint, ScalerStats
 from .telemetry import refuse_unusable_store
 
@@ -77,6 +78,7 @@ class Instrumented(_Base):
             _changes.clamp_scale(self, self._scale_rules)  # an init_scale outside the bounds
             refuse_unusable_store(options.telemetry)  # on every rank, before the first step
         self._telemetry_option = options.telemetry
+        self._mirrors = chosen_mirrors(options.mirrors, options.telemetry)
         # A scaler built by a script that cannot be edited (scalewatch instrument) is named so.
         self._run_name = options.run_name or os.environ.get("SCALEWATCH_RUN_NAME") or None
         self._run_uid: str | None = None
@@ -493,6 +495,7 @@ class Instrumented(_Base):
             config=self._config(),
             control=_changes.current(self, self._scale_rules).as_dict(),
             uid=self._run_uid,
+            mirrors=self._mirrors,
         )
 
     def _group_info(self) -> Group | None:
@@ -614,6 +617,7 @@ class Instrumented(_Base):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_scale_rules"] = self._scale_rules.for_pickle()
+        state.pop("_mirrors", None)  # a copy starts a run of its own, which they do not show
         for name in self._TRANSIENT:
             state.pop(name, None)
         return state
@@ -622,6 +626,7 @@ class Instrumented(_Base):
         if "_extras" in state:  # pickled before the scale rules had their name
             state["_scale_rules"] = state.pop("_extras")
         super().__setstate__(state)
+        self._mirrors = ()
         self._reset_transient()
 
     # ------------------------------------------------------------------ extras
