@@ -46,6 +46,7 @@ from ._torch_compat import (
     opt_step_unless_inf,
     process_group_info,
 )
+from .mirrors import Mirror
 from .mirrors._env import chosen_mirrors
 from .stats import ScalerCheckpoint, ScalerStats
 from .telemetry import refuse_unusable_store
@@ -729,6 +730,12 @@ class Instrumented(_Base):
         """
         found = self._step_context.last_found
         return bool(found is not None and found.reshape(-1).sum().item() > 0)
+
+    def add_mirror(self, mirror: Mirror) -> None:
+        """Log each step to ``mirror`` as well (see ``mirrors=``), from the run the next
+        step opens: the first step's, for a scaler that has not stepped yet (a trainer's
+        callback adds one as training begins)."""
+        self._mirrors = chosen_mirrors((*self._mirrors, mirror), self._telemetry_option)
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until the steps so far are recorded (and, with telemetry, in the store).

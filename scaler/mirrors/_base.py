@@ -114,6 +114,7 @@ class Mirror(ABC):
     """
 
     name = "mirror"  # as a log line names it
+    interval_s = 1.0  # how often its thread writes a batch of the steps that came
 
     def __init__(self) -> None:
         self.failures = 0  # writes that raised

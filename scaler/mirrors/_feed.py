@@ -3,7 +3,7 @@
 The run's telemetry hands each batch of what it was given to :meth:`MirrorFeed.put` from a
 thread of its own, not the training thread (the sender thread of a writer process's run,
 the recorder thread of a run written by a thread): one C call a batch, that never waits.
-Each mirror's thread wakes every ``interval_s``, makes the steps it found, and writes them
+Each mirror's thread wakes every ``Mirror.interval_s``, makes the steps it found, and writes them
 in one batch; a mirror that is slow holds only its own thread, and past ``max_pending``
 steps not yet taken the oldest are dropped from its lane (counted in ``Mirror.dropped``).
 """
@@ -42,7 +42,7 @@ class _Lane:
     def _loop(self) -> None:
         feed, mirror = self._feed, self.mirror
         while True:
-            stopping = feed.stop.wait(feed.interval_s)
+            stopping = feed.stop.wait(mirror.interval_s)
             self._write(self._take())
             if not self._described:
                 links = feed.links()
@@ -93,10 +93,8 @@ class MirrorFeed:
         mirrors: Sequence[Mirror],
         run: Callable[[], tuple[str, int | None]],
         *,
-        interval_s: float = 1.0,
         max_pending: int = 100_000,
     ) -> None:
-        self.interval_s = interval_s
         self.stop = threading.Event()
         self._run = run
         self._max_pending = max_pending
