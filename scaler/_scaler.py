@@ -731,6 +731,12 @@ class Instrumented(_Base):
         found = self._step_context.last_found
         return bool(found is not None and found.reshape(-1).sum().item() > 0)
 
+    @property
+    def mirrors(self) -> tuple[Mirror, ...]:
+        """The trackers each step is logged to as well (``mirrors=``, ``$SCALEWATCH_MIRROR``,
+        ``add_mirror``); each counts its ``failures`` and ``dropped`` steps."""
+        return self._mirrors
+
     def add_mirror(self, mirror: Mirror) -> None:
         """Log each step to ``mirror`` as well (see ``mirrors=``), from the run the next
         step opens: the first step's, for a scaler that has not stepped yet (a trainer's

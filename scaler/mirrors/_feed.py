@@ -48,10 +48,10 @@ class _Lane:
                 links = feed.links()
                 if links.run_id is not None or stopping:
                     self._described = True
-                    self._call(mirror.describe, links)
+                    self.call(mirror.describe, links)
             if stopping:
                 break
-        self._call(mirror.close)
+        self.call(mirror.close)
 
     def _take(self) -> list[Any]:
         items = self.items
@@ -62,11 +62,11 @@ class _Lane:
         if not steps:
             return
         self.writing = len(steps)
-        if not self._call(self.mirror.write, steps):
+        if not self.call(self.mirror.write, steps):
             self.mirror.dropped += len(steps)
         self.writing = 0
 
-    def _call(self, method: Callable[..., None], *args: Any) -> bool:
+    def call(self, method: Callable[..., None], *args: Any) -> bool:
         try:
             method(*args)
         except Exception as error:
@@ -99,9 +99,9 @@ class MirrorFeed:
         self._run = run
         self._max_pending = max_pending
         self._dashboard = os.environ.get(DASHBOARD_ENV, "").rstrip("/") or None
-        for mirror in mirrors:
-            mirror.attach()
         self._lanes = [_Lane(mirror, self) for mirror in mirrors]
+        for lane in self._lanes:
+            lane.call(lane.mirror.attach)  # a tracker's failure is no training's
         for lane in self._lanes:
             lane.thread.start()
 

@@ -180,4 +180,4 @@ def test_a_missing_tracker_is_refused_in_one_line_naming_its_extra(
 def test_a_copy_of_a_scaler_mirrors_nothing() -> None:
     """A copy (pickle, deepcopy) starts a run of its own: the trackers show the original's."""
     scaler = scalewatch.GradScaler("cpu", mirrors=[Kept()])
-    assert copy.deepcopy(scaler)._mirrors == ()
+    assert copy.deepcopy(scaler).mirrors == ()

@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import scalewatch
 from scalewatch.mirrors import MLflow, TensorBoard, WandB
+from tests._helpers.integrations import instrumented
 from tests._helpers.mirrors import STEPS, stored_steps, train
 
 pytestmark = pytest.mark.heavy  # a real tracker each (W&B starts its service process)
@@ -38,10 +40,13 @@ def test_tensorboard_from_the_environment(
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     monkeypatch.setenv("SCALEWATCH_MIRROR", f"tensorboard:{tmp_path / 'tb'}")
-    scaler = scalewatch.GradScaler("cpu", init_scale=2.0**18, telemetry=db_url)
+    monkeypatch.setenv("SCALEWATCH_DB", db_url)
+    with instrumented():  # the script builds torch's scaler: scalewatch instrument's way
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**18)
+    assert isinstance(scaler, scalewatch.GradScaler)
     train(scaler)
     scaler.close()
-    (mirror,) = scaler._mirrors
+    (mirror,) = scaler.mirrors
     assert isinstance(mirror, TensorBoard) and mirror.failures == 0
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0})
     events.Reload()
