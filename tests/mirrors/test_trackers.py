@@ -60,6 +60,22 @@ def test_tensorboard_from_the_environment(
     (text,) = events.Tags()["tensors"]  # the run's uid and id, as TensorBoard's text
     assert text.startswith("scalewatch/run")
 
+    # The user's own SummaryWriter: written into, and left open for them.
+    from torch.utils.tensorboard import SummaryWriter
+
+    theirs = SummaryWriter(str(tmp_path / "theirs"))
+    scaler = scalewatch.GradScaler("cpu", telemetry=False)  # the variable's mirror: off
+    assert scaler.mirrors == ()
+    scaler = scalewatch.GradScaler("cpu", telemetry=db_url, mirrors=[TensorBoard(theirs)])
+    train(scaler, 3)
+    scaler.close()
+    theirs.add_scalar("their/own", 1.0, global_step=4)
+    theirs.close()
+    events = EventAccumulator(str(tmp_path / "theirs"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("scalewatch/loss_scale")] == [1, 2, 3]
+    assert [e.step for e in events.Scalars("their/own")] == [4]
+
 
 def test_mlflow_attaches_to_the_active_run_or_starts_one(
     db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -125,3 +141,23 @@ def test_wandb_offline_run(db_url: str, tmp_path: Path, monkeypatch: pytest.Monk
     assert [(row["scalewatch/step"], row["scalewatch/loss_scale"]) for row in rows] == scales
     assert [(r["scalewatch/step"], r["scalewatch/learning_rate"]) for r in rows] == rates
     assert config(path)["scalewatch/run_uid"] == scaler.run_uid
+
+    # No run: the mirror starts one as wandb.init() would (offline here, by WANDB_MODE),
+    # from its own thread, and finishes it at close.
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "own"))
+    (tmp_path / "own").mkdir()
+    mirror = WandB()
+    scaler = scalewatch.GradScaler("cpu", telemetry=db_url, mirrors=[mirror])
+    try:
+        train(scaler, 3)
+        scaler.close()
+    finally:
+        wandb.teardown()
+    assert (mirror.failures, mirror.dropped, wandb.run) == (0, 0, None)
+    (path,) = (tmp_path / "own" / "wandb").glob("offline-run-*/run-*.wandb")
+    assert [row["scalewatch/step"] for row in history(path) if "scalewatch/step" in row] == [
+        1,
+        2,
+        3,
+    ]
