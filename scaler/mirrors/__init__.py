@@ -12,9 +12,8 @@ training thread nothing and the store no record.
 from __future__ import annotations
 
 from ._base import Mirror, MirroredStep, RunLinks
-from ._env import from_env
 from ._mlflow import MLflow
 from ._tensorboard import TensorBoard
 from ._wandb import WandB
 
-__all__ = ["MLflow", "Mirror", "MirroredStep", "RunLinks", "TensorBoard", "WandB", "from_env"]
+__all__ = ["MLflow", "Mirror", "MirroredStep", "RunLinks", "TensorBoard", "WandB"]

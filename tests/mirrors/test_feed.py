@@ -181,3 +181,14 @@ def test_a_copy_of_a_scaler_mirrors_nothing() -> None:
     """A copy (pickle, deepcopy) starts a run of its own: the trackers show the original's."""
     scaler = scalewatch.GradScaler("cpu", mirrors=[Kept()])
     assert copy.deepcopy(scaler).mirrors == ()
+
+
+def test_the_public_names_are_pinned() -> None:
+    assert scalewatch.mirrors.__all__ == [
+        "MLflow",
+        "Mirror",
+        "MirroredStep",
+        "RunLinks",
+        "TensorBoard",
+        "WandB",
+    ]
