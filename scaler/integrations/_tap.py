@@ -28,6 +28,10 @@ class StepTap(Mirror):
         self._steps: deque[MirroredStep] = deque()
         self._arrived = threading.Condition()
         self.last: MirroredStep | None = None  # the latest step written, taken or not
+        self.attached = False
+
+    def attach(self) -> None:
+        self.attached = True  # on the reporting rank, whose run's steps it will get
 
     def write(self, steps: list[MirroredStep]) -> None:
         with self._arrived:
@@ -38,12 +42,16 @@ class StepTap(Mirror):
     def describe(self, links: RunLinks) -> None:
         pass
 
+    def _has(self, step: int) -> bool:
+        return self.last is not None and self.last.step >= step
+
     def take(self, until: int | None = None, timeout: float = 5.0) -> list[MirroredStep]:
         """The steps written since the last call; with ``until``, first waits (up to
-        ``timeout``) for the step of that number to be written."""
+        ``timeout``) for the step of that number to be written, on the reporting rank (no
+        other rank's tap gets a step)."""
         deadline = time.monotonic() + timeout
         with self._arrived:
-            while until is not None and (self.last is None or self.last.step < until):
+            while until is not None and self.attached and not self._has(until):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -53,9 +61,10 @@ class StepTap(Mirror):
         return steps
 
 
-def tap(scaler: Any, trainer: str) -> StepTap | None:
+def tap(scaler: Any, trainer: str, had: StepTap | None = None) -> StepTap | None:
     """A tap added to ``scaler`` (the one the trainer steps with), or None, said once, when
-    it is not scalewatch's or records nothing."""
+    it is not scalewatch's or records nothing. ``had``: the callback's tap of an earlier
+    fit, kept if the scaler has it still."""
     from ..grad_scaler import GradScaler
     from ..sharded import ShardedGradScaler
 
@@ -68,6 +77,8 @@ def tap(scaler: Any, trainer: str) -> StepTap | None:
         return None
     if not scaler.is_enabled():
         return None
+    if had is not None and any(mirror is had for mirror in scaler.mirrors):
+        return had
     step_tap = StepTap()
     try:
         scaler.add_mirror(step_tap)

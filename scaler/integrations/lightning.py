@@ -27,7 +27,8 @@ class LossScaleLogger(Callback):
         self._tap: StepTap | None = None
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._tap = tap(getattr(trainer.precision_plugin, "scaler", None), "Lightning's Trainer")
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        self._tap = tap(scaler, "Lightning's Trainer", self._tap)
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int

@@ -43,7 +43,7 @@ class LossScaleCallback(TrainerCallback):
         **kwargs: Any,
     ) -> None:
         # accelerate's AcceleratedOptimizer holds the scaler it steps with
-        self._tap = tap(getattr(optimizer, "scaler", None), "Hugging Face's Trainer")
+        self._tap = tap(getattr(optimizer, "scaler", None), "Hugging Face's Trainer", self._tap)
 
     def on_log(
         self,

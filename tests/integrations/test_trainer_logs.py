@@ -5,6 +5,7 @@ TensorBoard reporter's event files read back with TensorBoard's reader)."""
 from __future__ import annotations
 
 import csv
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -126,3 +127,13 @@ def test_hf_trainer_report_to_gets_the_loss_scale(
         (STEPS, STEPS)
     ]
     assert [v.value for v in logged][:-1] == [by_step[n] for n in range(1, STEPS + 1)]
+
+
+def test_a_rank_that_does_not_report_does_not_wait_for_steps() -> None:
+    """Only the reporting rank's tap is attached and gets steps: a callback's wait at the
+    end of training (for the last steps) is the reporting rank's alone."""
+    from scalewatch.integrations._tap import StepTap
+
+    started = time.monotonic()
+    assert StepTap().take(until=5, timeout=30.0) == []
+    assert time.monotonic() - started < 5.0
