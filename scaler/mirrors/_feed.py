@@ -58,13 +58,15 @@ class _Lane:
         return list(islice(iter(items.popleft, None), len(items)))
 
     def _write(self, items: list[Any]) -> None:
-        steps = steps_of(items)
-        if not steps:
-            return
-        self.writing = len(steps)
-        if not self.call(self.mirror.write, steps):
-            self.mirror.dropped += len(steps)
+        if items and not self.call(self._write_steps, items):
+            self.mirror.dropped += self.writing
         self.writing = 0
+
+    def _write_steps(self, items: list[Any]) -> None:
+        steps = steps_of(items)
+        self.writing = len(steps)
+        if steps:
+            self.mirror.write(steps)
 
     def call(self, method: Callable[..., None], *args: Any) -> bool:
         try:

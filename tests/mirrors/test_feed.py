@@ -192,3 +192,31 @@ def test_the_public_names_are_pinned() -> None:
         "TensorBoard",
         "WandB",
     ]
+
+
+def test_close_waits_for_a_hung_tracker_no_longer_than_its_bound(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """At close, a tracker that hangs holds the exit up to the bound, no more; what it did
+    not write is counted and said."""
+    from scalewatch._step_sample import StepSample
+    from scalewatch.mirrors._feed import MirrorFeed
+    from scalewatch.store.records import StepRecord
+
+    hung = Blocked()
+    feed = MirrorFeed([hung], lambda: ("uid", 1))
+    record = StepRecord(
+        step=1, wall_time=1.0, scale=8.0, overflow=False, skipped=False, inf_ranks=(),
+        scale_after=8.0, growth_tracker=1, growth_interval=100, growth_factor=2.0,
+        backoff_factor=0.5, control_version=0,
+    )  # fmt: skip
+    feed.put([StepSample(record)])
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="scalewatch"):
+        feed.close(timeout=0.5)
+    assert time.monotonic() - started < 5.0
+    assert hung.entered.is_set() and hung.dropped == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "scalewatch: the blocked mirror did not finish in 0.5 s; 1 steps not mirrored"
+    ]
+    hung.release.set()
