@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,7 @@ class Options:
     hysteresis: int | None = None
     telemetry: Any = None
     run_name: str | None = None
+    mirrors: Sequence[Any] | None = None  # scalewatch.mirrors.Mirror; None: $SCALEWATCH_MIRROR
 
     def torch_arguments(
         self, init_scale: Any, growth_factor: Any, backoff_factor: Any, growth_interval: Any

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from ._torch_compat import (
     require_supported_torch,
     unscale_grads,
 )
+from .mirrors import Mirror
 
 
 class GradScaler(Instrumented, TorchGradScaler):
@@ -50,6 +52,9 @@ class GradScaler(Instrumented, TorchGradScaler):
             a URL or store picks another, ``scalewatch.telemetry.TelemetrySettings`` also sets
             the writer's queue bound and cadence, False turns recording off.
         run_name (str, keyword-only): the run's name in the store.
+        mirrors (sequence of ``scalewatch.mirrors.Mirror``, keyword-only, default None):
+            trackers the reporting rank also logs each step to (``TensorBoard``, ``MLflow``,
+            ``WandB``); None takes those ``$SCALEWATCH_MIRROR`` names, ``[]`` none.
 
     In a multi-process job every rank applies the same values only with
     ``ShardedGradScaler``; this class refuses runtime control requests there.
@@ -69,9 +74,10 @@ class GradScaler(Instrumented, TorchGradScaler):
         hysteresis: int | None = None,
         telemetry: Any = None,
         run_name: str | None = None,
+        mirrors: Sequence[Mirror] | None = None,
     ) -> None:
         require_supported_torch()
-        options = Options(min_scale, max_scale, hysteresis, telemetry, run_name)
+        options = Options(min_scale, max_scale, hysteresis, telemetry, run_name, mirrors)
         init_scale, growth_factor, backoff_factor, growth_interval = options.torch_arguments(
             init_scale, growth_factor, backoff_factor, growth_interval
         )

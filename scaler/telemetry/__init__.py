@@ -21,12 +21,14 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from .._control.inbox import ControlInbox
 from .._step_sample import StepSample
+from ..mirrors import Mirror
+from ..mirrors._feed import MirrorFeed
 from ..spool import Spool, is_service_url, spool_root
 from ..spool import spool_bytes as spool_bound
 from ..store import runs as store_runs
@@ -189,9 +191,11 @@ class Telemetry:
         scale_load: ScaleLoad | None = None,
         fresh: bool = False,
         started_at: float | None = None,
+        mirrors: Sequence[Mirror] = (),
     ) -> None:
         """``fresh``: ``uid`` is a new run's (claimed already by a training process whose
-        writer process this is), not a run to resume; ``started_at``: when it began there."""
+        writer process this is), not a run to resume; ``started_at``: when it began there;
+        ``mirrors``: trackers the samples submitted are logged to as well (``_feed``)."""
         # A run starts at or before its first step: a scaler makes its telemetry before it
         # takes the first step's wall time, and the writer creates the run after it.
         started_at = time.time() if started_at is None else started_at
@@ -241,14 +245,20 @@ class Telemetry:
         if scale_load is not None and resume:  # a run of its own has no steps before it
             self._queue.put_load(scale_load)
         self._closed = False
-        for thread in self.threads:
+        self._mirrors = MirrorFeed(mirrors, self._run_ids) if mirrors else None
+        for thread in self._writing_threads:
             thread.start()
 
     add_row = None  # the recorder thread hands samples over, even of cpu steps
 
+    def _run_ids(self) -> tuple[str, int | None]:
+        return self.uid, self._writer.run_id
+
     def submit(self, samples: list[StepSample]) -> None:
-        """Called by the recorder thread; never blocks on the store."""
+        """Called by the recorder thread; never blocks on the store, nor on a mirror."""
         self._queue.put(samples)
+        if self._mirrors is not None:
+            self._mirrors.put(samples)
 
     def note_gap(self, gap: RecordGap) -> None:
         """Steps dropped before they reached this telemetry; never blocks."""
@@ -278,6 +288,12 @@ class Telemetry:
 
     @property
     def threads(self) -> tuple[threading.Thread, ...]:
+        mirrors = () if self._mirrors is None else self._mirrors.threads
+        return *self._writing_threads, *mirrors
+
+    @property
+    def _writing_threads(self) -> tuple[threading.Thread, ...]:
+        """The writer's (or the sender's) and the control poller's, if any."""
         poller = self._control_poller
         return (self._writer.thread, *(() if poller is None else (poller.thread,)))
 
@@ -322,13 +338,15 @@ class Telemetry:
         if self._control_poller is not None:
             self._control_poller.stop.set()
         queue.wake_writer()
-        for thread in self.threads:
+        for thread in self._writing_threads:
             thread.join(timeout)
         writer.end(status)
         if not flushed:  # queued, and a batch the writer may still be stuck writing
             unwritten = queue.drop_unwritten()
             log.warning("scalewatch: %d telemetry records not written at close", unwritten)
         writer.close_store()
+        if self._mirrors is not None:
+            self._mirrors.close()
 
 
 def open_run(
@@ -341,9 +359,11 @@ def open_run(
     inbox: ControlInbox,
     uid: str | None = None,
     scale_load: ScaleLoad | None = None,
+    mirrors: Sequence[Mirror] = (),
 ) -> Telemetry | RemoteTelemetry:
     """A run's telemetry as its settings' ``writer`` says: written by this process's writer
-    process, or by a thread (an open :class:`Store`, or a process that cannot start one)."""
+    process, or by a thread (an open :class:`Store`, or a process that cannot start one).
+    ``mirrors`` are written by threads of this process either way."""
     settings = target if isinstance(target, TelemetrySettings) else TelemetrySettings(target)
     if settings.writer == "process" and not isinstance(settings.store, Store):
         # the writer process may have started before $SCALEWATCH_DB or the folder changed
@@ -361,7 +381,7 @@ def open_run(
             started_at=started_at,
         )
         try:
-            remote = open_remote(run, inbox)
+            remote = open_remote(run, inbox, mirrors)
         except (OSError, subprocess.SubprocessError) as error:
             release_uid(claimed)
             log.warning(
@@ -382,4 +402,5 @@ def open_run(
         inbox=inbox,
         uid=uid,
         scale_load=scale_load,
+        mirrors=mirrors,
     )

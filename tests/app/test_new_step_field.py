@@ -1,6 +1,6 @@
 """A field added to the step schema reaches the export, the stream, the chart series and the
-service's ingest route with no other edit than the migration of its columns: shown on a
-copy of the package."""
+trackers' mirrors and the service's ingest route with no other edit than the migration of
+its columns: shown on a copy of the package."""
 
 from __future__ import annotations
 
@@ -66,6 +66,7 @@ from scalewatch.store import StepRecord, open_store
 from scalewatch.store.identities import Role, create_identity
 from scalewatch.store.runs import create_run, end_run, step_values, write_steps
 from scalewatch.telemetry._batches import items
+from scalewatch.mirrors._base import mirrored
 
 url = "sqlite:///" + sys.argv[1]
 store = open_store(url)
@@ -98,8 +99,12 @@ with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
     batch = {"sequence": 1, "items": items([step_values(record)], reason="")}
     client.post(f"/api/ingest/runs/{sent}/batches", json=batch, headers=job).raise_for_status()
     ingested = client.get(f"/api/runs/{sent}/export?format=jsonl").text
+record = StepRecord(step=1, wall_time=1.0, scale=8.0, overflow=False, skipped=False,
+                    inf_ranks=(), scale_after=8.0, growth_tracker=1, growth_interval=100,
+                    growth_factor=2.0, backoff_factor=0.5, control_version=0, grad_norm=0.5)
 print(json.dumps({"package": scalewatch.__file__, "csv": csv, "jsonl": jsonl,
-                  "stream": stream, "fast": fast, "series": series, "ingested": ingested}))
+                  "stream": stream, "fast": fast, "series": series, "ingested": ingested,
+                  "mirrored": mirrored(record).values}))
 """
 
 
@@ -137,6 +142,8 @@ def test_a_field_declared_once_is_exported_streamed_and_charted(tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.splitlines()[-1])
     assert out["package"].startswith(str(site))
+
+    assert out["mirrored"]["scalewatch/grad_norm"] == 0.5  # a tracker's mirror logs it too
 
     header, *rows = out["csv"].splitlines()
     assert header.split(",")[-1] == "gradient_norm"  # its export name
