@@ -83,6 +83,11 @@ class RunDetail(RunSummary):
         " recorded step: the schedule's lead over the weights (null: none registered;"
         " config.schedulers says which are held)"
     )
+    grad_norm: float | None = Field(
+        None,
+        description="the total L2 norm of the unscaled gradients at the last recorded step"
+        " (null: not measured, or not finite)",
+    )
     config: dict[str, Any]
     control: dict[str, Any]
     control_version: int

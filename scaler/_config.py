@@ -45,6 +45,7 @@ class Options:
     hysteresis: int | None = None
     telemetry: Any = None
     run_name: str | None = None
+    grad_norm: bool | None = None  # None: $SCALEWATCH_GRAD_NORM, else off
 
     def torch_arguments(
         self, init_scale: Any, growth_factor: Any, backoff_factor: Any, growth_interval: Any

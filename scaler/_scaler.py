@@ -30,6 +30,7 @@ from ._control import changes as _changes
 from ._control.inbox import ControlInbox
 from ._diagnosis import Diagnoser
 from ._diagnosis.preflight import TORCHS_REFUSAL, fp16_refusal
+from ._grad_norm import GradNorm
 from ._group import Group
 from ._recording import RunOpening, RunSession
 from ._recording.learning_rates import Rates, group_rates
@@ -49,6 +50,8 @@ from ._torch_compat import (
 from .stats import ScalerCheckpoint, ScalerStats
 from .telemetry import refuse_unusable_store
 
+ON = ("1", "true", "yes", "on")  # $SCALEWATCH_GRAD_NORM's words for on
+
 if TYPE_CHECKING:
     from ._diagnosis.findings import Diagnosis
     from ._torch_compat import TorchGradScaler as _Base
@@ -66,6 +69,7 @@ class Instrumented(_Base):
         "_session",
         "_schedules",
         "_diagnoser",
+        "_grad_norm",
     )
     _FOUND_SHAPE: tuple[int, ...] = ()  # of a found_inf, as torch's class makes it
     _ALLOW_FP16 = False  # whether unscale_ takes fp16 gradients, as torch's class does
@@ -77,6 +81,12 @@ class Instrumented(_Base):
             _changes.clamp_scale(self, self._scale_rules)  # an init_scale outside the bounds
             refuse_unusable_store(options.telemetry)  # on every rank, before the first step
         self._telemetry_option = options.telemetry
+        grad_norm = options.grad_norm
+        if grad_norm is None:  # scalewatch instrument turns it on for a script it runs
+            grad_norm = os.environ.get("SCALEWATCH_GRAD_NORM", "").strip().lower() in ON
+        if not isinstance(grad_norm, bool):
+            raise ValueError(f"grad_norm must be True, False or None, got {grad_norm!r}")
+        self._measures_grad_norm = grad_norm
         # A scaler built by a script that cannot be edited (scalewatch instrument) is named so.
         self._run_name = options.run_name or os.environ.get("SCALEWATCH_RUN_NAME") or None
         self._run_uid: str | None = None
@@ -90,6 +100,8 @@ class Instrumented(_Base):
         self._session = RunSession(self._inbox)
         self._schedules: Schedules | None = None  # the LR schedulers registered, if any
         self._diagnoser = Diagnoser()
+        # a scaler pickled before the option was made measures nothing
+        self._grad_norm = GradNorm(getattr(self, "_measures_grad_norm", False))
 
     # ------------------------------------------------------------------ steps
 
@@ -132,7 +144,9 @@ class Instrumented(_Base):
                 scale_set = scale_set or (outcome.applied and "scale" in update.values)
                 outcomes += (outcome,)
         self._step_context.last_found = found
-        self._snapshot(found, flags, attribution, stepped_count, scale_set, outcomes)
+        norm = self._grad_norm.finish()
+        self._grad_norm.take_param_norms()
+        self._snapshot(found, flags, attribution, stepped_count, scale_set, outcomes, norm)
 
     def _update_scale(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
@@ -197,6 +211,8 @@ class Instrumented(_Base):
             names = self._diagnoser.names
             raise ValueError(fp16_refusal(optimizer, names.lookup)) from None
         state["stage"] = OptState.UNSCALED
+        if self._grad_norm.on:
+            self._grad_norm.measure(optimizer, scale.device, sharded=self._agrees_norm())
         self._unscaled(optimizer, state)
 
     def _seen(self, optimizer: torch.optim.Optimizer) -> None:
@@ -210,7 +226,17 @@ class Instrumented(_Base):
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         self._diagnoser.optimizers.append(optimizer)  # the fused path: no _maybe_opt_step
         self._seen(optimizer)
-        return super()._check_inf_per_device(optimizer)
+        found = super()._check_inf_per_device(optimizer)
+        if self._grad_norm.on:  # the gradients are still scaled: the fused step unscales them
+            scale, _ = self._check_scale_growth_tracker("step")
+            inverse = self._step_context.inverse_of(scale)
+            self._grad_norm.measure(optimizer, scale.device, inverse, self._agrees_norm())
+        return found
+
+    def _agrees_norm(self) -> bool:
+        """Whether the squares of gradient shards ride in an all-reduce (ShardedGradScaler
+        in a process group): otherwise every gradient counts as whole."""
+        return False
 
     def _maybe_opt_step(
         self,
@@ -291,6 +317,7 @@ class Instrumented(_Base):
         stepped_count: int,
         scale_set: bool,
         outcomes: tuple[ControlOutcome, ...],
+        norm: torch.Tensor | None = None,
     ) -> None:
         scale, tracker = self._scale, self._growth_tracker
         assert scale is not None and tracker is not None
@@ -312,13 +339,15 @@ class Instrumented(_Base):
         diagnoser = self._diagnoser
         clean = None
         if inline:
-            clean = read_if_clean(found, scale, tracker, diagnoser.loss, add_row is not None)
+            clean = read_if_clean(found, scale, tracker, diagnoser.loss, add_row is not None, norm)
         if clean is not None and diagnoser.clean_step():  # step() met no overflow either
             context.skips.settle(stepped_count, found, 0.0)
             if add_row is None:  # and no record is kept: nothing else to read
                 self._fold(clean[0], False, stepped, scale_set)
             elif outcomes:
-                read = read_cpu(scale, tracker, found, None, flags)._replace(loss=clean[2])
+                read = read_cpu(scale, tracker, found, None, flags)._replace(
+                    loss=clean[2], grad_norm=clean[3]
+                )
                 self._hand_over(
                     add_row,
                     read,
@@ -335,7 +364,7 @@ class Instrumented(_Base):
             return
         loss = diagnoser.take_loss()
         # cpu tensors are memory: read at once, no sync (see step_values.read_cpu)
-        values = None if scale.is_cuda else read_cpu(scale, tracker, found, loss, flags)
+        values = None if scale.is_cuda else read_cpu(scale, tracker, found, loss, flags, norm)
         context.skips.settle(stepped_count, found, None if values is None else values.found)
         diagnosis = None
         overflow = diagnoser.end_step(values, attribution)
@@ -366,7 +395,13 @@ class Instrumented(_Base):
             captured=values
             if values is not None
             else Captured(
-                scale, tracker, found, loss, cast(list[torch.Tensor], flags), context.pinned
+                scale,
+                tracker,
+                found,
+                loss,
+                cast(list[torch.Tensor], flags),
+                context.pinned,
+                norm,
             ),
             attribution=attribution,
             scale_used=context.scale_host,
@@ -387,17 +422,18 @@ class Instrumented(_Base):
     def _clean_row(
         self,
         add_row: Callable[[tuple[Any, ...]], None],
-        clean: tuple[float, int, float | None],
+        clean: tuple[float, int, float | None, float | None],
         stepped: bool,
         scale_set: bool,
         rates: tuple[Rates, ...],
         schedule: tuple[int, int] | None,
     ) -> None:
         """:meth:`_hand_over` of a clean cpu step with no control change (``clean``: its
-        scale, tracker and loss as read): the shortest way, every step of most runs."""
+        scale, tracker, loss and gradient norm as read): the shortest way, every step of
+        most runs."""
         recorder, context = self._session.recorder, self._step_context
         assert recorder is not None
-        scale_after, tracker, loss = clean
+        scale_after, tracker, loss, norm = clean
         # Counted here, in one call: every frame on this path is paid every step.
         counts = recorder.counts
         used = counts.add(context.scale_host, scale_after, False, stepped, scale_set)
@@ -421,6 +457,7 @@ class Instrumented(_Base):
                 loss,
                 rates,
                 drift,
+                norm,
             )
         )
 
@@ -442,7 +479,7 @@ class Instrumented(_Base):
         session, context = self._session, self._step_context
         recorder = session.recorder
         assert recorder is not None
-        scale_after, tracker, found, loss, payloads = values
+        scale_after, tracker, found, loss, payloads, norm = values
         overflow = found > 0
         used, skipped, drift = recorder.fold_step(
             context.scale_host, scale_after, overflow, stepped, scale_set, schedule
@@ -464,6 +501,7 @@ class Instrumented(_Base):
             loss,
             rates,
             drift,
+            norm,
         )
         if not outcomes and diagnosis is None:
             add_row(row)
@@ -716,6 +754,43 @@ class Instrumented(_Base):
         wrong ``False``.
         """
         return self._step_context.skips.value
+
+    @property
+    def last_grad_norm(self) -> torch.Tensor | None:
+        """The total L2 norm of the unscaled gradients, a 0-d float32 tensor on the scale's
+        device: the value ``torch.nn.utils.clip_grad_norm_`` returns for them (FSDP1's and
+        FSDP2's full norm with ``ShardedGradScaler``), the same on every rank; inf or NaN
+        where the gradients held them. ``None`` before any.
+
+        With ``grad_norm=True``: after ``unscale_(optimizer)``, the norm of the gradients
+        unscaled so far this step (so a loop that clips can clip with it:
+        ``clip_grads_with_norm_(params, max_norm, scaler.last_grad_norm)``); after
+        ``update()``, that step's. A value handed to :meth:`record_grad_norm` takes its
+        place. Reading the property costs no sync: the tensor is not read on the host.
+        """
+        return self._grad_norm.last
+
+    def record_grad_norm(self, total_norm: torch.Tensor | float) -> None:
+        """Record ``total_norm`` as this step's gradient norm, in place of measuring it.
+
+        For a loop that computes the norm already, between ``unscale_`` and ``step``::
+
+            scaler.unscale_(optimizer)
+            total_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            scaler.record_grad_norm(total_norm)
+            scaler.step(optimizer)
+            scaler.update()
+
+        Works with ``grad_norm`` on or off (off, it is the norm's only cost). The value is
+        kept as a tensor: no sync. An FSDP2 norm (a DTensor) is handed in as
+        ``total_norm.full_tensor()``. Raises ``ValueError`` for a tensor of more than one
+        value, ``TypeError`` for what is neither tensor nor number.
+        """
+        if not self._enabled:
+            return
+        scale = self._scale
+        device = scale.device if scale is not None else torch.device(self._device)
+        self._grad_norm.give(total_norm, device)
 
     def had_overflow(self) -> bool:
         """Whether the last ``update()`` saw inf/NaN gradients on any rank.

@@ -50,6 +50,12 @@ class GradScaler(Instrumented, TorchGradScaler):
             a URL or store picks another, ``scalewatch.telemetry.TelemetrySettings`` also sets
             the writer's queue bound and cadence, False turns recording off.
         run_name (str, keyword-only): the run's name in the store.
+        grad_norm (bool, keyword-only, default None): measure the total L2 norm of the
+            unscaled gradients of every step (``last_grad_norm``, and each step's record).
+            None: ``$SCALEWATCH_GRAD_NORM`` (``1`` turns it on; ``scalewatch instrument``
+            sets it), else off: it reads every gradient once more, which costs the
+            scaler's calls more than 10% (bench/scaler_overhead.py). A loop that computes
+            the norm already hands it in instead (:meth:`record_grad_norm`).
 
     In a multi-process job every rank applies the same values only with
     ``ShardedGradScaler``; this class refuses runtime control requests there.
@@ -69,9 +75,10 @@ class GradScaler(Instrumented, TorchGradScaler):
         hysteresis: int | None = None,
         telemetry: Any = None,
         run_name: str | None = None,
+        grad_norm: bool | None = None,
     ) -> None:
         require_supported_torch()
-        options = Options(min_scale, max_scale, hysteresis, telemetry, run_name)
+        options = Options(min_scale, max_scale, hysteresis, telemetry, run_name, grad_norm)
         init_scale, growth_factor, backoff_factor, growth_interval = options.torch_arguments(
             init_scale, growth_factor, backoff_factor, growth_interval
         )

@@ -343,7 +343,7 @@ def _materialise(snap: Snapshot, fold: Counts, sample: bool = True) -> StepSampl
     """
     captured = snap.captured
     values = captured.read() if isinstance(captured, Captured) else captured
-    scale_after, tracker, found, loss, payloads = values
+    scale_after, tracker, found, loss, payloads, norm = values
     overflow = found > 0
     used, skipped, drift = fold.step(
         snap.scale_used, scale_after, overflow, snap.stepped, snap.scale_set, snap.schedule
@@ -367,6 +367,7 @@ def _materialise(snap: Snapshot, fold: Counts, sample: bool = True) -> StepSampl
             loss,
             snap.rates,
             drift,
+            norm,
         )
     )
     return StepSample(with_diagnosis(record, snap.diagnosis), snap.controls)

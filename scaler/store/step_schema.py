@@ -165,6 +165,14 @@ class StepRecord:
             Kind.INT, nullable=True, rollup=Rollup(series="schedule_drift", fold=Fold.LAST)
         ),
     )
+    # The total L2 norm of the unscaled gradients (clip_grad_norm_'s value, every rank's
+    # gradients), measured or handed in; None when neither. Not finite: NULL, as the loss.
+    grad_norm: float | None = field(
+        default=None,
+        metadata=column(
+            Kind.FLOAT, nullable=True, finite_only=True, rollup=_range("grad_norm", last=True)
+        ),
+    )
 
 
 STEP_FIELDS: tuple[StepField, ...] = tuple(

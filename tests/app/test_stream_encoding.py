@@ -32,6 +32,7 @@ def row(step: int, **changes: Any) -> tuple[Any, ...]:
         "lr": 0.001,
         "lr_groups": None,
         "schedule_drift": None,
+        "grad_norm": None,
     }
     values.update(changes)
     return tuple(values.values())
@@ -61,6 +62,7 @@ def test_a_random_page_is_the_json_encoders() -> None:
             params_omitted=rng.choice([0, 0, rng.randint(1, 10**6)]),
             lr=rng.choice([None, rng.uniform(1e-6, 1e-2)]),
             schedule_drift=rng.choice([None, 0, rng.randint(1, 10**6)]),
+            grad_norm=rng.choice([None, rng.uniform(0, 1e4), rng.random() * 1e-300]),
         )
         for step in range(1000, 1500)
     ]

@@ -51,6 +51,7 @@ def _record(rng: random.Random, step: int) -> StepRecord:
         lr=rng.choice([rng.uniform(1e-5, 1e-3)] * 8 + [None]),
         lr_groups=rng.choice([None] * 8 + [((0.001, None), (0.5,))]),
         schedule_drift=rng.choice([None, 0, rng.randint(1, 50)]),
+        grad_norm=rng.choice([rng.uniform(0.0, 40.0)] * 6 + [None, math.inf, math.nan]),
     )
 
 

@@ -73,16 +73,18 @@ def test_a_record_becomes_its_row_and_the_row_its_json() -> None:
         lr=0.001,
         lr_groups=((0.001, None),),
         schedule_drift=2,
+        grad_norm=math.inf,
     )
     row = step_values(record)
     assert row == (
         *(4, 10.5, 65536.0, True, True, "0,3", 32768.0, 0, 2000, 2.0, 0.5, 1),
-        *(None, "3", 1, 0.001, "[[0.001,null]]", 2),
+        *(None, "3", 1, 0.001, "[[0.001,null]]", 2, None),
     )
     shown = step_dict(row)
     assert shown["inf_ranks"] == [0, 3] and shown["loss_nonfinite_ranks"] == [3]
     assert shown["overflow"] is True and shown["lr_groups"] == [[0.001, None]]
     assert shown["loss"] is None and shown["schedule_drift"] == 2
+    assert shown["grad_norm"] is None  # not finite: null, as the loss
 
 
 def test_the_series_are_the_rollups_declared() -> None:
@@ -90,7 +92,7 @@ def test_the_series_are_the_rollups_declared() -> None:
         *("first_step", "last_step", "n", "scale_min", "scale_max", "scale_last"),
         *("overflows", "skipped", "tracker_min", "tracker_max", "tracker_last"),
         *("loss_min", "loss_max", "loss_last", "lr_min", "lr_max", "lr_last"),
-        "schedule_drift",
+        *("schedule_drift", "grad_norm_min", "grad_norm_max", "grad_norm_last"),
     ) == SERIES_KEYS
 
 
