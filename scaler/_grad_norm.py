@@ -11,7 +11,7 @@ collective is added. Everything stays on the device: no value is read on the hos
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -125,13 +125,41 @@ class GradNorm:
         self._squares = self._given = self.shard_squares = None
         return norm
 
-    def take_param_norms(self) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        """This step's parameters and their norms (one vector), and forget them."""
+    def largest(self) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+        """This step's ``TOP`` largest per-parameter norms, on the device: their values
+        then their positions in the list of parameters returned with them (None: none
+        measured); the next step starts afresh."""
         params, norms = self.params, self.param_norms
         self.params, self.param_norms = [], []
         if not norms:
-            return params, None
-        return params, norms[0] if len(norms) == 1 else torch.cat(norms)
+            return None
+        vector = norms[0] if len(norms) == 1 else torch.cat(norms)
+        if not vector.numel():
+            return None
+        values, where = torch.topk(vector, min(TOP, vector.numel()))
+        return torch.cat((values.double(), where.double())), params
+
+
+TOP = 10  # per-parameter norms kept of a step
+
+
+def named_norms(
+    host: list[float], params: list[torch.Tensor], lookup: Callable[[torch.Tensor], object]
+) -> tuple[tuple[str, float], ...]:
+    """The largest norms as read (``host``: their values, then their positions in
+    ``params``) as ``(name, norm)``, named as ``watch()`` named them (an FSDP1 flat
+    parameter by the originals in this rank's shard), else by position and shape."""
+    half = len(host) // 2
+    out = []
+    for value, where in zip(host[:half], host[half:], strict=True):
+        param = params[int(where)]
+        name = lookup(param)
+        if isinstance(name, tuple):  # a flat parameter's segments: (name, offset, elements)
+            name = "+".join(segment[0] for segment in name)
+        elif not isinstance(name, str):
+            name = f"param {int(where)} ({', '.join(map(str, param.shape))})"
+        out.append((name, float(value)))
+    return tuple(out)
 
 
 def _bucketed(optimizer: torch.optim.Optimizer) -> Buckets:

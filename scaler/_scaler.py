@@ -30,13 +30,13 @@ from ._control import changes as _changes
 from ._control.inbox import ControlInbox
 from ._diagnosis import Diagnoser
 from ._diagnosis.preflight import TORCHS_REFUSAL, fp16_refusal
-from ._grad_norm import GradNorm
+from ._grad_norm import GradNorm, named_norms
 from ._group import Group
 from ._recording import RunOpening, RunSession
 from ._recording.learning_rates import Rates, group_rates
 from ._recording.recorder import Snapshot, inf_ranks, make, with_diagnosis
 from ._recording.step_context import StepContext
-from ._recording.step_values import Captured, StepValues, read_cpu, read_if_clean
+from ._recording.step_values import Captured, StepValues, read_cpu, read_if_clean, read_top
 from ._scale_rules import ScaleRules
 from ._schedules import Schedules
 from ._step_sample import StepSample, record_of
@@ -48,6 +48,7 @@ from ._torch_compat import (
     process_group_info,
 )
 from .stats import ScalerCheckpoint, ScalerStats
+from .store.spikes import SpikeRule
 from .telemetry import refuse_unusable_store
 
 ON = ("1", "true", "yes", "on")  # $SCALEWATCH_GRAD_NORM's words for on
@@ -87,6 +88,9 @@ class Instrumented(_Base):
         if not isinstance(grad_norm, bool):
             raise ValueError(f"grad_norm must be True, False or None, got {grad_norm!r}")
         self._measures_grad_norm = grad_norm
+        if options.spikes is not None and not isinstance(options.spikes, SpikeRule):
+            raise TypeError(f"spikes takes a SpikeRule, got {type(options.spikes).__name__}")
+        self._spikes: SpikeRule | None = options.spikes
         # A scaler built by a script that cannot be edited (scalewatch instrument) is named so.
         self._run_name = options.run_name or os.environ.get("SCALEWATCH_RUN_NAME") or None
         self._run_uid: str | None = None
@@ -145,8 +149,8 @@ class Instrumented(_Base):
                 outcomes += (outcome,)
         self._step_context.last_found = found
         norm = self._grad_norm.finish()
-        self._grad_norm.take_param_norms()
-        self._snapshot(found, flags, attribution, stepped_count, scale_set, outcomes, norm)
+        top = self._grad_norm.largest()
+        self._snapshot(found, flags, attribution, stepped_count, scale_set, outcomes, norm, top)
 
     def _update_scale(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
@@ -318,6 +322,7 @@ class Instrumented(_Base):
         scale_set: bool,
         outcomes: tuple[ControlOutcome, ...],
         norm: torch.Tensor | None = None,
+        top: tuple[torch.Tensor, list[torch.Tensor]] | None = None,
     ) -> None:
         scale, tracker = self._scale, self._growth_tracker
         assert scale is not None and tracker is not None
@@ -346,7 +351,7 @@ class Instrumented(_Base):
                 self._fold(clean[0], False, stepped, scale_set)
             elif outcomes:
                 read = read_cpu(scale, tracker, found, None, flags)._replace(
-                    loss=clean[2], grad_norm=clean[3]
+                    loss=clean[2], grad_norm=clean[3], top=read_top(top and top[0])
                 )
                 self._hand_over(
                     add_row,
@@ -358,13 +363,17 @@ class Instrumented(_Base):
                     schedule,
                     outcomes,
                     None,
+                    top,
                 )
             else:
-                self._clean_row(add_row, clean, stepped, scale_set, rates, schedule)
+                param_norms = self._named(read_top(top and top[0]), top)
+                self._clean_row(add_row, clean, stepped, scale_set, rates, schedule, param_norms)
             return
         loss = diagnoser.take_loss()
         # cpu tensors are memory: read at once, no sync (see step_values.read_cpu)
         values = None if scale.is_cuda else read_cpu(scale, tracker, found, loss, flags, norm)
+        if values is not None and top is not None:
+            values = values._replace(top=read_top(top[0]))
         context.skips.settle(stepped_count, found, None if values is None else values.found)
         diagnosis = None
         overflow = diagnoser.end_step(values, attribution)
@@ -385,6 +394,7 @@ class Instrumented(_Base):
                     schedule,
                     outcomes,
                     diagnosis,
+                    top,
                 )
             return
         snapshot = make(Snapshot)  # every step: see recorder.make
@@ -402,6 +412,7 @@ class Instrumented(_Base):
                 cast(list[torch.Tensor], flags),
                 context.pinned,
                 norm,
+                None if top is None else top[0],
             ),
             attribution=attribution,
             scale_used=context.scale_host,
@@ -415,6 +426,7 @@ class Instrumented(_Base):
             diagnosis=diagnosis,
             rates=rates,
             schedule=schedule,
+            top_of=None if top is None else (top[1], self._diagnoser.names.lookup),
         )
         recorder.submit(snapshot)
         context.scale_host = None
@@ -427,6 +439,7 @@ class Instrumented(_Base):
         scale_set: bool,
         rates: tuple[Rates, ...],
         schedule: tuple[int, int] | None,
+        param_norms: tuple[tuple[str, float], ...] = (),
     ) -> None:
         """:meth:`_hand_over` of a clean cpu step with no control change (``clean``: its
         scale, tracker, loss and gradient norm as read): the shortest way, every step of
@@ -458,6 +471,7 @@ class Instrumented(_Base):
                 rates,
                 drift,
                 norm,
+                param_norms,
             )
         )
 
@@ -472,6 +486,7 @@ class Instrumented(_Base):
         schedule: tuple[int, int] | None,
         outcomes: tuple[ControlOutcome, ...],
         diagnosis: Diagnosis | None,
+        top: tuple[torch.Tensor, list[torch.Tensor]] | None = None,
     ) -> None:
         """Count a cpu step and hand its row to the telemetry that takes rows
         (``RunSession.add_row``); a step with control changes or an explained overflow
@@ -479,7 +494,7 @@ class Instrumented(_Base):
         session, context = self._session, self._step_context
         recorder = session.recorder
         assert recorder is not None
-        scale_after, tracker, found, loss, payloads, norm = values
+        scale_after, tracker, found, loss, payloads, norm, top_read = values
         overflow = found > 0
         used, skipped, drift = recorder.fold_step(
             context.scale_host, scale_after, overflow, stepped, scale_set, schedule
@@ -502,6 +517,7 @@ class Instrumented(_Base):
             rates,
             drift,
             norm,
+            self._named(top_read, top),
         )
         if not outcomes and diagnosis is None:
             add_row(row)
@@ -509,6 +525,14 @@ class Instrumented(_Base):
         telemetry = session.telemetry
         assert telemetry is not None
         telemetry.submit([StepSample(with_diagnosis(record_of(row), diagnosis), outcomes)])
+
+    def _named(
+        self, read: list[float] | None, top: tuple[torch.Tensor, list[torch.Tensor]] | None
+    ) -> tuple[tuple[str, float], ...]:
+        """The largest per-parameter norms as read, named (none where none were read)."""
+        if read is None or top is None:
+            return ()
+        return named_norms(read, top[1], self._diagnoser.names.lookup)
 
     def _fold(self, scale_after: float, overflow: bool, stepped: bool, scale_set: bool) -> None:
         """Count a cpu step that no sink reads (see ``Recorder.fold``)."""
@@ -559,6 +583,9 @@ class Instrumented(_Base):
             "max_scale": self._scale_rules.max_scale,
             "hysteresis": self._scale_rules.hysteresis,
         }
+        spikes = getattr(self, "_spikes", None)  # a scaler pickled before the option: none
+        if spikes is not None:
+            config["spikes"] = spikes.as_config()
         schedules = self._schedules
         if schedules is not None:  # registered before the first step: which, and held or not
             config["schedulers"] = schedules.described()

@@ -20,6 +20,7 @@ from ._torch_compat import (
     require_supported_torch,
     unscale_grads,
 )
+from .store.spikes import SpikeRule
 
 
 class GradScaler(Instrumented, TorchGradScaler):
@@ -56,6 +57,10 @@ class GradScaler(Instrumented, TorchGradScaler):
             sets it), else off: it reads every gradient once more, which costs the
             scaler's calls more than 10% (bench/scaler_overhead.py). A loop that computes
             the norm already hands it in instead (:meth:`record_grad_norm`).
+        spikes (``scalewatch.store.spikes.SpikeRule``, keyword-only, default None): the
+            run's spike rule, kept in its config: a step's loss or gradient norm spikes
+            when its robust z over the ``window`` steps before it is above ``z``
+            (default ``SpikeRule(window=200, z=6.0)``). Found where steps are stored.
 
     In a multi-process job every rank applies the same values only with
     ``ShardedGradScaler``; this class refuses runtime control requests there.
@@ -76,9 +81,10 @@ class GradScaler(Instrumented, TorchGradScaler):
         telemetry: Any = None,
         run_name: str | None = None,
         grad_norm: bool | None = None,
+        spikes: SpikeRule | None = None,
     ) -> None:
         require_supported_torch()
-        options = Options(min_scale, max_scale, hysteresis, telemetry, run_name, grad_norm)
+        options = Options(min_scale, max_scale, hysteresis, telemetry, run_name, grad_norm, spikes)
         init_scale, growth_factor, backoff_factor, growth_interval = options.torch_arguments(
             init_scale, growth_factor, backoff_factor, growth_interval
         )

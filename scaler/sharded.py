@@ -21,6 +21,7 @@ from ._torch_compat import (
     require_supported_torch,
     unscale_local_grads,
 )
+from .store.spikes import SpikeRule
 
 
 class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
@@ -47,7 +48,8 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
             so a scaler made after ``destroy_process_group()`` and a new
             ``init_process_group()`` uses the new group. (Its rank and size are read at
             its first step and kept.)
-        min_scale, max_scale, hysteresis, telemetry, run_name, grad_norm (keyword-only):
+        min_scale, max_scale, hysteresis, telemetry, run_name, grad_norm, spikes
+        (keyword-only):
             see :class:`scaler.GradScaler`.
 
     The all-reduce that agrees found_inf carries every rank's own flag (so the
@@ -81,10 +83,11 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         telemetry: Any = None,
         run_name: str | None = None,
         grad_norm: bool | None = None,
+        spikes: SpikeRule | None = None,
     ) -> None:
         require_supported_torch()
         note_older_torch()
-        options = Options(min_scale, max_scale, hysteresis, telemetry, run_name, grad_norm)
+        options = Options(min_scale, max_scale, hysteresis, telemetry, run_name, grad_norm, spikes)
         init_scale, growth_factor, backoff_factor, growth_interval = options.torch_arguments(
             init_scale, growth_factor, backoff_factor, growth_interval
         )

@@ -245,6 +245,7 @@ export class RunChart {
       "yaxis3.range": [0, rate * 1.08],
       ...(losses ? { "yaxis4.range": [losses[0] - lossPad, losses[1] + lossPad] } : { "yaxis4.autorange": true }),
       ...(rates ? { "yaxis5.range": [rates[0] - ratePad, rates[1] + ratePad] } : { "yaxis5.autorange": true }),
+      "yaxis6.autorange": true, // a log axis: Plotly's own range of the norms
       ...powerTicks(scales),
     };
   }

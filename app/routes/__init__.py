@@ -14,6 +14,7 @@ from . import (
     metrics,
     rules,
     runs,
+    spikes,
     stream,
     tokens,
 )
@@ -25,5 +26,17 @@ STORE_UNAVAILABLE: dict[int | str, dict[str, object]] = {
 }
 
 router = APIRouter()
-for module in (runs, diagnosis, alerts, control, autopilot, rules, export, stream, metrics, tokens):
+for module in (
+    runs,
+    diagnosis,
+    spikes,
+    alerts,
+    control,
+    autopilot,
+    rules,
+    export,
+    stream,
+    metrics,
+    tokens,
+):
     router.include_router(module.router, responses=STORE_UNAVAILABLE)

@@ -22,7 +22,7 @@ class Captured:
     norm (if measured), *payload words], copied asynchronously to a pinned row of ``rings``.
     (A cpu step's values are read at once: ``read_cpu``.)"""
 
-    __slots__ = ("_has_loss", "_has_norm", "_payloads", "_ring", "_row")
+    __slots__ = ("_has_loss", "_has_norm", "_payloads", "_ring", "_row", "_top")
 
     def __init__(
         self,
@@ -33,6 +33,7 @@ class Captured:
         flags: Sequence[torch.Tensor],
         rings: PinnedRings,
         norm: torch.Tensor | None = None,
+        top: torch.Tensor | None = None,
     ) -> None:
         self._payloads = len(flags)
         if found is None:
@@ -49,7 +50,11 @@ class Captured:
         self._has_norm = norm is not None
         if norm is not None:
             parts.append(norm.reshape(1).to(scale.device, non_blocking=True))
-        sizes = (1,) * len(parts) + tuple(flag.numel() for flag in flags)
+        self._top = 0 if top is None else top.numel()
+        if top is not None:
+            parts.append(top.to(scale.device, non_blocking=True))
+        sizes = (1,) * (len(parts) - (self._top > 0)) + ((self._top,) if self._top else ())
+        sizes += tuple(flag.numel() for flag in flags)
         parts.extend(flags)
         self._ring: PinnedRing | None
         self._ring, self._row = rings.capture(parts, sizes)
@@ -72,7 +77,11 @@ class Captured:
         if not self._has_loss:
             values.insert(3, None)
         norm = values.pop(4) if self._has_norm else None
-        return split_values(values, self._payloads)._replace(grad_norm=norm)
+        top = None
+        if self._top:
+            top = values[4 : 4 + self._top]
+            del values[4 : 4 + self._top]
+        return split_values(values, self._payloads)._replace(grad_norm=norm, top=top)
 
 
 class StepValues(NamedTuple):
@@ -85,6 +94,7 @@ class StepValues(NamedTuple):
     loss: float | None  # None: scale() saw none (or, on cpu, it was on a device)
     payloads: Sequence[list[float]]  # the words of each all-reduced payload, one per optimizer
     grad_norm: float | None = None  # None: neither measured nor handed in
+    top: list[float] | None = None  # the largest per-parameter norms, then their positions
 
 
 def split_values(values: list[Any], payloads: int) -> StepValues:
@@ -131,11 +141,21 @@ def read_cpu(
             None if loss is None or not loss.is_cpu else loss.item(),
             payloads,
             None if norm is None or not norm.is_cpu else norm.item(),
+            None,  # the largest parameter norms: read_top
         ),
     )
 
 
 _new_values = tuple.__new__
+
+
+def read_top(top: torch.Tensor | None) -> list[float] | None:
+    """A cpu step's largest per-parameter norms and their positions, read at once (a cpu
+    read: no sync)."""
+    if top is None or not top.is_cpu:
+        return None
+    values: list[float] = top.tolist()
+    return values
 
 
 def read_if_clean(

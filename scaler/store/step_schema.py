@@ -173,6 +173,26 @@ class StepRecord:
             Kind.FLOAT, nullable=True, finite_only=True, rollup=_range("grad_norm", last=True)
         ),
     )
+    # Whether the step's loss, or its gradient norm, spiked above the run's recent history
+    # (set where the step is stored, scalewatch.store.spike_store; the spikes table has z).
+    loss_spike: bool = field(
+        default=False,
+        metadata=column(
+            Kind.BOOL, server_default="0", rollup=Rollup(series="loss_spikes", fold=Fold.COUNT)
+        ),
+    )
+    grad_norm_spike: bool = field(
+        default=False,
+        metadata=column(
+            Kind.BOOL,
+            server_default="0",
+            rollup=Rollup(series="grad_norm_spikes", fold=Fold.COUNT),
+        ),
+    )
+    # With grad_norm on: the ten largest per-parameter gradient norms of the reporting
+    # rank (its shards'), largest first, as (name, norm); kept where the step overflowed or
+    # spiked (rows of ``param_norms``).
+    param_norms: tuple[tuple[str, float], ...] = ()
 
 
 STEP_FIELDS: tuple[StepField, ...] = tuple(

@@ -81,6 +81,14 @@ def expected_rollups(
                     *(loss if with_loss else ()),
                     *(lr if with_lr else ()),
                     *(norm if with_grad_norm else ()),
+                    *(
+                        (
+                            sum(r.loss_spike for r in members),
+                            sum(r.grad_norm_spike for r in members),
+                        )
+                        if with_grad_norm
+                        else ()
+                    ),
                 )
             )
     return expected

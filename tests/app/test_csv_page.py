@@ -42,6 +42,8 @@ step_rows = st.tuples(
     st.none() | st.sampled_from(["[[0.001,0.0005]]", "[[0.1],[null]]"]),  # lr_groups
     st.none() | st.integers(0, 2**31),  # schedule_drift
     st.none() | floats,  # grad_norm
+    st.integers(0, 1),  # loss_spike
+    st.integers(0, 1),  # grad_norm_spike
 )
 # Anything SQLite could hand back, to prove the fallback to csv.writer.
 odd_values = (
@@ -92,6 +94,8 @@ ROWS = [
         None,
         0,
         0.5,
+        0,
+        0,
     ),
     (
         2,
@@ -113,6 +117,8 @@ ROWS = [
         None,
         1,
         None,
+        0,
+        1,
     ),
     (
         3,
@@ -134,6 +140,8 @@ ROWS = [
         None,
         None,
         1.25,
+        1,
+        0,
     ),
 ]
 
@@ -152,7 +160,7 @@ def test_step_rows_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(exports, "_csv_writer_page", refuse)
     assert csv_page(ROWS) == (
-        "1,1700000000.5,65536.0,0,0,,65536.0,1,2,2.0,0.5,0,2.5,,0,0.001,,0,0.5\n"
-        '2,1700000001.25,65536.0,1,1,"0,3",32768.0,0,2,2.0,0.5,0,,"0,3",4,,,1,\n'
-        "3,1700000002.0,32768.0,1,1,7,16384.0,0,2,2.0,0.5,1,,,0,2e-05,,,1.25\n"
+        "1,1700000000.5,65536.0,0,0,,65536.0,1,2,2.0,0.5,0,2.5,,0,0.001,,0,0.5,0,0\n"
+        '2,1700000001.25,65536.0,1,1,"0,3",32768.0,0,2,2.0,0.5,0,,"0,3",4,,,1,,0,1\n'
+        "3,1700000002.0,32768.0,1,1,7,16384.0,0,2,2.0,0.5,1,,,0,2e-05,,,1.25,1,0\n"
     )

@@ -136,3 +136,31 @@ def test_a_bad_norm_or_option_is_refused_in_one_line() -> None:
         gs.record_grad_norm("1.0")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="grad_norm must be True, False or None, got 'yes'"):
         scalewatch.GradScaler("cpu", telemetry=False, grad_norm="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("optimizers", ["sgd", "fused-adam"])
+def test_each_record_names_its_ten_largest_parameter_norms(
+    make: Callable[..., Any], optimizers: str
+) -> None:
+    gs = make(grad_norm=True)
+    samples = keep_samples(gs)
+    model = nn.Sequential(*(nn.Linear(4, 4) for _ in range(6)))  # 12 parameters
+    gs.watch(model)
+    (opt,) = OPTIMIZERS[optimizers](model)
+    wanted = []
+    for step in range(3):
+        opt.zero_grad()
+        gs.scale(model(batch(step)).pow(2).mean()).backward()
+        scale = gs.get_scale() if optimizers == "fused-adam" else 1.0
+        if optimizers == "sgd":
+            gs.unscale_(opt)
+        norms = {n: float(p.grad.norm()) / scale for n, p in model.named_parameters()}
+        wanted.append(sorted(norms.items(), key=lambda item: -item[1])[:10])
+        gs.step(opt)
+        gs.update()
+    assert gs.flush()
+    for sample, want in zip(samples, wanted, strict=True):
+        got = sample.record.param_norms
+        assert [name for name, _ in got] == [name for name, _ in want]
+        assert [norm for _, norm in got] == pytest.approx([norm for _, norm in want], rel=1e-5)
+    gs.close()

@@ -4,8 +4,8 @@ On a clean step ours reads no more than torch's; on an overflow step the diagnos
 at most ``DIAGNOSIS_READS``: which gradients (and the loss) hold inf/NaN, then their
 counts. On cpu the calls that bring a tensor's value to the host are counted (only on
 the training thread), but for the telemetry capture of a cpu step
-(``scalewatch._recording.step_values.read_cpu`` and ``read_if_clean``): a cpu tensor is
-memory, and reading it there is no sync; on cuda that capture is an asynchronous copy to
+(``scalewatch._recording.step_values.read_cpu``, ``read_if_clean`` and ``read_top``): a cpu
+tensor is memory, and reading it there is no sync; on cuda that capture is an asynchronous copy to
 pinned memory instead. On cuda torch's sync debug mode reports the synchronisations
 themselves.
 """
@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
 import scalewatch
-from scalewatch._recording.step_values import read_cpu, read_if_clean
+from scalewatch._recording.step_values import read_cpu, read_if_clean, read_top
 from tests._helpers.twin import (
     INJECT,
     batch,
@@ -41,7 +41,8 @@ from tests.scaler._kept_samples import keep_samples
 
 HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy")
 STEPS = 10
-CAPTURES = (read_cpu.__code__, read_if_clean.__code__)  # a cpu step's capture: no sync
+# a cpu step's capture: no sync
+CAPTURES = (read_cpu.__code__, read_if_clean.__code__, read_top.__code__)
 DIAGNOSIS_READS = 2  # per overflow step: one device, one gradient dtype
 
 
