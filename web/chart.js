@@ -16,6 +16,7 @@ import {
   extent,
   figureLayout,
   figureTraces,
+  spikePoint,
   labelPixels,
   lossExtent,
   overflowPoint,
@@ -84,7 +85,7 @@ export class RunChart {
     });
     this.plotted = true;
     if (this.hasMarkers()) this.applyMarkers();
-    await Promise.all([this.loadBuckets(), this.loadOverflows()]);
+    await Promise.all([this.loadBuckets(), this.loadOverflows(), this.loadSpikes()]);
   }
   onRelayout(event) {
     if (event["xaxis.autorange"] || event.autosize) {
@@ -280,6 +281,23 @@ export class RunChart {
     }
   }
 
+  // The loss and gradient-norm spikes, each a marker on its panel (found as steps are
+  // stored; read again with each live batch that may hold new ones).
+  async loadSpikes() {
+    const body = await getJSON(paths.spikes(this.runId));
+    const update = { x: [], y: [], customdata: [] };
+    const traces = [];
+    for (const what of ["loss", "grad_norm"]) {
+      const points = (body.items || []).filter((item) => item.what === what).map(spikePoint);
+      update.x.push(points.map((p) => p.x));
+      update.y.push(points.map((p) => p.y));
+      update.customdata.push(points.map((p) => p.cd));
+      traces.push(T[`${what}Spikes`]);
+    }
+    this.node.dataset.spikes = String((body.items || []).length);
+    await Plotly.restyle(this.node, update, traces);
+  }
+
   appendOverflows(items) {
     const points = items.filter((item) => !this.overflowSteps.has(item.step)).map(overflowPoint);
     if (!points.length) return;
@@ -329,6 +347,9 @@ export class RunChart {
     if (overflows.length) {
       this.appendOverflows(overflows);
       this.onLiveOverflow();
+    }
+    if (rows.some((row) => row.loss_spike || row.grad_norm_spike)) {
+      this.loadSpikes().catch(this.onError); // a live step flagged as a spike: its marker
     }
     const wider = extent([...cols.scaleMin, ...cols.scaleMax], this.scaleExtent);
     const widened = wider[0] !== this.scaleExtent[0] || wider[1] !== this.scaleExtent[1];

@@ -88,6 +88,8 @@ export const CHARTS = [
       hovertemplate: "step %{x}<br>loss %{y}<extra></extra>",
     },
   },
+  { spikes: "grad_norm", yaxis: "y6" },
+  { spikes: "loss", yaxis: "y4" },
   {
     band: "lr",
     fields: ["lr"],
@@ -110,6 +112,7 @@ const BANDS = CHARTS.filter((row) => row.band);
 // the markers' trace has none (its points come from the overflow pages).
 export const TRACE_COLUMNS = CHARTS.flatMap((row) => {
   if (row.markers) return [{ id: row.markers }];
+  if (row.spikes) return [{ id: `${row.spikes}Spikes` }];
   if (row.rate) return [{ id: row.rate, x: "x", y: "rate" }];
   return [
     { id: `${row.band}Max`, x: row.x, y: `${row.band}Max` },
@@ -348,6 +351,7 @@ export function bandPair({ x, max, min, yaxis, name, minName = `${name} min–ma
 export function figureTraces(cols, overflows) {
   return CHARTS.flatMap((row) => {
     if (row.markers) return [overflowTrace(overflows)];
+    if (row.spikes) return [spikeTrace(row)];
     if (row.rate) return [rateTrace(cols)];
     const { band, line } = row;
     const pair = bandPair({
@@ -389,6 +393,30 @@ function overflowTrace(overflows) {
       "overflow at step %{x}<br>scale %{customdata[2]} → %{customdata[0]}" +
       "<br>ranks with inf/NaN: %{customdata[1]}<br>loss: %{customdata[3]}" +
       "<br>parameters: %{customdata[4]}<extra></extra>",
+  };
+}
+
+const SPIKE_NAMES = { loss: "loss spike", grad_norm: "gradient-norm spike" };
+
+// A spike's marker on its panel: the step, the value, its z (from /spikes).
+export function spikePoint(item) {
+  return { x: item.step, y: item.value, cd: [Number(item.z).toFixed(1)] };
+}
+
+// The markers of one kind of spike (``row.spikes``: loss or grad_norm) on its panel; the
+// points come from /spikes (Chart.loadSpikes).
+function spikeTrace(row) {
+  const name = SPIKE_NAMES[row.spikes];
+  return {
+    type: "scatter",
+    mode: "markers",
+    name,
+    x: [],
+    y: [],
+    yaxis: row.yaxis,
+    customdata: [],
+    marker: { symbol: "triangle-up", size: 9, color: "#cf222e" },
+    hovertemplate: `step %{x}<br>${name}: %{y:.4~g} (z %{customdata[0]})<extra></extra>`,
   };
 }
 

@@ -192,6 +192,32 @@ def test_the_gradient_norm_is_a_log_panel_beside_the_scale(tab: Tab, served: Ser
     assert tab.unexpected_errors() == []
 
 
+def test_spikes_are_marked_on_the_loss_and_gradient_norm_panels(tab: Tab, served: Served) -> None:
+    page = tab.page
+    run = runs.create_run(served.store, name="spiky", world_size=1, config={}, control={})
+    records = [
+        step_record(
+            step,
+            loss=9.0 if step == 150 else 2.0 + 0.01 * (step % 5),
+            grad_norm=50.0 if step == 250 else 1.0 + 0.02 * (step % 3),
+        )
+        for step in range(1, 301)
+    ]
+    runs.write_steps(served.store, run.id, records)
+    page.goto(f"/run.html?run={run.id}")
+    page.wait_for_function("document.getElementById('chart').dataset.spikes === '2'")
+    marks = page.evaluate(
+        """(gd => gd.data.filter((t) => t.name.endsWith(' spike'))
+                 .map((t) => [t.name, t.yaxis, Array.from(t.x), Array.from(t.y)])
+        )(document.getElementById('chart'))"""
+    )
+    assert marks == [
+        ["gradient-norm spike", "y6", [250], [50.0]],
+        ["loss spike", "y4", [150], [9.0]],
+    ]
+    assert tab.unexpected_errors() == []
+
+
 def test_a_panel_with_nothing_recorded_says_so_instead_of_empty_axes(
     tab: Tab, served: Served
 ) -> None:

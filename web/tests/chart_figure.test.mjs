@@ -23,6 +23,7 @@ import {
   panelNotes,
   powerTicks,
   seriesBucket,
+  spikePoint,
   stepAsBucket,
   thinLabels,
 } from "../chart_figure.js";
@@ -317,4 +318,14 @@ test("the gradient norm has a panel of its own, on a log axis, beside the scale"
   assert.equal(layout.yaxis6.type, "log");
   assert.ok(layout.yaxis6.domain[1] < layout.yaxis.domain[0], "just under the scale");
   assert.ok(layout.yaxis6.domain[0] > layout.yaxis4.domain[1], "above the loss");
+});
+
+test("spike markers sit on the loss and gradient-norm panels", () => {
+  const traces = figureTraces(emptyColumns(), []);
+  const loss = traces[T.lossSpikes];
+  const norm = traces[T.grad_normSpikes];
+  assert.deepEqual([loss.yaxis, loss.mode, loss.name], ["y4", "markers", "loss spike"]);
+  assert.deepEqual([norm.yaxis, norm.mode, norm.name], ["y6", "markers", "gradient-norm spike"]);
+  assert.ok(!LINE_TRACES.includes(T.lossSpikes), "not redrawn with the buckets");
+  assert.deepEqual(spikePoint({ step: 120, what: "loss", value: 12, z: 41.234 }), { x: 120, y: 12, cd: ["41.2"] });
 });
