@@ -164,3 +164,23 @@ def test_each_record_names_its_ten_largest_parameter_norms(
         assert [name for name, _ in got] == [name for name, _ in want]
         assert [norm for _, norm in got] == pytest.approx([norm for _, norm in want], rel=1e-5)
     gs.close()
+
+
+def test_a_runs_spike_rule_is_kept_in_its_config(tmp_path: Any) -> None:
+    from scalewatch.store import open_store
+    from scalewatch.store.queries import get_run
+    from scalewatch.store.spikes import SpikeRule
+
+    url = f"sqlite:///{tmp_path / 'sw.db'}"
+    gs = scalewatch.GradScaler("cpu", telemetry=url, spikes=SpikeRule(window=50, z=4.5))
+    model = mlp()
+    (opt,) = sgd(model)
+    gs.scale(model(batch(0)).pow(2).mean()).backward()
+    gs.step(opt)
+    gs.update()
+    assert gs.flush()
+    with open_store(url) as store:
+        assert get_run(store, gs.run_id).config["spikes"] == {"window": 50, "z": 4.5}
+    gs.close()
+    with pytest.raises(TypeError, match="spikes takes a SpikeRule, got dict"):
+        scalewatch.GradScaler("cpu", telemetry=False, spikes={"window": 50})  # type: ignore[arg-type]
