@@ -184,3 +184,38 @@ def test_a_runs_spike_rule_is_kept_in_its_config(tmp_path: Any) -> None:
     gs.close()
     with pytest.raises(TypeError, match="spikes takes a SpikeRule, got dict"):
         scalewatch.GradScaler("cpu", telemetry=False, spikes={"window": 50})  # type: ignore[arg-type]
+
+
+def test_a_spike_reaches_the_store_with_the_parameters_it_came_from(tmp_path: Any) -> None:
+    """Through the telemetry writer: the spike found where the steps are stored, with the
+    largest parameter norms of its step (and of the overflow's), named as watch() did."""
+    from scalewatch.store import open_store
+    from scalewatch.store.spike_list import spikes_of
+
+    url = f"sqlite:///{tmp_path / 'sw.db'}"
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the weights stay: a steady history
+    gs = scalewatch.GradScaler("cpu", init_scale=256.0, telemetry=url, grad_norm=True)
+    gs.watch(model)
+    for step in range(1, 201):
+        opt.zero_grad()
+        x = torch.randn(64, 8) * (30.0 if step == 150 else 1.0)
+        gs.scale(model(x).pow(2).mean()).backward()
+        if step == 100:
+            model[0].weight.grad[0, 0] = float("inf")
+        gs.step(opt)
+        gs.update()
+    assert gs.flush()
+    with open_store(url) as store:
+        found = spikes_of(store, gs.run_id)
+        with store.read() as conn:
+            kept = conn.exec_driver_sql("SELECT DISTINCT step FROM param_norms").fetchall()
+    gs.close()
+    assert {(s.step, s.what) for s in found} == {(150, "loss"), (150, "grad_norm")}
+    names = [p.name for p in found[0].params]
+    assert sorted(names) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    assert [p.norm for p in found[0].params] == sorted(
+        (p.norm for p in found[0].params), reverse=True
+    )
+    assert sorted(row[0] for row in kept) == [100, 150]  # the overflow's and the spike's
