@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 BLOCK = 16
 MIN_HISTORY = 20
@@ -77,19 +78,25 @@ def find(
         return []
     every = np.asarray([*history[-rule.window :], *values], dtype=np.float64)
     first = len(every) - len(values)
-    found: list[tuple[int, float]] = []
-    for block in range(first, len(every), BLOCK):
-        window = every[max(0, block - rule.window) : block]
-        if len(window) < MIN_HISTORY:
-            continue
-        median = float(np.median(window))
-        mad = float(np.median(np.abs(window - median)))
-        if mad <= 0.0:
-            continue
-        scores = (every[block : block + BLOCK] - median) / (MAD_TO_SIGMA * mad)
-        for offset in np.flatnonzero(scores > rule.z):
-            found.append((block + int(offset) - first, float(scores[offset])))
-    return found
+    starts = np.arange(first, len(every), BLOCK)
+    medians = np.full(len(starts), np.nan)
+    mads = np.full(len(starts), np.nan)
+    full = starts >= rule.window  # a whole window before the block: all at once
+    if full.any():
+        windows = sliding_window_view(every, rule.window)[starts[full] - rule.window]
+        medians[full] = np.median(windows, axis=1)
+        mads[full] = np.median(np.abs(windows - medians[full][:, None]), axis=1)
+    for block in np.flatnonzero(~full):  # the run's first steps: a shorter window
+        window = every[: starts[block]]
+        if len(window) >= MIN_HISTORY:
+            medians[block] = np.median(window)
+            mads[block] = np.median(np.abs(window - medians[block]))
+    of_value = (np.arange(first, len(every)) - first) // BLOCK
+    median, mad = medians[of_value], mads[of_value]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scores = (every[first:] - median) / (MAD_TO_SIGMA * mad)
+    spiked = np.flatnonzero((mad > 0) & (scores > rule.z))
+    return [(int(i), float(scores[i])) for i in spiked]
 
 
 def spike_rows(
