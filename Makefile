@@ -2,8 +2,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# What the demo needs: the package and its runtime dependencies, none of the dev tools or the
-# integrations' trainers (make venv installs those too, and marks this done as well).
+# What the demo needs: the package and its runtime dependencies, none of the dev tools, the
+# integrations' trainers or the mirrors' trackers (make venv installs those too, and marks
+# this done as well).
 DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: test check lint venv clean demo bench cuda-check lowest torch-lanes wheel-check
@@ -21,7 +22,7 @@ LINKS := $(VENV)/.links
 
 $(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt $(EDITABLE) -e '.[dev,integrations]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt $(EDITABLE) -e '.[dev,integrations,tensorboard,mlflow,wandb]'
 	touch $(STAMP) $(DEMO_STAMP) $(LINKS)
 
 $(DEMO_STAMP): pyproject.toml setup.py constraints.txt

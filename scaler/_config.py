@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,7 @@ class Options:
     hysteresis: int | None = None
     telemetry: Any = None
     run_name: str | None = None
+    mirrors: Sequence[Any] | None = None  # scalewatch.mirrors.Mirror; None: $SCALEWATCH_MIRROR
     grad_norm: bool | None = None  # None: $SCALEWATCH_GRAD_NORM, else off
     spikes: Any = None  # a SpikeRule: the run's spike window and threshold
 

@@ -47,6 +47,8 @@ from ._torch_compat import (
     opt_step_unless_inf,
     process_group_info,
 )
+from .mirrors import Mirror
+from .mirrors._env import chosen_mirrors
 from .stats import ScalerCheckpoint, ScalerStats
 from .store.spikes import SpikeRule
 from .telemetry import refuse_unusable_store
@@ -82,6 +84,7 @@ class Instrumented(_Base):
             _changes.clamp_scale(self, self._scale_rules)  # an init_scale outside the bounds
             refuse_unusable_store(options.telemetry)  # on every rank, before the first step
         self._telemetry_option = options.telemetry
+        self._mirrors = chosen_mirrors(options.mirrors, options.telemetry)
         grad_norm = options.grad_norm
         if grad_norm is None:  # scalewatch instrument turns it on for a script it runs
             grad_norm = os.environ.get("SCALEWATCH_GRAD_NORM", "").strip().lower() in ON
@@ -555,6 +558,7 @@ class Instrumented(_Base):
             config=self._config(),
             control=_changes.current(self, self._scale_rules).as_dict(),
             uid=self._run_uid,
+            mirrors=self._mirrors,
         )
 
     def _group_info(self) -> Group | None:
@@ -679,6 +683,7 @@ class Instrumented(_Base):
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_scale_rules"] = self._scale_rules.for_pickle()
+        state.pop("_mirrors", None)  # a copy starts a run of its own, which they do not show
         for name in self._TRANSIENT:
             state.pop(name, None)
         return state
@@ -687,6 +692,7 @@ class Instrumented(_Base):
         if "_extras" in state:  # pickled before the scale rules had their name
             state["_scale_rules"] = state.pop("_extras")
         super().__setstate__(state)
+        self._mirrors = ()
         self._reset_transient()
 
     # ------------------------------------------------------------------ extras
@@ -826,6 +832,18 @@ class Instrumented(_Base):
         """
         found = self._step_context.last_found
         return bool(found is not None and found.reshape(-1).sum().item() > 0)
+
+    @property
+    def mirrors(self) -> tuple[Mirror, ...]:
+        """The trackers each step is logged to as well (``mirrors=``, ``$SCALEWATCH_MIRROR``,
+        ``add_mirror``); each counts its ``failures`` and ``dropped`` steps."""
+        return self._mirrors
+
+    def add_mirror(self, mirror: Mirror) -> None:
+        """Log each step to ``mirror`` as well (see ``mirrors=``), from the run the next
+        step opens: the first step's, for a scaler that has not stepped yet (a trainer's
+        callback adds one as training begins)."""
+        self._mirrors = chosen_mirrors((*self._mirrors, mirror), self._telemetry_option)
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until the steps so far are recorded (and, with telemetry, in the store).

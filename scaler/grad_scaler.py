@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ from ._torch_compat import (
     require_supported_torch,
     unscale_grads,
 )
+from .mirrors import Mirror
 from .store.spikes import SpikeRule
 
 
@@ -61,6 +63,9 @@ class GradScaler(Instrumented, TorchGradScaler):
             run's spike rule, kept in its config: a step's loss or gradient norm spikes
             when its robust z over the ``window`` steps before it is above ``z``
             (default ``SpikeRule(window=200, z=6.0)``). Found where steps are stored.
+        mirrors (sequence of ``scalewatch.mirrors.Mirror``, keyword-only, default None):
+            trackers the reporting rank also logs each step to (``TensorBoard``, ``MLflow``,
+            ``WandB``); None takes those ``$SCALEWATCH_MIRROR`` names, ``[]`` none.
 
     In a multi-process job every rank applies the same values only with
     ``ShardedGradScaler``; this class refuses runtime control requests there.
@@ -80,11 +85,21 @@ class GradScaler(Instrumented, TorchGradScaler):
         hysteresis: int | None = None,
         telemetry: Any = None,
         run_name: str | None = None,
+        mirrors: Sequence[Mirror] | None = None,
         grad_norm: bool | None = None,
         spikes: SpikeRule | None = None,
     ) -> None:
         require_supported_torch()
-        options = Options(min_scale, max_scale, hysteresis, telemetry, run_name, grad_norm, spikes)
+        options = Options(
+            min_scale,
+            max_scale,
+            hysteresis,
+            telemetry,
+            run_name,
+            mirrors=mirrors,
+            grad_norm=grad_norm,
+            spikes=spikes,
+        )
         init_scale, growth_factor, backoff_factor, growth_interval = options.torch_arguments(
             init_scale, growth_factor, backoff_factor, growth_interval
         )

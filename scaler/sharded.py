@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from ._torch_compat import (
     require_supported_torch,
     unscale_local_grads,
 )
+from .mirrors import Mirror
 from .store.spikes import SpikeRule
 
 
@@ -48,7 +50,7 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
             so a scaler made after ``destroy_process_group()`` and a new
             ``init_process_group()`` uses the new group. (Its rank and size are read at
             its first step and kept.)
-        min_scale, max_scale, hysteresis, telemetry, run_name, grad_norm, spikes
+        min_scale, max_scale, hysteresis, telemetry, run_name, mirrors, grad_norm, spikes
         (keyword-only):
             see :class:`scaler.GradScaler`.
 
@@ -82,12 +84,22 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         hysteresis: int | None = None,
         telemetry: Any = None,
         run_name: str | None = None,
+        mirrors: Sequence[Mirror] | None = None,
         grad_norm: bool | None = None,
         spikes: SpikeRule | None = None,
     ) -> None:
         require_supported_torch()
         note_older_torch()
-        options = Options(min_scale, max_scale, hysteresis, telemetry, run_name, grad_norm, spikes)
+        options = Options(
+            min_scale,
+            max_scale,
+            hysteresis,
+            telemetry,
+            run_name,
+            mirrors=mirrors,
+            grad_norm=grad_norm,
+            spikes=spikes,
+        )
         init_scale, growth_factor, backoff_factor, growth_interval = options.torch_arguments(
             init_scale, growth_factor, backoff_factor, growth_interval
         )

@@ -41,6 +41,7 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # torch's floor has a lane of its own (make torch-lanes), which tests/scaler/test_torch_check.py
 # keeps in step with pyproject's range; make lowest runs on the pinned torch.
 FLOORS_TESTED_ELSEWHERE = {"torch"}
+MIRROR_EXTRAS = ("tensorboard", "mlflow", "wandb")  # scalewatch.mirrors: one tracker each
 
 
 def _pins(name: str) -> dict[str, Version]:
@@ -80,9 +81,10 @@ def test_each_runtime_range_is_tested_at_its_lower_end() -> None:
 
 
 def test_the_pinned_releases_are_in_the_declared_ranges() -> None:
-    """What development and CI run (constraints.txt) is inside the ranges users get."""
+    """What development and CI run (constraints.txt) is inside the ranges users get, the
+    mirrors' trackers (the extras tests/mirrors/ reads back) too."""
     pins = _pins("constraints.txt")
-    for requirement in _requirements("postgres", "dev"):
+    for requirement in _requirements("postgres", "dev", *MIRROR_EXTRAS):
         name = canonicalize_name(requirement.name)
         assert name in pins, f"{name} is not pinned in constraints.txt"
         assert requirement.specifier.contains(pins[name], prereleases=True), (
@@ -105,3 +107,14 @@ def test_the_trainers_are_an_extra_for_the_tests_only() -> None:
     lines = (root / "constraints.txt").read_text().splitlines()
     pins = {line.split("==")[0].lower() for line in lines if "==" in line}
     assert trainers <= pins
+
+
+def test_make_venv_installs_each_mirror_extra() -> None:
+    """tests/mirrors/ skips a tracker that is not installed: make venv installs all three,
+    so that the suite runs them; each extra names one tracker."""
+    makefile = (ROOT / "Makefile").read_text()
+    (installed,) = re.findall(r"-e '\.\[([a-z,]+)\]'", makefile)
+    assert set(MIRROR_EXTRAS) <= set(installed.split(","))
+    for extra in MIRROR_EXTRAS:
+        (requirement,) = PROJECT["optional-dependencies"][extra]
+        assert extra in Requirement(requirement).name

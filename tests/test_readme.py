@@ -40,12 +40,16 @@ EXPECTED = {  # run name -> (page, steps, world size)
     "lightning-example": ("docs/TRAINING.md", 30, 1),
     "accelerate-example": ("docs/TRAINING.md", 20, 1),
     "hf-trainer-example": ("docs/TRAINING.md", 20, 1),
+    "mirrors-example": ("docs/TRAINING.md", 20, 1),
     "skipped-example": ("docs/TRAINING.md", 20, 1),
     "drift-example": ("docs/TRAINING.md", 20, 1),
     "norm-example": ("docs/TRAINING.md", 5, 1),
 }
 # The trainers of the integrations extra: an example that imports one is skipped without it.
 TRAINERS = ("lightning", "accelerate", "transformers")
+# The trackers of the mirrors' extras: an example that makes one is skipped without it.
+TRACKERS = {"TensorBoard(": "tensorboard", "MLflow(": "mlflow", "WandB(": "wandb"}
+EXTRAS_HINT = "pip install -c constraints.txt '.[integrations,tensorboard,mlflow,wandb]'"
 TIMEOUT_S = 240
 
 
@@ -130,6 +134,9 @@ def _missing_trainer(block: str) -> str | None:
         imported = re.search(rf"^(from|import) {name}\b", block, re.M)
         if imported and importlib.util.find_spec(name) is None:
             return name
+    for made, name in TRACKERS.items():
+        if made in block and importlib.util.find_spec(name) is None:
+            return name
     return None
 
 
@@ -176,7 +183,7 @@ def test_readme_example_runs_and_records(
 ) -> None:
     missing = _missing_trainer(block)
     if missing:
-        pytest.skip(f"{missing} is not installed: pip install -c constraints.txt '.[integrations]'")
+        pytest.skip(f"{missing} is not installed: make venv installs it ({EXTRAS_HINT})")
     mine = started[request.node.callspec.id]
     done = mine.done.result()
     if done.returncode != 0 and TORCH_TEARDOWN_ABORT in done.stderr and "fsdp" in block:

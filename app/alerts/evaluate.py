@@ -137,6 +137,7 @@ class Evaluator:
                 last_step=0,
                 last_wall_time=None,
                 autopilot_gave_up=row.autopilot_gave_up,
+                min_scale=row.min_scale,
             )
             for row in rows
         ]

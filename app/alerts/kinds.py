@@ -81,6 +81,7 @@ class RunView:
     last_step: int  # the newest step fed to the watches (0 before any)
     last_wall_time: float | None  # that step's wall time
     autopilot_gave_up: str | None = None  # its reason, while the run's autopilot has stopped itself
+    min_scale: float | None = None  # the scaler's min_scale, where it was made with one
 
 
 @dataclass(slots=True)
@@ -483,7 +484,9 @@ class Heading(Params):
     threshold: float = Field(
         default=20_000, gt=0, description="steps ahead: fires when the floor is forecast within"
     )
-    floor: float = Field(default=1.0, gt=0, description="the run's min_scale, where it has one")
+    floor: float | None = Field(
+        default=None, gt=0, description="unset: the run's min_scale where it has one, else 1.0"
+    )
     window: int = Field(default=WINDOW, ge=10, le=1_000_000, description="steps read")
 
 
@@ -536,7 +539,8 @@ class ScaleForecastWatch(Watch[Heading]):
         rows = [self.start, *(c for c in self.changes if c.step > self.start.step)]
         if rows[-1].step != now.step:
             rows.append(now)
-        found = read_forecast(rows, floor=self.params.floor)
+        floor = self.params.floor or self.run.min_scale or 1.0
+        found = read_forecast(rows, floor=floor)
         if found is None or found.steps_to_floor is None:
             return Reading(False, 0.0)
         # At the floor already: scale_below's to say, not a forecast's.

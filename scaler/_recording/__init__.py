@@ -44,6 +44,7 @@ class RunOpening:
     control: Mapping[str, Any]
     uid: str | None  # the run to continue (a loaded state dict's), or None: a new run
     scale_load: ScaleLoad | None = None  # a load noted before this telemetry existed
+    mirrors: tuple[Any, ...] = ()  # scalewatch.mirrors.Mirror: trackers it also logs to
 
 
 class RunTelemetry(Protocol):
@@ -85,6 +86,7 @@ def open_telemetry(opening: RunOpening, inbox: ControlInbox) -> RunTelemetry:
         inbox=inbox,
         uid=opening.uid,
         scale_load=opening.scale_load,
+        mirrors=opening.mirrors,
     )
 
 

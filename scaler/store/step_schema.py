@@ -2,14 +2,17 @@
 
 A field's column says how the store keeps it (its :class:`Kind`, whether it may be null),
 how it rolls up into a chart bucket (:class:`Rollup`), and its key in the exports and in
-the live stream. The ``steps`` table, the row the writer inserts, the export columns,
-the stream's step event and the chart series are all derived from :data:`STEP_FIELDS`;
+the live stream, and under which name the trackers' mirrors log it. The ``steps`` table,
+the row the writer inserts, the export columns, the stream's step event, the chart series
+and what a mirror logs (:data:`MIRRORED`) are all derived from :data:`STEP_FIELDS`;
 adding a field is one line here (and the migration that adds its column).
 
 >>> [f.name for f in STEP_FIELDS][:3]
 ['step', 'wall_time', 'scale']
 >>> SERIES_KEYS[:4]
 ('first_step', 'last_step', 'n', 'scale_min')
+>>> [f.mirror_name for f in MIRRORED][:3]
+['loss_scale', 'overflow', 'skipped']
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ if TYPE_CHECKING:
     from .records import ParamFinding
 
 __all__ = [
+    "MIRRORED",
     "SERIES",
     "SERIES_COLUMNS",
     "SERIES_KEYS",
@@ -82,6 +86,7 @@ class StepField:
     rollup: Rollup | None = None
     export: str = ""  # its column in CSV and its key in JSON Lines; "" for the name
     sse: str = ""  # its key in the stream's step event; "" for the name
+    mirror: str | None = ""  # its name in a tracker (under scalewatch/); None: not logged
     finite_only: bool = False  # a value that is not finite is stored as NULL
     few_values: bool = False  # few distinct values a page (the CSV writer reuses reprs)
 
@@ -99,6 +104,10 @@ class StepField:
     def sse_key(self) -> str:
         return self.sse or self.name
 
+    @property
+    def mirror_name(self) -> str:
+        return self.mirror or self.name
+
 
 def column(kind: Kind, **options: Any) -> dict[str, Any]:
     """A dataclass field's metadata naming its ``steps`` column (see :class:`StepField`)."""
@@ -115,8 +124,10 @@ class StepRecord:
     but ``params`` (rows of ``overflow_params``)."""
 
     step: int = field(metadata=column(Kind.INT, key=True))
-    wall_time: float = field(metadata=column(Kind.FLOAT))
-    scale: float = field(metadata=column(Kind.FLOAT, rollup=_range("scale"), few_values=True))
+    wall_time: float = field(metadata=column(Kind.FLOAT, mirror=None))  # a tracker's own axis
+    scale: float = field(
+        metadata=column(Kind.FLOAT, rollup=_range("scale"), few_values=True, mirror="loss_scale")
+    )
     overflow: bool = field(  # found inf/NaN on any rank
         metadata=column(Kind.BOOL, rollup=Rollup(series="overflows", fold=Fold.COUNT))
     )
@@ -152,7 +163,10 @@ class StepRecord:
         default=0, metadata=column(Kind.INT, server_default="0")
     )
     lr: float | None = field(  # in effect: first group of the first optimizer stepped
-        default=None, metadata=column(Kind.FLOAT, nullable=True, rollup=_range("lr", last=True))
+        default=None,
+        metadata=column(
+            Kind.FLOAT, nullable=True, rollup=_range("lr", last=True), mirror="learning_rate"
+        ),
     )
     lr_groups: tuple[tuple[float | None, ...], ...] | None = field(  # all, when one differs
         default=None, metadata=column(Kind.FLOAT_GROUPS, nullable=True)
@@ -202,6 +216,14 @@ STEP_FIELDS: tuple[StepField, ...] = tuple(
 )
 if [f.name for f in STEP_FIELDS if f.key] != ["step"] or STEP_FIELDS[0].name != "step":
     raise ValueError("a step's key is its number, its first field")
+
+# What the trackers' mirrors log of a step (``scalewatch.mirrors``): each field that is one
+# number, but the step itself (their step axis) and those marked ``mirror=None``.
+MIRRORED: tuple[StepField, ...] = tuple(
+    f
+    for f in STEP_FIELDS
+    if f.kind in (Kind.INT, Kind.FLOAT, Kind.BOOL) and not f.key and f.mirror is not None
+)
 
 
 class SeriesColumn(NamedTuple):

@@ -8,6 +8,9 @@ steps of many runs at once.
 >>> run = create_run(store, name="demo", world_size=2, config={}, control={})
 >>> [(r.name, r.status, r.world_size, r.autopilot_gave_up) for r in watched_runs(store)]
 [('demo', 'running', 2, None)]
+>>> held = create_run(store, name="held", world_size=1, config={"min_scale": 128}, control={})
+>>> [r.min_scale for r in watched_runs(store)]
+[None, 128.0]
 >>> recorded_last_step(store, run.id), new_steps(store, {run.id: 0}, per_run=10)
 (0, [])
 >>> store.close()
@@ -46,6 +49,7 @@ class WatchedRun:
     world_size: int
     started_at: float
     autopilot_gave_up: str | None  # its reason, while the run's autopilot has stopped itself
+    min_scale: float | None = None  # the scaler's min_scale, where it was made with one
 
 
 _GAVE_UP = and_(autopilots.c.enabled, autopilots.c.state == AutopilotState.GAVE_UP)
@@ -56,6 +60,7 @@ _RUNS = (
         runs.c.status,
         runs.c.world_size,
         runs.c.started_at,
+        runs.c.config,
         case((_GAVE_UP, func.coalesce(autopilots.c.reason, "")), else_=None).label("gave_up"),
     )
     .outerjoin(autopilots, autopilots.c.run_id == runs.c.id)
@@ -75,9 +80,18 @@ def watched_runs(store: Store) -> list[WatchedRun]:
             world_size=row.world_size,
             started_at=row.started_at,
             autopilot_gave_up=row.gave_up,
+            min_scale=_min_scale(row.config),
         )
         for row in rows
     ]
+
+
+def _min_scale(config: Any) -> float | None:
+    """A run configuration's ``min_scale``, if it is a positive number."""
+    value = config.get("min_scale") if isinstance(config, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        return None
+    return float(value)
 
 
 def recorded_last_step(store: Store, run_id: int) -> int:

@@ -21,12 +21,14 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from .._control.inbox import ControlInbox
 from .._step_sample import StepSample
+from ..mirrors import Mirror
+from ..mirrors._feed import MirrorFeed
 from ..store import runs as store_runs
 from ..store.engine import Store
 from ..store.records import ScaleLoad
@@ -173,9 +175,11 @@ class Telemetry:
         scale_load: ScaleLoad | None = None,
         fresh: bool = False,
         started_at: float | None = None,
+        mirrors: Sequence[Mirror] = (),
     ) -> None:
         """``fresh``: ``uid`` is a new run's (claimed already by a training process whose
-        writer process this is), not a run to resume; ``started_at``: when it began there."""
+        writer process this is), not a run to resume; ``started_at``: when it began there;
+        ``mirrors``: trackers the samples submitted are logged to as well (``_feed``)."""
         # A run starts at or before its first step: a scaler makes its telemetry before it
         # takes the first step's wall time, and the writer creates the run after it.
         started_at = time.time() if started_at is None else started_at
@@ -207,14 +211,20 @@ class Telemetry:
             self._writer, self._queue, inbox, interval_s=settings.poll_interval_s
         )
         self._closed = False
+        self._mirrors = MirrorFeed(mirrors, self._run_ids) if mirrors else None
         self._writer.thread.start()
         self._control_poller.thread.start()
 
     add_row = None  # the recorder thread hands samples over, even of cpu steps
 
+    def _run_ids(self) -> tuple[str, int | None]:
+        return self.uid, self._writer.run_id
+
     def submit(self, samples: list[StepSample]) -> None:
-        """Called by the recorder thread; never blocks on the store."""
+        """Called by the recorder thread; never blocks on the store, nor on a mirror."""
         self._queue.put(samples)
+        if self._mirrors is not None:
+            self._mirrors.put(samples)
 
     def note_gap(self, gap: RecordGap) -> None:
         """Steps dropped before they reached this telemetry; never blocks."""
@@ -243,8 +253,9 @@ class Telemetry:
         return self._closed
 
     @property
-    def threads(self) -> tuple[threading.Thread, threading.Thread]:
-        return self._writer.thread, self._control_poller.thread
+    def threads(self) -> tuple[threading.Thread, ...]:
+        mirrors = () if self._mirrors is None else self._mirrors.threads
+        return self._writer.thread, self._control_poller.thread, *mirrors
 
     def flush(self, timeout: float = 30.0, *, failing_timeout: float | None = None) -> bool:
         """Wait until everything queued so far is in the store (or ``timeout``).
@@ -304,6 +315,8 @@ class Telemetry:
             log.warning("scalewatch: %d telemetry records not written at close", unwritten)
         if store is not None and writer.owns_store:
             store.close()
+        if self._mirrors is not None:
+            self._mirrors.close()
 
 
 def open_run(
@@ -316,9 +329,11 @@ def open_run(
     inbox: ControlInbox,
     uid: str | None = None,
     scale_load: ScaleLoad | None = None,
+    mirrors: Sequence[Mirror] = (),
 ) -> Telemetry | RemoteTelemetry:
     """A run's telemetry as its settings' ``writer`` says: written by this process's writer
-    process, or by a thread (an open :class:`Store`, or a process that cannot start one)."""
+    process, or by a thread (an open :class:`Store`, or a process that cannot start one).
+    ``mirrors`` are written by threads of this process either way."""
     settings = target if isinstance(target, TelemetrySettings) else TelemetrySettings(target)
     if settings.writer == "process" and not isinstance(settings.store, Store):
         # the writer process may have started before $SCALEWATCH_DB or the folder changed
@@ -336,7 +351,7 @@ def open_run(
             started_at=started_at,
         )
         try:
-            remote = open_remote(run, inbox)
+            remote = open_remote(run, inbox, mirrors)
         except (OSError, subprocess.SubprocessError) as error:
             release_uid(claimed)
             log.warning(
@@ -357,4 +372,5 @@ def open_run(
         inbox=inbox,
         uid=uid,
         scale_load=scale_load,
+        mirrors=mirrors,
     )

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from multiprocessing.connection import Connection
@@ -31,6 +32,8 @@ from typing import Any
 
 from .._control.inbox import ControlInbox
 from .._step_sample import StepSample
+from ..mirrors import Mirror
+from ..mirrors._feed import MirrorFeed
 from ..store.records import ScaleLoad
 from ..store.states import RunStatus
 from ._queue import RecordGap
@@ -235,7 +238,9 @@ class RemoteTelemetry:
     """A run's telemetry, as the training process sees it: what ``Telemetry`` offers a
     run's session (``RunTelemetry``), written by the writer process."""
 
-    def __init__(self, link: WriterLink, run: OpenRun, inbox: ControlInbox) -> None:
+    def __init__(
+        self, link: WriterLink, run: OpenRun, inbox: ControlInbox, mirrors: Sequence[Mirror] = ()
+    ) -> None:
         self.settings = run.settings
         self.uid = run.uid
         self.inbox = inbox
@@ -247,7 +252,12 @@ class RemoteTelemetry:
         self._lock = threading.Lock()  # between dropping the oldest and sending
         self._lost = 0  # records dropped in this process
         self._closed = False
+        # the sender thread hands them what it takes (messages())
+        self._mirrors = MirrorFeed(mirrors, self._run_ids) if mirrors else None
         link.add(self)
+
+    def _run_ids(self) -> tuple[str, int | None]:
+        return self.uid, self.state.run_id
 
     # ------------------------------------------------ the training thread's side
 
@@ -290,8 +300,9 @@ class RemoteTelemetry:
         return self._link.process.pid
 
     @property
-    def threads(self) -> tuple[threading.Thread, threading.Thread]:
-        return self._link.sender, self._link.receiver
+    def threads(self) -> tuple[threading.Thread, ...]:
+        mirrors = () if self._mirrors is None else self._mirrors.threads
+        return self._link.sender, self._link.receiver, *mirrors
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until everything handed over so far is in the store (or ``timeout``)."""
@@ -313,6 +324,8 @@ class RemoteTelemetry:
                 self._lost += unsent
             if unsent:
                 log.warning("scalewatch: %d telemetry records not written at close", unsent)
+        if self._mirrors is not None:
+            self._mirrors.close()
 
     def _ask(self, kind: str, request: Any, timeout: float) -> tuple[bool, RunState] | None:
         token, answer = self._link.expect()
@@ -337,6 +350,8 @@ class RemoteTelemetry:
         items = self._items
         with self._lock:
             taken = list(islice(iter(items.popleft, None), len(items)))
+        if taken and self._mirrors is not None:
+            self._mirrors.put(taken)
         return [("items", self.key, taken)] if taken else []
 
     def lost(self, message: tuple[Any, ...]) -> None:
@@ -393,9 +408,11 @@ def _release(uid: str) -> None:
     release_uid(uid)
 
 
-def open_remote(run: OpenRun, inbox: ControlInbox) -> RemoteTelemetry:
+def open_remote(
+    run: OpenRun, inbox: ControlInbox, mirrors: Sequence[Mirror] = ()
+) -> RemoteTelemetry:
     """``run``'s telemetry, written by this process's writer process (started if need be)."""
-    return RemoteTelemetry(writer_link(), run, inbox)
+    return RemoteTelemetry(writer_link(), run, inbox, mirrors)
 
 
 @atexit.register

@@ -232,3 +232,15 @@ def test_scale_forecast_says_the_rate_in_words() -> None:
     assert reading.detail == "halving every ~100 steps: 1.0 in ~800 steps at this rate"
     words = said("scale_forecast", reading.value, 10**6, reading.detail)
     assert words.startswith("the scale reaches its floor in ~800 steps: halving every ~100"), words
+
+
+def test_scale_forecast_reads_the_runs_own_min_scale_unless_a_floor_is_set() -> None:
+    """Halving every 100 steps from 2^16: min_scale 2^10 is 10 halvings above 1.0, so a
+    run made with it is warned 1000 steps sooner; a rule's own floor wins over it."""
+    rows = _collapsing(1700, every=100)
+    held = RunView(1, "bert", 4, True, 1000.0, 0, None, min_scale=2.0**10)
+    plain = _turns("scale_forecast", rows, threshold=300, window=1000)
+    own = _turns("scale_forecast", rows, held, threshold=300, window=1000)
+    assert plain[0][:2] == (1300, True) and own[0][:2] == (300, True)
+    ruled = _turns("scale_forecast", rows, held, threshold=300, window=1000, floor=1.0)
+    assert ruled == plain

@@ -1,5 +1,6 @@
-"""A field added to the step schema reaches the export, the stream and the chart series with
-no other edit than the migration of its columns: shown on a copy of the package."""
+"""A field added to the step schema reaches the export, the stream, the chart series and the
+trackers' mirrors with no other edit than the migration of its columns: shown on a copy of
+the package."""
 
 from __future__ import annotations
 
@@ -63,6 +64,7 @@ from scalewatch.app.main import create_app
 from scalewatch.app.settings import Settings
 from scalewatch.store import StepRecord, open_store
 from scalewatch.store.runs import create_run, end_run, write_steps
+from scalewatch.mirrors._base import mirrored
 
 url = "sqlite:///" + sys.argv[1]
 store = open_store(url)
@@ -84,8 +86,12 @@ with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
     stream = client.get(f"/api/runs/{run.id}/stream?after=2995").text
     fast = client.get(f"/api/runs/{run.id}/stream?after=2999").text
     series = client.get(f"/api/runs/{run.id}/steps?max_points=20").json()
+record = StepRecord(step=1, wall_time=1.0, scale=8.0, overflow=False, skipped=False,
+                    inf_ranks=(), scale_after=8.0, growth_tracker=1, growth_interval=100,
+                    growth_factor=2.0, backoff_factor=0.5, control_version=0, grad_norm=0.5)
 print(json.dumps({"package": scalewatch.__file__, "csv": csv, "jsonl": jsonl,
-                  "stream": stream, "fast": fast, "series": series}))
+                  "stream": stream, "fast": fast, "series": series,
+                  "mirrored": mirrored(record).values}))
 """
 
 
@@ -123,6 +129,8 @@ def test_a_field_declared_once_is_exported_streamed_and_charted(tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.splitlines()[-1])
     assert out["package"].startswith(str(site))
+
+    assert out["mirrored"]["scalewatch/grad_norm"] == 0.5  # a tracker's mirror logs it too
 
     header, *rows = out["csv"].splitlines()
     assert header.split(",")[-1] == "weight_update_norm"  # its export name

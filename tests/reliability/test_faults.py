@@ -41,7 +41,7 @@ from tests._helpers.waiting import wait_for
 
 # ------------------------------------------------------------ SIGKILL at random steps
 
-KILLS = 20
+KILLS = 10
 KILL_STEPS = (250, 500)  # a trainer is killed once it has printed a step in this range
 KILL_PERIOD = 0.004  # s per step
 

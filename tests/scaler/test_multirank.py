@@ -10,6 +10,7 @@ inf/NaN injected into one chosen rank's local gradients at chosen steps.
 from __future__ import annotations
 
 import functools
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -203,9 +204,16 @@ def test_fsdp1_cpu_offload_on_one_gpu(reduce: bool) -> None:
     assert [s.record.inf_ranks for s in ours.samples] == expected_ranks
 
 
-def _threads_after_steps(rank: int, world: int, url: str) -> tuple[list[str], int]:
-    """The scalewatch threads of this rank after 5 steps, and how many processes it started."""
+def _threads_after_steps(
+    rank: int, world: int, url: str, mirror: str | None
+) -> tuple[list[str], int]:
+    """The scalewatch threads of this rank after 5 steps, and how many processes it started;
+    ``mirror``: its ``$SCALEWATCH_MIRROR``, the same on every rank."""
+    import os
     import threading
+
+    if mirror is not None:
+        os.environ["SCALEWATCH_MIRROR"] = mirror
 
     model = nn.parallel.DistributedDataParallel(model_copy())
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -233,9 +241,16 @@ def test_only_the_reporting_rank_runs_threads(tmp_path: Any) -> None:
     process; in the rank itself (on cpu, where the training thread hands each step's row
     over and no recorder thread is needed) the writer process's sender and receiver."""
     url = f"sqlite:///{tmp_path / 'sw.db'}"
-    reporting, other = run_ranks(_threads_after_steps, 2, url, timeout=120.0)
-    assert reporting == (["scalewatch-receiver", "scalewatch-sender"], 1)
+    # A mirror named for every rank (scalewatch instrument's way) writes on the reporting
+    # rank alone, from a thread of its own.
+    tensorboard = importlib.util.find_spec("tensorboard") is not None
+    mirror = f"tensorboard:{tmp_path / 'tb'}" if tensorboard else None
+    reporting, other = run_ranks(_threads_after_steps, 2, url, mirror, timeout=120.0)
+    mirrors = ["scalewatch-mirror-tensorboard"] if tensorboard else []
+    assert reporting == ([*mirrors, "scalewatch-receiver", "scalewatch-sender"], 1)
     assert other == ([], 0)
+    if tensorboard:
+        assert len(list((tmp_path / "tb").glob("events.out.tfevents.*"))) == 1
 
 
 def worker_float64(rank: int, world: int, kinds: list[str]) -> dict[str, Any]:
