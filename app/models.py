@@ -83,6 +83,15 @@ class RunDetail(RunSummary):
         " recorded step: the schedule's lead over the weights (null: none registered;"
         " config.schedulers says which are held)"
     )
+    spikes: dict[str, int] = Field(
+        default_factory=lambda: {"loss": 0, "grad_norm": 0},
+        description="spikes of the run by what spiked: loss, grad_norm",
+    )
+    grad_norm: float | None = Field(
+        None,
+        description="the total L2 norm of the unscaled gradients at the last recorded step"
+        " (null: not measured, or not finite)",
+    )
     config: dict[str, Any]
     control: dict[str, Any]
     control_version: int
@@ -205,6 +214,29 @@ class ParamRanking(BaseModel):
     overflows: int = Field(description="overflow steps in the window")
     params_omitted: int = Field(description="findings of those steps that were not kept")
     params: list[ParamOverflows] = Field(description="most overflow steps first")
+
+
+class ParamNormOut(BaseModel):
+    name: str = Field(description="the parameter, as watch() named it (else by position)")
+    norm: float | None = Field(description="its gradient's L2 norm on the reporting rank")
+
+
+class SpikeItem(BaseModel):
+    """A step whose loss or gradient norm spiked above the run's recent history."""
+
+    step: int
+    what: Literal["loss", "grad_norm"] = Field(description="what spiked")
+    value: float = Field(description="its value at the step")
+    z: float = Field(description="robust z: (value - median) / (1.4826 MAD) of the window")
+    params: list[ParamNormOut] = Field(
+        description="the ten largest parameter norms at the step, largest first (empty: the"
+        " run did not measure the gradient norm)"
+    )
+
+
+class SpikeList(BaseModel):
+    run: int
+    items: list[SpikeItem] = Field(description="oldest first")
 
 
 class ScaleLoadItem(BaseModel):

@@ -46,6 +46,10 @@ LIMIT = "limit (_foreach_mul_)"
 # class always runs it). Printed for information; the goals are judged on the scalers as
 # they run in this one-process group.
 KEPT = "all-reduce kept (info)"
+# Ours measuring the gradient norm (grad_norm=True), telemetry off: its cost, against ours
+# with it off, decides whether the norm is on by default (at most 10% of the scaler's calls).
+NORM = "grad_norm on (info)"
+NORM_BUDGET = 0.10
 TENSORS = 200
 ELEMENTS = 50_000_000
 # torch's own default: a thread per core. A plain multiply reaches the memory-bandwidth
@@ -88,6 +92,7 @@ def scalers(device: str, store_url: str, **kwargs: Any) -> dict[str, Any]:
             device, telemetry=store_url, run_name="bench", **kwargs
         ),
         KEPT: kept,
+        NORM: scalewatch.ShardedGradScaler(device, telemetry=False, grad_norm=True, **kwargs),
     }
 
 
@@ -266,6 +271,16 @@ def unscale_pass(device: str, params: list[torch.Tensor], reps: int, threads: in
         torch.set_num_threads(threads)
 
 
+def norm_cost(part: str, paired: dict[str, float]) -> None:
+    """The gradient norm's cost: ours with it on over ours with it off (telemetry off)."""
+    ratio = paired[NORM] / paired["ours (telemetry off)"]
+    verdict = "within" if ratio - 1.0 <= NORM_BUDGET else "over"
+    print(
+        f"  {part} grad_norm on / off: x{ratio:.3f} ({verdict} the {NORM_BUDGET:.0%} that"
+        " would make it on by default)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -289,12 +304,16 @@ def main() -> None:
                 "telemetry on: a SQLite store in a temporary file, written by a background thread"
             )
             samples = interleaved(train_step_cases(device, store_url), device, args.reps, 10)
-            report("(a) train step of a small MLP", samples, "torch", GOALS["a"])
+            paired = report("(a) train step of a small MLP", samples, "torch", GOALS["a"])
+            norm_cost("(a)", paired)
             params = big_grads(device)
             print(f"\n{len(params)} gradients, {sum(p.numel() for p in params):,} elements")
             calls = scaler_call_cases(device, store_url, params)
             samples = interleaved(calls, device, args.reps, 2)
-            report("(b) scale + step(no-op optimizer) + update", samples, "torch", GOALS["b"])
+            paired = report(
+                "(b) scale + step(no-op optimizer) + update", samples, "torch", GOALS["b"]
+            )
+            norm_cost("(b)", paired)
             unscale_pass(device, params, args.reps, args.threads)
         finally:
             dist.destroy_process_group()

@@ -47,6 +47,8 @@ class Options:
     telemetry: Any = None
     run_name: str | None = None
     mirrors: Sequence[Any] | None = None  # scalewatch.mirrors.Mirror; None: $SCALEWATCH_MIRROR
+    grad_norm: bool | None = None  # None: $SCALEWATCH_GRAD_NORM, else off
+    spikes: Any = None  # a SpikeRule: the run's spike window and threshold
 
     def torch_arguments(
         self, init_scale: Any, growth_factor: Any, backoff_factor: Any, growth_interval: Any

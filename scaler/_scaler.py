@@ -30,12 +30,13 @@ from ._control import changes as _changes
 from ._control.inbox import ControlInbox
 from ._diagnosis import Diagnoser
 from ._diagnosis.preflight import TORCHS_REFUSAL, fp16_refusal
+from ._grad_norm import GradNorm, named_norms
 from ._group import Group
 from ._recording import RunOpening, RunSession
 from ._recording.learning_rates import Rates, group_rates
 from ._recording.recorder import Snapshot, inf_ranks, make, with_diagnosis
 from ._recording.step_context import StepContext
-from ._recording.step_values import Captured, StepValues, read_cpu, read_if_clean
+from ._recording.step_values import Captured, StepValues, read_cpu, read_if_clean, read_top
 from ._scale_rules import ScaleRules
 from ._schedules import Schedules
 from ._step_sample import StepSample, record_of
@@ -49,7 +50,10 @@ from ._torch_compat import (
 from .mirrors import Mirror
 from .mirrors._env import chosen_mirrors
 from .stats import ScalerCheckpoint, ScalerStats
+from .store.spikes import SpikeRule
 from .telemetry import refuse_unusable_store
+
+ON = ("1", "true", "yes", "on")  # $SCALEWATCH_GRAD_NORM's words for on
 
 if TYPE_CHECKING:
     from ._diagnosis.findings import Diagnosis
@@ -68,6 +72,7 @@ class Instrumented(_Base):
         "_session",
         "_schedules",
         "_diagnoser",
+        "_grad_norm",
     )
     _FOUND_SHAPE: tuple[int, ...] = ()  # of a found_inf, as torch's class makes it
     _ALLOW_FP16 = False  # whether unscale_ takes fp16 gradients, as torch's class does
@@ -80,6 +85,15 @@ class Instrumented(_Base):
             refuse_unusable_store(options.telemetry)  # on every rank, before the first step
         self._telemetry_option = options.telemetry
         self._mirrors = chosen_mirrors(options.mirrors, options.telemetry)
+        grad_norm = options.grad_norm
+        if grad_norm is None:  # scalewatch instrument turns it on for a script it runs
+            grad_norm = os.environ.get("SCALEWATCH_GRAD_NORM", "").strip().lower() in ON
+        if not isinstance(grad_norm, bool):
+            raise ValueError(f"grad_norm must be True, False or None, got {grad_norm!r}")
+        self._measures_grad_norm = grad_norm
+        if options.spikes is not None and not isinstance(options.spikes, SpikeRule):
+            raise TypeError(f"spikes takes a SpikeRule, got {type(options.spikes).__name__}")
+        self._spikes: SpikeRule | None = options.spikes
         # A scaler built by a script that cannot be edited (scalewatch instrument) is named so.
         self._run_name = options.run_name or os.environ.get("SCALEWATCH_RUN_NAME") or None
         self._run_uid: str | None = None
@@ -93,6 +107,8 @@ class Instrumented(_Base):
         self._session = RunSession(self._inbox)
         self._schedules: Schedules | None = None  # the LR schedulers registered, if any
         self._diagnoser = Diagnoser()
+        # a scaler pickled before the option was made measures nothing
+        self._grad_norm = GradNorm(getattr(self, "_measures_grad_norm", False))
 
     # ------------------------------------------------------------------ steps
 
@@ -135,7 +151,9 @@ class Instrumented(_Base):
                 scale_set = scale_set or (outcome.applied and "scale" in update.values)
                 outcomes += (outcome,)
         self._step_context.last_found = found
-        self._snapshot(found, flags, attribution, stepped_count, scale_set, outcomes)
+        norm = self._grad_norm.finish()
+        top = self._grad_norm.largest()
+        self._snapshot(found, flags, attribution, stepped_count, scale_set, outcomes, norm, top)
 
     def _update_scale(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
@@ -200,6 +218,8 @@ class Instrumented(_Base):
             names = self._diagnoser.names
             raise ValueError(fp16_refusal(optimizer, names.lookup)) from None
         state["stage"] = OptState.UNSCALED
+        if self._grad_norm.on:
+            self._grad_norm.measure(optimizer, scale.device, sharded=self._agrees_norm())
         self._unscaled(optimizer, state)
 
     def _seen(self, optimizer: torch.optim.Optimizer) -> None:
@@ -213,7 +233,17 @@ class Instrumented(_Base):
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         self._diagnoser.optimizers.append(optimizer)  # the fused path: no _maybe_opt_step
         self._seen(optimizer)
-        return super()._check_inf_per_device(optimizer)
+        found = super()._check_inf_per_device(optimizer)
+        if self._grad_norm.on:  # the gradients are still scaled: the fused step unscales them
+            scale, _ = self._check_scale_growth_tracker("step")
+            inverse = self._step_context.inverse_of(scale)
+            self._grad_norm.measure(optimizer, scale.device, inverse, self._agrees_norm())
+        return found
+
+    def _agrees_norm(self) -> bool:
+        """Whether the squares of gradient shards ride in an all-reduce (ShardedGradScaler
+        in a process group): otherwise every gradient counts as whole."""
+        return False
 
     def _maybe_opt_step(
         self,
@@ -294,6 +324,8 @@ class Instrumented(_Base):
         stepped_count: int,
         scale_set: bool,
         outcomes: tuple[ControlOutcome, ...],
+        norm: torch.Tensor | None = None,
+        top: tuple[torch.Tensor, list[torch.Tensor]] | None = None,
     ) -> None:
         scale, tracker = self._scale, self._growth_tracker
         assert scale is not None and tracker is not None
@@ -315,13 +347,15 @@ class Instrumented(_Base):
         diagnoser = self._diagnoser
         clean = None
         if inline:
-            clean = read_if_clean(found, scale, tracker, diagnoser.loss, add_row is not None)
+            clean = read_if_clean(found, scale, tracker, diagnoser.loss, add_row is not None, norm)
         if clean is not None and diagnoser.clean_step():  # step() met no overflow either
             context.skips.settle(stepped_count, found, 0.0)
             if add_row is None:  # and no record is kept: nothing else to read
                 self._fold(clean[0], False, stepped, scale_set)
             elif outcomes:
-                read = read_cpu(scale, tracker, found, None, flags)._replace(loss=clean[2])
+                read = read_cpu(scale, tracker, found, None, flags)._replace(
+                    loss=clean[2], grad_norm=clean[3], top=read_top(top and top[0])
+                )
                 self._hand_over(
                     add_row,
                     read,
@@ -332,13 +366,17 @@ class Instrumented(_Base):
                     schedule,
                     outcomes,
                     None,
+                    top,
                 )
             else:
-                self._clean_row(add_row, clean, stepped, scale_set, rates, schedule)
+                param_norms = self._named(read_top(top and top[0]), top)
+                self._clean_row(add_row, clean, stepped, scale_set, rates, schedule, param_norms)
             return
         loss = diagnoser.take_loss()
         # cpu tensors are memory: read at once, no sync (see step_values.read_cpu)
-        values = None if scale.is_cuda else read_cpu(scale, tracker, found, loss, flags)
+        values = None if scale.is_cuda else read_cpu(scale, tracker, found, loss, flags, norm)
+        if values is not None and top is not None:
+            values = values._replace(top=read_top(top[0]))
         context.skips.settle(stepped_count, found, None if values is None else values.found)
         diagnosis = None
         overflow = diagnoser.end_step(values, attribution)
@@ -359,6 +397,7 @@ class Instrumented(_Base):
                     schedule,
                     outcomes,
                     diagnosis,
+                    top,
                 )
             return
         snapshot = make(Snapshot)  # every step: see recorder.make
@@ -369,7 +408,14 @@ class Instrumented(_Base):
             captured=values
             if values is not None
             else Captured(
-                scale, tracker, found, loss, cast(list[torch.Tensor], flags), context.pinned
+                scale,
+                tracker,
+                found,
+                loss,
+                cast(list[torch.Tensor], flags),
+                context.pinned,
+                norm,
+                None if top is None else top[0],
             ),
             attribution=attribution,
             scale_used=context.scale_host,
@@ -383,6 +429,7 @@ class Instrumented(_Base):
             diagnosis=diagnosis,
             rates=rates,
             schedule=schedule,
+            top_of=None if top is None else (top[1], self._diagnoser.names.lookup),
         )
         recorder.submit(snapshot)
         context.scale_host = None
@@ -390,17 +437,19 @@ class Instrumented(_Base):
     def _clean_row(
         self,
         add_row: Callable[[tuple[Any, ...]], None],
-        clean: tuple[float, int, float | None],
+        clean: tuple[float, int, float | None, float | None],
         stepped: bool,
         scale_set: bool,
         rates: tuple[Rates, ...],
         schedule: tuple[int, int] | None,
+        param_norms: tuple[tuple[str, float], ...] = (),
     ) -> None:
         """:meth:`_hand_over` of a clean cpu step with no control change (``clean``: its
-        scale, tracker and loss as read): the shortest way, every step of most runs."""
+        scale, tracker, loss and gradient norm as read): the shortest way, every step of
+        most runs."""
         recorder, context = self._session.recorder, self._step_context
         assert recorder is not None
-        scale_after, tracker, loss = clean
+        scale_after, tracker, loss, norm = clean
         # Counted here, in one call: every frame on this path is paid every step.
         counts = recorder.counts
         used = counts.add(context.scale_host, scale_after, False, stepped, scale_set)
@@ -424,6 +473,8 @@ class Instrumented(_Base):
                 loss,
                 rates,
                 drift,
+                norm,
+                param_norms,
             )
         )
 
@@ -438,6 +489,7 @@ class Instrumented(_Base):
         schedule: tuple[int, int] | None,
         outcomes: tuple[ControlOutcome, ...],
         diagnosis: Diagnosis | None,
+        top: tuple[torch.Tensor, list[torch.Tensor]] | None = None,
     ) -> None:
         """Count a cpu step and hand its row to the telemetry that takes rows
         (``RunSession.add_row``); a step with control changes or an explained overflow
@@ -445,7 +497,7 @@ class Instrumented(_Base):
         session, context = self._session, self._step_context
         recorder = session.recorder
         assert recorder is not None
-        scale_after, tracker, found, loss, payloads = values
+        scale_after, tracker, found, loss, payloads, norm, top_read = values
         overflow = found > 0
         used, skipped, drift = recorder.fold_step(
             context.scale_host, scale_after, overflow, stepped, scale_set, schedule
@@ -467,6 +519,8 @@ class Instrumented(_Base):
             loss,
             rates,
             drift,
+            norm,
+            self._named(top_read, top),
         )
         if not outcomes and diagnosis is None:
             add_row(row)
@@ -474,6 +528,14 @@ class Instrumented(_Base):
         telemetry = session.telemetry
         assert telemetry is not None
         telemetry.submit([StepSample(with_diagnosis(record_of(row), diagnosis), outcomes)])
+
+    def _named(
+        self, read: list[float] | None, top: tuple[torch.Tensor, list[torch.Tensor]] | None
+    ) -> tuple[tuple[str, float], ...]:
+        """The largest per-parameter norms as read, named (none where none were read)."""
+        if read is None or top is None:
+            return ()
+        return named_norms(read, top[1], self._diagnoser.names.lookup)
 
     def _fold(self, scale_after: float, overflow: bool, stepped: bool, scale_set: bool) -> None:
         """Count a cpu step that no sink reads (see ``Recorder.fold``)."""
@@ -525,6 +587,9 @@ class Instrumented(_Base):
             "max_scale": self._scale_rules.max_scale,
             "hysteresis": self._scale_rules.hysteresis,
         }
+        spikes = getattr(self, "_spikes", None)  # a scaler pickled before the option: none
+        if spikes is not None:
+            config["spikes"] = spikes.as_config()
         schedules = self._schedules
         if schedules is not None:  # registered before the first step: which, and held or not
             config["schedulers"] = schedules.described()
@@ -722,6 +787,43 @@ class Instrumented(_Base):
         wrong ``False``.
         """
         return self._step_context.skips.value
+
+    @property
+    def last_grad_norm(self) -> torch.Tensor | None:
+        """The total L2 norm of the unscaled gradients, a 0-d float32 tensor on the scale's
+        device: the value ``torch.nn.utils.clip_grad_norm_`` returns for them (FSDP1's and
+        FSDP2's full norm with ``ShardedGradScaler``), the same on every rank; inf or NaN
+        where the gradients held them. ``None`` before any.
+
+        With ``grad_norm=True``: after ``unscale_(optimizer)``, the norm of the gradients
+        unscaled so far this step (so a loop that clips can clip with it:
+        ``clip_grads_with_norm_(params, max_norm, scaler.last_grad_norm)``); after
+        ``update()``, that step's. A value handed to :meth:`record_grad_norm` takes its
+        place. Reading the property costs no sync: the tensor is not read on the host.
+        """
+        return self._grad_norm.last
+
+    def record_grad_norm(self, total_norm: torch.Tensor | float) -> None:
+        """Record ``total_norm`` as this step's gradient norm, in place of measuring it.
+
+        For a loop that computes the norm already, between ``unscale_`` and ``step``::
+
+            scaler.unscale_(optimizer)
+            total_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            scaler.record_grad_norm(total_norm)
+            scaler.step(optimizer)
+            scaler.update()
+
+        Works with ``grad_norm`` on or off (off, it is the norm's only cost). The value is
+        kept as a tensor: no sync. An FSDP2 norm (a DTensor) is handed in as
+        ``total_norm.full_tensor()``. Raises ``ValueError`` for a tensor of more than one
+        value, ``TypeError`` for what is neither tensor nor number.
+        """
+        if not self._enabled:
+            return
+        scale = self._scale
+        device = scale.device if scale is not None else torch.device(self._device)
+        self._grad_norm.give(total_norm, device)
 
     def had_overflow(self) -> bool:
         """Whether the last ``update()`` saw inf/NaN gradients on any rank.

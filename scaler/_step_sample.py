@@ -9,10 +9,10 @@ time a :class:`~scalewatch.store.records.StepRecord` takes, and pickled as fast.
 writer turns it into its record (:func:`record_of`).
 
 >>> row = TrainingRow(7, 1.5, 1024.0, False, False, (), 1024.0, 3, 100, 2, 0.5, 0, 2.5,
-...                   ((0.1,),), None)
+...                   ((0.1,),), None, 0.75, ())
 >>> record = record_of(tuple(row))
->>> record.step, record.lr, record.growth_factor, record.lr_groups
-(7, 0.1, 2.0, None)
+>>> record.step, record.lr, record.growth_factor, record.lr_groups, record.grad_norm
+(7, 0.1, 2.0, None, 0.75)
 >>> step_rates([(0.1,), (0.1,)]), step_rates([(0.1,), (0.2,)]), step_rates([])
 ((0.1, None), (0.1, ((0.1,), (0.2,))), (None, None))
 """
@@ -62,6 +62,8 @@ class TrainingRow(NamedTuple):
     loss: float | None
     rates: tuple[Rates, ...]
     schedule_drift: int | None
+    grad_norm: float | None
+    param_norms: tuple[tuple[str, float], ...]
 
 
 _RECORD_FIELDS = {f.name for f in fields(StepRecord)}
@@ -89,6 +91,8 @@ def record_of(row: tuple[Any, ...]) -> StepRecord:
         loss,
         rates,
         drift,
+        norm,
+        param_norms,
     ) = row
     lr, lr_groups = step_rates(rates)
     record = _new(StepRecord)
@@ -110,6 +114,8 @@ def record_of(row: tuple[Any, ...]) -> StepRecord:
         lr=lr,
         lr_groups=lr_groups,
         schedule_drift=drift,
+        grad_norm=norm,
+        param_norms=param_norms,
     )
     return record
 

@@ -341,6 +341,25 @@ def foreach_l2_norm(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return list(torch._foreach_norm(tensors, 2))
 
 
+def holds_shard(param: torch.Tensor, grad: torch.Tensor) -> bool:
+    """Whether ``grad`` is this rank's shard of a gradient the ranks split between them
+    (its squares are summed over the ranks), not a whole one each rank holds alike.
+
+    A DTensor gradient sharded on a mesh dimension (FSDP2), an FSDP1 flat parameter of a
+    sharded strategy (its sharded size is not its unsharded one; ``NO_SHARD`` keeps them
+    equal). An FSDP1 module made with ``use_orig_params=True`` hands the optimizer its
+    original parameters: those count as whole.
+    """
+    placements: Any = getattr(grad, "placements", None)
+    if placements is not None:
+        return any(placement.is_shard() for placement in placements)
+    if not getattr(param, "_is_flat_param", False):
+        return False
+    sharded: Any = getattr(param, "_sharded_size", None)
+    unsharded: Any = getattr(param, "_unpadded_unsharded_size", None)
+    return sharded is not None and unsharded is not None and sharded != unsharded
+
+
 def clean_parameter_name(name: str) -> str:
     """``name`` without FSDP's (and activation checkpointing's) wrapper prefixes.
 

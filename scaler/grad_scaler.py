@@ -22,6 +22,7 @@ from ._torch_compat import (
     unscale_grads,
 )
 from .mirrors import Mirror
+from .store.spikes import SpikeRule
 
 
 class GradScaler(Instrumented, TorchGradScaler):
@@ -52,6 +53,16 @@ class GradScaler(Instrumented, TorchGradScaler):
             a URL or store picks another, ``scalewatch.telemetry.TelemetrySettings`` also sets
             the writer's queue bound and cadence, False turns recording off.
         run_name (str, keyword-only): the run's name in the store.
+        grad_norm (bool, keyword-only, default None): measure the total L2 norm of the
+            unscaled gradients of every step (``last_grad_norm``, and each step's record).
+            None: ``$SCALEWATCH_GRAD_NORM`` (``1`` turns it on; ``scalewatch instrument``
+            sets it), else off: it reads every gradient once more, which costs the
+            scaler's calls more than 10% (bench/scaler_overhead.py). A loop that computes
+            the norm already hands it in instead (:meth:`record_grad_norm`).
+        spikes (``scalewatch.store.spikes.SpikeRule``, keyword-only, default None): the
+            run's spike rule, kept in its config: a step's loss or gradient norm spikes
+            when its robust z over the ``window`` steps before it is above ``z``
+            (default ``SpikeRule(window=200, z=6.0)``). Found where steps are stored.
         mirrors (sequence of ``scalewatch.mirrors.Mirror``, keyword-only, default None):
             trackers the reporting rank also logs each step to (``TensorBoard``, ``MLflow``,
             ``WandB``); None takes those ``$SCALEWATCH_MIRROR`` names, ``[]`` none.
@@ -75,9 +86,20 @@ class GradScaler(Instrumented, TorchGradScaler):
         telemetry: Any = None,
         run_name: str | None = None,
         mirrors: Sequence[Mirror] | None = None,
+        grad_norm: bool | None = None,
+        spikes: SpikeRule | None = None,
     ) -> None:
         require_supported_torch()
-        options = Options(min_scale, max_scale, hysteresis, telemetry, run_name, mirrors)
+        options = Options(
+            min_scale,
+            max_scale,
+            hysteresis,
+            telemetry,
+            run_name,
+            mirrors=mirrors,
+            grad_norm=grad_norm,
+            spikes=spikes,
+        )
         init_scale, growth_factor, backoff_factor, growth_interval = options.torch_arguments(
             init_scale, growth_factor, backoff_factor, growth_interval
         )

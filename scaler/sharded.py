@@ -23,6 +23,7 @@ from ._torch_compat import (
     unscale_local_grads,
 )
 from .mirrors import Mirror
+from .store.spikes import SpikeRule
 
 
 class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
@@ -49,7 +50,8 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
             so a scaler made after ``destroy_process_group()`` and a new
             ``init_process_group()`` uses the new group. (Its rank and size are read at
             its first step and kept.)
-        min_scale, max_scale, hysteresis, telemetry, run_name, mirrors (keyword-only):
+        min_scale, max_scale, hysteresis, telemetry, run_name, mirrors, grad_norm, spikes
+        (keyword-only):
             see :class:`scaler.GradScaler`.
 
     The all-reduce that agrees found_inf carries every rank's own flag (so the
@@ -83,10 +85,21 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         telemetry: Any = None,
         run_name: str | None = None,
         mirrors: Sequence[Mirror] | None = None,
+        grad_norm: bool | None = None,
+        spikes: SpikeRule | None = None,
     ) -> None:
         require_supported_torch()
         note_older_torch()
-        options = Options(min_scale, max_scale, hysteresis, telemetry, run_name, mirrors)
+        options = Options(
+            min_scale,
+            max_scale,
+            hysteresis,
+            telemetry,
+            run_name,
+            mirrors=mirrors,
+            grad_norm=grad_norm,
+            spikes=spikes,
+        )
         init_scale, growth_factor, backoff_factor, growth_interval = options.torch_arguments(
             init_scale, growth_factor, backoff_factor, growth_interval
         )
@@ -130,13 +143,19 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         self._agree_found_inf(optimizer, self._per_optimizer_states[id(optimizer)])
         return found
 
+    def _agrees_norm(self) -> bool:
+        return self._group_info() is not None
+
     def _agree_found_inf(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        """One all-reduce: every rank's flag, and whether rank 0 carries a request."""
+        """One all-reduce: every rank's flag, whether rank 0 carries a request, and (with
+        ``grad_norm``) the squares of the gradient shards each rank holds."""
         group = self._group_info()
         if group is None:
             return
         assert self._scale is not None
-        self._agreement.agree(
+        norm = self._grad_norm
+        squares, norm.shard_squares = norm.shard_squares, None
+        reduced = self._agreement.agree(
             id(optimizer),
             state["found_inf_per_device"],
             group,
@@ -144,7 +163,10 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
             self._inbox,
             self.process_group,
             self._reduce_alone,
+            squares,
         )
+        if reduced is not None:
+            norm.add_reduced(reduced)
 
     def _maybe_opt_step(
         self,

@@ -118,6 +118,7 @@ export const paths = {
     return `api/runs/${enc(id)}/overflows?${query}`;
   },
   overflow: (id, step) => `api/runs/${enc(id)}/overflows/${enc(step)}`,
+  spikes: (id) => `api/runs/${enc(id)}/spikes`,
   params: (id, { start, end, limit } = {}) => {
     const query = new URLSearchParams();
     if (start !== undefined && start !== null) query.set("start", String(start));

@@ -16,6 +16,7 @@ import {
   extent,
   figureLayout,
   figureTraces,
+  spikePoint,
   labelPixels,
   lossExtent,
   overflowPoint,
@@ -84,7 +85,7 @@ export class RunChart {
     });
     this.plotted = true;
     if (this.hasMarkers()) this.applyMarkers();
-    await Promise.all([this.loadBuckets(), this.loadOverflows()]);
+    await Promise.all([this.loadBuckets(), this.loadOverflows(), this.loadSpikes()]);
   }
   onRelayout(event) {
     if (event["xaxis.autorange"] || event.autosize) {
@@ -245,6 +246,7 @@ export class RunChart {
       "yaxis3.range": [0, rate * 1.08],
       ...(losses ? { "yaxis4.range": [losses[0] - lossPad, losses[1] + lossPad] } : { "yaxis4.autorange": true }),
       ...(rates ? { "yaxis5.range": [rates[0] - ratePad, rates[1] + ratePad] } : { "yaxis5.autorange": true }),
+      "yaxis6.autorange": true, // a log axis: Plotly's own range of the norms
       ...powerTicks(scales),
     };
   }
@@ -277,6 +279,23 @@ export class RunChart {
       if (page.next === null || page.next === undefined || !(page.items || []).length) break;
       after = page.next;
     }
+  }
+
+  // The loss and gradient-norm spikes, each a marker on its panel (found as steps are
+  // stored; read again with each live batch that may hold new ones).
+  async loadSpikes() {
+    const body = await getJSON(paths.spikes(this.runId));
+    const update = { x: [], y: [], customdata: [] };
+    const traces = [];
+    for (const what of ["loss", "grad_norm"]) {
+      const points = (body.items || []).filter((item) => item.what === what).map(spikePoint);
+      update.x.push(points.map((p) => p.x));
+      update.y.push(points.map((p) => p.y));
+      update.customdata.push(points.map((p) => p.cd));
+      traces.push(T[`${what}Spikes`]);
+    }
+    this.node.dataset.spikes = String((body.items || []).length);
+    await Plotly.restyle(this.node, update, traces);
   }
 
   appendOverflows(items) {
@@ -328,6 +347,9 @@ export class RunChart {
     if (overflows.length) {
       this.appendOverflows(overflows);
       this.onLiveOverflow();
+    }
+    if (rows.some((row) => row.loss_spike || row.grad_norm_spike)) {
+      this.loadSpikes().catch(this.onError); // a live step flagged as a spike: its marker
     }
     const wider = extent([...cols.scaleMin, ...cols.scaleMax], this.scaleExtent);
     const widened = wider[0] !== this.scaleExtent[0] || wider[1] !== this.scaleExtent[1];

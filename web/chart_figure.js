@@ -1,7 +1,8 @@
 // What the run's charts look like: traces, layout, axis ticks, and the
 // per-bucket values they are built from. No data flow here; see chart.js.
-// Top to bottom, on one step axis: the loss scale (y), the loss (y4), the learning
-// rate (y5), the growth tracker (y2) and the skipped-step rate (y3).
+// Top to bottom, on one step axis: the loss scale (y), the gradient norm (y6, a log axis
+// as the scale's), the loss (y4), the learning rate (y5), the growth tracker (y2) and the
+// skipped-step rate (y3).
 
 import { formatNumber, formatScale } from "./dom.js";
 
@@ -9,6 +10,7 @@ const BLUE = "11,87,208";
 const GREEN = "26,127,55";
 const PURPLE = "110,64,201";
 const TEAL = "10,124,134";
+const ORANGE = "188,76,0";
 
 // The charts, one row a group of traces, in drawing order: everything the columns, the
 // buckets and the traces are made from. A band is a series of /steps: its min–max
@@ -37,6 +39,21 @@ export const CHARTS = [
     },
   },
   { markers: "overflows" },
+  {
+    band: "grad_norm",
+    fields: ["grad_norm"],
+    nullable: true,
+    x: "x",
+    yaxis: "y6",
+    rgb: ORANGE,
+    name: "gradient norm",
+    line: {
+      name: "gradient norm",
+      x: "x",
+      line: { color: "#bc4c00", width: 1.4 },
+      hovertemplate: "step %{x}<br>gradient norm %{y:.4~g}<extra></extra>",
+    },
+  },
   {
     band: "tracker",
     fields: ["growth_tracker"],
@@ -71,6 +88,8 @@ export const CHARTS = [
       hovertemplate: "step %{x}<br>loss %{y}<extra></extra>",
     },
   },
+  { spikes: "grad_norm", yaxis: "y6" },
+  { spikes: "loss", yaxis: "y4" },
   {
     band: "lr",
     fields: ["lr"],
@@ -93,6 +112,7 @@ const BANDS = CHARTS.filter((row) => row.band);
 // the markers' trace has none (its points come from the overflow pages).
 export const TRACE_COLUMNS = CHARTS.flatMap((row) => {
   if (row.markers) return [{ id: row.markers }];
+  if (row.spikes) return [{ id: `${row.spikes}Spikes` }];
   if (row.rate) return [{ id: row.rate, x: "x", y: "rate" }];
   return [
     { id: `${row.band}Max`, x: row.x, y: `${row.band}Max` },
@@ -108,6 +128,7 @@ export const AUTORANGE_Y = {
   "yaxis3.autorange": true,
   "yaxis4.autorange": true,
   "yaxis5.autorange": true,
+  "yaxis6.autorange": true,
 };
 // Skipped steps over the last `window` steps, fed bucket by bucket.
 export class RollingRate {
@@ -330,6 +351,7 @@ export function bandPair({ x, max, min, yaxis, name, minName = `${name} min–ma
 export function figureTraces(cols, overflows) {
   return CHARTS.flatMap((row) => {
     if (row.markers) return [overflowTrace(overflows)];
+    if (row.spikes) return [spikeTrace(row)];
     if (row.rate) return [rateTrace(cols)];
     const { band, line } = row;
     const pair = bandPair({
@@ -374,6 +396,30 @@ function overflowTrace(overflows) {
   };
 }
 
+const SPIKE_NAMES = { loss: "loss spike", grad_norm: "gradient-norm spike" };
+
+// A spike's marker on its panel: the step, the value, its z (from /spikes).
+export function spikePoint(item) {
+  return { x: item.step, y: item.value, cd: [Number(item.z).toFixed(1)] };
+}
+
+// The markers of one kind of spike (``row.spikes``: loss or grad_norm) on its panel; the
+// points come from /spikes (Chart.loadSpikes).
+function spikeTrace(row) {
+  const name = SPIKE_NAMES[row.spikes];
+  return {
+    type: "scatter",
+    mode: "markers",
+    name,
+    x: [],
+    y: [],
+    yaxis: row.yaxis,
+    customdata: [],
+    marker: { symbol: "triangle-up", size: 9, color: "#cf222e" },
+    hovertemplate: `step %{x}<br>${name}: %{y:.4~g} (z %{customdata[0]})<extra></extra>`,
+  };
+}
+
 function rateTrace(cols) {
   return {
     type: "scatter",
@@ -388,10 +434,12 @@ function rateTrace(cols) {
   };
 }
 
-const PANEL_DOMAINS = { loss: [0.39, 0.53], lr: [0.25, 0.36] };
+const PANEL_DOMAINS = { grad_norm: [0.47, 0.57], loss: [0.34, 0.44], lr: [0.23, 0.31] };
 
-// The panels of values a run may not record (the loss, the learning rate), by band.
+// The panels of values a run may not record (the gradient norm, the loss, the learning
+// rate), by band.
 export const OPTIONAL_PANELS = [
+  { band: "grad_norm", axis: "yaxis6", what: "gradient norm" },
   { band: "loss", axis: "yaxis4", what: "loss" },
   { band: "lr", axis: "yaxis5", what: "learning rate" },
 ];
@@ -438,11 +486,12 @@ export function figureLayout(narrow) {
     showlegend: !narrow,
     legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", traceorder: "normal" },
     xaxis: { title: { text: "step" }, anchor: "y3", showspikes: true, spikemode: "across", spikethickness: 1 },
-    yaxis: { type: "log", title: { text: "loss scale" }, domain: [0.56, 1], fixedrange: true, anchor: "x" },
+    yaxis: { type: "log", title: { text: "loss scale" }, domain: [0.6, 1], fixedrange: true, anchor: "x" },
+    yaxis6: { type: "log", title: { text: "grad norm" }, domain: PANEL_DOMAINS.grad_norm, fixedrange: true, anchor: "x" },
     yaxis4: { title: { text: "loss" }, domain: PANEL_DOMAINS.loss, fixedrange: true, anchor: "x" },
     yaxis5: { title: { text: "lr" }, domain: PANEL_DOMAINS.lr, fixedrange: true, exponentformat: "e", anchor: "x" },
-    yaxis2: { title: { text: "tracker" }, domain: [0.13, 0.22], fixedrange: true, rangemode: "tozero", anchor: "x" },
-    yaxis3: { title: { text: "skipped" }, domain: [0, 0.1], fixedrange: true, rangemode: "tozero", tickformat: ".1~%", anchor: "x" },
+    yaxis2: { title: { text: "tracker" }, domain: [0.11, 0.2], fixedrange: true, rangemode: "tozero", anchor: "x" },
+    yaxis3: { title: { text: "skipped" }, domain: [0, 0.08], fixedrange: true, rangemode: "tozero", tickformat: ".1~%", anchor: "x" },
     shapes: [],
     annotations: [],
   };

@@ -322,8 +322,10 @@ def _with(view: RunView, **changes: Any) -> RunView:
 
 def _step_view(row: Sequence[Any]) -> StepView:
     """A row of ``new_steps`` (``WATCHED_COLUMNS``) as the rules read it."""
-    _run, step, wall_time, scale, scale_after, overflow, skipped, inf_ranks, drift = row
+    _run, step, wall_time, scale, scale_after, overflow, skipped, inf_ranks, drift, *spiked = row
     ranks = tuple(parse_ranks(inf_ranks)) if inf_ranks else ()
-    return StepView(
+    view = StepView(
         step, wall_time, scale, scale_after, bool(overflow), bool(skipped), ranks, drift
     )
+    view.loss_spike, view.grad_norm_spike = bool(spiked[0]), bool(spiked[1])
+    return view

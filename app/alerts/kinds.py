@@ -31,7 +31,9 @@ from .units import Unit
 __all__ = [
     "KINDS",
     "AutopilotGaveUp",
+    "GradNormSpike",
     "Kind",
+    "LossSpike",
     "Params",
     "RankHotspot",
     "Reading",
@@ -63,6 +65,8 @@ class StepView:
     skipped: bool
     inf_ranks: tuple[int, ...] = ()
     schedule_drift: int | None = None  # None: no LR scheduler registered
+    loss_spike: bool = False  # the step's loss spiked (scalewatch.store.spikes)
+    grad_norm_spike: bool = False  # its gradient norm did
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +303,50 @@ class ScheduleDrift(Watch[Lead]):
         if drift is None:
             return Reading(False, 0.0)
         return Reading(drift >= self.params.threshold, float(drift), _steps(drift))
+
+
+class Spikes(Params):
+    window: int = Field(default=1000, gt=0, le=1_000_000)
+    threshold: float = Field(default=1, ge=1, description="spikes within the window")
+
+
+class _SpikeWatch(_Windowed[Spikes]):
+    """Counts the steps of the last ``window`` whose ``flag`` is set."""
+
+    flag = ""
+
+    def __init__(self, params: Spikes, run: RunView) -> None:
+        super().__init__(params, run)
+        self.within = f"within {self.window} steps"
+
+    def step(self, row: StepView) -> Reading:
+        self.slide(row, True if getattr(row, self.flag) else None)
+        count = len(self.items)
+        return Reading(count >= self.params.threshold, float(count), self.within)
+
+
+@kind(
+    "loss_spike",
+    Spikes,
+    "`threshold` loss spikes or more within `window` steps: a step's loss far above the"
+    " run's recent history (robust z over the run's spike window; overflow steps are none)",
+    unit=Unit.COUNT,
+    says="{value} loss spikes {detail}",
+)
+class LossSpike(_SpikeWatch):
+    flag = "loss_spike"
+
+
+@kind(
+    "grad_norm_spike",
+    Spikes,
+    "`threshold` gradient-norm spikes or more within `window` steps: a step's gradient norm"
+    " far above the run's recent history (runs that record the norm)",
+    unit=Unit.COUNT,
+    says="{value} gradient-norm spikes {detail}",
+)
+class GradNormSpike(_SpikeWatch):
+    flag = "grad_norm_spike"
 
 
 def _steps(count: int) -> str:

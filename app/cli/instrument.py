@@ -22,8 +22,16 @@ USAGE = "give the command to run after --, as: scalewatch instrument -- torchrun
 )
 @db_option
 @click.option("--run-name", metavar="NAME", help="the run's name (default: $SCALEWATCH_RUN_NAME)")
+@click.option(
+    "--no-grad-norm",
+    is_flag=True,
+    help="do not measure each step's gradient norm (measured by default; a scaler made with"
+    " grad_norm= keeps its own choice)",
+)
 @click.argument("command_line", nargs=-1, type=click.UNPROCESSED, metavar="-- COMMAND [ARGS...]")
-def instrument(db: str | None, run_name: str | None, command_line: tuple[str, ...]) -> None:
+def instrument(
+    db: str | None, run_name: str | None, no_grad_norm: bool, command_line: tuple[str, ...]
+) -> None:
     argv = list(command_line)
     if argv[:1] == ["--"]:
         argv = argv[1:]
@@ -39,6 +47,7 @@ def instrument(db: str | None, run_name: str | None, command_line: tuple[str, ..
         env["SCALEWATCH_DB"] = db
     if run_name:
         env["SCALEWATCH_RUN_NAME"] = run_name
+    env["SCALEWATCH_GRAD_NORM"] = "0" if no_grad_norm else "1"
     sys.stdout.flush()
     try:  # COMMAND takes this process's place: its exit status and signals are its own
         os.execvpe(argv[0], argv, env)

@@ -26,6 +26,7 @@ ROUTE_ROLES: dict[tuple[str, str], Role | None] = {
     ("GET", "/api/runs/{run}/overflows/{step}"): VIEWER,
     ("GET", "/api/runs/{run}/params"): VIEWER,
     ("GET", "/api/runs/{run}/scale-loads"): VIEWER,
+    ("GET", "/api/runs/{run}/spikes"): VIEWER,
     ("GET", "/api/alerts"): VIEWER,
     ("GET", "/api/runs/{run}/alerts"): VIEWER,
     ("GET", "/api/runs/{run}/control"): VIEWER,

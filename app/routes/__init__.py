@@ -15,6 +15,7 @@ from . import (
     metrics,
     rules,
     runs,
+    spikes,
     stream,
     tokens,
 )
@@ -29,6 +30,7 @@ router = APIRouter()
 for module in (
     runs,
     diagnosis,
+    spikes,
     alerts,
     control,
     autopilot,

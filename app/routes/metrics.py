@@ -66,6 +66,11 @@ class StoreCollector(Collector):
             "Skipped steps a registered LR scheduler stepped on: its lead over the weights",
             labels=LABELS,
         )
+        grad_norm = GaugeMetricFamily(
+            "scalewatch_grad_norm",
+            "Total L2 norm of the unscaled gradients at the last recorded step",
+            labels=LABELS,
+        )
         for run in queries.list_runs(self.store):
             labels = [str(run.id), label_value(run.name)]
             if run.scale is not None:
@@ -74,6 +79,8 @@ class StoreCollector(Collector):
                 tracker.add_metric(labels, run.growth_tracker)
             if run.schedule_drift is not None:
                 drift.add_metric(labels, run.schedule_drift)
+            if run.grad_norm is not None:
+                grad_norm.add_metric(labels, run.grad_norm)
             running.add_metric(labels, 1.0 if run.status is RunStatus.RUNNING else 0.0)
             steps.add_metric(labels, run.steps)
             overflows.add_metric(labels, run.overflows)
@@ -86,7 +93,7 @@ class StoreCollector(Collector):
         for alert in firing_alerts(self.store):
             labels = [str(alert.run_id), label_value(alert.run_name), label_value(alert.rule)]
             firing.add_metric(labels, 1.0)
-        yield from (scale, tracker, drift, running, steps, overflows, skipped, firing)
+        yield from (scale, tracker, drift, grad_norm, running, steps, overflows, skipped, firing)
 
 
 class WebhookCollector(Collector):

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
-from scalewatch.store import diagnosis, forecast, queries, scale_loads
+from scalewatch.store import diagnosis, forecast, queries, scale_loads, spike_list
 from scalewatch.store.engine import Store
 from scalewatch.store.queries import BEFORE_FIRST_STEP, INT64_MAX, RunInfo
 
@@ -70,9 +70,10 @@ def list_runs(store: StoreDep) -> RunList:
 def get_run(store: StoreDep, run: RunId) -> RunDetail:
     detail = RunDetail.model_validate(require_run(store, run), from_attributes=True)
     loads, jumps = scale_loads.load_counts(store, run)
-    return detail.model_copy(
-        update={"scale_loads": loads, "scale_jumps": jumps, "forecast": _forecast(store, detail)}
-    )
+    update: dict[str, Any] = {"scale_loads": loads, "scale_jumps": jumps}
+    update["forecast"] = _forecast(store, detail)
+    update["spikes"] = spike_list.spike_counts(store, run)
+    return detail.model_copy(update=update)
 
 
 def _forecast(store: Store, detail: RunDetail) -> ScaleForecastOut | None:

@@ -5,7 +5,8 @@ Runs on the training thread of every rank of a ``ShardedGradScaler``'s group (a
 optimizer, ``_check_inf_per_device()``), the broadcast in ``update()``.
 
 Per optimizer and step, one all-reduce of the ``payload`` (one element up to 52 ranks,
-as torch's found_inf). On the steps where rank 0 flags a request in it, a broadcast of
+as torch's found_inf; one more with ``grad_norm``: the sum of the squares of the gradient
+shards of every rank). On the steps where rank 0 flags a request in it, a broadcast of
 the request follows at ``update()``; every rank does the same at the same boundary. On
 cuda, what the host reads of them one update later waits in ``host_copies``.
 """
@@ -60,15 +61,24 @@ class Agreement:
         inbox: ControlInbox,
         process_group: Any,
         reduce_alone: bool,
-    ) -> None:
+        squares: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
         """Agree ``optimizer``'s found_inf (``per_device``, torch's, left 1 where any rank
-        overflowed) across the ranks of ``group`` (rank, size)."""
+        overflowed) across the ranks of ``group`` (rank, size).
+
+        ``squares`` (this rank's sum of squares of its gradient shards, float64 of one
+        element) rides at the end of the payload; returns their sum over the ranks (None
+        without ``squares``). The flag words are the payload without it, so what reads
+        them reads as before.
+        """
         rank, world = group
         request = rank == 0 and bool(inbox) and self.carrying is None
         if request:
             self.carrying = inbox.take_one()
         reduce = world > 1 or reduce_alone  # for one rank the all-reduce is the identity
-        if device.type == "cpu" and len(per_device) == 1 and world <= _payload.IN_PLACE_RANKS:
+        summed = None
+        in_place = squares is None and len(per_device) == 1 and world <= _payload.IN_PLACE_RANKS
+        if device.type == "cpu" and in_place:
             found = next(iter(per_device.values()))
             self._host[optimizer] = self._agree_in_place(
                 found, rank, request, reduce, process_group
@@ -78,8 +88,12 @@ class Agreement:
             payload = _own_payload(per_device, rank, world, device)
             if request:
                 payload[:1].add_(_payload.REQUEST)
+            if squares is not None:
+                payload = torch.cat((payload, squares.to(device, torch.float64).reshape(1)))
             if reduce:
                 self._all_reduce(payload, process_group)
+            if squares is not None:
+                summed, payload = payload[-1:], payload[:-1]
             if world > 1 or len(per_device) > 1:
                 # 1 where any rank overflowed: a fused optimizer skips its step at 1 only
                 total = payload.ge(1.0) if len(payload) == 1 else payload.ge(1.0).any()
@@ -88,6 +102,7 @@ class Agreement:
         self.payloads[optimizer] = payload
         if self._agreed.ranks != world:  # made once: the group's size does not change
             self._agreed = _payload.Attribution.agreed(world)
+        return summed
 
     def _agree_in_place(
         self, found: torch.Tensor, rank: int, request: bool, reduce: bool, process_group: Any

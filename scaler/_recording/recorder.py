@@ -15,10 +15,11 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._agreement.payload import Attribution, overflowed_ranks
 from .._control import ControlOutcome
+from .._grad_norm import named_norms
 from .._step_sample import StepSample, record_of
 from ..stats import ScalerStats
 from .learning_rates import Rates
@@ -66,6 +67,8 @@ class Snapshot:
     # Registered schedulers' steps since the last update: (before, after) this step's
     # optimizers stepped (see _schedules.Schedules.take); None when none is registered.
     schedule: tuple[int, int] | None = None
+    # With grad_norm: the parameters the largest norms' positions index, and how to name them.
+    top_of: tuple[list[Any], Callable[[Any], object]] | None = None
 
 
 Sink = Callable[[list[StepSample]], None]
@@ -343,7 +346,7 @@ def _materialise(snap: Snapshot, fold: Counts, sample: bool = True) -> StepSampl
     """
     captured = snap.captured
     values = captured.read() if isinstance(captured, Captured) else captured
-    scale_after, tracker, found, loss, payloads = values
+    scale_after, tracker, found, loss, payloads, norm, top = values
     overflow = found > 0
     used, skipped, drift = fold.step(
         snap.scale_used, scale_after, overflow, snap.stepped, snap.scale_set, snap.schedule
@@ -367,6 +370,8 @@ def _materialise(snap: Snapshot, fold: Counts, sample: bool = True) -> StepSampl
             loss,
             snap.rates,
             drift,
+            norm,
+            () if top is None or snap.top_of is None else named_norms(top, *snap.top_of),
         )
     )
     return StepSample(with_diagnosis(record, snap.diagnosis), snap.controls)

@@ -1,8 +1,9 @@
 """A step's values on the host (``StepValues``), and a cuda step's on their way there.
 
 On cuda the training thread copies [scale, growth tracker, found_inf, loss (if seen),
-*payload words] asynchronously into a reused pinned row (``pinned_rows``), without a sync;
-the recorder thread reads the row once its copy has arrived. A cpu step's values are read
+gradient norm (if measured), *payload words] asynchronously into a reused pinned row
+(``pinned_rows``), without a sync; the recorder thread reads the row once its copy has
+arrived. A cpu step's values are read
 at once (``read_cpu``).
 """
 
@@ -17,11 +18,11 @@ from .pinned_rows import PinnedRing, PinnedRings
 
 
 class Captured:
-    """Values of one cuda step: [scale, growth tracker, found_inf, loss (if seen), *payload
-    words], copied asynchronously to a pinned row of ``rings``. (A cpu step's values are
-    read at once: ``read_cpu``.)"""
+    """Values of one cuda step: [scale, growth tracker, found_inf, loss (if seen), gradient
+    norm (if measured), *payload words], copied asynchronously to a pinned row of ``rings``.
+    (A cpu step's values are read at once: ``read_cpu``.)"""
 
-    __slots__ = ("_has_loss", "_payloads", "_ring", "_row")
+    __slots__ = ("_has_loss", "_has_norm", "_payloads", "_ring", "_row", "_top")
 
     def __init__(
         self,
@@ -31,6 +32,8 @@ class Captured:
         loss: torch.Tensor | None,
         flags: Sequence[torch.Tensor],
         rings: PinnedRings,
+        norm: torch.Tensor | None = None,
+        top: torch.Tensor | None = None,
     ) -> None:
         self._payloads = len(flags)
         if found is None:
@@ -44,7 +47,14 @@ class Captured:
             if loss.device != scale.device:
                 loss = loss.to(scale.device, non_blocking=True)
             parts.append(loss.reshape(1))
-        sizes = (1,) * len(parts) + tuple(flag.numel() for flag in flags)
+        self._has_norm = norm is not None
+        if norm is not None:
+            parts.append(norm.reshape(1).to(scale.device, non_blocking=True))
+        self._top = 0 if top is None else top.numel()
+        if top is not None:
+            parts.append(top.to(scale.device, non_blocking=True))
+        sizes = (1,) * (len(parts) - (self._top > 0)) + ((self._top,) if self._top else ())
+        sizes += tuple(flag.numel() for flag in flags)
         parts.extend(flags)
         self._ring: PinnedRing | None
         self._ring, self._row = rings.capture(parts, sizes)
@@ -66,7 +76,12 @@ class Captured:
         self._ring = None
         if not self._has_loss:
             values.insert(3, None)
-        return split_values(values, self._payloads)
+        norm = values.pop(4) if self._has_norm else None
+        top = None
+        if self._top:
+            top = values[4 : 4 + self._top]
+            del values[4 : 4 + self._top]
+        return split_values(values, self._payloads)._replace(grad_norm=norm, top=top)
 
 
 class StepValues(NamedTuple):
@@ -78,6 +93,8 @@ class StepValues(NamedTuple):
     found: float  # found_inf: > 0 where some rank overflowed
     loss: float | None  # None: scale() saw none (or, on cpu, it was on a device)
     payloads: Sequence[list[float]]  # the words of each all-reduced payload, one per optimizer
+    grad_norm: float | None = None  # None: neither measured nor handed in
+    top: list[float] | None = None  # the largest per-parameter norms, then their positions
 
 
 def split_values(values: list[Any], payloads: int) -> StepValues:
@@ -97,9 +114,10 @@ def read_cpu(
     found: torch.Tensor | None,
     loss: torch.Tensor | None,
     flags: Sequence[torch.Tensor] | Sequence[list[float]],
+    norm: torch.Tensor | None = None,
 ) -> StepValues:
-    """A cpu step's values, read at once: found_inf 0 if None, loss None if unseen, and the
-    words of each flag payload.
+    """A cpu step's values, read at once: found_inf 0 if None, loss (and gradient norm) None
+    if unseen, and the words of each flag payload.
 
     cpu tensors are plain memory: reading one is no sync, and a few ``item()`` calls cost
     the training thread less than copying into a row for the recorder to read.
@@ -122,11 +140,22 @@ def read_cpu(
             # a loss elsewhere than the cpu scale is not read: that would be a sync
             None if loss is None or not loss.is_cpu else loss.item(),
             payloads,
+            None if norm is None or not norm.is_cpu else norm.item(),
+            None,  # the largest parameter norms: read_top
         ),
     )
 
 
 _new_values = tuple.__new__
+
+
+def read_top(top: torch.Tensor | None) -> list[float] | None:
+    """A cpu step's largest per-parameter norms and their positions, read at once (a cpu
+    read: no sync)."""
+    if top is None or not top.is_cpu:
+        return None
+    values: list[float] = top.tolist()
+    return values
 
 
 def read_if_clean(
@@ -135,10 +164,11 @@ def read_if_clean(
     tracker: torch.Tensor,
     loss: torch.Tensor | None,
     whole: bool,
-) -> tuple[float, int, float | None] | None:
-    """A clean cpu step's (scale, tracker, loss), read at once; None if it overflowed
-    (found_inf > 0: :func:`read_cpu` reads it all). Not ``whole`` (no record is kept):
-    the scale alone, the tracker 0, the loss None.
+    norm: torch.Tensor | None = None,
+) -> tuple[float, int, float | None, float | None] | None:
+    """A clean cpu step's (scale, tracker, loss, gradient norm), read at once; None if it
+    overflowed (found_inf > 0: :func:`read_cpu` reads it all). Not ``whole`` (no record is
+    kept): the scale alone, the tracker 0, the loss and norm None.
 
     The read of every clean cpu step of a run: the fewest reads, no payload, no tuple
     of its own.
@@ -146,10 +176,11 @@ def read_if_clean(
     if found is not None and found.item() > 0:
         return None
     if not whole:
-        return scale.item(), 0, None
+        return scale.item(), 0, None, None
     # item() is typed int | float: the tracker is an int32 tensor, whose item() is an int
     return (  # type: ignore[return-value]
         scale.item(),
         tracker.item(),
         None if loss is None or not loss.is_cpu else loss.item(),
+        None if norm is None or not norm.is_cpu else norm.item(),
     )

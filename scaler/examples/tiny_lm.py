@@ -173,6 +173,7 @@ def train(rank: int, args: argparse.Namespace, stop: Any, launcher: int) -> None
         growth_interval=args.growth_interval,
         telemetry=args.db,
         run_name=args.run_name,
+        grad_norm=True,  # each step's gradient norm, on the run page beside the scale
     )
     scaler.watch(model)  # an overflow names its parameters ("blocks.0.mlp.0.weight")
     # The weights do not move on a skipped step: held, nor does the schedule (the run page

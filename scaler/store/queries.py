@@ -79,6 +79,7 @@ class RunInfo:
     scale: float | None  # scale after the last recorded step
     growth_tracker: int | None
     schedule_drift: int | None  # at the last recorded step; None: no scheduler registered
+    grad_norm: float | None  # at the last recorded step; None: not recorded or not finite
     last_heartbeat: float
     started_at: float
     ended_at: float | None
@@ -117,7 +118,8 @@ def _run_info(conn: Connection, row: RowMapping, now: float) -> RunInfo:
     ).one()
     last = conn.execute(
         text(
-            "SELECT scale_after, growth_tracker, schedule_drift FROM steps WHERE run_id = :run"
+            "SELECT scale_after, growth_tracker, schedule_drift, grad_norm FROM steps"
+            " WHERE run_id = :run"
             " ORDER BY step DESC LIMIT 1"
         ),
         {"run": run_id},
@@ -135,6 +137,7 @@ def _run_info(conn: Connection, row: RowMapping, now: float) -> RunInfo:
         scale=None if last is None else float(last[0]),
         growth_tracker=None if last is None else int(last[1]),
         schedule_drift=None if last is None or last[2] is None else int(last[2]),
+        grad_norm=None if last is None or last[3] is None else float(last[3]),
         last_heartbeat=row["heartbeat_at"],
         started_at=row["started_at"],
         ended_at=row["ended_at"],

@@ -28,6 +28,7 @@ from .schema import (
     runs,
     telemetry_gaps,
 )
+from .spike_store import write_spikes
 from .sql import driver_sql
 from .sqlite import insert_rows
 from .states import RequestStatus, RunStatus
@@ -41,6 +42,7 @@ __all__ = [
     "end_run",
     "finding_rows",
     "heartbeat",
+    "norm_rows",
     "record_gap",
     "resume_run",
     "step_rows",
@@ -203,6 +205,17 @@ def effective_status(row: Mapping[str, Any] | RowMapping, now: float | None = No
     return status
 
 
+def norm_rows(records: Iterable[StepRecord]) -> list[tuple[Any, ...]]:
+    """The largest parameter norms of ``records`` as :func:`write_step_values` takes them:
+    ``(step, position, name, norm)``, record by record (kept for the steps that overflowed
+    or spiked)."""
+    return [
+        (r.step, position, name, norm)
+        for r in records
+        for position, (name, norm) in enumerate(r.param_norms)
+    ]
+
+
 def finding_rows(records: Iterable[StepRecord]) -> list[tuple[Any, ...]]:
     """The parameter findings of ``records`` as :func:`write_step_values` takes them:
     ``(step, rank, name, kind, count)``, record by record."""
@@ -221,7 +234,9 @@ def write_steps(store: Store, run_id: int, records: Sequence[StepRecord]) -> Non
     Also advances ``runs.last_step`` and the heartbeat. Writing a step again replaces it
     and its findings, so a retried batch leaves the same rows and rollups as one write.
     """
-    write_step_values(store, run_id, [step_values(r) for r in records], finding_rows(records))
+    write_step_values(
+        store, run_id, [step_values(r) for r in records], finding_rows(records), norm_rows(records)
+    )
 
 
 def write_step_values(
@@ -229,9 +244,12 @@ def write_step_values(
     run_id: int,
     values: Sequence[tuple[Any, ...]],
     findings: Sequence[tuple[Any, ...]] = (),
+    norms: Sequence[tuple[Any, ...]] = (),
 ) -> None:
-    """:func:`write_steps` of records already turned into :func:`step_values`, and their
-    findings into :func:`finding_rows`."""
+    """:func:`write_steps` of records already turned into :func:`step_values`, their
+    findings into :func:`finding_rows` and their largest parameter norms into
+    :func:`norm_rows`. The steps' loss and gradient-norm spikes are found and stored in
+    the same transaction (:mod:`.spike_store`)."""
     if not values:
         return
     step_numbers = [row[0] for row in values]
@@ -255,6 +273,7 @@ def write_step_values(
             if found is None:
                 raise RunNotFound(run_id)
             fresh = min(step_numbers) > found[0] and len(set(step_numbers)) == len(step_numbers)
+            rows = write_spikes(cursor, run_id, rows, norms, dialect=dialect, fresh=fresh)
             _insert_steps(cursor, rows, replace=not fresh, dialect=dialect)
             if not fresh:  # a step written again loses the findings it had
                 for first, last in contiguous(set(step_numbers)):

@@ -145,6 +145,32 @@ overflow_params = Table(
     sqlite_with_rowid=False,
 )
 
+# The ten largest per-parameter gradient norms of the reporting rank at a step that
+# overflowed or spiked (a run that measures the gradient norm), largest first.
+param_norms = Table(
+    "param_norms",
+    metadata,
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+    Column("step", Integer, primary_key=True),
+    Column("position", Integer, primary_key=True),  # 0: the largest
+    Column("name", String(PARAM_NAME_LENGTH), nullable=False),
+    Column("norm", Float, nullable=True),  # NULL: not finite
+    sqlite_with_rowid=False,
+)
+
+# The steps whose loss or gradient norm spiked: far above the run's recent history (a
+# robust z of the value against the median and MAD of the window before it).
+spikes = Table(
+    "spikes",
+    metadata,
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+    Column("step", Integer, primary_key=True),
+    Column("what", String(16), primary_key=True),  # loss | grad_norm
+    Column("value", Float, nullable=False),
+    Column("z", Float, nullable=False),
+    sqlite_with_rowid=False,
+)
+
 control_requests = Table(
     "control_requests",
     metadata,

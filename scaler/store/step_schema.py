@@ -179,6 +179,34 @@ class StepRecord:
             Kind.INT, nullable=True, rollup=Rollup(series="schedule_drift", fold=Fold.LAST)
         ),
     )
+    # The total L2 norm of the unscaled gradients (clip_grad_norm_'s value, every rank's
+    # gradients), measured or handed in; None when neither. Not finite: NULL, as the loss.
+    grad_norm: float | None = field(
+        default=None,
+        metadata=column(
+            Kind.FLOAT, nullable=True, finite_only=True, rollup=_range("grad_norm", last=True)
+        ),
+    )
+    # Whether the step's loss, or its gradient norm, spiked above the run's recent history
+    # (set where the step is stored, scalewatch.store.spike_store; the spikes table has z).
+    loss_spike: bool = field(
+        default=False,
+        metadata=column(
+            Kind.BOOL, server_default="0", rollup=Rollup(series="loss_spikes", fold=Fold.COUNT)
+        ),
+    )
+    grad_norm_spike: bool = field(
+        default=False,
+        metadata=column(
+            Kind.BOOL,
+            server_default="0",
+            rollup=Rollup(series="grad_norm_spikes", fold=Fold.COUNT),
+        ),
+    )
+    # With grad_norm on: the ten largest per-parameter gradient norms of the reporting
+    # rank (its shards'), largest first, as (name, norm); kept where the step overflowed or
+    # spiked (rows of ``param_norms``).
+    param_norms: tuple[tuple[str, float], ...] = ()
 
 
 STEP_FIELDS: tuple[StepField, ...] = tuple(

@@ -112,6 +112,8 @@ WATCHED_COLUMNS: tuple[str, ...] = (
     "skipped",
     "inf_ranks",
     "schedule_drift",
+    "loss_spike",
+    "grad_norm_spike",
 )
 # Runs asked for in one statement (a sub-select each), unless the caller says.
 RUNS_PER_READ = 50

@@ -18,27 +18,40 @@ from typing import Any
 from .._control import ControlOutcome
 from .._step_sample import StepSample
 from ..store.records import ScaleLoad
-from ..store.runs import finding_rows, step_values
+from ..store.runs import finding_rows, norm_rows, step_values
 
 
 class Diagnosed(tuple[Any, ...]):
-    """The :func:`step_values` of an overflow step that carries its findings as
-    ``overflow_params`` rows: queued, put back and dropped with its step as one item.
+    """The :func:`step_values` of a step that carries its findings as ``overflow_params``
+    rows (an explained overflow), or its largest parameter norms (a run that measures the
+    gradient norm): queued, put back and dropped with its step as one item.
 
-    Rare (an explained overflow), so clean steps stay plain tuples.
+    Steps with neither stay plain tuples.
     """
 
     findings: list[tuple[Any, ...]]
+    norms: list[tuple[Any, ...]]
 
-    def __new__(cls, values: tuple[Any, ...], findings: list[tuple[Any, ...]]) -> Diagnosed:
+    def __new__(
+        cls,
+        values: tuple[Any, ...],
+        findings: list[tuple[Any, ...]],
+        norms: list[tuple[Any, ...]] | None = None,
+    ) -> Diagnosed:
         self = super().__new__(cls, values)
         self.findings = findings
+        self.norms = norms or []
         return self
 
 
 def findings_of(batch: list[Any]) -> list[tuple[Any, ...]]:
     """The ``overflow_params`` rows of the steps in ``batch``."""
     return [row for values in batch if type(values) is Diagnosed for row in values.findings]
+
+
+def norms_of(batch: list[Any]) -> list[tuple[Any, ...]]:
+    """The largest parameter norms of the steps in ``batch``."""
+    return [row for values in batch if type(values) is Diagnosed for row in values.norms]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +118,9 @@ class CommandQueue:
         with self.lock:
             for sample in samples:
                 record = sample.record
-                if record.params:
-                    commands.append(Diagnosed(step_values(record), finding_rows([record])))
+                if record.params or record.param_norms:
+                    findings, norms = finding_rows([record]), norm_rows([record])
+                    commands.append(Diagnosed(step_values(record), findings, norms))
                 else:
                     commands.append(step_values(record))
                 for outcome in sample.controls:

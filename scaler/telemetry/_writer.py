@@ -27,7 +27,15 @@ from ..store import runs as store_runs
 from ..store import scale_loads as store_scale_loads
 from ..store.engine import Store, open_store
 from ..store.states import RunStatus
-from ._queue import Command, CommandQueue, RecordGap, RecordLoad, WriteOutcome, findings_of
+from ._queue import (
+    Command,
+    CommandQueue,
+    RecordGap,
+    RecordLoad,
+    WriteOutcome,
+    findings_of,
+    norms_of,
+)
 
 log = logging.getLogger("scalewatch.telemetry")
 
@@ -174,7 +182,11 @@ class Writer:
                 log.warning("scalewatch: %s not recorded: %s", what, one_line(error))
             return False
         steps = cast(list[tuple[Any, ...]], commands)  # take() gives steps alone, or none
-        store_runs.write_step_values(store, run_id, steps, findings_of(steps))
+        norms = norms_of(steps)  # a run that measures the gradient norm
+        if norms:
+            store_runs.write_step_values(store, run_id, steps, findings_of(steps), norms)
+        else:
+            store_runs.write_step_values(store, run_id, steps, findings_of(steps))
         return True
 
     def end(self, status: RunStatus | None) -> None:

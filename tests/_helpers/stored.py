@@ -34,12 +34,14 @@ def expected_rollups(
     *,
     with_loss: bool = True,
     with_lr: bool = True,
+    with_grad_norm: bool = True,
 ) -> set[tuple[int | float | None, ...]]:
     """The ``step_rollups`` rows of ``records`` at ``levels`` (level -> width), computed by
     brute force from the records themselves: the oracle for the store's rollups.
 
     ``with_loss``: with the min and max of the finite losses (revision 7c25d1a9e5f0 on);
-    ``with_lr``: of the learning rates (revision b41e7f2c9d08 on).
+    ``with_lr``: of the learning rates (revision b41e7f2c9d08 on); ``with_grad_norm``: of
+    the finite gradient norms (revision f5a3c9e1d7b2 on).
     """
     expected: set[tuple[int | float | None, ...]] = set()
     for level, width in levels.items():
@@ -54,6 +56,12 @@ def expected_rollups(
             loss = (min(losses), max(losses)) if losses else (None, None)
             rates = [r.lr for r in members if r.lr is not None]
             lr = (min(rates), max(rates)) if rates else (None, None)
+            norms = [
+                r.grad_norm
+                for r in members
+                if r.grad_norm is not None and math.isfinite(r.grad_norm)
+            ]
+            norm = (min(norms), max(norms)) if norms else (None, None)
             expected.add(
                 (
                     run_id,
@@ -72,6 +80,15 @@ def expected_rollups(
                     sum(r.skipped for r in members),
                     *(loss if with_loss else ()),
                     *(lr if with_lr else ()),
+                    *(norm if with_grad_norm else ()),
+                    *(
+                        (
+                            sum(r.loss_spike for r in members),
+                            sum(r.grad_norm_spike for r in members),
+                        )
+                        if with_grad_norm
+                        else ()
+                    ),
                 )
             )
     return expected

@@ -52,7 +52,7 @@ def _turns(kind: str, rows: list[StepView], run: RunView = RUN, **params: object
 def test_the_registry_holds_every_kind_with_a_default_rule() -> None:
     assert set(KINDS) == {
         "scale_below", "scale_drop", "skip_rate", "skip_streak", "stalled", "rank_hotspot",
-        "autopilot", "schedule_drift", "scale_forecast",
+        "autopilot", "schedule_drift", "scale_forecast", "loss_spike", "grad_norm_spike",
     }  # fmt: skip
     assert all(spec.default for spec in KINDS.values())
 
@@ -90,6 +90,18 @@ def test_schedule_drift_fires_once_the_schedule_is_threshold_steps_ahead() -> No
     unregistered = _steps(skipped=range(1, 100))  # no scheduler: None, never a reading
     assert _turns("schedule_drift", held, threshold=1) == []
     assert _turns("schedule_drift", unregistered, threshold=1) == []
+
+
+@pytest.mark.parametrize("what", ["loss", "grad_norm"])
+def test_a_spike_alert_fires_at_threshold_spikes_within_its_window(what: str) -> None:
+    rows = _steps()
+    for row in rows:
+        setattr(row, f"{what}_spike", row.step in (10, 40, 45))
+    assert _turns(f"{what}_spike", rows, window=20, threshold=2) == [
+        (45, True, 2.0),
+        (60, False, 1.0),
+    ]
+    assert _turns(f"{what}_spike", rows) == [(10, True, 1.0)]  # the default: any spike in 1000
 
 
 def test_skip_streak_fires_at_the_nth_skipped_step_in_a_row() -> None:

@@ -41,6 +41,9 @@ step_rows = st.tuples(
     st.none() | floats,  # lr
     st.none() | st.sampled_from(["[[0.001,0.0005]]", "[[0.1],[null]]"]),  # lr_groups
     st.none() | st.integers(0, 2**31),  # schedule_drift
+    st.none() | floats,  # grad_norm
+    st.integers(0, 1),  # loss_spike
+    st.integers(0, 1),  # grad_norm_spike
 )
 # Anything SQLite could hand back, to prove the fallback to csv.writer.
 odd_values = (
@@ -71,7 +74,29 @@ def test_any_row_is_written_as_csv_writer_writes_it(rows: list[tuple[Any, ...]])
 
 ODD = [None, True, "", '"', ",", "\r", "\n", "None", "1,2", 'x"y', " a", 2, 2.5, -0.0, float("nan")]
 ROWS = [
-    (1, 1700000000.5, 65536.0, 0, 0, "", 65536.0, 1, 2, 2.0, 0.5, 0, 2.5, "", 0, 0.001, None, 0),
+    (
+        1,
+        1700000000.5,
+        65536.0,
+        0,
+        0,
+        "",
+        65536.0,
+        1,
+        2,
+        2.0,
+        0.5,
+        0,
+        2.5,
+        "",
+        0,
+        0.001,
+        None,
+        0,
+        0.5,
+        0,
+        0,
+    ),
     (
         2,
         1700000001.25,
@@ -90,6 +115,9 @@ ROWS = [
         4,
         None,
         None,
+        1,
+        None,
+        0,
         1,
     ),
     (
@@ -111,6 +139,9 @@ ROWS = [
         2e-05,
         None,
         None,
+        1.25,
+        1,
+        0,
     ),
 ]
 
@@ -129,7 +160,7 @@ def test_step_rows_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(exports, "_csv_writer_page", refuse)
     assert csv_page(ROWS) == (
-        "1,1700000000.5,65536.0,0,0,,65536.0,1,2,2.0,0.5,0,2.5,,0,0.001,,0\n"
-        '2,1700000001.25,65536.0,1,1,"0,3",32768.0,0,2,2.0,0.5,0,,"0,3",4,,,1\n'
-        "3,1700000002.0,32768.0,1,1,7,16384.0,0,2,2.0,0.5,1,,,0,2e-05,,\n"
+        "1,1700000000.5,65536.0,0,0,,65536.0,1,2,2.0,0.5,0,2.5,,0,0.001,,0,0.5,0,0\n"
+        '2,1700000001.25,65536.0,1,1,"0,3",32768.0,0,2,2.0,0.5,0,,"0,3",4,,,1,,0,1\n'
+        "3,1700000002.0,32768.0,1,1,7,16384.0,0,2,2.0,0.5,1,,,0,2e-05,,,1.25,1,0\n"
     )

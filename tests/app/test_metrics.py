@@ -48,6 +48,17 @@ def test_the_schedules_drift_is_a_gauge_of_the_runs_that_register_one(
     assert [(s.labels["run_name"], s.value) for s in drift.samples] == [("drifting", 3)]
 
 
+def test_the_gradient_norm_is_a_gauge_of_the_runs_that_record_one(
+    client: TestClient, store: Store
+) -> None:
+    records = [dataclasses.replace(r, grad_norm=r.step / 8) for r in simulate(20, set())]
+    add_run(store, records, name="measured")
+    add_run(store, simulate(5, set()), name="unmeasured")
+    families = list(text_string_to_metric_families(client.get("/metrics").text))
+    norm = next(family for family in families if family.name == "scalewatch_grad_norm")
+    assert [(s.labels["run_name"], s.value) for s in norm.samples] == [("measured", 2.5)]
+
+
 def test_control_characters_of_a_runs_name_never_reach_the_scrape(
     client: TestClient, store: Store
 ) -> None:

@@ -20,19 +20,19 @@ PARTS["migrations"] = "scalewatch/migrations"
 
 AFTER = "\n\nSTEP_FIELDS: tuple[StepField, ...] = tuple("  # the end of StepRecord
 FIELD = """\
-    grad_norm: float | None = field(
+    update_norm: float | None = field(
         default=None,
         metadata=column(
             Kind.FLOAT,
             nullable=True,
-            rollup=_range("grad_norm", last=True),
-            export="gradient_norm",
+            rollup=_range("update_norm", last=True),
+            export="weight_update_norm",
             sse="norm",
         ),
     )
 """
 MIGRATION = '''\
-"""The gradient norm of each step"""
+"""The weight update's norm of each step"""
 
 import sqlalchemy as sa
 from alembic import op
@@ -45,10 +45,10 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table("steps") as batch:
-        batch.add_column(sa.Column("grad_norm", sa.Float(), nullable=True))
+        batch.add_column(sa.Column("update_norm", sa.Float(), nullable=True))
     with op.batch_alter_table("step_rollups") as batch:
-        batch.add_column(sa.Column("grad_norm_min", sa.Float(), nullable=True))
-        batch.add_column(sa.Column("grad_norm_max", sa.Float(), nullable=True))
+        batch.add_column(sa.Column("update_norm_min", sa.Float(), nullable=True))
+        batch.add_column(sa.Column("update_norm_max", sa.Float(), nullable=True))
 
 
 def downgrade() -> None:
@@ -75,7 +75,7 @@ write_steps(store, run.id, [
     StepRecord(step=s, wall_time=float(s), scale=1024.0, overflow=False, skipped=False,
                inf_ranks=(), scale_after=1024.0, growth_tracker=s % 100, growth_interval=100,
                growth_factor=2.0, backoff_factor=0.5, control_version=0,
-               grad_norm=None if s % 7 == 0 else float(s % 50) + 0.25,
+               update_norm=None if s % 7 == 0 else float(s % 50) + 0.25,
                lr_groups=((0.1, 0.2),) if s == 2999 else None)
     for s in range(1, 3001)
 ])
@@ -126,7 +126,7 @@ def test_a_field_declared_once_is_exported_streamed_and_charted(tmp_path: Path) 
     source = schema.read_text()
     assert source.count(AFTER) == 1
     schema.write_text(source.replace(AFTER, FIELD + AFTER))
-    migration = site / "scalewatch/migrations/versions/f00dfeed0001_steps_grad_norm.py"
+    migration = site / "scalewatch/migrations/versions/f00dfeed0001_steps_update_norm.py"
     migration.write_text(MIGRATION.format(head=head_revision()))
 
     env = {**os.environ, "PYTHONPATH": str(site)}
@@ -146,9 +146,9 @@ def test_a_field_declared_once_is_exported_streamed_and_charted(tmp_path: Path) 
     assert out["mirrored"]["scalewatch/grad_norm"] == 0.5  # a tracker's mirror logs it too
 
     header, *rows = out["csv"].splitlines()
-    assert header.split(",")[-1] == "gradient_norm"  # its export name
+    assert header.split(",")[-1] == "weight_update_norm"  # its export name
     assert [row.split(",")[-1] for row in rows] == ["1.25", "2.25", "3.25"]
-    assert [json.loads(line)["gradient_norm"] for line in out["jsonl"].splitlines()] == [
+    assert [json.loads(line)["weight_update_norm"] for line in out["jsonl"].splitlines()] == [
         1.25,
         2.25,
         3.25,
@@ -165,14 +165,14 @@ def test_a_field_declared_once_is_exported_streamed_and_charted(tmp_path: Path) 
     ]
 
     assert data[3]["lr_groups"] == [[0.1, 0.2]]
-    assert '"lr_groups":null,"schedule_drift":null,"norm":0.25}' in out["fast"]
+    assert '"grad_norm":null,"loss_spike":false,"grad_norm_spike":false,"norm":0.25}' in out["fast"]
 
     series = out["series"]["series"]
     norms = {s: None if s % 7 == 0 else float(s % 50) + 0.25 for s in range(1, 3001)}
     for i, (first, last) in enumerate(zip(series["first_step"], series["last_step"], strict=True)):
         present = [v for s in range(first, last + 1) if (v := norms[s]) is not None]
-        assert series["grad_norm_min"][i] == min(present)
-        assert series["grad_norm_max"][i] == max(present)
-        assert series["grad_norm_last"][i] == norms[last]
+        assert series["update_norm_min"][i] == min(present)
+        assert series["update_norm_max"][i] == max(present)
+        assert series["update_norm_last"][i] == norms[last]
     assert out["series"]["bucket_width"] > 8  # read from the rollups, not step by step
     assert json.loads(out["ingested"])["gradient_norm"] == 6.5  # sent by a job, over HTTP

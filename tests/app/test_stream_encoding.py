@@ -32,6 +32,9 @@ def row(step: int, **changes: Any) -> tuple[Any, ...]:
         "lr": 0.001,
         "lr_groups": None,
         "schedule_drift": None,
+        "grad_norm": None,
+        "loss_spike": 0,
+        "grad_norm_spike": 0,
     }
     values.update(changes)
     return tuple(values.values())
@@ -61,6 +64,9 @@ def test_a_random_page_is_the_json_encoders() -> None:
             params_omitted=rng.choice([0, 0, rng.randint(1, 10**6)]),
             lr=rng.choice([None, rng.uniform(1e-6, 1e-2)]),
             schedule_drift=rng.choice([None, 0, rng.randint(1, 10**6)]),
+            grad_norm=rng.choice([None, rng.uniform(0, 1e4), rng.random() * 1e-300]),
+            loss_spike=int(step % 7 == 0),
+            grad_norm_spike=int(step % 11 == 0),
         )
         for step in range(1000, 1500)
     ]

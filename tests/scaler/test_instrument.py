@@ -135,6 +135,7 @@ def test_a_script_that_builds_torchs_scaler_records_a_run(tmp_path: Path) -> Non
     with open_store(f"sqlite:///{tmp_path / 'sw.db'}") as store:
         [run] = list_runs(store)
     assert (run.name, run.status, run.steps, run.world_size) == ("unedited", "finished", 5, 1)
+    assert run.grad_norm == pytest.approx(3**0.5)  # measured: instrument turns it on
 
 
 @pytest.mark.slow

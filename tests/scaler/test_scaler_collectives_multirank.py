@@ -19,8 +19,9 @@ rank's findings to rank 0, see ``scalewatch._diagnosis.gather``),
 however many optimizers overflowed.
 Diagnosis runs without ``watch`` too (positional names), so an unwatched scaler gathers
 as well. A fused optimizer's found_inf is agreed by the same all-reduce (torch's is not),
-so the DDP replicas stay equal. (A step that carries a control request adds a broadcast,
-see ``test_control.py``; none is made here.)
+so the DDP replicas stay equal. With ``grad_norm=True`` the squares of the gradient
+shards ride in that same all-reduce: still exactly one a clean step. (A step that
+carries a control request adds a broadcast, see ``test_control.py``; none is made here.)
 """
 
 from __future__ import annotations
@@ -56,9 +57,12 @@ KINDS: dict[str, tuple[str, str, bool, int, bool]] = {
     "two-optimizers": ("ddp", "ours", True, 2, False),
     "fused": ("ddp", "ours", True, 1, True),
 }
+KINDS["norm"] = ("ddp", "ours", True, 1, False)
 if FSDP2_HERE:
     KINDS["fsdp2-torch"] = ("fsdp2", "torch", False, 1, False)
     KINDS["fsdp2-watched"] = ("fsdp2", "ours", True, 1, False)
+    KINDS["fsdp2-norm"] = ("fsdp2", "ours", True, 1, False)
+NORM = ("norm", "fsdp2-norm")  # ours measuring the gradient norm
 COLLECTIVES = (
     "all_gather",
     "all_gather_coalesced",
@@ -170,7 +174,9 @@ def make_scaler(which: str, url: str, kind: str) -> Any:
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
         return ShardedGradScaler("cpu", init_scale=1024.0)
-    return scalewatch.ShardedGradScaler("cpu", init_scale=1024.0, telemetry=url, run_name=kind)
+    return scalewatch.ShardedGradScaler(
+        "cpu", init_scale=1024.0, telemetry=url, run_name=kind, grad_norm=kind in NORM
+    )
 
 
 def train(rank: int, kind: str, url: str, counter: Counter) -> list[list[float]]:
@@ -204,6 +210,7 @@ def train(rank: int, kind: str, url: str, counter: Counter) -> list[list[float]]
     counter.at = (kind, STEPS, "close")
     if which == "ours":
         assert gs.stats().overflows == len(OVERFLOWS)
+        assert (gs.last_grad_norm is not None) == (kind in NORM)
         gs.close()
     # as lists: a tensor would reach the test through shared memory the rank takes with it
     return [getattr(p, "_local_tensor", p).detach().view(-1).tolist() for p in model.parameters()]

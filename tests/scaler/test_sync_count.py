@@ -4,8 +4,8 @@ On a clean step ours reads no more than torch's; on an overflow step the diagnos
 at most ``DIAGNOSIS_READS``: which gradients (and the loss) hold inf/NaN, then their
 counts. On cpu the calls that bring a tensor's value to the host are counted (only on
 the training thread), but for the telemetry capture of a cpu step
-(``scalewatch._recording.step_values.read_cpu`` and ``read_if_clean``): a cpu tensor is
-memory, and reading it there is no sync; on cuda that capture is an asynchronous copy to
+(``scalewatch._recording.step_values.read_cpu``, ``read_if_clean`` and ``read_top``): a cpu
+tensor is memory, and reading it there is no sync; on cuda that capture is an asynchronous copy to
 pinned memory instead. On cuda torch's sync debug mode reports the synchronisations
 themselves.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import sys
 import threading
 import warnings
@@ -27,7 +28,7 @@ from torch import nn
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler as TorchSharded
 
 import scalewatch
-from scalewatch._recording.step_values import read_cpu, read_if_clean
+from scalewatch._recording.step_values import read_cpu, read_if_clean, read_top
 from tests._helpers.twin import (
     INJECT,
     batch,
@@ -40,7 +41,8 @@ from tests.scaler._kept_samples import keep_samples
 
 HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy")
 STEPS = 10
-CAPTURES = (read_cpu.__code__, read_if_clean.__code__)  # a cpu step's capture: no sync
+# a cpu step's capture: no sync
+CAPTURES = (read_cpu.__code__, read_if_clean.__code__, read_top.__code__)
 DIAGNOSIS_READS = 2  # per overflow step: one device, one gradient dtype
 
 
@@ -145,26 +147,30 @@ def test_counter_sees_reads_on_this_thread_only() -> None:
     assert counts == Counter({"item": 1, "tolist": 1, "__bool__": 1})
 
 
+@pytest.mark.parametrize("grad_norm", [False, True], ids=["norm-off", "norm-on"])
 @pytest.mark.parametrize("optimizers", list(OPTIMIZERS))
-def test_grad_scaler(optimizers: str) -> None:
+def test_grad_scaler(optimizers: str, grad_norm: bool) -> None:
+    # grad_norm: the norm stays a device value, read by the capture alone
+    kwargs: dict[str, Any] = {"init_scale": 256.0, "growth_interval": 3}
     theirs, _ = compare(
-        torch.amp.GradScaler("cpu", init_scale=256.0, growth_interval=3),
-        scalewatch.GradScaler("cpu", init_scale=256.0, growth_interval=3, telemetry=False),
+        torch.amp.GradScaler("cpu", **kwargs),
+        scalewatch.GradScaler("cpu", telemetry=False, grad_norm=grad_norm, **kwargs),
         optimizers,
     )
     # fused optimizers skip on device: neither scaler reads anything then
     assert (theirs > 0) != (optimizers == "fused-adam")
 
 
+@pytest.mark.parametrize("grad_norm", [False, True], ids=["norm-off", "norm-on"])
 @pytest.mark.parametrize("optimizers", list(OPTIMIZERS))
-def test_sharded_in_a_world_of_one(optimizers: str) -> None:
+def test_sharded_in_a_world_of_one(optimizers: str, grad_norm: bool) -> None:
     if optimizers == "fused-adam":
         skip_unless_torchs_sharded_steps_fused_overflows()
     kwargs: dict[str, Any] = {"device": "cpu", "init_scale": 256.0, "growth_interval": 3}
-    with world1():
+    with world1():  # grad_norm: the shards' squares ride in the payload, read with it
         theirs, mine = compare(
             TorchSharded(**kwargs),
-            scalewatch.ShardedGradScaler(telemetry=False, **kwargs),
+            scalewatch.ShardedGradScaler(telemetry=False, grad_norm=grad_norm, **kwargs),
             optimizers,
         )
     # ours reads the whole payload once per step instead of every found_inf
@@ -224,15 +230,19 @@ def cuda_steps(gs: Any, optimizers: str, *, error_mode_for_step: bool) -> int:
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("optimizers", list(OPTIMIZERS))
-@pytest.mark.parametrize("telemetry", [False, None], ids=["telemetry-off", "telemetry-on"])
-def test_cuda_sync_debug_mode(optimizers: str, telemetry: bool | None) -> None:
+@pytest.mark.parametrize(
+    ("telemetry", "grad_norm"),
+    [(False, False), (None, False), (None, True)],
+    ids=["telemetry-off", "telemetry-on", "telemetry-and-norm-on"],
+)
+def test_cuda_sync_debug_mode(optimizers: str, telemetry: bool | None, grad_norm: bool) -> None:
     # scale, backward and update never sync; torch's step reads found_inf unless fused.
     # telemetry=None: the default store (a private file for each test).
     fused = optimizers == "fused-adam"
     kwargs: dict[str, Any] = {"init_scale": 256.0, "growth_interval": 3}
     reference = torch.amp.GradScaler("cuda", **kwargs)
     theirs = cuda_steps(reference, optimizers, error_mode_for_step=fused)
-    plain = scalewatch.GradScaler("cuda", telemetry=telemetry, **kwargs)
+    plain = scalewatch.GradScaler("cuda", telemetry=telemetry, grad_norm=grad_norm, **kwargs)
     mine = cuda_steps(plain, optimizers, error_mode_for_step=fused)
     # an overflow step is explained in step(), after torch's own read: update() never syncs
     diagnosis = 0 if fused else DIAGNOSIS_READS * len(INJECT)
@@ -241,10 +251,13 @@ def test_cuda_sync_debug_mode(optimizers: str, telemetry: bool | None) -> None:
     plain.close()
     with world1():
         theirs = cuda_steps(TorchSharded("cuda", **kwargs), optimizers, error_mode_for_step=False)
-        ours = scalewatch.ShardedGradScaler("cuda", telemetry=telemetry, **kwargs)
+        ours = scalewatch.ShardedGradScaler(
+            "cuda", telemetry=telemetry, grad_norm=grad_norm, **kwargs
+        )
         mine = cuda_steps(ours, optimizers, error_mode_for_step=False)
         assert (ours._session.telemetry is not None) == (telemetry is None)
         assert ours.stats().steps == STEPS
+        assert (ours.last_grad_norm is not None) == grad_norm
         ours.close()
     assert mine <= theirs + diagnosis
 
@@ -271,17 +284,19 @@ class RecordedSharded(_Recorded, scalewatch.ShardedGradScaler):
 
 @pytest.mark.parametrize("optimizers", ["sgd", "fused-adam"])
 def test_the_loss_reaches_the_record_without_a_read(optimizers: str) -> None:
-    """Every record carries the loss ``scale()`` saw; its capture reads nothing more (the
-    recorder's sink is on, as on a reporting rank)."""
+    """Every record carries the loss ``scale()`` saw and the gradient norm measured; their
+    capture reads nothing more (the recorder's sink is on, as on a reporting rank)."""
     if optimizers == "fused-adam":
         skip_unless_torchs_sharded_steps_fused_overflows()
     kwargs: dict[str, Any] = {"init_scale": 256.0, "growth_interval": 3}
     clean, _ = steps(torch.amp.GradScaler("cpu", **kwargs), OPTIMIZERS[optimizers])
+    kwargs["grad_norm"] = True
     plain = RecordedPlain("cpu", **kwargs)
     mine, _ = steps(plain, OPTIMIZERS[optimizers])
     assert sum(mine.values()) <= sum(clean.values()), (mine, clean)
+    without_norm = {k: v for k, v in kwargs.items() if k != "grad_norm"}
     with world1():
-        clean, _ = steps(TorchSharded("cpu", **kwargs), OPTIMIZERS[optimizers])
+        clean, _ = steps(TorchSharded("cpu", **without_norm), OPTIMIZERS[optimizers])
         sharded = RecordedSharded("cpu", **kwargs)
         mine, _ = steps(sharded, OPTIMIZERS[optimizers])
         assert sum(mine.values()) <= sum(clean.values()), (mine, clean)
@@ -292,4 +307,7 @@ def test_the_loss_reaches_the_record_without_a_read(optimizers: str) -> None:
         assert len(losses) == STEPS and all(isinstance(loss, float) for loss in losses)
         model = mlp()
         assert losses[0] == model(batch(0)).pow(2).mean().item()  # the first step's, exactly
+        norms = [record.grad_norm for record in gs.records]
+        assert all(isinstance(norm, float) for norm in norms)
+        assert [not math.isfinite(norm) for norm in norms] == [s in INJECT for s in range(STEPS)]
         gs.close()

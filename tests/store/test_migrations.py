@@ -29,6 +29,8 @@ TABLES = {
     "steps",
     "step_rollups",
     "overflow_params",
+    "param_norms",
+    "spikes",
     "control_requests",
     "telemetry_gaps",
     "identities",

@@ -47,15 +47,25 @@ def _record(rng: random.Random, step: int) -> StepRecord:
 
 
 def _brute_force(
-    levels: dict[int, int], stored: dict[int, dict[int, StepRecord]], *, with_loss: bool = True
+    levels: dict[int, int],
+    stored: dict[int, dict[int, StepRecord]],
+    *,
+    with_loss: bool = True,
+    with_grad_norm: bool = True,
 ) -> set[Rollup]:
     """Without ``with_loss``: the rollups as they were before revision 7c25d1a9e5f0 (and
-    so before the learning rate's columns too)."""
+    so before the learning rate's and the gradient norm's columns too); without
+    ``with_grad_norm``: before revision f5a3c9e1d7b2."""
     return {
         row
         for run_id, records in stored.items()
         for row in expected_rollups(
-            run_id, records.values(), levels, with_loss=with_loss, with_lr=with_loss
+            run_id,
+            records.values(),
+            levels,
+            with_loss=with_loss,
+            with_lr=with_loss,
+            with_grad_norm=with_loss and with_grad_norm,
         )
     }
 
@@ -178,7 +188,7 @@ def test_the_level_of_8_steps_is_built_for_a_store_filled_before_it(
         stored[2] = _fill(store, rng, range(3, 900, 5))
     monkeypatch.undo()
     downgrade(db_url, BEFORE_LEVEL_8)
-    assert _rollups(db_url) == _brute_force(FIVE_LEVELS, stored)
+    assert _rollups(db_url) == _brute_force(FIVE_LEVELS, stored, with_grad_norm=False)
 
     upgrade(db_url)
     assert _rollups(db_url) == _brute_force(ROLLUP_LEVELS, stored)
@@ -191,7 +201,7 @@ def test_the_level_of_8_steps_is_built_for_a_store_filled_before_it(
     assert _rollups(db_url) == _brute_force(ROLLUP_LEVELS, stored)
 
     downgrade(db_url, BEFORE_LEVEL_8)
-    assert _rollups(db_url) == _brute_force(FIVE_LEVELS, stored)
+    assert _rollups(db_url) == _brute_force(FIVE_LEVELS, stored, with_grad_norm=False)
 
 
 def test_upgrade_of_an_empty_store_and_of_runs_without_steps(db_url: str) -> None:
@@ -204,7 +214,9 @@ def test_upgrade_of_an_empty_store_and_of_runs_without_steps(db_url: str) -> Non
 
 
 def test_step_columns_are_written_once() -> None:
-    # A record's parameter findings are rows of overflow_params, not a column.
-    fields = tuple(f.name for f in dataclasses.fields(StepRecord) if f.name != "params")
+    # A record's parameter findings are rows of overflow_params, its largest parameter
+    # norms rows of param_norms: not columns.
+    rows_elsewhere = ("params", "param_norms")
+    fields = tuple(f.name for f in dataclasses.fields(StepRecord) if f.name not in rows_elsewhere)
     assert fields == EXPORT_COLUMNS
     assert ("run_id", *fields) == store_runs._STEP_COLUMNS

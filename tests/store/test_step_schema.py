@@ -51,7 +51,8 @@ def test_the_rollup_table_the_migrations_build_keeps_each_series(db_url: str) ->
 
 
 def test_every_field_of_a_record_but_its_findings_is_a_column() -> None:
-    assert [f.name for f in fields(StepRecord) if f.name != "params"] == [
+    elsewhere = ("params", "param_norms")  # rows of overflow_params and param_norms
+    assert [f.name for f in fields(StepRecord) if f.name not in elsewhere] == [
         f.name for f in STEP_FIELDS
     ]
     assert tuple(f.name for f in STEP_FIELDS) == EXPORT_COLUMNS
@@ -73,16 +74,18 @@ def test_a_record_becomes_its_row_and_the_row_its_json() -> None:
         lr=0.001,
         lr_groups=((0.001, None),),
         schedule_drift=2,
+        grad_norm=math.inf,
     )
     row = step_values(record)
     assert row == (
         *(4, 10.5, 65536.0, True, True, "0,3", 32768.0, 0, 2000, 2.0, 0.5, 1),
-        *(None, "3", 1, 0.001, "[[0.001,null]]", 2),
+        *(None, "3", 1, 0.001, "[[0.001,null]]", 2, None, False, False),
     )
     shown = step_dict(row)
     assert shown["inf_ranks"] == [0, 3] and shown["loss_nonfinite_ranks"] == [3]
     assert shown["overflow"] is True and shown["lr_groups"] == [[0.001, None]]
     assert shown["loss"] is None and shown["schedule_drift"] == 2
+    assert shown["grad_norm"] is None  # not finite: null, as the loss
 
 
 def test_the_series_are_the_rollups_declared() -> None:
@@ -90,7 +93,8 @@ def test_the_series_are_the_rollups_declared() -> None:
         *("first_step", "last_step", "n", "scale_min", "scale_max", "scale_last"),
         *("overflows", "skipped", "tracker_min", "tracker_max", "tracker_last"),
         *("loss_min", "loss_max", "loss_last", "lr_min", "lr_max", "lr_last"),
-        "schedule_drift",
+        *("schedule_drift", "grad_norm_min", "grad_norm_max", "grad_norm_last"),
+        *("loss_spikes", "grad_norm_spikes"),
     ) == SERIES_KEYS
 
 

@@ -36,6 +36,11 @@ def _lr(step: int) -> float | None:
     return None if 240 <= step < 250 else 0.001 * min(1.0, step / 50)
 
 
+def _norm(step: int) -> float | None:
+    """Falling from 8 to about 1, not finite (stored as none) at the overflows."""
+    return None if step in FINDINGS else 8.0 * 0.993**step
+
+
 def _diagnosed_run(served: Served) -> int:
     """300 steps with a falling loss; overflows at 100 (backward: two parameters on two
     ranks) and 200 (forward: the loss on rank 1 was inf)."""
@@ -52,6 +57,7 @@ def _diagnosed_run(served: Served) -> int:
             params=FINDINGS.get(step, ()),
             params_omitted=4 if step == 200 else 0,
             lr=_lr(step),
+            grad_norm=_norm(step),
         )
         for step in range(1, 301)
     ]
@@ -165,6 +171,53 @@ def test_the_learning_rate_is_a_panel_under_the_loss(tab: Tab, served: Served) -
     assert tab.unexpected_errors() == []
 
 
+def test_the_gradient_norm_is_a_log_panel_beside_the_scale(tab: Tab, served: Served) -> None:
+    page = tab.page
+    run = _diagnosed_run(served)
+    page.goto(f"/run.html?run={run}")
+    page.wait_for_function("Number(document.getElementById('chart').dataset.points) > 0")
+    norm, layout = page.evaluate(
+        """(gd => [gd.data.find((t) => t.name === 'gradient norm' && t.mode === 'lines'
+                                && !t.fill?.startsWith('tonext') && t.showlegend !== false),
+                   {norm: gd._fullLayout.yaxis6.domain, type: gd._fullLayout.yaxis6.type,
+                    scale: gd._fullLayout.yaxis.domain, loss: gd._fullLayout.yaxis4.domain,
+                    drawn: gd.querySelectorAll('.y6tick').length}]
+        )(document.getElementById('chart'))"""
+    )
+    assert norm["yaxis"] == "y6"
+    assert norm["y"] == pytest.approx([_norm(step) for step in range(1, 301)])
+    assert layout["type"] == "log"
+    assert layout["loss"][1] < layout["norm"][0] and layout["norm"][1] < layout["scale"][0]
+    assert layout["drawn"] > 0
+    assert tab.unexpected_errors() == []
+
+
+def test_spikes_are_marked_on_the_loss_and_gradient_norm_panels(tab: Tab, served: Served) -> None:
+    page = tab.page
+    run = runs.create_run(served.store, name="spiky", world_size=1, config={}, control={})
+    records = [
+        step_record(
+            step,
+            loss=9.0 if step == 150 else 2.0 + 0.01 * (step % 5),
+            grad_norm=50.0 if step == 250 else 1.0 + 0.02 * (step % 3),
+        )
+        for step in range(1, 301)
+    ]
+    runs.write_steps(served.store, run.id, records)
+    page.goto(f"/run.html?run={run.id}")
+    page.wait_for_function("document.getElementById('chart').dataset.spikes === '2'")
+    marks = page.evaluate(
+        """(gd => gd.data.filter((t) => t.name.endsWith(' spike'))
+                 .map((t) => [t.name, t.yaxis, Array.from(t.x), Array.from(t.y)])
+        )(document.getElementById('chart'))"""
+    )
+    assert marks == [
+        ["gradient-norm spike", "y6", [250], [50.0]],
+        ["loss spike", "y4", [150], [9.0]],
+    ]
+    assert tab.unexpected_errors() == []
+
+
 def test_a_panel_with_nothing_recorded_says_so_instead_of_empty_axes(
     tab: Tab, served: Served
 ) -> None:
@@ -173,7 +226,9 @@ def test_a_panel_with_nothing_recorded_says_so_instead_of_empty_axes(
     page = tab.page
     run = runs.create_run(served.store, name="no-lr", world_size=1, config={}, control={})
     runs.write_steps(
-        served.store, run.id, [step_record(step, loss=2.0 - step / 100) for step in range(1, 101)]
+        served.store,
+        run.id,
+        [step_record(step, loss=2.0 - step / 100, grad_norm=1.5) for step in range(1, 101)],
     )
     page.goto(f"/run.html?run={run.id}")
     page.wait_for_function("document.getElementById('chart').dataset.unrecorded === 'lr'")

@@ -23,6 +23,7 @@ import {
   panelNotes,
   powerTicks,
   seriesBucket,
+  spikePoint,
   stepAsBucket,
   thinLabels,
 } from "../chart_figure.js";
@@ -107,6 +108,9 @@ test("stepAsBucket and firstScale: a live row is a one-step bucket", () => {
     lr_min: null,
     lr_max: null,
     lr_last: null,
+    grad_norm_min: null,
+    grad_norm_max: null,
+    grad_norm_last: null,
   });
   assert.equal(firstScale(bucket), 65536);
   // A one-step bucket from /steps has no scale_first: the scale it did not end with.
@@ -283,11 +287,45 @@ test("a panel with no value drawn is hidden and says what is not recorded", () =
   cols.lossMax.push(2.5, null);
   cols.lrMin.push(null, null);
   cols.lrMax.push(null, null);
+  cols.grad_normMin.push(0.5, 0.25);
+  cols.grad_normMax.push(0.5, 0.25);
   assert.deepEqual(emptyPanels(cols), ["lr"]);
-  assert.deepEqual(emptyPanels(emptyColumns()), ["loss", "lr"]);
+  assert.deepEqual(emptyPanels(emptyColumns()), ["grad_norm", "loss", "lr"]);
   const { layout, notes } = panelNotes(["lr"]);
-  assert.deepEqual(layout, { "yaxis4.visible": true, "yaxis5.visible": false });
+  assert.deepEqual(layout, { "yaxis6.visible": true, "yaxis4.visible": true, "yaxis5.visible": false });
   assert.deepEqual(notes.map((n) => n.text), ["learning rate not recorded by this run"]);
   assert.deepEqual(panelNotes(["loss"], [100, 2000]).notes.map((n) => n.text), ["no loss recorded in steps 100–2,000"]);
-  assert.deepEqual(panelNotes([]), { layout: { "yaxis4.visible": true, "yaxis5.visible": true }, notes: [] });
+  assert.deepEqual(panelNotes(["grad_norm"]).notes.map((n) => n.text), ["gradient norm not recorded by this run"]);
+  const all = { "yaxis6.visible": true, "yaxis4.visible": true, "yaxis5.visible": true };
+  assert.deepEqual(panelNotes([]), { layout: all, notes: [] });
+});
+
+test("the gradient norm has a panel of its own, on a log axis, beside the scale", () => {
+  const cols = emptyColumns();
+  const series = { first_step: [1], last_step: [8], n: [8], skipped: [0], scale_min: [1024], scale_max: [1024] };
+  Object.assign(series, { scale_last: [1024], grad_norm_min: [0.5], grad_norm_max: [4], grad_norm_last: [1] });
+  addBucket(cols, seriesBucket(series, 0), 0, true);
+  const traces = figureTraces(cols, []);
+  assert.deepEqual(
+    [T.grad_normMax, T.grad_normMin, T.grad_normLast].map((i) => [traces[i].yaxis, traces[i].y]),
+    [
+      ["y6", [4]],
+      ["y6", [0.5]],
+      ["y6", [1]],
+    ],
+  );
+  const layout = figureLayout(false);
+  assert.equal(layout.yaxis6.type, "log");
+  assert.ok(layout.yaxis6.domain[1] < layout.yaxis.domain[0], "just under the scale");
+  assert.ok(layout.yaxis6.domain[0] > layout.yaxis4.domain[1], "above the loss");
+});
+
+test("spike markers sit on the loss and gradient-norm panels", () => {
+  const traces = figureTraces(emptyColumns(), []);
+  const loss = traces[T.lossSpikes];
+  const norm = traces[T.grad_normSpikes];
+  assert.deepEqual([loss.yaxis, loss.mode, loss.name], ["y4", "markers", "loss spike"]);
+  assert.deepEqual([norm.yaxis, norm.mode, norm.name], ["y6", "markers", "gradient-norm spike"]);
+  assert.ok(!LINE_TRACES.includes(T.lossSpikes), "not redrawn with the buckets");
+  assert.deepEqual(spikePoint({ step: 120, what: "loss", value: 12, z: 41.234 }), { x: 120, y: 12, cd: ["41.2"] });
 });
