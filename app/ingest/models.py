@@ -88,7 +88,12 @@ _TYPES: dict[Kind, Any] = {
         str, Field(max_length=65536, pattern=LR_GROUPS), AfterValidator(_lr_groups)
     ],
 }
-_SERVER_DEFAULTS: dict[Kind, Any] = {Kind.INT: int, Kind.RANKS: str}
+_SERVER_DEFAULTS: dict[Kind, Any] = {
+    Kind.INT: int,
+    Kind.FLOAT: float,
+    Kind.BOOL: lambda text: text not in ("0", "false"),
+    Kind.RANKS: str,
+}
 
 
 def _field(f: StepField) -> tuple[Any, Any]:

@@ -95,7 +95,7 @@ with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
     sent = client.post("/api/ingest/runs", json=opening, headers=job).json()["id"]
     record = StepRecord(step=1, wall_time=1.0, scale=8.0, overflow=False, skipped=False,
                         inf_ranks=(), scale_after=8.0, growth_tracker=1, growth_interval=100,
-                        growth_factor=2.0, backoff_factor=0.5, control_version=0, grad_norm=6.5)
+                        growth_factor=2.0, backoff_factor=0.5, control_version=0, update_norm=6.5)
     batch = {"sequence": 1, "items": items([step_values(record)], reason="")}
     client.post(f"/api/ingest/runs/{sent}/batches", json=batch, headers=job).raise_for_status()
     ingested = client.get(f"/api/runs/{sent}/export?format=jsonl").text
@@ -175,4 +175,4 @@ def test_a_field_declared_once_is_exported_streamed_and_charted(tmp_path: Path) 
         assert series["update_norm_max"][i] == max(present)
         assert series["update_norm_last"][i] == norms[last]
     assert out["series"]["bucket_width"] > 8  # read from the rollups, not step by step
-    assert json.loads(out["ingested"])["gradient_norm"] == 6.5  # sent by a job, over HTTP
+    assert json.loads(out["ingested"])["weight_update_norm"] == 6.5  # sent by a job, over HTTP
