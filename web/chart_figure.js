@@ -487,7 +487,7 @@ export function figureLayout(narrow) {
     legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", traceorder: "normal" },
     xaxis: { title: { text: "step" }, anchor: "y3", showspikes: true, spikemode: "across", spikethickness: 1 },
     yaxis: { type: "log", title: { text: "loss scale" }, domain: [0.6, 1], fixedrange: true, anchor: "x" },
-    yaxis6: { type: "log", title: { text: "grad norm" }, domain: PANEL_DOMAINS.grad_norm, fixedrange: true, anchor: "x" },
+    yaxis6: { type: "log", title: { text: "grad norm" }, nticks: 4, tickformat: ".2~g", domain: PANEL_DOMAINS.grad_norm, fixedrange: true, anchor: "x" },
     yaxis4: { title: { text: "loss" }, domain: PANEL_DOMAINS.loss, fixedrange: true, anchor: "x" },
     yaxis5: { title: { text: "lr" }, domain: PANEL_DOMAINS.lr, fixedrange: true, exponentformat: "e", anchor: "x" },
     yaxis2: { title: { text: "tracker" }, domain: [0.11, 0.2], fixedrange: true, rangemode: "tozero", anchor: "x" },

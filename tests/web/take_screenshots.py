@@ -167,15 +167,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         page.mouse.move(0, 0)
         page.screenshot(path=args.out / "run.png", full_page=True)
 
-        overflows = page.evaluate("document.getElementById('chart').data[3].x")
-        if overflows:  # the language model's latest overflow, its parameters and its loss
-            detail = click_overflow(page, overflows[-1])
-            detail.scroll_into_view_if_needed()
-            page.mouse.move(0, 0)
-            detail.screenshot(path=args.out / "overflow.png")
-        else:
-            print("no overflow in the language model's run yet: overflow.png not taken")
-
         wait_for_status(store, crashed_id, "crashed", deadline)
         page.set_viewport_size({"width": 1280, "height": 420})
         page.goto("/")
@@ -195,6 +186,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         page.locator("#compare").screenshot(path=args.out / "compare.png")
 
         wait_for_exit_or_stop(lm)
+        # The finished run's latest overflow (the chart no longer redraws under the click).
+        page.goto(f"/run.html?run={run_id}")
+        page.wait_for_function(f"{POINTS} > 0")
+        page.locator("#chart").scroll_into_view_if_needed()
+        overflows = page.evaluate("document.getElementById('chart').data[3].x")
+        if not overflows:
+            raise RuntimeError("the language model's run has no overflow to show")
+        detail = click_overflow(page, overflows[-1])
+        detail.scroll_into_view_if_needed()
+        page.mouse.move(0, 0)
+        detail.screenshot(path=args.out / "overflow.png")
     print(f"wrote the screenshots in {args.out}")
     return 0
 
