@@ -434,6 +434,12 @@ function rateTrace(cols) {
   };
 }
 
+// The panels under the scale are 40-60 px tall: Plotly's own choice (at least 3 ticks,
+// then rounded to a nice step) put labels 10 px apart there, over each other. Asked for 2,
+// it draws 2 or 3, clear of each other; the gradient norm's log axis is asked for 1 (under
+// a decade Plotly ticks it linearly, 0.5 1 1.5, and 1 and 1.5 met; asked for 1 it keeps to
+// a label or two).
+const SMALL_PANEL_TICKS = 2;
 const PANEL_DOMAINS = { grad_norm: [0.47, 0.57], loss: [0.34, 0.44], lr: [0.23, 0.31] };
 
 // The panels of values a run may not record (the gradient norm, the loss, the learning
@@ -487,11 +493,11 @@ export function figureLayout(narrow) {
     legend: { orientation: "h", x: 0, y: 1.02, yanchor: "bottom", traceorder: "normal" },
     xaxis: { title: { text: "step" }, anchor: "y3", showspikes: true, spikemode: "across", spikethickness: 1 },
     yaxis: { type: "log", title: { text: "loss scale" }, domain: [0.6, 1], fixedrange: true, anchor: "x" },
-    yaxis6: { type: "log", title: { text: "grad norm" }, nticks: 4, tickformat: ".2~g", domain: PANEL_DOMAINS.grad_norm, fixedrange: true, anchor: "x" },
-    yaxis4: { title: { text: "loss" }, domain: PANEL_DOMAINS.loss, fixedrange: true, anchor: "x" },
-    yaxis5: { title: { text: "lr" }, domain: PANEL_DOMAINS.lr, fixedrange: true, exponentformat: "e", anchor: "x" },
-    yaxis2: { title: { text: "tracker" }, domain: [0.11, 0.2], fixedrange: true, rangemode: "tozero", anchor: "x" },
-    yaxis3: { title: { text: "skipped" }, domain: [0, 0.08], fixedrange: true, rangemode: "tozero", tickformat: ".1~%", anchor: "x" },
+    yaxis6: { type: "log", title: { text: "grad norm" }, nticks: 1, tickformat: ".2~g", domain: PANEL_DOMAINS.grad_norm, fixedrange: true, anchor: "x" },
+    yaxis4: { title: { text: "loss" }, nticks: SMALL_PANEL_TICKS, domain: PANEL_DOMAINS.loss, fixedrange: true, anchor: "x" },
+    yaxis5: { title: { text: "lr" }, nticks: SMALL_PANEL_TICKS, domain: PANEL_DOMAINS.lr, fixedrange: true, exponentformat: "e", anchor: "x" },
+    yaxis2: { title: { text: "tracker" }, nticks: SMALL_PANEL_TICKS, domain: [0.11, 0.2], fixedrange: true, rangemode: "tozero", anchor: "x" },
+    yaxis3: { title: { text: "skipped" }, nticks: SMALL_PANEL_TICKS, domain: [0, 0.08], fixedrange: true, rangemode: "tozero", tickformat: ".1~%", anchor: "x" },
     shapes: [],
     annotations: [],
   };
