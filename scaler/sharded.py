@@ -197,7 +197,9 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
             return super()._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)
         spiked = False
         if self._spike_skip is None:
-            host = agreement.read(id(optimizer))  # one read, for torch's of each found_inf
+            read = agreement.read(id(optimizer))  # one read, for torch's of each found_inf
+            assert read is not None  # agreed
+            host = read
         else:  # and the spike decision with it
             assert self._scale is not None
             flag = self._spike_flag(found_on(optimizer_state, self._scale.device))

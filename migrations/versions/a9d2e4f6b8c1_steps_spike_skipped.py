@@ -31,9 +31,7 @@ def upgrade() -> None:
             sa.Column("spike_skipped", sa.Boolean(), nullable=False, server_default="0")
         )
     with op.batch_alter_table("step_rollups") as batch:
-        batch.add_column(
-            sa.Column("spike_skips", sa.Integer(), nullable=False, server_default="0")
-        )
+        batch.add_column(sa.Column("spike_skips", sa.Integer(), nullable=False, server_default="0"))
 
 
 def downgrade() -> None:
