@@ -8,10 +8,12 @@ by the rule the service flags spikes by (:mod:`scalewatch.store.spikes`): the ro
 holds ``MIN_HISTORY`` values and its MAD is above 0. That rule rather than a running mean
 and variance (ZClip's EMA): one spike moves neither the median nor the MAD, where it
 inflates a running variance for tens of steps and hides the spike that follows; and a
-step skipped is one the dashboard flags too. (``nanmedian`` takes the lower of the two
-middle values of an even count, numpy's median their mean: the z differ a little there.)
-Its price is a sort of ``window`` floats per signal and step, launched asynchronously like
-every other kernel of the step: nothing is read on the host.
+step skipped is one the dashboard flags too (the service's median is numpy's, in float64;
+this one is the same, in float32). Its price is two sorts of ``window`` floats per signal
+and step, launched asynchronously like every other kernel of the step: nothing is read
+on the host (torch's own ``nanmedian`` reads its count of NaNs on the host: a sync on a
+GPU, so the median is taken here from the sorted window and the count of its values,
+both left on the device).
 
 The decision is a 0-d float32 tensor, 1 to skip. It is taken once a step, when ``step()``
 first gates an optimizer, from the norm of the gradients unscaled by then; a step that
@@ -92,9 +94,9 @@ class _Window:
     def spikes(self, value: torch.Tensor) -> torch.Tensor:
         """Whether ``value`` (0-d float32) spikes over the window: a 0-d bool tensor."""
         values = self._values
-        median = values.nanmedian()
-        mad = (values - median).abs().nanmedian()
         held = values.isfinite().sum()  # the empty slots are NaN
+        median = _median(values, held)
+        mad = _median((values - median).abs(), held)
         z = (value - median) / (MAD_TO_SIGMA * mad)
         return value.isfinite() & held.ge(MIN_HISTORY) & mad.gt(0) & z.gt(self._z)
 
@@ -171,6 +173,21 @@ class SpikeSkip:
         if loss is not None and self._losses is not None:
             self._losses.push(loss, clean)
         return flag
+
+
+def _median(values: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
+    """The median of the ``held`` finite values of ``values`` (the rest NaN), as numpy's:
+    the mean of the two middle ones of an even count; NaN where none is held.
+
+    >>> values = torch.tensor([4.0, float("nan"), 1.0, 3.0, 2.0])
+    >>> _median(values, values.isfinite().sum()).item()
+    2.5
+    """
+    ordered = values.sort().values  # NaN sorts last
+    low = (held - 1).clamp(min=0).div(2, rounding_mode="floor").reshape(1)
+    high = held.div(2, rounding_mode="floor").clamp(max=values.numel() - 1).reshape(1)
+    middle = ordered.index_select(0, low) + ordered.index_select(0, high)
+    return middle.reshape(()) / 2
 
 
 def _scalar(value: torch.Tensor, device: torch.device) -> torch.Tensor:

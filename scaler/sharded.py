@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -156,7 +157,8 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         loss = None
         if skip is not None and skip.rule.loss_z is not None and skip.loss is None:
             seen = self._diagnoser.loss  # none seen: NaN, which judges nothing
-            loss = seen if seen is not None else torch.tensor(float("nan"))
+            nan = torch.full((), math.nan, dtype=torch.float64, device=self._scale.device)
+            loss = seen if seen is not None else nan
         extras = [
             x.detach().to(self._scale.device, torch.float64).reshape(1)
             for x in (squares, loss)
