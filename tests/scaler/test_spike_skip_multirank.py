@@ -111,7 +111,7 @@ def test_every_rank_skips_the_spike_steps_alone() -> None:
             ], (name, rank)
             assert run["spike_skips"] == len(SPIKES), (name, rank)
             scales = run["scales"]
-            assert all(b >= a for a, b in zip(scales, scales[1:])), (name, rank)  # no back-off
+            assert scales == sorted(scales), (name, rank)  # never backed off
         assert per_rank[0][name]["scales"] == per_rank[1][name]["scales"], name
     for results in per_rank:
         assert "use ShardedGradScaler in a multi-process job" in results["refused"]
