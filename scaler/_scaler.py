@@ -912,8 +912,9 @@ class Instrumented(_Base):
 
     @property
     def last_step_skipped(self) -> bool | None:
-        """Whether the last ``update()``'s step skipped its optimizers for inf/NaN gradients
-        (on every rank of a sharded job alike): ``None`` before the first ``update()``.
+        """Whether the last ``update()``'s step skipped its optimizers for inf/NaN gradients,
+        or for a spike (:meth:`skip_on_spike`), on every rank of a sharded job alike:
+        ``None`` before the first ``update()``.
 
         Costs no sync: it is what torch's ``step()`` already read on the host, or a CPU
         value. Where the host cannot know without a sync, a fused optimizer (which decides

@@ -61,6 +61,9 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
     pending runtime-control request, so every rank applies it at the same step.
     Without an initialised process group it works as a single process.
 
+    :meth:`skip_on_spike` (opt-in) skips a spiking step on every rank alike: the ranks judge
+    the same gradient norm and the mean of their losses, summed in the same all-reduce.
+
     .. note:: unlike torch's class, the fused-optimizer path
        (``_step_supports_amp_scaling``) also agrees found_inf across ranks.
     """
