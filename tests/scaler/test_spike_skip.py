@@ -252,3 +252,37 @@ def test_off_by_default_and_turned_off_by_no_threshold() -> None:
     assert gs._spike_skip is not None and gs._grad_norm.on  # the norm is measured for it
     gs.skip_on_spike()
     assert gs._spike_skip is None
+
+
+def test_the_device_rule_is_the_services_median_and_mad() -> None:
+    """Each step's decision is the service's robust z over the values before it (numpy's
+    median and MAD, float64), on a series with spikes of either sign and an overflow."""
+    import numpy as np
+
+    from scalewatch._spike_skip import SkipRule, SpikeSkip
+    from scalewatch.store.spikes import MAD_TO_SIGMA
+
+    rng = np.random.default_rng(5)
+    values = rng.lognormal(0.0, 0.3, 120)
+    values[[40, 77, 101]] *= 12.0  # spikes
+    values[60] /= 12.0  # a dip: no spike
+    overflowed = {90}
+    skip = SpikeSkip(SkipRule(grad_norm_z=5.0, loss_z=None, window=50))
+    kept: list[float] = []
+    flagged = []
+    for step, value in enumerate(values):
+        found = torch.tensor(1.0 if step in overflowed else 0.0)
+        flag = skip.decide(torch.tensor(value, dtype=torch.float32), None, found)
+        window = np.asarray(kept[-50:], dtype=np.float32).astype(np.float64)
+        want = False
+        if len(window) >= MIN_HISTORY and step not in overflowed:
+            median = np.median(window)
+            mad = np.median(np.abs(window - median))
+            want = bool(mad > 0 and (np.float32(value) - median) / (MAD_TO_SIGMA * mad) > 5.0)
+        assert bool(flag.item()) == want, step
+        if want:
+            flagged.append(step)
+        skip.finish(found)
+        if step not in overflowed:
+            kept.append(float(value))
+    assert flagged == [40, 77, 101]
