@@ -9,11 +9,11 @@ holds ``MIN_HISTORY`` values and its MAD is above 0. That rule rather than a run
 and variance (ZClip's EMA): one spike moves neither the median nor the MAD, where it
 inflates a running variance for tens of steps and hides the spike that follows; and a
 step skipped is one the dashboard flags too (the service's median is numpy's, in float64;
-this one is the same, in float32). Its price is two sorts of ``window`` floats per signal
-and step, launched asynchronously like every other kernel of the step: nothing is read
-on the host (torch's own ``nanmedian`` reads its count of NaNs on the host: a sync on a
-GPU, so the median is taken here from the sorted window and the count of its values,
-both left on the device).
+this one is the same, in float32). Its price is two sorts of ``window`` floats a step
+(the signals' windows are rows of one tensor), launched asynchronously like every other
+kernel of the step: nothing is read on the host (torch's own ``nanmedian`` reads its
+count of NaNs on the host, a sync on a GPU: the median is taken here from the sorted
+window and the count of its values, both left on the device).
 
 The decision is a 0-d float32 tensor, 1 to skip. It is taken once a step, when ``step()``
 first gates an optimizer, from the norm of the gradients unscaled by then; a step that
@@ -81,32 +81,39 @@ class SkipRule:
     window: int
 
 
-class _Window:
-    """The last values of one signal, on the device, and the z rule over them."""
+class _Windows:
+    """The last values of each signal judged (a row each: the norm, the loss), on the
+    device, and the z rule over them. One tensor for the signals: each step's kernels are
+    launched once for all of them (on cpu a kernel's launch is most of its cost)."""
 
-    __slots__ = ("_slot", "_values", "_z")
+    __slots__ = ("_slots", "_values", "_z")
 
-    def __init__(self, size: int, z: float, device: torch.device) -> None:
-        self._values = torch.full((size,), math.nan, dtype=torch.float32, device=device)
-        self._slot = torch.zeros(1, dtype=torch.int64, device=device)
-        self._z = z
+    def __init__(self, size: int, z: list[float], device: torch.device) -> None:
+        self._values = torch.full((len(z), size), math.nan, dtype=torch.float32, device=device)
+        self._slots = torch.zeros((len(z), 1), dtype=torch.int64, device=device)
+        self._z = torch.tensor(z, dtype=torch.float32, device=device).unsqueeze(1)
 
     def spikes(self, value: torch.Tensor) -> torch.Tensor:
-        """Whether ``value`` (0-d float32) spikes over the window: a 0-d bool tensor."""
+        """Whether any of ``value`` (a float32 per signal; NaN: none this step) spikes over
+        its window: a 0-d bool tensor."""
         values = self._values
-        held = values.isfinite().sum()  # the empty slots are NaN
-        median = _median(values, held)
-        mad = _median((values - median).abs(), held)
+        held = values.isfinite().sum(1, keepdim=True)  # the empty slots are NaN
+        middle = _middle(held, values.shape[1])
+        median = _median(values, middle)
+        mad = _median((values - median).abs(), middle)
+        value = value.unsqueeze(1)
         z = (value - median) / (MAD_TO_SIGMA * mad)
-        return value.isfinite() & held.ge(MIN_HISTORY) & mad.gt(0) & z.gt(self._z)
+        judged = value.isfinite() & held.ge(MIN_HISTORY) & mad.gt(0)
+        return (judged & z.gt(self._z)).any()
 
     def push(self, value: torch.Tensor, clean: torch.Tensor) -> None:
-        """Keep ``value`` where it is finite and its step ``clean`` (did not overflow)."""
-        keep = clean & value.isfinite()
-        slot = self._slot
-        kept = torch.where(keep, value.reshape(1), self._values.index_select(0, slot))
-        self._values.index_copy_(0, slot, kept)
-        self._slot = (slot + keep.long()) % self._values.numel()
+        """Keep each of ``value`` where it is finite and its step ``clean`` (did not
+        overflow)."""
+        keep = (clean & value.isfinite()).unsqueeze(1)
+        slots = self._slots
+        kept = torch.where(keep, value.unsqueeze(1), self._values.gather(1, slots))
+        self._values.scatter_(1, slots, kept)
+        self._slots = (slots + keep.long()) % self._values.shape[1]
 
 
 class SpikeSkip:
@@ -121,9 +128,8 @@ class SpikeSkip:
         self.loss: torch.Tensor | None = None
         # id(optimizer) -> its found_inf by device as agreed, before the gate
         self.gated: dict[int, dict[torch.device, torch.Tensor]] = {}
-        self._norms: _Window | None = None
-        self._losses: _Window | None = None
-        self._values: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+        self._windows: _Windows | None = None
+        self._value: torch.Tensor | None = None  # this step's values judged, a signal each
 
     def decide(
         self, norm: torch.Tensor | None, loss: torch.Tensor | None, found: torch.Tensor
@@ -134,19 +140,15 @@ class SpikeSkip:
             return self.flag
         device = found.device
         rule = self.rule
-        spiked = torch.zeros((), dtype=torch.bool, device=device)
-        norm_value = loss_value = None
-        if rule.grad_norm_z is not None and norm is not None:
-            norm_value = _scalar(norm, device)
-            if self._norms is None:
-                self._norms = _Window(rule.window, rule.grad_norm_z, device)
-            spiked = spiked | self._norms.spikes(norm_value)
-        if rule.loss_z is not None and loss is not None:
-            loss_value = _scalar(loss, device)
-            if self._losses is None:
-                self._losses = _Window(rule.window, rule.loss_z, device)
-            spiked = spiked | self._losses.spikes(loss_value)
-        self._values = (norm_value, loss_value)
+        signals = [(norm, rule.grad_norm_z), (loss, rule.loss_z)]
+        judged = [value for value, z in signals if z is not None]
+        if self._windows is None:
+            thresholds = [z for _, z in signals if z is not None]
+            self._windows = _Windows(rule.window, thresholds, device)
+        values = [_nan(device) if v is None else _scalar(v, device) for v in judged]
+        value = values[0].reshape(1) if len(values) == 1 else torch.stack(values)
+        self._value = value
+        spiked = self._windows.spikes(value)
         self.flag = (spiked & found.reshape(-1).sum().eq(0)).float()
         return self.flag
 
@@ -163,31 +165,34 @@ class SpikeSkip:
         flag, self.flag = self.flag, None
         self.gated = {}
         self.loss = None
-        if flag is None:
-            return None
-        clean = found.reshape(-1).sum().eq(0)
-        norm, loss = self._values
-        self._values = (None, None)
-        if norm is not None and self._norms is not None:
-            self._norms.push(norm, clean)
-        if loss is not None and self._losses is not None:
-            self._losses.push(loss, clean)
+        value, self._value = self._value, None
+        if value is not None and self._windows is not None:
+            self._windows.push(value, found.reshape(-1).sum().eq(0))
         return flag
 
 
-def _median(values: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
-    """The median of the ``held`` finite values of ``values`` (the rest NaN), as numpy's:
-    the mean of the two middle ones of an even count; NaN where none is held.
+def _middle(held: torch.Tensor, size: int) -> torch.Tensor:
+    """Where each row's middle values lie once sorted, for ``held`` (a column) finite
+    values in rows of ``size`` (the rest NaN, sorted last): the lower and the upper middle
+    (the one middle twice, for an odd count)."""
+    low = (held - 1).clamp(min=0).div(2, rounding_mode="floor")
+    high = held.div(2, rounding_mode="floor").clamp(max=size - 1)
+    return torch.cat((low, high), 1)
 
-    >>> values = torch.tensor([4.0, float("nan"), 1.0, 3.0, 2.0])
-    >>> _median(values, values.isfinite().sum()).item()
-    2.5
+
+def _median(values: torch.Tensor, middle: torch.Tensor) -> torch.Tensor:
+    """Each row's median of its finite values (the rest NaN), as numpy's: the mean of the
+    two middle ones of an even count; NaN where a row holds none. A column.
+
+    >>> values = torch.tensor([[4.0, float("nan"), 1.0, 3.0, 2.0]])
+    >>> _median(values, _middle(values.isfinite().sum(1, keepdim=True), 5)).tolist()
+    [[2.5]]
     """
-    ordered = values.sort().values  # NaN sorts last
-    low = (held - 1).clamp(min=0).div(2, rounding_mode="floor").reshape(1)
-    high = held.div(2, rounding_mode="floor").clamp(max=values.numel() - 1).reshape(1)
-    middle = ordered.index_select(0, low) + ordered.index_select(0, high)
-    return middle.reshape(()) / 2
+    return values.sort(1).values.gather(1, middle).mean(1, keepdim=True)
+
+
+def _nan(device: torch.device) -> torch.Tensor:
+    return torch.full((), math.nan, dtype=torch.float32, device=device)
 
 
 def _scalar(value: torch.Tensor, device: torch.device) -> torch.Tensor:
