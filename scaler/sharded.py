@@ -159,9 +159,9 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         skip = self._spike_skip
         loss = None
         if skip is not None and skip.rule.loss_z is not None and skip.loss is None:
-            seen = self._diagnoser.loss  # none seen: NaN, which judges nothing
-            nan = torch.full((), math.nan, dtype=torch.float64, device=self._scale.device)
-            loss = seen if seen is not None else nan
+            loss = self._diagnoser.loss
+            if loss is None:  # none seen: NaN, which judges nothing
+                loss = torch.full((), math.nan, dtype=torch.float64, device=self._scale.device)
         extras = [
             x.detach().to(self._scale.device, torch.float64).reshape(1)
             for x in (squares, loss)
