@@ -80,6 +80,19 @@ def test_each_runtime_range_is_tested_at_its_lower_end() -> None:
     assert lowest == declared | extras_of_pins
 
 
+def test_each_tracker_extra_is_tested_at_its_lower_end() -> None:
+    """constraints-lowest-trackers.txt pins each tracker extra at the floor pyproject.toml
+    declares; ``make lowest`` reads the mirrors' records back with those releases."""
+    declared = {}
+    for extra in MIRROR_EXTRAS:
+        for requirement in PROJECT["optional-dependencies"][extra]:
+            parsed = Requirement(requirement)
+            floors = [Version(s.version) for s in parsed.specifier if s.operator == ">="]
+            assert len(floors) == 1, f"{requirement} has no floor"
+            declared[canonicalize_name(parsed.name)] = floors[0]
+    assert _pins("constraints-lowest-trackers.txt") == declared
+
+
 def test_the_pinned_releases_are_in_the_declared_ranges() -> None:
     """What development and CI run (constraints.txt) is inside the ranges users get, the
     mirrors' trackers (the extras tests/mirrors/ reads back) too."""

@@ -8,6 +8,14 @@ export class LiveFacts {
     this.after = []; // live step rows after the detail's last step, oldest first
     this.overflows = 0; // of the rows in ``after``
     this.skipped = 0;
+    this.spikes = { loss: 0, grad_norm: 0 };
+  }
+
+  count(row, by) {
+    if (row.overflow) this.overflows += by;
+    if (row.skipped) this.skipped += by;
+    if (row.loss_spike) this.spikes.loss += by;
+    if (row.grad_norm_spike) this.spikes.grad_norm += by;
   }
 
   // A polled detail: the steps it already counts leave the live tail.
@@ -15,8 +23,10 @@ export class LiveFacts {
     if (this.detail && run.steps < this.detail.steps) return; // an older answer, overtaken
     this.detail = run;
     this.after = this.after.filter((row) => row.step > run.steps);
-    this.overflows = this.after.filter((row) => row.overflow).length;
-    this.skipped = this.after.filter((row) => row.skipped).length;
+    this.overflows = 0;
+    this.skipped = 0;
+    this.spikes = { loss: 0, grad_norm: 0 };
+    for (const row of this.after) this.count(row, 1);
   }
 
   // A live step row; one already counted (the detail's, or a repeat after a reconnect) is dropped.
@@ -24,11 +34,11 @@ export class LiveFacts {
     const last = this.after.length ? this.after[this.after.length - 1].step : this.detail ? this.detail.steps : -Infinity;
     if (!(row.step > last)) return;
     this.after.push(row);
-    if (row.overflow) this.overflows += 1;
-    if (row.skipped) this.skipped += 1;
+    this.count(row, 1);
   }
 
-  // The detail's fields, with steps, scale, overflows and skipped_rate at the latest step.
+  // The detail's fields, with steps, scale, overflows, skipped_rate, spikes and the gradient
+  // norm at the latest step.
   current() {
     const run = this.detail;
     if (!run || !this.after.length) return run;
@@ -36,9 +46,15 @@ export class LiveFacts {
     const recorded = run.recorded + this.after.length;
     const skipped = run.skipped + this.skipped;
     const drift = latest.schedule_drift;
+    const spikes = run.spikes && {
+      loss: run.spikes.loss + this.spikes.loss,
+      grad_norm: run.spikes.grad_norm + this.spikes.grad_norm,
+    };
     return {
       ...run,
       ...(drift === null || drift === undefined ? {} : { schedule_drift: drift }),
+      ...(spikes ? { spikes } : {}),
+      ...("grad_norm" in latest ? { grad_norm: latest.grad_norm } : {}),
       steps: latest.step,
       scale: Number(latest.scale_after),
       overflows: run.overflows + this.overflows,
@@ -47,6 +63,15 @@ export class LiveFacts {
       skipped_rate: recorded ? skipped / recorded : 0,
     };
   }
+}
+
+// The spikes card: "2 loss · 1 gradient norm", "none", or "–" before the detail says.
+export function spikesText(spikes) {
+  if (!spikes) return "–";
+  const parts = [];
+  if (spikes.loss) parts.push(`${spikes.loss.toLocaleString("en-US")} loss`);
+  if (spikes.grad_norm) parts.push(`${spikes.grad_norm.toLocaleString("en-US")} gradient norm`);
+  return parts.length ? parts.join(" · ") : "none";
 }
 
 // The LR schedule's card: null when the run registers no scheduler (the card is hidden).

@@ -6,7 +6,7 @@ import { RunChart } from "./chart.js";
 import { AutopilotPanel } from "./autopilot.js";
 import { ControlPanel } from "./control.js";
 import { OverflowDetail, ParamsPanel } from "./diagnosis.js";
-import { LiveFacts, forecastText, scheduleText } from "./facts.js";
+import { LiveFacts, forecastText, scheduleText, spikesText } from "./facts.js";
 import { ScaleLoadsView } from "./scale_loads.js";
 import { controlFields } from "./rules.js";
 import { canWrite, refreshIdentity, showIdentity } from "./who.js";
@@ -18,6 +18,7 @@ import {
   formatCount,
   formatRate,
   formatScale,
+  formatSignificant,
   UNDER_ONE_SHORT,
   formatTime,
   setText,
@@ -25,6 +26,8 @@ import {
 } from "./dom.js";
 
 const DETAIL_POLL_MS = 2000;
+// The last step's gradient norm; "–" where it is not measured or was not finite.
+const formatGradNorm = (value) => (value === null || value === undefined ? "–" : formatSignificant(value));
 const PARAMS_REFRESH_MS = 5000; // at most this often for live overflows (a ranking reads every finding of its window)
 const RECONNECT_MS = 5000;
 
@@ -73,6 +76,8 @@ function renderDetail(run, panel) {
     scale: formatScale(run.scale, { under: UNDER_ONE_SHORT }),
     overflows: formatCount(run.overflows),
     skipped_rate: formatRate(run.skipped_rate),
+    spikes: spikesText(run.spikes),
+    grad_norm: formatGradNorm(run.grad_norm),
     last_heartbeat: formatAgo(run.last_heartbeat),
     started_at: formatTime(run.started_at),
     dropped: formatCount(run.dropped),

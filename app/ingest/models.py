@@ -30,6 +30,8 @@ __all__ = [
     "MAX_STEPS",
     "BatchAnswer",
     "BatchIn",
+    "ControlIn",
+    "ControlValuesIn",
     "FindingIn",
     "GapIn",
     "LoadIn",
@@ -155,7 +157,24 @@ class LoadIn(BaseModel):
 
 
 Number = StrictInt | float
-ControlValues = Annotated[dict[Literal[FIELDS], Number], Field(max_length=len(FIELDS))]  # type: ignore[valid-type]
+
+
+# The scaler's factors, one property each: a map keyed by their names would leave the keys
+# out of the JSON Schema on the oldest pydantic we admit (no ``propertyNames``), and a
+# client generated from the schema would send any name. A factor left out is not set;
+# ``ControlIn`` takes a null for one too (a run's or a state's factor that is off).
+ControlIn: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "ControlIn",
+    __config__=FORBID,
+    __doc__="The scaler's factors; one left out is not set, and null is off.",
+    **{name: (Number | None, None) for name in FIELDS},
+)
+ControlValuesIn: type[BaseModel] = create_model(  # type: ignore[call-overload]
+    "ControlValuesIn",
+    __config__=FORBID,
+    __doc__="The factors a change set; one left out is not changed.",
+    **{name: (Number, None) for name in FIELDS},
+)
 
 
 class OutcomeIn(BaseModel):
@@ -167,12 +186,10 @@ class OutcomeIn(BaseModel):
     at: float
     source: Literal["request", "code"]
     request_id: RequestId | None
-    values: ControlValues
+    values: ControlValuesIn  # type: ignore[valid-type]
     applied: StrictBool
     reason: Annotated[str, Field(max_length=500)] | None = None
-    state: Annotated[
-        dict[Literal[FIELDS], Number | None], Field(max_length=len(FIELDS))  # type: ignore[valid-type]
-    ]
+    state: ControlIn  # type: ignore[valid-type]
     version: Count
 
 
@@ -212,9 +229,7 @@ class RunOpen(BaseModel):
     name: Name
     world_size: WorldSize
     config: Annotated[dict[str, Any], Field(max_length=100)]
-    control: Annotated[
-        dict[Literal[FIELDS], Number | None], Field(max_length=len(FIELDS))  # type: ignore[valid-type]
-    ]
+    control: ControlIn  # type: ignore[valid-type]
     started_at: float
     resume: StrictBool = False
     host: Annotated[str, Field(max_length=255)]

@@ -14,6 +14,7 @@ import threading
 import time
 
 from fastapi import HTTPException, status
+from pydantic import BaseModel
 
 from scalewatch.store import control as store_control
 from scalewatch.store import runs as store_runs
@@ -65,6 +66,11 @@ class RunBatches:
             return self._locks.setdefault(run_id, threading.Lock())
 
 
+def set_values(model: BaseModel) -> dict[str, object]:
+    """The fields a body set, a null sent included; those left out are not there."""
+    return model.model_dump(exclude_unset=True)
+
+
 def check_owner(state: BatchState, who: Identity) -> None:
     """403 unless ``who`` may write the run: an admin, or the writer that created it."""
     if who.role is Role.ADMIN or (who.role is Role.WRITER and state.owner == who.name):
@@ -90,7 +96,7 @@ def open_job_run(store: Store, body: RunOpen, who: Identity) -> RunOpened:
             name=body.name,
             world_size=body.world_size,
             config=body.config,
-            control=body.control,
+            control=set_values(body.control),
             uid=body.uid,
             torch_version=body.torch_version,
             started_at=body.started_at,
@@ -163,7 +169,7 @@ def _store_item(store: Store, run_id: int, item: StepsIn | GapIn | LoadIn | Outc
 def _store_outcome(store: Store, run_id: int, item: OutcomeIn) -> None:
     """A control outcome of the run; one of a request of another run, or settled already
     (a batch stored half before the service stopped, sent again), is let go."""
-    state = dict(item.state)
+    state = set_values(item.state)
     if item.step is None and (item.source == "code" or item.applied):
         log.warning("scalewatch: a change applied at no step, of run %d", run_id)
         return
@@ -174,7 +180,7 @@ def _store_outcome(store: Store, run_id: int, item: OutcomeIn) -> None:
         store_control.record_code_change(
             store,
             run_id,
-            item.values,
+            set_values(item.values),
             step=item.step,
             at=item.at,
             state=state,

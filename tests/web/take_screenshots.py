@@ -7,7 +7,8 @@ Trains ``scalewatch.examples.tiny_lm`` (an fp16 transformer, FSDP2 on 2 gloo ran
 small runs of ``tests/_helpers/trainer.py``: one trained to the end and one killed mid-run (it reads
 as crashed once its heartbeat is stale). Past two thirds of the language model's
 steps, a growth_interval change is submitted on the run page with the token and
-applied by the training ranks; then ``run.png`` (the run page), ``runs.png`` (the
+applied by the training ranks; then ``run.png`` (the run page), ``overflow.png`` (its
+latest overflow's detail, clicked on the chart), ``runs.png`` (the
 runs page) and ``compare.png`` (the three runs compared on the runs page) are written
 with headless Chromium while the model is still training.
 Takes a few minutes on a CPU.
@@ -42,7 +43,7 @@ from tests._helpers.harness import (
     wait_for_exit,
     wait_for_steps,
 )
-from tests._helpers.pages import POINTS
+from tests._helpers.pages import POINTS, click_overflow
 
 ROOT = Path(__file__).resolve().parents[2]
 LM_NAME = "tiny-lm fp16 fsdp2 (2 ranks)"
@@ -166,6 +167,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         page.mouse.move(0, 0)
         page.screenshot(path=args.out / "run.png", full_page=True)
 
+        overflows = page.evaluate("document.getElementById('chart').data[3].x")
+        if overflows:  # the language model's latest overflow, its parameters and its loss
+            detail = click_overflow(page, overflows[-1])
+            detail.scroll_into_view_if_needed()
+            page.mouse.move(0, 0)
+            detail.screenshot(path=args.out / "overflow.png")
+        else:
+            print("no overflow in the language model's run yet: overflow.png not taken")
+
         wait_for_status(store, crashed_id, "crashed", deadline)
         page.set_viewport_size({"width": 1280, "height": 420})
         page.goto("/")
@@ -185,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         page.locator("#compare").screenshot(path=args.out / "compare.png")
 
         wait_for_exit_or_stop(lm)
-    print(f"wrote run.png, runs.png and compare.png in {args.out}")
+    print(f"wrote the screenshots in {args.out}")
     return 0
 
 

@@ -3,17 +3,14 @@ clicked overflow's parameters, and the parameters that overflow most in the wind
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from scalewatch.store import runs
 from scalewatch.store.records import ParamFinding
 from tests._helpers.harness import CHROMIUM, Served, Tab
-from tests._helpers.pages import zoom
+from tests._helpers.pages import click_overflow, zoom
 from tests._helpers.records import step_record
 
 pytestmark = pytest.mark.browser
@@ -65,47 +62,13 @@ def _diagnosed_run(served: Served) -> int:
     return run.id
 
 
-def _click_overflow(tab: Tab, step: int, timeout_s: float = 30.0) -> Any:
-    """Click the chart's overflow marker of ``step`` where Plotly drew it, until its detail
-    is shown (a redraw of the chart between finding the marker and the click, on a busy
-    machine, lets a click land where the marker no longer is); the detail's locator."""
-    page = tab.page
-    page.wait_for_function(
-        f"document.getElementById('chart').data[3].x.includes({step})", timeout=10_000
-    )
-    detail = page.locator(f"#overflow-detail[data-state=shown][data-step='{step}']")
-    deadline = time.monotonic() + timeout_s
-    while True:
-        x, y = page.evaluate(
-            f"""(gd => {{
-                const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
-                const i = gd.data[3].x.indexOf({step});
-                const box = gd.getBoundingClientRect();
-                return [box.left + xa._offset + xa.c2p(gd.data[3].x[i]),
-                        box.top + ya._offset + ya.c2p(gd.data[3].y[i])];
-            }})(document.getElementById('chart'))"""
-        )
-        page.mouse.move(x, y)
-        page.mouse.click(x, y)
-        try:
-            detail.wait_for(timeout=2_000)
-            return detail
-        except PlaywrightTimeout:
-            if page.get_attribute("#overflow-detail", "data-step") == str(step):
-                left_ms = max(1.0, deadline - time.monotonic()) * 1000
-                detail.wait_for(timeout=left_ms)  # the click was taken: its answer is slow
-                return detail
-            if time.monotonic() > deadline:
-                raise
-
-
 def test_clicking_an_overflow_marker_shows_its_parameters(tab: Tab, served: Served) -> None:
     page = tab.page
     run = _diagnosed_run(served)
     page.goto(f"/run.html?run={run}")
     page.wait_for_function("Number(document.getElementById('chart').dataset.points) > 0")
 
-    detail = _click_overflow(tab, 100)
+    detail = click_overflow(tab.page, 100)
     assert detail.locator("h3").inner_text() == "Overflow at step 100"
     assert detail.locator("[data-loss-flag]").get_attribute("data-loss-flag") == "backward"
     headers = detail.locator("table thead th").all_inner_texts()
@@ -118,7 +81,7 @@ def test_clicking_an_overflow_marker_shows_its_parameters(tab: Tab, served: Serv
     assert "null" not in detail.inner_text()  # no part left out is written as its null
     assert "(2.5)" in detail.locator("[data-loss-flag]").inner_text()
 
-    forward = _click_overflow(tab, 200)
+    forward = click_overflow(tab.page, 200)
     flag = forward.locator("[data-loss-flag]")
     assert flag.get_attribute("data-loss-flag") == "forward"
     assert "inf or NaN on rank 1" in flag.inner_text()
@@ -215,6 +178,10 @@ def test_spikes_are_marked_on_the_loss_and_gradient_norm_panels(tab: Tab, served
         ["gradient-norm spike", "y6", [250], [50.0]],
         ["loss spike", "y4", [150], [9.0]],
     ]
+    spikes = page.locator('[data-fact="spikes"]')
+    spikes.filter(has_text="1 loss · 1 gradient norm").wait_for()  # counted in the run's cards
+    norm = page.locator('[data-fact="grad_norm"]').inner_text()
+    assert float(norm) == pytest.approx(1.0 + 0.02 * (300 % 3), rel=1e-3)  # the last step's
     assert tab.unexpected_errors() == []
 
 

@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { LiveFacts, forecastText, scheduleText } from "../facts.js";
+import { LiveFacts, forecastText, scheduleText, spikesText } from "../facts.js";
 
 const detail = (steps, extra = {}) => ({
   name: "r",
@@ -96,4 +96,24 @@ test("where the scale is heading, with the steps it was read from", () => {
   facts.setDetail({ steps: 10, recorded: 10, skipped: 0, overflows: 0, forecast });
   facts.addStep({ step: 11, overflow: false, skipped: false, scale_after: 2 });
   assert.equal(forecastText(facts.current()), forecastText({ forecast }));
+});
+
+test("spikes and the gradient norm of live steps move the cards on", () => {
+  const facts = new LiveFacts();
+  facts.setDetail(detail(10, { spikes: { loss: 1, grad_norm: 0 }, grad_norm: 2.5 }));
+  facts.addStep({ ...row(11), loss_spike: true, grad_norm_spike: false, grad_norm: 3.25 });
+  facts.addStep({ ...row(12), loss_spike: false, grad_norm_spike: true, grad_norm: 40 });
+  const now = facts.current();
+  assert.deepEqual(now.spikes, { loss: 2, grad_norm: 1 });
+  assert.equal(now.grad_norm, 40);
+  assert.equal(spikesText(now.spikes), "2 loss · 1 gradient norm");
+  // The next detail counts step 11: it leaves the live tail and is not counted twice.
+  facts.setDetail(detail(11, { spikes: { loss: 2, grad_norm: 0 }, grad_norm: 3.25 }));
+  assert.deepEqual(facts.current().spikes, { loss: 2, grad_norm: 1 });
+});
+
+test("the spikes card says none, or nothing before the detail", () => {
+  assert.equal(spikesText({ loss: 0, grad_norm: 0 }), "none");
+  assert.equal(spikesText({ loss: 1200, grad_norm: 0 }), "1,200 loss");
+  assert.equal(spikesText(undefined), "–");
 });
