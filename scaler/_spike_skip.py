@@ -91,8 +91,11 @@ class _Windows:
     def __init__(self, size: int, z: list[float], device: torch.device) -> None:
         self._values = torch.full((len(z), size), math.nan, dtype=torch.float32, device=device)
         self._slots = torch.zeros((len(z), 1), dtype=torch.int64, device=device)
-        # z > threshold as (value - median) > threshold * 1.4826 * MAD: no division
-        self._z = torch.tensor(z, dtype=torch.float32, device=device).unsqueeze(1) * MAD_TO_SIGMA
+        # z > threshold as (value - median) > threshold * 1.4826 * MAD: no division. Filled
+        # in place: a tensor made from a list on a GPU is a copy the host waits for.
+        self._z = torch.empty((len(z), 1), dtype=torch.float32, device=device)
+        for row, threshold in enumerate(z):
+            self._z[row].fill_(threshold * MAD_TO_SIGMA)
 
     def spikes(self, value: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
         """Whether any of ``value`` (a column, a float32 per signal) spikes over its window,
