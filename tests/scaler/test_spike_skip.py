@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -286,3 +287,34 @@ def test_the_device_rule_is_the_services_median_and_mad() -> None:
         if step not in overflowed:
             kept.append(float(value))
     assert flagged == [40, 77, 101]
+
+
+def test_a_spike_skip_is_stored_apart_from_overflows_and_counted_in_the_series(
+    kind: str, tmp_path: Path
+) -> None:
+    from sqlalchemy import select
+
+    from scalewatch.store import open_store
+    from scalewatch.store.queries import chart_series
+    from scalewatch.store.schema import steps
+
+    url = f"sqlite:///{tmp_path / 'sw.db'}"
+    cls = scalewatch.GradScaler if kind == "plain" else scalewatch.ShardedGradScaler
+    gs = cls("cpu", telemetry=url, run_name="spiky", **KWARGS)
+    gs.skip_on_spike(grad_norm_z=20.0)
+    run(gs, "sgd")
+    assert gs.flush()
+    run_id = gs.run_id
+    assert run_id is not None
+    gs.close()
+    with open_store(url) as store:
+        with store.read() as conn:
+            rows = {r.step: r for r in conn.execute(select(steps).where(steps.c.run_id == run_id))}
+        series = chart_series(store, run_id, max_points=2).columns
+    spikes = [s + 1 for s in SPIKES]  # a record's step counts update() calls from 1
+    assert [s for s, r in rows.items() if r.spike_skipped] == spikes
+    assert [s for s, r in rows.items() if r.overflow] == [OVERFLOW + 1]
+    assert [s for s, r in rows.items() if r.skipped] == sorted((*spikes, OVERFLOW + 1))
+    assert sum(series["spike_skips"]) == len(SPIKES)
+    assert sum(series["skipped"]) == len(SPIKES) + 1
+    assert sum(series["overflows"]) == 1
