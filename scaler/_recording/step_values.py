@@ -4,7 +4,8 @@ On cuda the training thread copies [scale, growth tracker, found_inf, loss (if s
 gradient norm (if measured), *payload words] asynchronously into a reused pinned row
 (``pinned_rows``), without a sync; the recorder thread reads the row once its copy has
 arrived. A cpu step's values are read
-at once (``read_cpu``).
+at once (``read_cpu``). The found_inf captured is 0.5 (``_spike_skip.SPIKE``) on a step
+skipped for a spike, which its values read as found_inf 0 and ``spiked``.
 """
 
 from __future__ import annotations
