@@ -20,7 +20,12 @@ The goal is judged on the median of the per-round ratios ours/torch (which cance
 machine's drift between rounds), with a seeded bootstrap 95% interval in brackets.
 
     python bench/multirank.py [--worlds 2 4] [--rounds N] [--steps N] [--models ddp fsdp2]
-        [--backend gloo|nccl] [--device cpu|cuda]
+        [--backend gloo|nccl] [--device cpu|cuda] [--norm]
+
+``--norm`` adds two variants of ours, telemetry off: measuring the gradient norm
+(``grad_norm=True``), and skipping on spikes as well (``skip_on_spike(grad_norm_z=6,
+loss_z=6)``: the decision on the device, the loss in the found_inf all-reduce); with five
+variants, rounds are best a multiple of ten (see ``round_order``).
 
 Goal: ours/torch <= 1.00 on every row.
 """
@@ -53,6 +58,7 @@ from _figures import figure, median_interval
 
 GOAL = 1.0
 VARIANTS = ("torch", "ours, telemetry off", "ours, telemetry on")
+NORM_VARIANTS = ("ours, norm on", "ours, norm and skip on")  # --norm; telemetry off
 MODELS = ("ddp", "fsdp2")
 STEPS = {"ddp": 60, "fsdp2": 30}  # a round's steps: FSDP2's step on cpu is ~5x DDP's
 # DDP's rounds are short and its scaler's share of the step small: more of them narrow the
@@ -64,18 +70,19 @@ WIDTH = 256
 BATCH = 32
 
 
-def round_order(r: int) -> tuple[str, ...]:
+def round_order(r: int, variants: tuple[str, ...] = VARIANTS) -> tuple[str, ...]:
     """The variants' order in round ``r``: turned by one place every round, reversed every
-    three. Over six rounds each variant runs as often in each place and right after each
-    other one: a place that favours its variant (the middle one, between two others, or
-    the one after ours with telemetry on flushed its store) favours none.
+    ``len(variants)``. Over twice that many rounds each variant runs as often in each place
+    and right after each other one: a place that favours its variant (the middle one,
+    between two others, or the one after ours with telemetry on flushed its store) favours
+    none.
 
     >>> [round_order(r).index("torch") for r in range(6)]
     [0, 2, 1, 2, 0, 1]
     """
-    turn = r % len(VARIANTS)
-    order = VARIANTS[turn:] + VARIANTS[:turn]
-    return order if (r // len(VARIANTS)) % 2 == 0 else order[::-1]
+    turn = r % len(variants)
+    order = variants[turn:] + variants[:turn]
+    return order if (r // len(variants)) % 2 == 0 else order[::-1]
 
 
 def mlp(seed: int) -> nn.Module:
@@ -101,8 +108,14 @@ def wrap(kind: str, module: nn.Module, device: str) -> nn.Module:
 def make_scaler(variant: str, device: str, store_url: str) -> Any:
     if variant == "torch":
         return TorchSharded(device)
-    telemetry = store_url if variant.endswith("on") else False
-    return scalewatch.ShardedGradScaler(device, telemetry=telemetry, run_name="bench-multirank")
+    telemetry = store_url if variant == "ours, telemetry on" else False
+    norm = variant in NORM_VARIANTS
+    gs = scalewatch.ShardedGradScaler(
+        device, telemetry=telemetry, run_name="bench-multirank", grad_norm=norm
+    )
+    if variant == "ours, norm and skip on":
+        gs.skip_on_spike(grad_norm_z=6.0, loss_z=6.0)
+    return gs
 
 
 class Case:
@@ -166,23 +179,24 @@ def rank_main(
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=5))
     results: dict[str, Any] = {}
+    variants = tuple(args["variants"])
     for kind in args["models"]:
-        cases = {v: Case(kind, v, device, args["store_url"], rank) for v in VARIANTS}
+        cases = {v: Case(kind, v, device, args["store_url"], rank) for v in variants}
         for case in cases.values():
             case.run(args["warmup"])
-        rounds: dict[str, list[tuple[float, float, float, float]]] = {v: [] for v in VARIANTS}
+        rounds: dict[str, list[tuple[float, float, float, float]]] = {v: [] for v in variants}
         threads: dict[str, int] = {}  # scalewatch's threads in the rank (all its scalers)
         for r in range(args["rounds"] or ROUNDS[kind]):
-            for variant in round_order(r):
+            for variant in round_order(r, variants):
                 dist.barrier()
                 rounds[variant].append(cases[variant].run(args["steps"] or STEPS[kind]))
                 threads[variant] = sum(
                     t.name.startswith("scalewatch") for t in threading.enumerate()
                 )
-        counts = torch.tensor([threads[v] for v in VARIANTS], device=device)
+        counts = torch.tensor([threads[v] for v in variants], device=device)
         gathered_counts = [torch.zeros_like(counts) for _ in range(world)]
         _held(dist.all_gather(gathered_counts, counts, async_op=True))
-        gathered = [dict(zip(VARIANTS, c.tolist(), strict=True)) for c in gathered_counts]
+        gathered = [dict(zip(variants, c.tolist(), strict=True)) for c in gathered_counts]
         for case in cases.values():
             case.close()
         del cases
@@ -211,7 +225,7 @@ def report(world: int, backend: str, results: dict[str, Any]) -> None:
         threads = data["threads"]
         for index, workload in enumerate(WORKLOADS):
             torch_us = [t[index] * 1e6 for t in rounds["torch"]]
-            for variant in VARIANTS[1:]:
+            for variant in list(rounds)[1:]:
                 ours_us = [t[index] * 1e6 for t in rounds[variant]]
                 ratios = [o / t for o, t in zip(ours_us, torch_us, strict=True)]
                 ratio = statistics.median(ratios)
@@ -252,6 +266,9 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--norm", action="store_true", help="add ours with the gradient norm, and the skip"
+    )
     ns = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
@@ -262,6 +279,7 @@ def main() -> None:
                 "steps": ns.steps,
                 "warmup": ns.warmup,
                 "models": ns.models,
+                "variants": [*VARIANTS, *(NORM_VARIANTS if ns.norm else ())],
                 "device": "cuda" if ns.backend == "nccl" else ns.device,
                 "store_url": f"sqlite:///{Path(tmp) / f'store{world}.db'}",
             }

@@ -39,17 +39,21 @@ from ._recording.step_context import StepContext
 from ._recording.step_values import Captured, StepValues, read_cpu, read_if_clean, read_top
 from ._scale_rules import ScaleRules
 from ._schedules import Schedules
+from ._spike_skip import SPIKE, SkipRule, SpikeSkip, check_z
 from ._step_sample import StepSample, record_of
 from ._torch_compat import (
     OptState,
     _refresh_per_optimizer_state,
     combined_found_inf,
+    found_on,
+    maybe_opt_step_result,
     opt_step_unless_inf,
     process_group_info,
 )
 from .mirrors import Mirror
 from .mirrors._env import chosen_mirrors
 from .stats import ScalerCheckpoint, ScalerStats
+from .store.spikes import DEFAULT as DEFAULT_SPIKES
 from .store.spikes import SpikeRule
 from .telemetry import refuse_unusable_store
 
@@ -73,6 +77,7 @@ class Instrumented(_Base):
         "_schedules",
         "_diagnoser",
         "_grad_norm",
+        "_spike_skip",
     )
     _FOUND_SHAPE: tuple[int, ...] = ()  # of a found_inf, as torch's class makes it
     _ALLOW_FP16 = False  # whether unscale_ takes fp16 gradients, as torch's class does
@@ -99,6 +104,7 @@ class Instrumented(_Base):
         self._run_uid: str | None = None
         self._step_count = 0
         self._control_version = 0
+        self._skip_rule: SkipRule | None = None  # skip_on_spike's
         self._reset_transient()
 
     def _reset_transient(self) -> None:
@@ -109,6 +115,8 @@ class Instrumented(_Base):
         self._diagnoser = Diagnoser()
         # a scaler pickled before the option was made measures nothing
         self._grad_norm = GradNorm(getattr(self, "_measures_grad_norm", False))
+        rule = getattr(self, "_skip_rule", None)  # pickled before skip_on_spike: none
+        self._spike_skip: SpikeSkip | None = None if rule is None else SpikeSkip(rule)
 
     # ------------------------------------------------------------------ steps
 
@@ -124,6 +132,10 @@ class Instrumented(_Base):
         flags = self._step_flags()
         # Read before _controls_for_step(), which forgets this step's payloads.
         attribution = self._attribution()
+        spike_skip = self._spike_skip
+        if spike_skip is not None:  # the scale is updated for overflows alone
+            for key, per_device in spike_skip.gated.items():
+                self._per_optimizer_states[key]["found_inf_per_device"] = per_device
         if new_scale is not None:
             # The step may have been skipped for inf/NaN: its record says so all the same.
             # Summed apart from the optimizers' own flags: torch's update(new_scale) leaves
@@ -153,7 +165,12 @@ class Instrumented(_Base):
         self._step_context.last_found = found
         norm = self._grad_norm.finish()
         top = self._grad_norm.largest()
-        self._snapshot(found, flags, attribution, stepped_count, scale_set, outcomes, norm, top)
+        word = found
+        if spike_skip is not None:  # found_inf as recorded: SPIKE where skipped for a spike
+            flag = spike_skip.finish(found if found is not None else scale.new_zeros(()))
+            if flag is not None:
+                word = (found if found is not None else 0.0) + SPIKE * flag
+        self._snapshot(word, flags, attribution, stepped_count, scale_set, outcomes, norm, top)
 
     def _update_scale(
         self, scale: torch.Tensor, tracker: torch.Tensor, found: torch.Tensor
@@ -220,15 +237,18 @@ class Instrumented(_Base):
         state["stage"] = OptState.UNSCALED
         if self._grad_norm.on:
             self._grad_norm.measure(optimizer, scale.device, sharded=self._agrees_norm())
-        self._unscaled(optimizer, state)
+        self._checked(optimizer, state)
+        if self._spike_skip is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+            self._gate_fused(optimizer, state)
 
     def _seen(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer`` is unscaled (``unscale_``) or checked (``_check_inf_per_device``, a
         fused optimizer's path): once a step on every path, before it steps."""
         self._step_context.rates += (group_rates(optimizer),)
 
-    def _unscaled(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        """``optimizer``'s gradients were just checked and unscaled (``state``: torch's)."""
+    def _checked(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """``optimizer``'s gradients were just checked, and unscaled unless it is fused
+        (``state``: torch's); its norm measured."""
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         self._diagnoser.optimizers.append(optimizer)  # the fused path: no _maybe_opt_step
@@ -238,6 +258,10 @@ class Instrumented(_Base):
             scale, _ = self._check_scale_growth_tracker("step")
             inverse = self._step_context.inverse_of(scale)
             self._grad_norm.measure(optimizer, scale.device, inverse, self._agrees_norm())
+        state = self._per_optimizer_states[id(optimizer)]
+        self._checked(optimizer, state)
+        if self._spike_skip is not None:
+            self._gate_fused(optimizer, state)
         return found
 
     def _agrees_norm(self) -> bool:
@@ -252,6 +276,8 @@ class Instrumented(_Base):
         *args: Any,
         **kwargs: Any,
     ) -> Any:
+        if self._spike_skip is not None:
+            return self._step_unless_spike(optimizer, optimizer_state, args, kwargs)
         result, found = opt_step_unless_inf(optimizer, optimizer_state, args, kwargs)
         self._step_context.skips.decided(found > 0)
         diagnoser = self._diagnoser
@@ -259,6 +285,105 @@ class Instrumented(_Base):
         group = self._group_info() if found else None  # asked of an overflow only
         diagnoser.read_at_step(optimizer, [found], bool(found), Attribution.single(), group)
         return result
+
+    # ------------------------------------------------------------ spike skips
+
+    def _step_unless_spike(
+        self,
+        optimizer: torch.optim.Optimizer,
+        state: dict[str, Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """``_maybe_opt_step`` with :meth:`skip_on_spike`: found_inf and the decision are
+        read in one (the read torch's step makes of found_inf)."""
+        assert self._scale is not None
+        found = found_on(state, self._scale.device)
+        word = float((found + SPIKE * self._spike_flag(found)).item())
+        overflow = word >= 1.0
+        result = None if word > 0 else optimizer.step(*args, **kwargs)
+        self._step_context.skips.decided(word > 0)
+        diagnoser = self._diagnoser
+        diagnoser.optimizers.append(optimizer)
+        group = self._group_info() if overflow else None  # asked of an overflow only
+        found_read = word if overflow else 0.0
+        diagnoser.read_at_step(optimizer, [found_read], overflow, Attribution.single(), group)
+        return maybe_opt_step_result(result, found_read)
+
+    def _spike_flag(self, found: torch.Tensor) -> torch.Tensor:
+        """This step's skip decision (see ``_spike_skip``), taken at its first call."""
+        skip = self._spike_skip
+        assert skip is not None
+        if skip.flag is None and skip.rule.loss_z is not None and not self._attribution().known:
+            raise RuntimeError(
+                "skip_on_spike(loss_z=...): each rank's loss differs and GradScaler agrees "
+                "nothing across ranks; use ShardedGradScaler in a multi-process job (or "
+                "grad_norm_z alone, with DDP's gradients the same on every rank)"
+            )
+        return skip.decide(self._grad_norm.last, self._spike_loss(), found)
+
+    def _spike_loss(self) -> torch.Tensor | None:
+        """The loss a spike is judged by: this step's as ``scale()`` saw it."""
+        return self._diagnoser.loss
+
+    def _gate_fused(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """A fused optimizer decides on the device: its found_inf, as it will read it, also
+        says skip on a spike; ``update()`` puts the overflow's back for the scale."""
+        skip = self._spike_skip
+        assert skip is not None and self._scale is not None
+        per_device = state["found_inf_per_device"]
+        self._spike_flag(found_on(state, self._scale.device))
+        skip.gated.setdefault(id(optimizer), per_device)
+        state["found_inf_per_device"] = {
+            device: skip.gate(found) for device, found in per_device.items()
+        }
+
+    def skip_on_spike(self, grad_norm_z: float | None = None, loss_z: float | None = None) -> None:
+        """Skip the optimizer step of a step whose gradient norm, or loss, spikes: opt-in,
+        off by default. Call it on every rank alike, before the steps it is to judge.
+
+        Example::
+
+            scaler = ShardedGradScaler(grad_norm=True)
+            scaler.skip_on_spike(grad_norm_z=8.0, loss_z=8.0)
+            for input, target in data:          # the loop as before
+                ...
+                scaler.step(optimizer)          # skipped on every rank at a spike
+                scaler.update()                 # the scale is not backed off for it
+
+        A value spikes when its robust z over the ``window`` steps before it (the run's
+        ``spikes=`` rule's, 200 by default) is above ``grad_norm_z`` (the gradient norm) or
+        ``loss_z`` (the loss ``scale()`` saw; a ``ShardedGradScaler`` in a process group
+        judges the mean of the ranks' losses): ``(value - median) / (1.4826 * MAD)``, the
+        rule the service flags spikes by, with at least 20 values in the window. None: that
+        signal never skips; both None turn skipping off. ``grad_norm_z`` turns the norm's
+        measure on (``grad_norm=True``).
+
+        On a spike every rank skips every optimizer of the step, as for an overflow (a
+        fused one too, on the device); the scale and the growth tracker are left as on a
+        clean step; held schedulers hold (:meth:`hold`); ``last_step_skipped`` is True;
+        the step is recorded as skipped with ``spike_skipped`` true and ``overflow`` false.
+        An overflow step is no spike.
+
+        Decided on the device and read with found_inf in the read ``step()`` already
+        makes: no added sync, and no added collective (the loss rides in the found_inf
+        all-reduce, one element more). The decision is taken at the step's first
+        ``step()`` (a fused optimizer's: as its found_inf is checked), from the norm of the
+        gradients unscaled by then: with several optimizers, ``unscale_`` each before the
+        first ``step()`` to judge the whole step's norm. The windows are kept on the device
+        and start empty in a copy of the scaler or a resumed job (20 steps before the
+        first skip). Raises ``ValueError`` for a z that is not a number above 0.
+        """
+        grad_norm_z = check_z("grad_norm_z", grad_norm_z)
+        loss_z = check_z("loss_z", loss_z)
+        if grad_norm_z is None and loss_z is None:
+            self._skip_rule = None
+        else:
+            window = (self._spikes or DEFAULT_SPIKES).window
+            self._skip_rule = SkipRule(grad_norm_z=grad_norm_z, loss_z=loss_z, window=window)
+        if grad_norm_z is not None:
+            self._measures_grad_norm = self._grad_norm.on = True
+        self._spike_skip = None if self._skip_rule is None else SpikeSkip(self._skip_rule)
 
     def _multiply_scale(self, scale: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
         """``scale * factor`` rounded as torch's update rounds it."""
@@ -377,7 +502,8 @@ class Instrumented(_Base):
         values = None if scale.is_cuda else read_cpu(scale, tracker, found, loss, flags, norm)
         if values is not None and top is not None:
             values = values._replace(top=read_top(top[0]))
-        context.skips.settle(stepped_count, found, None if values is None else values.found)
+        cpu_found = None if values is None else values.found or float(values.spiked)
+        context.skips.settle(stepped_count, found, cpu_found)
         diagnosis = None
         overflow = diagnoser.end_step(values, attribution)
         if overflow is not None:
@@ -385,7 +511,7 @@ class Instrumented(_Base):
             diagnosis = diagnoser.explain(overflow, values, attribution, loss, group, process_group)
         if inline and values is not None:
             if add_row is None:
-                self._fold(values.scale, values.found > 0, stepped, scale_set)
+                self._fold(values.scale, values.found > 0, stepped, scale_set, values.spiked)
             else:
                 self._hand_over(
                     add_row,
@@ -475,6 +601,7 @@ class Instrumented(_Base):
                 drift,
                 norm,
                 param_norms,
+                False,
             )
         )
 
@@ -497,10 +624,10 @@ class Instrumented(_Base):
         session, context = self._session, self._step_context
         recorder = session.recorder
         assert recorder is not None
-        scale_after, tracker, found, loss, payloads, norm, top_read = values
+        scale_after, tracker, found, loss, payloads, norm, top_read, spiked = values
         overflow = found > 0
         used, skipped, drift = recorder.fold_step(
-            context.scale_host, scale_after, overflow, stepped, scale_set, schedule
+            context.scale_host, scale_after, overflow, stepped, scale_set, schedule, spiked
         )
         context.scale_host = None
         row = (  # in TrainingRow's order
@@ -521,6 +648,7 @@ class Instrumented(_Base):
             drift,
             norm,
             self._named(top_read, top),
+            spiked and stepped,
         )
         if not outcomes and diagnosis is None:
             add_row(row)
@@ -537,11 +665,18 @@ class Instrumented(_Base):
             return ()
         return named_norms(read, top[1], self._diagnoser.names.lookup)
 
-    def _fold(self, scale_after: float, overflow: bool, stepped: bool, scale_set: bool) -> None:
+    def _fold(
+        self,
+        scale_after: float,
+        overflow: bool,
+        stepped: bool,
+        scale_set: bool,
+        spiked: bool = False,
+    ) -> None:
         """Count a cpu step that no sink reads (see ``Recorder.fold``)."""
         recorder, context = self._session.recorder, self._step_context
         assert recorder is not None
-        recorder.fold(context.scale_host, scale_after, overflow, stepped, scale_set)
+        recorder.fold(context.scale_host, scale_after, overflow, stepped, scale_set, spiked)
         context.scale_host = None
 
     def _opening(self) -> RunOpening | None:
@@ -777,8 +912,9 @@ class Instrumented(_Base):
 
     @property
     def last_step_skipped(self) -> bool | None:
-        """Whether the last ``update()``'s step skipped its optimizers for inf/NaN gradients
-        (on every rank of a sharded job alike): ``None`` before the first ``update()``.
+        """Whether the last ``update()``'s step skipped its optimizers for inf/NaN gradients,
+        or for a spike (:meth:`skip_on_spike`), on every rank of a sharded job alike:
+        ``None`` before the first ``update()``.
 
         Costs no sync: it is what torch's ``step()`` already read on the host, or a CPU
         value. Where the host cannot know without a sync, a fused optimizer (which decides

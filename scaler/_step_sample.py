@@ -9,7 +9,7 @@ time a :class:`~scalewatch.store.records.StepRecord` takes, and pickled as fast.
 writer turns it into its record (:func:`record_of`).
 
 >>> row = TrainingRow(7, 1.5, 1024.0, False, False, (), 1024.0, 3, 100, 2, 0.5, 0, 2.5,
-...                   ((0.1,),), None, 0.75, ())
+...                   ((0.1,),), None, 0.75, (), False)
 >>> record = record_of(tuple(row))
 >>> record.step, record.lr, record.growth_factor, record.lr_groups, record.grad_norm
 (7, 0.1, 2.0, None, 0.75)
@@ -64,6 +64,7 @@ class TrainingRow(NamedTuple):
     schedule_drift: int | None
     grad_norm: float | None
     param_norms: tuple[tuple[str, float], ...]
+    spike_skipped: bool
 
 
 _RECORD_FIELDS = {f.name for f in fields(StepRecord)}
@@ -93,6 +94,7 @@ def record_of(row: tuple[Any, ...]) -> StepRecord:
         drift,
         norm,
         param_norms,
+        spike_skipped,
     ) = row
     lr, lr_groups = step_rates(rates)
     record = _new(StepRecord)
@@ -116,6 +118,7 @@ def record_of(row: tuple[Any, ...]) -> StepRecord:
         schedule_drift=drift,
         grad_norm=norm,
         param_norms=param_norms,
+        spike_skipped=spike_skipped,
     )
     return record
 

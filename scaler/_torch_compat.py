@@ -61,6 +61,7 @@ __all__ = [
     "deprecation_of",
     "flat_param_parts",
     "foreach_l2_norm",
+    "found_on",
     "fsdp2",
     "gather_to_group_rank0",
     "local_tensor",
@@ -99,6 +100,18 @@ def opt_step_unless_inf(
     found = sum(v.item() for v in optimizer_state["found_inf_per_device"].values())
     retval = None if found else optimizer.step(*args, **kwargs)
     return maybe_opt_step_result(retval, found), float(found)
+
+
+def found_on(state: dict[str, Any], device: torch.device) -> torch.Tensor:
+    """An optimizer's found_inf (torch's per-optimizer ``state``) summed over its devices:
+    0-d on ``device``, asynchronous as torch's own ``to(scale.device)``."""
+    founds = [
+        found.to(device, non_blocking=True).reshape(())
+        for found in state["found_inf_per_device"].values()
+    ]
+    if not founds:
+        return torch.zeros((), dtype=torch.float32, device=device)
+    return founds[0] if len(founds) == 1 else torch.stack(founds).sum()
 
 
 def combined_found_inf(

@@ -69,6 +69,10 @@ class GradScaler(Instrumented, TorchGradScaler):
 
     In a multi-process job every rank applies the same values only with
     ``ShardedGradScaler``; this class refuses runtime control requests there.
+
+    Opt-in, :meth:`skip_on_spike` skips the optimizer step of a step whose gradient norm or
+    loss spikes (decided on the device, read with found_inf: no added sync); the scale is
+    not backed off for it.
     """
 
     def __init__(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from ._scaler import Instrumented
 from ._torch_compat import (
     TorchShardedGradScaler,
     amp_update_scale_,
+    found_on,
     maybe_opt_step_result,
     note_older_torch,
     require_supported_torch,
@@ -58,6 +60,9 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
     reporting rank, rank 0 of the group, knows which ranks overflowed) and any
     pending runtime-control request, so every rank applies it at the same step.
     Without an initialised process group it works as a single process.
+
+    :meth:`skip_on_spike` (opt-in) skips a spiking step on every rank alike: the ranks judge
+    the same gradient norm and the mean of their losses, summed in the same all-reduce.
 
     .. note:: unlike torch's class, the fused-optimizer path
        (``_step_supports_amp_scaling``) also agrees found_inf across ranks.
@@ -135,26 +140,33 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
             raise AssertionError("Expected _scale to be initialized, got None")
         return found
 
-    def _unscaled(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    def _checked(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         self._agree_found_inf(optimizer, state)
-
-    def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        found = super()._check_inf_per_device(optimizer)
-        self._agree_found_inf(optimizer, self._per_optimizer_states[id(optimizer)])
-        return found
 
     def _agrees_norm(self) -> bool:
         return self._group_info() is not None
 
     def _agree_found_inf(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        """One all-reduce: every rank's flag, whether rank 0 carries a request, and (with
-        ``grad_norm``) the squares of the gradient shards each rank holds."""
+        """One all-reduce: every rank's flag, whether rank 0 carries a request, (with
+        ``grad_norm``) the squares of the gradient shards each rank holds, and (with
+        ``skip_on_spike(loss_z=...)``, once a step) each rank's loss."""
         group = self._group_info()
         if group is None:
             return
         assert self._scale is not None
         norm = self._grad_norm
         squares, norm.shard_squares = norm.shard_squares, None
+        skip = self._spike_skip
+        loss = None
+        if skip is not None and skip.rule.loss_z is not None and skip.loss is None:
+            loss = self._diagnoser.loss
+            if loss is None:  # none seen: NaN, which judges nothing
+                loss = torch.full((), math.nan, dtype=torch.float64, device=self._scale.device)
+        extras = [
+            x.detach().to(self._scale.device, torch.float64).reshape(1)
+            for x in (squares, loss)
+            if x is not None
+        ]
         reduced = self._agreement.agree(
             id(optimizer),
             state["found_inf_per_device"],
@@ -163,10 +175,20 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
             self._inbox,
             self.process_group,
             self._reduce_alone,
-            squares,
+            torch.cat(extras) if extras else None,
         )
-        if reduced is not None:
-            norm.add_reduced(reduced)
+        if reduced is None:
+            return
+        if squares is not None:
+            norm.add_reduced(reduced[:1])
+        if loss is not None:
+            assert skip is not None
+            skip.loss = reduced[-1] / group.size  # the ranks' mean, the same on every rank
+
+    def _spike_loss(self) -> torch.Tensor | None:
+        skip = self._spike_skip
+        agreed = None if skip is None else skip.loss
+        return agreed if agreed is not None else super()._spike_loss()
 
     def _maybe_opt_step(
         self,
@@ -175,16 +197,24 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
         *args: Any,
         **kwargs: Any,
     ) -> Any:
-        host = self._agreement.read(id(optimizer))  # one read, for torch's of each found_inf
-        if host is None:
+        agreement = self._agreement
+        if not agreement.agreed(id(optimizer)):  # no process group: as GradScaler
             return super()._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)
+        spiked = False
+        if self._spike_skip is None:
+            read = agreement.read(id(optimizer))  # one read, for torch's of each found_inf
+            assert read is not None  # agreed
+            host = read
+        else:  # and the spike decision with it
+            assert self._scale is not None
+            flag = self._spike_flag(found_on(optimizer_state, self._scale.device))
+            host, flag_read = agreement.read_with(id(optimizer), flag)
+            spiked = flag_read > 0
         overflow = _payload.any_overflow(host)
-        self._step_context.skips.decided(overflow)
+        self._step_context.skips.decided(overflow or spiked)
         group = self._group_info() if overflow else None  # asked of an overflow only
-        self._diagnoser.read_at_step(
-            optimizer, host, overflow, self._agreement.attribution(), group
-        )
-        retval = None if overflow else optimizer.step(*args, **kwargs)
+        self._diagnoser.read_at_step(optimizer, host, overflow, agreement.attribution(), group)
+        retval = None if overflow or spiked else optimizer.step(*args, **kwargs)
         return maybe_opt_step_result(retval, float(overflow))
 
     # ------------------------------------------------------------ update

@@ -23,6 +23,7 @@ class ScalerStats:
     min_scale_seen: float = float("inf")
     max_scale_seen: float = 0.0
     dropped_records: int = 0  # steps whose record never reached the recorder or the store
+    spike_skips: int = 0  # of the skipped steps, those skipped for a spike (skip_on_spike)
 
 
 @dataclass(frozen=True, slots=True)

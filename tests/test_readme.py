@@ -44,6 +44,7 @@ EXPECTED = {  # run name -> (page, steps, world size)
     "skipped-example": ("docs/TRAINING.md", 20, 1),
     "drift-example": ("docs/TRAINING.md", 20, 1),
     "norm-example": ("docs/TRAINING.md", 5, 1),
+    "skip-example": ("docs/TRAINING.md", 40, 1),
 }
 # The trainers of the integrations extra: an example that imports one is skipped without it.
 TRAINERS = ("lightning", "accelerate", "transformers")

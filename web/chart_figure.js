@@ -39,6 +39,7 @@ export const CHARTS = [
     },
   },
   { markers: "overflows" },
+  { skips: "spike" },
   {
     band: "grad_norm",
     fields: ["grad_norm"],
@@ -113,6 +114,7 @@ const BANDS = CHARTS.filter((row) => row.band);
 export const TRACE_COLUMNS = CHARTS.flatMap((row) => {
   if (row.markers) return [{ id: row.markers }];
   if (row.spikes) return [{ id: `${row.spikes}Spikes` }];
+  if (row.skips) return [{ id: "spikeSkips", x: "xSpikeSkip", y: "spikeSkipY", cd: "cdSpikeSkip" }];
   if (row.rate) return [{ id: row.rate, x: "x", y: "rate" }];
   return [
     { id: `${row.band}Max`, x: row.x, y: `${row.band}Max` },
@@ -194,6 +196,7 @@ export function extent(values, start = [Infinity, -Infinity]) {
 export function emptyColumns() {
   const cols = { x: [], xFirst: [], xNext: [], rate: [] };
   for (const c of TRACE_COLUMNS) {
+    if (c.x && !cols[c.x]) cols[c.x] = [];
     if (c.y) cols[c.y] = [];
     if (c.cd) cols[c.cd] = [];
   }
@@ -205,6 +208,7 @@ export function emptyColumns() {
 export function seriesBucket(series, i) {
   const bucket = { first_step: series.first_step[i], last_step: series.last_step[i], n: series.n[i] };
   bucket.skipped = series.skipped[i];
+  bucket.spike_skips = series.spike_skips ? series.spike_skips[i] : 0; // an older service: none
   for (const { band } of BANDS) {
     for (const end of ["min", "max", "last"]) {
       const key = `${band}_${end}`;
@@ -215,8 +219,14 @@ export function seriesBucket(series, i) {
 }
 
 // A bucket's values, pushed onto the columns; ``rate`` is its rolling skipped-step rate, and
-// ``first``: the first bucket of a drawing, where the scale line starts.
+// ``first``: the first bucket of a drawing, where the scale line starts. A bucket with
+// steps skipped for a spike adds a marker at its last step, on the scale it kept.
 export function addBucket(cols, b, rate, first) {
+  if (b.spike_skips > 0) {
+    cols.xSpikeSkip.push(b.last_step);
+    cols.spikeSkipY.push(b.scale_last);
+    cols.cdSpikeSkip.push([b.spike_skips, b.first_step]);
+  }
   cols.x.push(b.last_step);
   cols.xFirst.push(b.first_step);
   for (const { band, line } of BANDS) {
@@ -290,6 +300,7 @@ export function labelPixels(text, size = 11) {
 // and its last field's value.
 export function stepAsBucket(row) {
   const bucket = { first_step: row.step, last_step: row.step, n: 1, skipped: row.skipped ? 1 : 0 };
+  bucket.spike_skips = row.spike_skipped ? 1 : 0;
   for (const { band, fields, nullable, first } of BANDS) {
     const values = fields.map((field) => (nullable ? finiteOrNull(row[field]) : Number(row[field])));
     const present = values.filter((value) => value !== null);
@@ -352,6 +363,7 @@ export function figureTraces(cols, overflows) {
   return CHARTS.flatMap((row) => {
     if (row.markers) return [overflowTrace(overflows)];
     if (row.spikes) return [spikeTrace(row)];
+    if (row.skips) return [spikeSkipTrace(cols)];
     if (row.rate) return [rateTrace(cols)];
     const { band, line } = row;
     const pair = bandPair({
@@ -417,6 +429,21 @@ function spikeTrace(row) {
     customdata: [],
     marker: { symbol: "triangle-up", size: 9, color: "#cf222e" },
     hovertemplate: `step %{x}<br>${name}: %{y:.4~g} (z %{customdata[0]})<extra></extra>`,
+  };
+}
+
+// Steps skipped for a spike (``skip_on_spike``), apart from overflows: a marker on the scale
+// panel at a bucket's last step, at the scale it kept (a spike is not backed off for).
+function spikeSkipTrace(cols) {
+  return {
+    type: "scatter",
+    mode: "markers",
+    name: "skipped for a spike",
+    x: cols.xSpikeSkip.slice(),
+    y: cols.spikeSkipY,
+    customdata: cols.cdSpikeSkip,
+    marker: { symbol: "diamond-open", size: 9, color: "#8a5300", line: { width: 2, color: "#8a5300" } },
+    hovertemplate: "steps %{customdata[1]}–%{x}: %{customdata[0]} skipped for a spike<br>scale kept %{y}<extra></extra>",
   };
 }
 

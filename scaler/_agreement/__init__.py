@@ -6,7 +6,8 @@ optimizer, ``_check_inf_per_device()``), the broadcast in ``update()``.
 
 Per optimizer and step, one all-reduce of the ``payload`` (one element up to 52 ranks,
 as torch's found_inf; one more with ``grad_norm``: the sum of the squares of the gradient
-shards of every rank). On the steps where rank 0 flags a request in it, a broadcast of
+shards of every rank; one more, once a step, with ``skip_on_spike(loss_z=...)``: the sum of
+the ranks' losses). On the steps where rank 0 flags a request in it, a broadcast of
 the request follows at ``update()``; every rank does the same at the same boundary. On
 cuda, what the host reads of them one update later waits in ``host_copies``.
 """
@@ -61,15 +62,15 @@ class Agreement:
         inbox: ControlInbox,
         process_group: Any,
         reduce_alone: bool,
-        squares: torch.Tensor | None = None,
+        extras: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
         """Agree ``optimizer``'s found_inf (``per_device``, torch's, left 1 where any rank
         overflowed) across the ranks of ``group`` (rank, size).
 
-        ``squares`` (this rank's sum of squares of its gradient shards, float64 of one
-        element) rides at the end of the payload; returns their sum over the ranks (None
-        without ``squares``). The flag words are the payload without it, so what reads
-        them reads as before.
+        ``extras`` (this rank's numbers to sum over the ranks, float64 on ``device``: the
+        squares of its gradient shards, its loss) ride at the end of the payload; returns
+        their sums (None without ``extras``). The flag words are the payload without them,
+        so what reads them reads as before.
         """
         rank, world = group
         request = rank == 0 and bool(inbox) and self.carrying is None
@@ -77,7 +78,7 @@ class Agreement:
             self.carrying = inbox.take_one()
         reduce = world > 1 or reduce_alone  # for one rank the all-reduce is the identity
         summed = None
-        in_place = squares is None and len(per_device) == 1 and world <= _payload.IN_PLACE_RANKS
+        in_place = extras is None and len(per_device) == 1 and world <= _payload.IN_PLACE_RANKS
         if device.type == "cpu" and in_place:
             found = next(iter(per_device.values()))
             self._host[optimizer] = self._agree_in_place(
@@ -88,12 +89,13 @@ class Agreement:
             payload = _own_payload(per_device, rank, world, device)
             if request:
                 payload[:1].add_(_payload.REQUEST)
-            if squares is not None:
-                payload = torch.cat((payload, squares.to(device, torch.float64).reshape(1)))
+            if extras is not None:
+                payload = torch.cat((payload, extras))
             if reduce:
                 self._all_reduce(payload, process_group)
-            if squares is not None:
-                summed, payload = payload[-1:], payload[:-1]
+            if extras is not None:
+                count = len(extras)
+                summed, payload = payload[-count:], payload[:-count]
             if world > 1 or len(per_device) > 1:
                 # 1 where any rank overflowed: a fused optimizer skips its step at 1 only
                 total = payload.ge(1.0) if len(payload) == 1 else payload.ge(1.0).any()
@@ -129,6 +131,20 @@ class Agreement:
         if work is not None:
             work.wait()
             self.reduced.append(work)
+
+    def agreed(self, optimizer: int) -> bool:
+        """Whether ``optimizer``'s found_inf was agreed this step."""
+        return optimizer in self.payloads
+
+    def read_with(self, optimizer: int, flag: torch.Tensor) -> tuple[list[float], float]:
+        """:meth:`read`, and ``flag`` (0-d, on the payload's device) read with it: on cuda
+        one read of both; on cpu, where the words may be read already, a read of memory."""
+        payload = self.payloads[optimizer]
+        if optimizer in self._host:
+            return self._host[optimizer], float(flag.item())
+        words = torch.cat((payload, flag.reshape(1).to(payload.dtype))).tolist()
+        host = self._host[optimizer] = words[:-1]
+        return host, float(words[-1])
 
     def read(self, optimizer: int) -> list[float] | None:
         """The words of ``optimizer``'s payload of this step, read on the host once (on cuda a

@@ -96,6 +96,7 @@ class Counts:
     high: float = 0.0
     last_skipped: bool = False  # the step before, for a scheduler stepped after it
     drift: int = 0  # skipped steps on which a registered scheduler stepped
+    spike_skips: int = 0  # steps skipped for a spike
 
     def stats(self, dropped: int) -> ScalerStats:
         return ScalerStats(
@@ -108,6 +109,7 @@ class Counts:
             min_scale_seen=self.low,
             max_scale_seen=self.high,
             dropped_records=dropped,
+            spike_skips=self.spike_skips,
         )
 
     def add(
@@ -117,13 +119,16 @@ class Counts:
         overflow: bool,
         stepped: bool,
         scale_set: bool,
+        spiked: bool = False,
     ) -> float:
-        """Count one step; returns the scale it used (``scale_used``, or the last one seen)."""
+        """Count one step; returns the scale it used (``scale_used``, or the last one seen).
+        ``spiked``: its optimizers were skipped for a spike (it did not overflow)."""
         used = scale_used if scale_used is not None else self.last_scale
         if used is None:
             used = scale_after
         self.steps += 1
-        self.skipped += overflow and stepped
+        self.skipped += (overflow or spiked) and stepped
+        self.spike_skips += spiked and stepped
         self.overflows += overflow
         self.growths += not scale_set and scale_after > used
         self.backoffs += not scale_set and scale_after < used
@@ -141,12 +146,13 @@ class Counts:
         stepped: bool,
         scale_set: bool,
         schedule: tuple[int, int] | None,
+        spiked: bool = False,
     ) -> tuple[float, bool, int | None]:
         """Count one step: (the scale it used, whether it was skipped, the schedule's
         drift so far, None without a registered scheduler)."""
         skipped_before = self.last_skipped
-        skipped = self.last_skipped = overflow and stepped
-        used = self.add(scale_used, scale_after, overflow, stepped, scale_set)
+        skipped = self.last_skipped = (overflow or spiked) and stepped
+        used = self.add(scale_used, scale_after, overflow, stepped, scale_set, spiked)
         drift = None if schedule is None else self.drifted(schedule, skipped_before, skipped)
         return used, skipped, drift
 
@@ -232,10 +238,11 @@ class Recorder:
         overflow: bool,
         stepped: bool,
         scale_set: bool,
+        spiked: bool = False,
     ) -> None:
         """Count a cpu step where ``folds_inline``: what a snapshot of it would count,
         without the snapshot."""
-        self.counts.add(scale_used, scale_after, overflow, stepped, scale_set)
+        self.counts.add(scale_used, scale_after, overflow, stepped, scale_set, spiked)
         self._submitted += 1
         self._done += 1
 
@@ -247,12 +254,14 @@ class Recorder:
         stepped: bool,
         scale_set: bool,
         schedule: tuple[int, int] | None,
+        spiked: bool = False,
     ) -> tuple[float, bool, int | None]:
         """Count a cpu step where ``folds_inline`` for a telemetry that takes its row
         from the training thread: (the scale it used, skipped, the schedule's drift)."""
         self._submitted += 1
         self._done += 1
-        return self.counts.step(scale_used, scale_after, overflow, stepped, scale_set, schedule)
+        counts = self.counts
+        return counts.step(scale_used, scale_after, overflow, stepped, scale_set, schedule, spiked)
 
     def stats(self, timeout: float = 30.0) -> ScalerStats:
         self.flush(timeout)
@@ -346,10 +355,10 @@ def _materialise(snap: Snapshot, fold: Counts, sample: bool = True) -> StepSampl
     """
     captured = snap.captured
     values = captured.read() if isinstance(captured, Captured) else captured
-    scale_after, tracker, found, loss, payloads, norm, top = values
+    scale_after, tracker, found, loss, payloads, norm, top, spiked = values
     overflow = found > 0
     used, skipped, drift = fold.step(
-        snap.scale_used, scale_after, overflow, snap.stepped, snap.scale_set, snap.schedule
+        snap.scale_used, scale_after, overflow, snap.stepped, snap.scale_set, snap.schedule, spiked
     )
     if not sample:
         return None
@@ -372,6 +381,7 @@ def _materialise(snap: Snapshot, fold: Counts, sample: bool = True) -> StepSampl
             drift,
             norm,
             () if top is None or snap.top_of is None else named_norms(top, *snap.top_of),
+            spiked and snap.stepped,
         )
     )
     return StepSample(with_diagnosis(record, snap.diagnosis), snap.controls)

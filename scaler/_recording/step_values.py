@@ -4,7 +4,8 @@ On cuda the training thread copies [scale, growth tracker, found_inf, loss (if s
 gradient norm (if measured), *payload words] asynchronously into a reused pinned row
 (``pinned_rows``), without a sync; the recorder thread reads the row once its copy has
 arrived. A cpu step's values are read
-at once (``read_cpu``).
+at once (``read_cpu``). The found_inf captured is 0.5 (``_spike_skip.SPIKE``) on a step
+skipped for a spike, which its values read as found_inf 0 and ``spiked``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .._spike_skip import spiked_of
 from .pinned_rows import PinnedRing, PinnedRings
 
 
@@ -81,7 +83,9 @@ class Captured:
         if self._top:
             top = values[4 : 4 + self._top]
             del values[4 : 4 + self._top]
-        return split_values(values, self._payloads)._replace(grad_norm=norm, top=top)
+        found, spiked = spiked_of(values[2])
+        values[2] = found
+        return split_values(values, self._payloads)._replace(grad_norm=norm, top=top, spiked=spiked)
 
 
 class StepValues(NamedTuple):
@@ -95,6 +99,7 @@ class StepValues(NamedTuple):
     payloads: Sequence[list[float]]  # the words of each all-reduced payload, one per optimizer
     grad_norm: float | None = None  # None: neither measured nor handed in
     top: list[float] | None = None  # the largest per-parameter norms, then their positions
+    spiked: bool = False  # skipped for a spike (skip_on_spike): found is 0 then
 
 
 def split_values(values: list[Any], payloads: int) -> StepValues:
@@ -130,18 +135,20 @@ def read_cpu(
         for flag in flags:  # read in this frame: a cpu read, no sync
             rows.append(flag if isinstance(flag, list) else flag.tolist())
         payloads = rows
+    word = 0.0 if found is None else found.item()
     # Made every cpu step: tuple.__new__, as namedtuple's own _make, runs no Python frame.
     return _new_values(
         StepValues,
         (
             scale.item(),
             tracker.item(),
-            0.0 if found is None else found.item(),
+            0.0 if 0.0 < word < 1.0 else word,  # found_inf; between: a spike (spiked_of)
             # a loss elsewhere than the cpu scale is not read: that would be a sync
             None if loss is None or not loss.is_cpu else loss.item(),
             payloads,
             None if norm is None or not norm.is_cpu else norm.item(),
             None,  # the largest parameter norms: read_top
+            0.0 < word < 1.0,
         ),
     )
 

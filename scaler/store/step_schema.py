@@ -203,6 +203,14 @@ class StepRecord:
             rollup=Rollup(series="grad_norm_spikes", fold=Fold.COUNT),
         ),
     )
+    # Skipped for a spike (``skip_on_spike``), not an overflow: ``skipped`` is true, and
+    # ``overflow`` false; the scale was not backed off for it.
+    spike_skipped: bool = field(
+        default=False,
+        metadata=column(
+            Kind.BOOL, server_default="0", rollup=Rollup(series="spike_skips", fold=Fold.COUNT)
+        ),
+    )
     # With grad_norm on: the ten largest per-parameter gradient norms of the reporting
     # rank (its shards'), largest first, as (name, norm); kept where the step overflowed or
     # spiked (rows of ``param_norms``).

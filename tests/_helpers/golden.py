@@ -78,10 +78,10 @@ ROWS[2] = dataclasses.replace(ROWS[2], grad_norm=1.5)
 GOLDEN_CSV = (
     "step,wall_time,scale,overflow,skipped,inf_ranks,scale_after,growth_tracker,"
     "growth_interval,growth_factor,backoff_factor,control_version,loss,loss_nonfinite_ranks,"
-    "params_omitted,lr,lr_groups,schedule_drift,grad_norm,loss_spike,grad_norm_spike\n"
-    "1,1700000000.5,65536.0,0,0,,65536.0,1,2,2.0,0.5,0,3.5,,0,0.001,,,0.75,0,0\n"
-    '2,1700000001.25,65536.0,1,1,"0,3",32768.0,0,2,2.0,0.5,0,,,0,0.001,"[[0.001,0.0005]]",0,,0,0\n'
-    "3,1700000002.0,32768.0,0,0,,32768.0,1,2,2.0,0.5,1,2.25,,0,,,1,1.5,0,0\n"
+    "params_omitted,lr,lr_groups,schedule_drift,grad_norm,loss_spike,grad_norm_spike,spike_skipped\n"
+    "1,1700000000.5,65536.0,0,0,,65536.0,1,2,2.0,0.5,0,3.5,,0,0.001,,,0.75,0,0,0\n"
+    '2,1700000001.25,65536.0,1,1,"0,3",32768.0,0,2,2.0,0.5,0,,,0,0.001,"[[0.001,0.0005]]",0,,0,0,0\n'
+    "3,1700000002.0,32768.0,0,0,,32768.0,1,2,2.0,0.5,1,2.25,,0,,,1,1.5,0,0,0\n"
 )
 
 

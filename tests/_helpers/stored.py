@@ -85,6 +85,7 @@ def expected_rollups(
                         (
                             sum(r.loss_spike for r in members),
                             sum(r.grad_norm_spike for r in members),
+                            sum(r.spike_skipped for r in members),
                         )
                         if with_grad_norm
                         else ()

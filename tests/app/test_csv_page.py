@@ -44,6 +44,7 @@ step_rows = st.tuples(
     st.none() | floats,  # grad_norm
     st.integers(0, 1),  # loss_spike
     st.integers(0, 1),  # grad_norm_spike
+    st.integers(0, 1),  # spike_skipped
 )
 # Anything SQLite could hand back, to prove the fallback to csv.writer.
 odd_values = (
@@ -96,6 +97,7 @@ ROWS = [
         0.5,
         0,
         0,
+        0,
     ),
     (
         2,
@@ -119,6 +121,7 @@ ROWS = [
         None,
         0,
         1,
+        0,
     ),
     (
         3,
@@ -142,6 +145,7 @@ ROWS = [
         1.25,
         1,
         0,
+        0,
     ),
 ]
 
@@ -160,7 +164,7 @@ def test_step_rows_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(exports, "_csv_writer_page", refuse)
     assert csv_page(ROWS) == (
-        "1,1700000000.5,65536.0,0,0,,65536.0,1,2,2.0,0.5,0,2.5,,0,0.001,,0,0.5,0,0\n"
-        '2,1700000001.25,65536.0,1,1,"0,3",32768.0,0,2,2.0,0.5,0,,"0,3",4,,,1,,0,1\n'
-        "3,1700000002.0,32768.0,1,1,7,16384.0,0,2,2.0,0.5,1,,,0,2e-05,,,1.25,1,0\n"
+        "1,1700000000.5,65536.0,0,0,,65536.0,1,2,2.0,0.5,0,2.5,,0,0.001,,0,0.5,0,0,0\n"
+        '2,1700000001.25,65536.0,1,1,"0,3",32768.0,0,2,2.0,0.5,0,,"0,3",4,,,1,,0,1,0\n'
+        "3,1700000002.0,32768.0,1,1,7,16384.0,0,2,2.0,0.5,1,,,0,2e-05,,,1.25,1,0,0\n"
     )

@@ -156,7 +156,7 @@ def test_the_overflows_export_carries_the_parameters(client: TestClient, store: 
     rows = list(csv.DictReader(io.StringIO(text)))
 
     assert text.splitlines()[0].endswith(
-        ",loss,loss_nonfinite_ranks,params_omitted,lr,lr_groups,schedule_drift,grad_norm,loss_spike,grad_norm_spike,params"
+        ",loss,loss_nonfinite_ranks,params_omitted,lr,lr_groups,schedule_drift,grad_norm,loss_spike,grad_norm_spike,spike_skipped,params"
     )
     assert [row["step"] for row in rows] == ["3", "6", "9"]
     assert [row["params"] for row in rows] == [

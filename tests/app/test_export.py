@@ -34,7 +34,7 @@ def test_overflows_export_as_json_lines_in_a_range(client: TestClient, store: St
         ' "growth_interval": 2, "growth_factor": 2.0, "backoff_factor": 0.5,'
         ' "control_version": 0, "loss": null, "loss_nonfinite_ranks": [], "params_omitted": 0,'
         ' "lr": 0.001, "lr_groups": [[0.001, 0.0005]], "schedule_drift": 0, "grad_norm": null,'
-        ' "loss_spike": false, "grad_norm_spike": false,'
+        ' "loss_spike": false, "grad_norm_spike": false, "spike_skipped": false,'
         ' "params": [{"rank": 0, "name": "fc.bias", "kind": "nan", "count": 1},'
         ' {"rank": 3, "name": "fc.weight", "kind": "inf", "count": 8}]}\n'
     )
@@ -48,7 +48,7 @@ def test_overflows_export_csv_golden_body(client: TestClient, store: Store) -> N
     assert response.text == (
         GOLDEN_CSV.splitlines(keepends=True)[0].replace("\n", ",params\n")
         + '2,1700000001.25,65536.0,1,1,"0,3",32768.0,0,2,2.0,0.5,0,,,0,0.001,"[[0.001,0.0005]]",'
-        "0,,0,0,"
+        "0,,0,0,0,"
         "0:fc.bias:nan:1;3:fc.weight:inf:8\n"
     )
 

@@ -165,7 +165,10 @@ def test_a_field_declared_once_is_exported_streamed_and_charted(tmp_path: Path) 
     ]
 
     assert data[3]["lr_groups"] == [[0.1, 0.2]]
-    assert '"grad_norm":null,"loss_spike":false,"grad_norm_spike":false,"norm":0.25}' in out["fast"]
+    assert (
+        '"grad_norm":null,"loss_spike":false,"grad_norm_spike":false,"spike_skipped":false,"norm":0.25}'
+        in out["fast"]
+    )
 
     series = out["series"]["series"]
     norms = {s: None if s % 7 == 0 else float(s % 50) + 0.25 for s in range(1, 3001)}

@@ -209,12 +209,12 @@ def test_stream_of_a_finished_run_golden_body(client: TestClient, store: Store) 
         '"overflow":true,"skipped":true,"inf_ranks":[1],"scale_after":32768.0,'
         '"growth_tracker":0,"growth_interval":4,"growth_factor":2.0,"backoff_factor":0.5,'
         '"control_version":0,"loss":null,"loss_nonfinite_ranks":[],"params_omitted":0,'
-        '"lr":null,"lr_groups":null,"schedule_drift":null,"grad_norm":null,"loss_spike":false,"grad_norm_spike":false}\n\n'
+        '"lr":null,"lr_groups":null,"schedule_drift":null,"grad_norm":null,"loss_spike":false,"grad_norm_spike":false,"spike_skipped":false}\n\n'
         'id: 3\nevent: step\ndata: {"step":3,"wall_time":1700000000.75,"scale":32768.0,'
         '"overflow":false,"skipped":false,"inf_ranks":[],"scale_after":32768.0,'
         '"growth_tracker":1,"growth_interval":4,"growth_factor":2.0,"backoff_factor":0.5,'
         '"control_version":0,"loss":null,"loss_nonfinite_ranks":[],"params_omitted":0,'
-        '"lr":null,"lr_groups":null,"schedule_drift":1,"grad_norm":null,"loss_spike":false,"grad_norm_spike":false}\n\n'
+        '"lr":null,"lr_groups":null,"schedule_drift":1,"grad_norm":null,"loss_spike":false,"grad_norm_spike":false,"spike_skipped":false}\n\n'
         'event: end\ndata: {"status":"finished"}\n\n'
     )
 

@@ -35,6 +35,7 @@ def row(step: int, **changes: Any) -> tuple[Any, ...]:
         "grad_norm": None,
         "loss_spike": 0,
         "grad_norm_spike": 0,
+        "spike_skipped": 0,
     }
     values.update(changes)
     return tuple(values.values())
@@ -67,6 +68,7 @@ def test_a_random_page_is_the_json_encoders() -> None:
             grad_norm=rng.choice([None, rng.uniform(0, 1e4), rng.random() * 1e-300]),
             loss_spike=int(step % 7 == 0),
             grad_norm_spike=int(step % 11 == 0),
+            spike_skipped=int(step % 13 == 0),
         )
         for step in range(1000, 1500)
     ]

@@ -20,7 +20,9 @@ however many optimizers overflowed.
 Diagnosis runs without ``watch`` too (positional names), so an unwatched scaler gathers
 as well. A fused optimizer's found_inf is agreed by the same all-reduce (torch's is not),
 so the DDP replicas stay equal. With ``grad_norm=True`` the squares of the gradient
-shards ride in that same all-reduce: still exactly one a clean step. (A step that
+shards ride in that same all-reduce: still exactly one a clean step; so do, with
+``skip_on_spike(loss_z=...)``, the ranks' losses (the spike decision itself is taken on
+each rank from the agreed numbers: no collective of its own). (A step that
 carries a control request adds a broadcast, see ``test_control.py``; none is made here.)
 """
 
@@ -58,11 +60,16 @@ KINDS: dict[str, tuple[str, str, bool, int, bool]] = {
     "fused": ("ddp", "ours", True, 1, True),
 }
 KINDS["norm"] = ("ddp", "ours", True, 1, False)
+KINDS["skip"] = ("ddp", "ours", True, 1, False)
+KINDS["fused-skip"] = ("ddp", "ours", True, 1, True)
+KINDS["two-optimizers-skip"] = ("ddp", "ours", True, 2, False)
 if FSDP2_HERE:
     KINDS["fsdp2-torch"] = ("fsdp2", "torch", False, 1, False)
     KINDS["fsdp2-watched"] = ("fsdp2", "ours", True, 1, False)
     KINDS["fsdp2-norm"] = ("fsdp2", "ours", True, 1, False)
-NORM = ("norm", "fsdp2-norm")  # ours measuring the gradient norm
+    KINDS["fsdp2-skip"] = ("fsdp2", "ours", True, 1, False)
+SKIP = ("skip", "fused-skip", "two-optimizers-skip", "fsdp2-skip")  # ours skipping spikes
+NORM = ("norm", "fsdp2-norm", *SKIP)  # ours measuring the gradient norm
 COLLECTIVES = (
     "all_gather",
     "all_gather_coalesced",
@@ -174,9 +181,12 @@ def make_scaler(which: str, url: str, kind: str) -> Any:
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
         return ShardedGradScaler("cpu", init_scale=1024.0)
-    return scalewatch.ShardedGradScaler(
+    gs = scalewatch.ShardedGradScaler(
         "cpu", init_scale=1024.0, telemetry=url, run_name=kind, grad_norm=kind in NORM
     )
+    if kind in SKIP:
+        gs.skip_on_spike(grad_norm_z=6.0, loss_z=6.0)
+    return gs
 
 
 def train(rank: int, kind: str, url: str, counter: Counter) -> list[list[float]]:

@@ -135,6 +135,18 @@ def compare(reference: Any, ours: Any, optimizers: str) -> tuple[int, int]:
     return sum(theirs.values()), sum(mine.values())
 
 
+# Ours measuring nothing more, the gradient norm, or the norm and the skip on spikes (whose
+# decision is read with found_inf, in the one read step() makes).
+MODES = ("norm-off", "norm-on", "skip-on")
+
+
+def ours(cls: Any, mode: str, *args: Any, **kwargs: Any) -> Any:
+    gs = cls(*args, grad_norm=mode != "norm-off", **kwargs)
+    if mode == "skip-on":
+        gs.skip_on_spike(grad_norm_z=6.0, loss_z=6.0)
+    return gs
+
+
 def test_counter_sees_reads_on_this_thread_only() -> None:
     t = torch.ones(2)
     with counting_host_reads() as counts:
@@ -147,30 +159,31 @@ def test_counter_sees_reads_on_this_thread_only() -> None:
     assert counts == Counter({"item": 1, "tolist": 1, "__bool__": 1})
 
 
-@pytest.mark.parametrize("grad_norm", [False, True], ids=["norm-off", "norm-on"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("optimizers", list(OPTIMIZERS))
-def test_grad_scaler(optimizers: str, grad_norm: bool) -> None:
-    # grad_norm: the norm stays a device value, read by the capture alone
+def test_grad_scaler(optimizers: str, mode: str) -> None:
+    # grad_norm: the norm stays a device value, read by the capture alone; the skip's
+    # decision is read with found_inf, in the read torch's step makes (none when fused)
     kwargs: dict[str, Any] = {"init_scale": 256.0, "growth_interval": 3}
     theirs, _ = compare(
         torch.amp.GradScaler("cpu", **kwargs),
-        scalewatch.GradScaler("cpu", telemetry=False, grad_norm=grad_norm, **kwargs),
+        ours(scalewatch.GradScaler, mode, "cpu", telemetry=False, **kwargs),
         optimizers,
     )
     # fused optimizers skip on device: neither scaler reads anything then
     assert (theirs > 0) != (optimizers == "fused-adam")
 
 
-@pytest.mark.parametrize("grad_norm", [False, True], ids=["norm-off", "norm-on"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("optimizers", list(OPTIMIZERS))
-def test_sharded_in_a_world_of_one(optimizers: str, grad_norm: bool) -> None:
+def test_sharded_in_a_world_of_one(optimizers: str, mode: str) -> None:
     if optimizers == "fused-adam":
         skip_unless_torchs_sharded_steps_fused_overflows()
     kwargs: dict[str, Any] = {"device": "cpu", "init_scale": 256.0, "growth_interval": 3}
     with world1():  # grad_norm: the shards' squares ride in the payload, read with it
         theirs, mine = compare(
             TorchSharded(**kwargs),
-            scalewatch.ShardedGradScaler(telemetry=False, grad_norm=grad_norm, **kwargs),
+            ours(scalewatch.ShardedGradScaler, mode, telemetry=False, **kwargs),
             optimizers,
         )
     # ours reads the whole payload once per step instead of every found_inf
@@ -231,18 +244,18 @@ def cuda_steps(gs: Any, optimizers: str, *, error_mode_for_step: bool) -> int:
 @pytest.mark.cuda
 @pytest.mark.parametrize("optimizers", list(OPTIMIZERS))
 @pytest.mark.parametrize(
-    ("telemetry", "grad_norm"),
-    [(False, False), (None, False), (None, True)],
-    ids=["telemetry-off", "telemetry-on", "telemetry-and-norm-on"],
+    ("telemetry", "mode"),
+    [(False, "norm-off"), (None, "norm-off"), (None, "norm-on"), (None, "skip-on")],
+    ids=["telemetry-off", "telemetry-on", "telemetry-and-norm-on", "telemetry-and-skip-on"],
 )
-def test_cuda_sync_debug_mode(optimizers: str, telemetry: bool | None, grad_norm: bool) -> None:
+def test_cuda_sync_debug_mode(optimizers: str, telemetry: bool | None, mode: str) -> None:
     # scale, backward and update never sync; torch's step reads found_inf unless fused.
     # telemetry=None: the default store (a private file for each test).
     fused = optimizers == "fused-adam"
     kwargs: dict[str, Any] = {"init_scale": 256.0, "growth_interval": 3}
     reference = torch.amp.GradScaler("cuda", **kwargs)
     theirs = cuda_steps(reference, optimizers, error_mode_for_step=fused)
-    plain = scalewatch.GradScaler("cuda", telemetry=telemetry, grad_norm=grad_norm, **kwargs)
+    plain = ours(scalewatch.GradScaler, mode, "cuda", telemetry=telemetry, **kwargs)
     mine = cuda_steps(plain, optimizers, error_mode_for_step=fused)
     # an overflow step is explained in step(), after torch's own read: update() never syncs
     diagnosis = 0 if fused else DIAGNOSIS_READS * len(INJECT)
@@ -251,14 +264,12 @@ def test_cuda_sync_debug_mode(optimizers: str, telemetry: bool | None, grad_norm
     plain.close()
     with world1():
         theirs = cuda_steps(TorchSharded("cuda", **kwargs), optimizers, error_mode_for_step=False)
-        ours = scalewatch.ShardedGradScaler(
-            "cuda", telemetry=telemetry, grad_norm=grad_norm, **kwargs
-        )
-        mine = cuda_steps(ours, optimizers, error_mode_for_step=False)
-        assert (ours._session.telemetry is not None) == (telemetry is None)
-        assert ours.stats().steps == STEPS
-        assert (ours.last_grad_norm is not None) == grad_norm
-        ours.close()
+        sharded = ours(scalewatch.ShardedGradScaler, mode, "cuda", telemetry=telemetry, **kwargs)
+        mine = cuda_steps(sharded, optimizers, error_mode_for_step=False)
+        assert (sharded._session.telemetry is not None) == (telemetry is None)
+        assert sharded.stats().steps == STEPS
+        assert (sharded.last_grad_norm is not None) == (mode != "norm-off")
+        sharded.close()
     assert mine <= theirs + diagnosis
 
 

@@ -79,7 +79,7 @@ def test_a_record_becomes_its_row_and_the_row_its_json() -> None:
     row = step_values(record)
     assert row == (
         *(4, 10.5, 65536.0, True, True, "0,3", 32768.0, 0, 2000, 2.0, 0.5, 1),
-        *(None, "3", 1, 0.001, "[[0.001,null]]", 2, None, False, False),
+        *(None, "3", 1, 0.001, "[[0.001,null]]", 2, None, False, False, False),
     )
     shown = step_dict(row)
     assert shown["inf_ranks"] == [0, 3] and shown["loss_nonfinite_ranks"] == [3]
@@ -94,7 +94,7 @@ def test_the_series_are_the_rollups_declared() -> None:
         *("overflows", "skipped", "tracker_min", "tracker_max", "tracker_last"),
         *("loss_min", "loss_max", "loss_last", "lr_min", "lr_max", "lr_last"),
         *("schedule_drift", "grad_norm_min", "grad_norm_max", "grad_norm_last"),
-        *("loss_spikes", "grad_norm_spikes"),
+        *("loss_spikes", "grad_norm_spikes", "spike_skips"),
     ) == SERIES_KEYS
 
 

@@ -259,3 +259,36 @@ def test_the_cards_show_the_step_the_chart_has_drawn(tab: Tab, served: Served) -
         }
         assert seen["scale"].endswith(f"(2^{power(end + 1)})"), seen
     assert tab.unexpected_errors() == []
+
+
+def test_a_step_skipped_for_a_spike_is_its_own_marker_stored_and_live(
+    tab: Tab, served: Served
+) -> None:
+    """A spike skip is marked on the scale panel at the scale it kept, apart from the
+    overflows' markers: from the stored steps, and from a live one."""
+    import dataclasses
+
+    run = runs.create_run(served.store, name="spiky", world_size=1, config={}, control={})
+    spikes = {50, 70}
+    records = [
+        dataclasses.replace(
+            r, skipped=r.step in spikes or r.overflow, spike_skipped=r.step in spikes
+        )
+        for r in rising_records(range(1, 101), lambda s: 10 + s // 40, frozenset({30}))
+    ]
+    runs.write_steps(served.store, run.id, records)
+    open_run(tab, run.id)
+    tab.page.wait_for_function("document.getElementById('chart').data[4].x.length >= 2")
+    marked = chart(tab, "[gd.data[4].name, gd.data[4].x, gd.data[4].y, gd.data[3].x]")
+    by_step = {r.step: r for r in records}
+    assert marked == [
+        "skipped for a spike",
+        [50, 70],
+        [by_step[50].scale_after, by_step[70].scale_after],
+        [30],  # the overflow keeps its own marker
+    ]
+    live = step_record(101, scale=2.0**12, scale_after=2.0**12, skipped=True, spike_skipped=True)
+    runs.write_steps(served.store, run.id, [live])
+    tab.page.wait_for_function("document.getElementById('chart').data[4].x.length >= 3")
+    assert chart(tab, "gd.data[4].x") == [50, 70, 101]
+    assert tab.unexpected_errors() == []

@@ -102,6 +102,7 @@ test("stepAsBucket and firstScale: a live row is a one-step bucket", () => {
     tracker_max: 0,
     tracker_last: 0,
     skipped: 1,
+    spike_skips: 0,
     loss_min: null,
     loss_max: null,
     loss_last: null,
@@ -328,4 +329,21 @@ test("spike markers sit on the loss and gradient-norm panels", () => {
   assert.deepEqual([norm.yaxis, norm.mode, norm.name], ["y6", "markers", "gradient-norm spike"]);
   assert.ok(!LINE_TRACES.includes(T.lossSpikes), "not redrawn with the buckets");
   assert.deepEqual(spikePoint({ step: 120, what: "loss", value: 12, z: 41.234 }), { x: 120, y: 12, cd: ["41.2"] });
+});
+
+test("a step skipped for a spike is a marker on the scale panel, apart from overflows", () => {
+  const cols = emptyColumns();
+  const row = { step: 7, scale: 1024, scale_after: 2048, growth_tracker: 0, skipped: true };
+  addBucket(cols, stepAsBucket({ ...row, spike_skipped: true }), 0, true);
+  addBucket(cols, stepAsBucket({ ...row, step: 8, overflow: true, scale_after: 512 }), 0, false);
+  const series = { ...oneBucketSeries(), spike_skips: [3] };
+  addBucket(cols, seriesBucket(series, 0), 0, false);
+  const older = oneBucketSeries(); // a service from before spike skips: no markers
+  addBucket(cols, seriesBucket(older, 0), 0, false);
+  const trace = figureTraces(cols, [])[T.spikeSkips];
+  assert.deepEqual(trace.x, [7, 18]);
+  assert.deepEqual(trace.y, [2048, series.scale_last[0]]);
+  assert.deepEqual(trace.customdata, [[1, 7], [3, 11]]);
+  assert.equal(trace.yaxis, undefined, "the scale's axis");
+  assert.ok(LINE_TRACES.includes(T.spikeSkips), "live steps extend it");
 });
