@@ -170,7 +170,7 @@ def test_spikes_are_marked_on_the_loss_and_gradient_norm_panels(tab: Tab, served
     page.goto(f"/run.html?run={run.id}")
     page.wait_for_function("document.getElementById('chart').dataset.spikes === '2'")
     marks = page.evaluate(
-        """(gd => gd.data.filter((t) => t.name.endsWith(' spike'))
+        """(gd => gd.data.filter((t) => ['gradient-norm spike', 'loss spike'].includes(t.name))
                  .map((t) => [t.name, t.yaxis, Array.from(t.x), Array.from(t.y)])
         )(document.getElementById('chart'))"""
     )
