@@ -26,7 +26,7 @@ from typing import Any
 
 TICK = os.sysconf("SC_CLK_TCK")
 
-__all__ = ["CpuSplit", "QuerySampler", "shares"]
+__all__ = ["CpuSplit", "QuerySampler", "Statements", "dsn", "shares"]
 
 
 def _processes() -> dict[int, tuple[str, float]]:
@@ -118,9 +118,9 @@ class QuerySampler:
     def _sample(self) -> None:
         import psycopg
 
-        dsn = _dsn(self.url)
+        conninfo = dsn(self.url)
         sessions = "SELECT sessions FROM pg_stat_database WHERE datname = current_database()"
-        with psycopg.connect(dsn, autocommit=True) as conn:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
             first = _one(conn.execute(sessions).fetchone())
             while not self.stop.wait(self.period):
                 rows: list[Any] = conn.execute(
@@ -138,7 +138,7 @@ class QuerySampler:
             self.sessions = _one(conn.execute(sessions).fetchone()) - first
 
 
-def _dsn(url: str) -> str:
+def dsn(url: str) -> str:
     """A store's SQLAlchemy URL as libpq takes it."""
     return url.replace("postgresql+psycopg://", "postgresql://", 1)
 
@@ -161,7 +161,7 @@ class Statements:
     ``available`` is False and it reports nothing."""
 
     def __init__(self, url: str) -> None:
-        self.dsn = _dsn(url)
+        self.dsn = dsn(url)
         self.available = False
         self.rows: list[tuple[str, int, float]] = []  # gist, calls, ms
 

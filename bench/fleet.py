@@ -12,6 +12,14 @@ under load >= 0.8 x their rate alone (the same writers, paced, before the load).
     python bench/fleet.py --sqlite             # a SQLite file
     python bench/fleet.py --seconds 10         # shorter
     python bench/fleet.py --auth               # reads need a viewer's token (and carry one)
+    python bench/fleet.py --http               # the writers post to the service, as jobs do
+
+With ``--http`` the writers are jobs recording through the service (``SCALEWATCH_DB=http://``):
+each posts its batches to the service's ingest route with a writer's token, through the
+sender's client and body, and the service writes the store. Either way the report gives
+the CPU of each component per 1000 step records beside raw baselines run after the load
+(``bench/_baselines.py``): the same rows by ``COPY`` (``executemany`` on SQLite), and the
+same SSE bytes written to the same clients.
 """
 
 from __future__ import annotations
@@ -34,15 +42,18 @@ from sqlalchemy import func, select
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+from _baselines import Baseline, sse_bytes, store_rows  # noqa: E402
 from _cpu import CpuSplit, QuerySampler, Statements, shares  # noqa: E402
 from _figures import figure  # noqa: E402
 
 from scalewatch.store.engine import open_store  # noqa: E402
 from scalewatch.store.identities import Role, create_identity  # noqa: E402
+from scalewatch.store.records import RunRef  # noqa: E402
 from scalewatch.store.runs import create_run, heartbeat, write_steps  # noqa: E402
 from scalewatch.store.schema import steps  # noqa: E402
 from tests._helpers.load import TOKEN_ENV, ServiceDidNotStart, records, serving  # noqa: E402
 
+WRITER = "fleet-writer"
 CONTROL = {"growth_interval": 2000, "growth_factor": 2.0, "backoff_factor": 0.5}
 CATCH_UP_S = 120  # after the writers' last step, for every stream to deliver it
 CHART_TIMEOUT_S = 120
@@ -95,6 +106,12 @@ def _guard_reads(url: str) -> tuple[str, ...]:
     return ("--private-read",)
 
 
+def _writer_token(url: str) -> str:
+    """A writer identity in the store (a job's token): the runs are made in its name."""
+    with open_store(url) as store:
+        return create_identity(store, WRITER, Role.WRITER, by="bench").token
+
+
 def _what_the_service_said(log: Path) -> None:
     lines = log.read_text(errors="replace").splitlines() if log.exists() else []
     said = [
@@ -106,13 +123,16 @@ def _what_the_service_said(log: Path) -> None:
         print(f"the service said ({len(said)} lines, the last 20):", *said[-20:], sep="\n")
 
 
-def _spawn(argv: list[object], stderr: int | None = None) -> subprocess.Popen[str]:
+def _spawn(
+    argv: list[object], stderr: int | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, *map(str, argv)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=stderr,
         text=True,
+        env=env,
     )
 
 
@@ -136,20 +156,29 @@ def _result(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
 
 
 def _writers(
-    url: str, runs: list[int], first: int, args: argparse.Namespace, seconds: float
+    target: tuple[str, dict[str, str] | None],
+    runs: list[RunRef],
+    first: int,
+    args: argparse.Namespace,
+    seconds: float,
 ) -> list[subprocess.Popen[str]]:
-    share = [runs[i :: args.writer_procs] for i in range(args.writer_procs)]
+    """The writer processes, the runs shared among them; ``target``: a store URL, or the
+    service's URL with the environment that gives them a writer's token."""
+    where, env = target
+    names = [run.uid if env else str(run.id) for run in runs]
+    share = [names[i :: args.writer_procs] for i in range(args.writer_procs)]
     return [
         _spawn(
             [
                 "bench/_fleet_writer.py",
-                url,
+                where,
                 ",".join(map(str, part)),
                 first,
                 args.rate,
                 seconds,
                 args.batch,
-            ]
+            ],
+            env=env,
         )
         for part in share
         if part
@@ -170,22 +199,30 @@ def _merge(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def prepare(url: str, args: argparse.Namespace) -> list[int]:
-    """The runs, each with ``--history`` steps already (what the charts draw)."""
+def prepare(url: str, args: argparse.Namespace) -> list[RunRef]:
+    """The runs, each with ``--history`` steps already (what the charts draw); with
+    ``--http``, made in the writer's name, as a job's run is."""
+    owner = WRITER if args.http else None
     with open_store(url) as store:
-        runs = [
-            create_run(store, name=f"fleet-{i:02d}", world_size=8, config={}, control=CONTROL).id
+        refs = [
+            create_run(
+                store, name=f"fleet-{i:02d}", world_size=8, config={}, control=CONTROL, owner=owner
+            )
             for i in range(args.runs)
         ]
-        for run in runs:
+        for run in (ref.id for ref in refs):
             for first in range(1, args.history + 1, 10_000):
                 count = min(10_000, args.history - first + 1)
                 write_steps(store, run, records(first, count, time.time()))
-    return runs
+    return refs
 
 
 def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) -> dict[str, Any]:
-    runs = prepare(url, args)
+    refs = prepare(url, args)
+    runs = [ref.id for ref in refs]
+    target = (
+        (base, {**os.environ, "SCALEWATCH_TOKEN": _writer_token(url)}) if args.http else (url, None)
+    )
     print(
         f"{args.runs} runs of {args.history:,} steps each; writers alone for {args.solo_seconds} s",
         flush=True,
@@ -193,7 +230,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
     solo = _merge(
         [
             _result(p, args.solo_seconds + 60)
-            for p in _writers(url, runs, args.history + 1, args, args.solo_seconds)
+            for p in _writers(target, refs, args.history + 1, args, args.solo_seconds)
         ]
     )
     first = max(solo["last_step"].values()) + 1
@@ -248,7 +285,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
             CHART_TIMEOUT_S,
         ]
     )
-    writers = _writers(url, runs, first, args, args.seconds)
+    writers = _writers(target, refs, first, args, args.seconds)
     parts[charts.pid] = "bench clients"
     parts.update((p.pid, "writers") for p in writers)
     try:
@@ -270,6 +307,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         query = select(steps.c.run_id, func.count()).group_by(steps.c.run_id)
         counts = {run: count for run, count in conn.execute(query)}
     stored_ok = all(counts.get(run) == last_step for run in runs)
+    baselines = _baselines(url, args)
     streams_ok = all(
         s["status"] == 200
         and not s["errors"]
@@ -287,15 +325,18 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         for s in streams
         if not (s["first"] == first and s["last"] == last_step and not s["gaps"])
     ]
+    window = split.ended - split.began
+    records_expected = args.runs * batches * args.batch
     return {
         "runs": args.runs,
         "auth": args.auth,
+        "http": args.http,
         "rate_per_run": args.rate,
         "seconds": args.seconds,
         "writers_solo": solo | {"last_step": None},
         "writers_load": loaded | {"last_step": None},
         "writer_ratio": loaded["rate"] / solo["rate"],
-        "records_expected": args.runs * batches * args.batch,
+        "records_expected": records_expected,
         "every_step_stored": stored_ok,
         "every_stream_whole": streams_ok,
         "steps_stored_short": {r: counts.get(r, 0) for r in runs if counts.get(r) != last_step},
@@ -312,6 +353,10 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         "chart_p50_ms": 1000 * statistics.median(latencies) if latencies else None,
         "chart_p99_ms": 1000 * percentile(latencies, 0.99) if latencies else None,
         "cpu_cores_by_component": split.cores(),
+        "cpu_ms_per_1000_records": {
+            name: 1e6 * cores * window / records_expected for name, cores in split.cores().items()
+        },
+        "baselines_cpu_ms_per_1000_records": {b.name: b.per_thousand() for b in baselines},
         "postgres_active_queries": (
             {
                 "samples": queries.samples,
@@ -335,6 +380,16 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
     }
 
 
+def _baselines(url: str, args: argparse.Namespace) -> list[Baseline]:
+    """The raw baselines of the same rows and the same events, the load over."""
+    steps_each = max(1, args.baseline_records // args.runs // args.batch) * args.batch
+    print(f"raw baselines: {steps_each:,} steps of {args.runs} runs", flush=True)
+    return [
+        store_rows(url, args.runs, steps_each, args.batch),
+        sse_bytes(args.runs, args.sse, steps_each, args.batch),
+    ]
+
+
 def _ms(p99: float | None, p50: float | None) -> str:
     """A percentile pair, or "none" where nothing was measured (no stream sent an event)."""
     return "none" if p99 is None or p50 is None else f"{p99:.0f} ms (p50 {p50:.0f} ms)"
@@ -346,6 +401,7 @@ def report(f: dict[str, Any], backend: str) -> bool:
     load = f"{f['runs']} runs x {f['rate_per_run']:.0f} steps/s, {f['seconds']:.0f} s"
     if f["auth"]:
         load += ", reads with a viewer's token"
+    load += ", jobs post to the service (HTTP)" if f["http"] else ", jobs write the store"
     rows = [
         (
             "chart p99",
@@ -390,6 +446,11 @@ def report(f: dict[str, Any], backend: str) -> bool:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
     split = ", ".join(f"{name} {cores:.2f}" for name, cores in f["cpu_cores_by_component"].items())
     print(f"CPU by component (cores, over the loaded phase; {os.cpu_count()} in all): {split}")
+    per = ", ".join(f"{name} {ms:.1f}" for name, ms in f["cpu_ms_per_1000_records"].items())
+    print(f"CPU ms per 1000 step records: {per}")
+    for name, parts in f["baselines_cpu_ms_per_1000_records"].items():
+        raw = " + ".join(f"{part} {ms:.1f}" for part, ms in parts.items())
+        print(f"  raw baseline, {name} of the same: {sum(parts.values()):.1f} ({raw})")
     active = f["postgres_active_queries"]
     if active:
         print(
@@ -425,6 +486,18 @@ def main() -> int:
     parser.add_argument("--solo-seconds", type=float, default=10, help="the writers alone")
     parser.add_argument("--history", type=int, default=20_000, help="steps of each run before")
     parser.add_argument("--writer-procs", type=int, default=5, help="processes for the runs")
+    parser.add_argument(
+        "--http",
+        action="store_true",
+        help="the writers post their batches to the service with a writer's token, as jobs"
+        " with SCALEWATCH_DB=http://... do; the service writes the store",
+    )
+    parser.add_argument(
+        "--baseline-records",
+        type=int,
+        default=100_000,
+        help="records of the raw baselines after the load (COPY or executemany; SSE bytes)",
+    )
     parser.add_argument(
         "--auth",
         action="store_true",
