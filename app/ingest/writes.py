@@ -114,11 +114,16 @@ def store_batch(
         check_owner(state, who)
         fresh = body.sequence > state.sequence
         if fresh:
+            # A batch that ends with steps advances its number in their transaction.
+            last = body.items[-1] if body.items and body.end is None else None
+            carried = isinstance(last, StepsIn)
             for item in body.items:
-                _store_item(store, run_id, item)
+                sequence = body.sequence if carried and item is last else None
+                _store_item(store, run_id, item, sequence=sequence)
             if body.end is not None:
                 store_runs.end_run(store, run_id, body.end)
-            advance_sequence(store, run_id, body.sequence)
+            if not carried:
+                advance_sequence(store, run_id, body.sequence)
             if any(isinstance(item, StepsIn) for item in body.items):  # steps set the heartbeat
                 beats[run_id] = time.monotonic()
         elif time.monotonic() - beats.get(run_id, 0.0) >= store_runs.HEARTBEAT_INTERVAL_S:
@@ -132,7 +137,14 @@ def store_batch(
     )
 
 
-def _store_item(store: Store, run_id: int, item: StepsIn | GapIn | LoadIn | OutcomeIn) -> None:
+def _store_item(
+    store: Store,
+    run_id: int,
+    item: StepsIn | GapIn | LoadIn | OutcomeIn,
+    *,
+    sequence: int | None = None,
+) -> None:
+    """``item`` stored; ``sequence``: a number the steps' transaction advances the run to."""
     if isinstance(item, StepsIn):
         rows = [tuple(getattr(step, name) for name in COLUMNS) for step in item.steps]
         numbers = {row[0] for row in rows}
@@ -140,7 +152,7 @@ def _store_item(store: Store, run_id: int, item: StepsIn | GapIn | LoadIn | Outc
         if any(finding[0] not in numbers for finding in findings):
             log.warning("scalewatch: findings of steps not in their batch, of run %d", run_id)
             findings = [finding for finding in findings if finding[0] in numbers]
-        store_runs.write_step_values(store, run_id, rows, findings)
+        store_runs.write_step_values(store, run_id, rows, findings, sequence=sequence)
     elif isinstance(item, GapIn):
         if item.last < item.first:
             log.warning("scalewatch: a gap that ends before it begins, of run %d", run_id)
