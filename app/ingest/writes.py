@@ -31,7 +31,6 @@ from scalewatch.store.errors import RequestNotFound
 from scalewatch.store.identities import Role
 from scalewatch.store.records import ScaleLoad
 from scalewatch.store.scale_loads import record_scale_load
-from scalewatch.store.step_rows import COLUMNS
 
 from ..middleware.identity import Identity
 from .models import (
@@ -146,7 +145,9 @@ def _store_item(
 ) -> None:
     """``item`` stored; ``sequence``: a number the steps' transaction advances the run to."""
     if isinstance(item, StepsIn):
-        rows = [tuple(getattr(step, name) for name in COLUMNS) for step in item.steps]
+        # A step's fields are the columns, in their order (StepIn is derived from them;
+        # pinned by a test): its values as they are, five times cheaper than by name.
+        rows = [tuple(vars(step).values()) for step in item.steps]
         numbers = {row[0] for row in rows}
         findings = [(f.step, f.rank, f.name, f.kind, f.count) for f in item.findings]
         if any(finding[0] not in numbers for finding in findings):

@@ -12,14 +12,29 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from scalewatch._control import ControlOutcome, ControlSource
+from scalewatch.app.ingest.models import StepIn
 from scalewatch.store.engine import Store
 from scalewatch.store.identities import Role, create_identity
 from scalewatch.store.records import ParamFinding
 from scalewatch.store.runs import finding_rows, record_gap, step_values
 from scalewatch.store.schema import overflow_params, runs, steps, telemetry_gaps
+from scalewatch.store.step_rows import COLUMNS
 from scalewatch.telemetry._batches import items
 from scalewatch.telemetry._queue import Diagnosed, RecordGap, WriteOutcome
 from tests._helpers.service import CONTROL, auth, simulate
+
+
+def test_a_steps_fields_are_the_steps_columns_in_their_order() -> None:
+    """The ingest takes a validated step's values in order as its row: whatever order the
+    job sent its fields in, and with the fields an older job leaves out at their defaults."""
+    sent = items([step_values(record) for record in simulate(1, set())], reason="")[0]
+    step = dict(reversed(sent["steps"][0].items()))
+    del step["loss_spike"]
+    parsed = StepIn.model_validate(step)
+    assert tuple(vars(parsed)) == COLUMNS
+    assert tuple(vars(parsed).values()) == tuple(
+        False if name == "loss_spike" else sent["steps"][0][name] for name in COLUMNS
+    )
 
 
 def opening(uid: str, *, resume: bool = False) -> dict[str, Any]:
