@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 
+import anyio
 from fastapi import HTTPException, status
 
 from scalewatch.store import control as store_control
@@ -45,16 +46,25 @@ from .models import (
     StepsIn,
 )
 
-__all__ = ["RunBatches", "open_job_run", "store_batch"]
+__all__ = ["STORING_THREADS", "RunBatches", "open_job_run", "store_batch"]
 
 log = logging.getLogger("scalewatch.app")
+
+# Batches stored at once, by the store's dialect. SQLite has one writer at a time: 40
+# threads storing batches waited for its lock in its busy handler's sleeps (up to 100 ms
+# each) while the holder waited for the GIL they fought over; PostgreSQL locks a run's
+# row alone, and a few threads keep its round trips busy without that fight.
+STORING_THREADS = {"sqlite": 1, "postgresql": 4}
 
 
 class RunBatches:
     """The service's batches in progress: a lock per run, so that one batch of a run is
-    stored at a time, and when a poll last set each run's heartbeat (monotonic)."""
+    stored at a time; the worker threads that store batches (``storing``, at most
+    ``threads`` at once); and when a poll last set each run's heartbeat (monotonic).
+    Made in the event loop (the app's lifespan)."""
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int) -> None:
+        self.storing = anyio.CapacityLimiter(threads)
         self._locks: dict[int, threading.Lock] = {}
         self._lock = threading.Lock()
         self.beats: dict[int, float] = {}

@@ -4,7 +4,10 @@ token reaches its own runs and nothing else."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -189,3 +192,43 @@ def test_a_writer_records_its_run_once_on_postgresql(
     pg_client: TestClient, pg_store: Store
 ) -> None:
     test_a_writer_records_its_run_once_and_reaches_nothing_else(pg_client, pg_store)
+
+
+def test_a_sqlite_stores_batches_are_stored_one_at_a_time(
+    client: TestClient, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite has one writer: batches of several runs posted at once are stored by one
+    thread at a time, not by threads that wait on its lock (and all are stored)."""
+    import scalewatch.app.routes.ingest as ingest_route
+
+    writer = auth(create_identity(store, "job-42", Role.WRITER, by="test").token)
+    run_ids = [
+        client.post("/api/ingest/runs", json=opening(uuid.uuid4().hex), headers=writer).json()["id"]
+        for _ in range(4)
+    ]
+    inside, most, lock = 0, 0, threading.Lock()
+    store_batch = ingest_route.store_batch
+
+    def counted(*args: Any) -> Any:
+        nonlocal inside, most
+        with lock:
+            inside += 1
+            most = max(most, inside)
+        try:
+            time.sleep(0.05)  # long enough for the other posts to arrive meanwhile
+            return store_batch(*args)
+        finally:
+            with lock:
+                inside -= 1
+
+    monkeypatch.setattr(ingest_route, "store_batch", counted)
+
+    def post(run: int) -> int:
+        batch = {"sequence": 1, "items": items(step_commands(1, 5), reason="")}
+        answer = client.post(f"/api/ingest/runs/{run}/batches", json=batch, headers=writer)
+        return answer.status_code
+
+    with ThreadPoolExecutor(len(run_ids)) as pool:
+        assert list(pool.map(post, run_ids)) == [200] * len(run_ids)
+    assert most == 1
+    assert [counts(store, run)[0] for run in run_ids] == [5] * len(run_ids)
