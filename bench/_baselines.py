@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from _cpu import CpuSplit, dsn
+from _cpu import CpuSplit, dsn, postmaster
 
 from scalewatch.app.live.sse import step_events
 from scalewatch.store.engine import open_store
@@ -99,7 +99,8 @@ def store_rows(url: str, runs: int, steps_each: int, batch: int) -> Baseline:
     postgres = url.startswith("postgresql")
     write, conn = (_postgres_writes if postgres else _sqlite_writes)(url)
     name = "COPY" if postgres else "executemany"
-    split = CpuSplit(lambda pid, comm: "PostgreSQL" if comm == "postgres" else None).start()
+    ours = postmaster(url)
+    split = CpuSplit(lambda pid, process: "PostgreSQL" if ours(pid, process) else None).start()
     try:
         began = time.thread_time()
         for rows in batches:

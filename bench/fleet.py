@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from _baselines import Baseline, sse_bytes, store_rows  # noqa: E402
-from _cpu import CpuSplit, QuerySampler, Statements, shares  # noqa: E402
+from _cpu import CpuSplit, Process, QuerySampler, Statements, postmaster, shares  # noqa: E402
 from _figures import figure  # noqa: E402
 
 from scalewatch.store.engine import open_store  # noqa: E402
@@ -240,12 +241,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         f"under load for {args.seconds} s: steps {first:,}..{last_step:,} of each run", flush=True
     )
     run_list = ",".join(map(str, runs))
-    # Every run's heartbeat fresh as its streams open: a run silent for 15 s reads as
-    # crashed and its streams end at once (a trainer's heartbeat thread beats every 2 s;
-    # the bench's writers only write, and they start after the streams).
-    with open_store(url) as store:
-        for run in runs:
-            heartbeat(store, run)
+    beats = _Heartbeats(url, runs)  # fresh as the streams open, until the writers end
     sse = _spawn(
         [
             "-m",
@@ -265,8 +261,10 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
     parts: dict[int, str] = {server_pid: "service", os.getpid(): "bench clients"}
     parts[sse.pid] = "bench clients"
 
-    def component(pid: int, name: str) -> str | None:
-        return parts.get(pid) or ("PostgreSQL" if name == "postgres" else None)
+    ours = postmaster(url)  # not another job's PostgreSQL on the same machine
+
+    def component(pid: int, process: Process) -> str | None:
+        return parts.get(pid) or ("PostgreSQL" if ours(pid, process) else None)
 
     split = CpuSplit(component).start()
     postgres = url.startswith("postgresql")
@@ -290,6 +288,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
     parts.update((p.pid, "writers") for p in writers)
     try:
         loaded = _merge([_result(p, args.seconds + 120) for p in writers])
+        beats.stop()
         server_cpu = cpu_seconds(server_pid) - server0
         busy1, total1 = machine_busy()
         split.finish()
@@ -299,6 +298,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         chart = _result(charts, CHART_TIMEOUT_S + 60)
         streams = _result(sse, CATCH_UP_S + 60)["clients"]
     finally:
+        beats.stop()
         for process in (*writers, charts, sse):
             if process.poll() is None:
                 process.kill()
@@ -388,6 +388,34 @@ def _baselines(url: str, args: argparse.Namespace) -> list[Baseline]:
         store_rows(url, args.runs, steps_each, args.batch),
         sse_bytes(args.runs, args.sse, steps_each, args.batch),
     ]
+
+
+class _Heartbeats:
+    """Every run's heartbeat, now and every 2 s in a thread until :meth:`stop`, as a
+    trainer's heartbeat thread beats: a run silent for 15 s reads as crashed and its
+    streams end at once, and the bench's writers only write, starting after the streams
+    (on a busy machine, their processes take seconds to start)."""
+
+    def __init__(self, url: str, runs: list[int]) -> None:
+        self.store, self.runs = open_store(url), runs
+        self._beat()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _beat(self) -> None:
+        for run in self.runs:
+            heartbeat(self.store, run)
+
+    def _loop(self) -> None:
+        while not self.stopping.wait(2.0):
+            self._beat()
+
+    def stop(self) -> None:
+        if not self.stopping.is_set():
+            self.stopping.set()
+            self.thread.join()
+            self.store.close()
 
 
 def _ms(p99: float | None, p50: float | None) -> str:
