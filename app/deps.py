@@ -1,4 +1,8 @@
-"""Dependencies shared by the routes, declared once as ``Annotated`` aliases."""
+"""Dependencies shared by the routes, declared once as ``Annotated`` aliases.
+
+Each is ``async``, though none awaits: FastAPI calls a plain ``def`` dependency in its
+thread pool, a hop there and back for every request and every dependency (two for a
+job's batch, besides the route's own), where these only read attributes."""
 
 from __future__ import annotations
 
@@ -25,13 +29,13 @@ __all__ = [
 ]
 
 
-def app_settings(request: Request) -> Settings:
+async def app_settings(request: Request) -> Settings:
     """The settings the app was built with (``create_app``)."""
     settings: Settings = request.app.state.settings
     return settings
 
 
-def app_services(request: Request) -> Services:
+async def app_services(request: Request) -> Services:
     """The services of the serving app (:mod:`scalewatch.app.services`)."""
     return services_of(request.app)
 
@@ -39,7 +43,7 @@ def app_services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(app_services)]
 
 
-def get_store(services: ServicesDep) -> Store:
+async def get_store(services: ServicesDep) -> Store:
     """The store of the serving app: the service most routes need alone."""
     return services.store
 
@@ -49,7 +53,7 @@ def get_store(services: ServicesDep) -> Store:
 _BEARER = HTTPBearer(auto_error=False, description="a token of `scalewatch tokens create`")
 
 
-def who(request: Request, _scheme: Annotated[object, Security(_BEARER)] = None) -> Identity:
+async def who(request: Request, _scheme: Annotated[object, Security(_BEARER)] = None) -> Identity:
     """The identity scalewatch.app.middleware.access let through to a route that needs one."""
     identity: Identity | None = getattr(request.state, "identity", None)
     if identity is None:  # a route that needs a role is never reached anonymously

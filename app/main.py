@@ -16,7 +16,7 @@ from .autopilot import AutopilotLoop, run_loop
 from .dashboard import mount_dashboard
 from .docs import install_docs
 from .errors import install_error_handlers
-from .ingest import RunBatches
+from .ingest import STORING_THREADS, RunBatches
 from .live.hubs import Hubs, Pacing
 from .middleware.access import Access, reads_open
 from .middleware.clients import ClientCap
@@ -95,7 +95,7 @@ def create_app(
                     tickets=tickets,
                     known_tokens=known_tokens,
                     revocations=revocations,
-                    batches=RunBatches(),
+                    batches=RunBatches(STORING_THREADS[store.engine.dialect.name]),
                     reads_open=reads_open(settings),
                 )
                 tasks.start_soon(run_loop, autopilot, settings.autopilot_interval_s)

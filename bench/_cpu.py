@@ -22,15 +22,21 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 TICK = os.sysconf("SC_CLK_TCK")
 
-__all__ = ["CpuSplit", "QuerySampler", "shares"]
+__all__ = ["CpuSplit", "Process", "QuerySampler", "Statements", "dsn", "postmaster", "shares"]
 
 
-def _processes() -> dict[int, tuple[str, float]]:
-    """Every process now: pid -> (command name, CPU seconds so far)."""
+class Process(NamedTuple):
+    name: str  # the command's
+    cpu: float  # seconds so far
+    parent: int  # its parent's pid
+
+
+def _processes() -> dict[int, Process]:
+    """Every process now, by pid."""
     out = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -41,25 +47,28 @@ def _processes() -> dict[int, tuple[str, float]]:
             continue  # gone since the listing
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat.rsplit(")", 1)[1].split()
-        out[int(entry.name)] = (name, (int(fields[11]) + int(fields[12])) / TICK)
+        cpu = (int(fields[11]) + int(fields[12])) / TICK
+        out[int(entry.name)] = Process(name, cpu, int(fields[1]))
     return out
 
 
 class CpuSplit:
-    """CPU seconds by component over a window. ``component(pid, name)`` names the
+    """CPU seconds by component over a window. ``component(pid, process)`` names the
     component of a process (``None``: "other")."""
 
-    def __init__(self, component: Callable[[int, str], str | None], period: float = 0.5) -> None:
+    def __init__(
+        self, component: Callable[[int, Process], str | None], period: float = 0.5
+    ) -> None:
         self.component, self.period = component, period
         self.first: dict[int, float] = {}
-        self.last: dict[int, tuple[str, float]] = {}
+        self.last: dict[int, Process] = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
         self.began = self.ended = 0.0
 
     def start(self) -> CpuSplit:
         self.began = time.monotonic()
-        self.first = {pid: cpu for pid, (_, cpu) in _processes().items()}
+        self.first = {pid: process.cpu for pid, process in _processes().items()}
         self.thread.start()
         return self
 
@@ -76,10 +85,10 @@ class CpuSplit:
     def cores(self) -> dict[str, float]:
         """By component, its CPU seconds over the window's seconds, largest first."""
         used: Counter[str] = Counter()
-        for pid, (name, cpu) in self.last.items():
-            spent = cpu - self.first.get(pid, 0.0)
+        for pid, process in self.last.items():
+            spent = process.cpu - self.first.get(pid, 0.0)
             if spent > 0:
-                used[self.component(pid, name) or "other"] += spent
+                used[self.component(pid, process) or "other"] += spent
         window = max(1e-9, self.ended - self.began)
         return {name: seconds / window for name, seconds in used.most_common()}
 
@@ -118,9 +127,9 @@ class QuerySampler:
     def _sample(self) -> None:
         import psycopg
 
-        dsn = _dsn(self.url)
+        conninfo = dsn(self.url)
         sessions = "SELECT sessions FROM pg_stat_database WHERE datname = current_database()"
-        with psycopg.connect(dsn, autocommit=True) as conn:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
             first = _one(conn.execute(sessions).fetchone())
             while not self.stop.wait(self.period):
                 rows: list[Any] = conn.execute(
@@ -138,9 +147,22 @@ class QuerySampler:
             self.sessions = _one(conn.execute(sessions).fetchone()) - first
 
 
-def _dsn(url: str) -> str:
+def dsn(url: str) -> str:
     """A store's SQLAlchemy URL as libpq takes it."""
     return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def postmaster(url: str) -> Callable[[int, Process], bool]:
+    """Whether a process is the PostgreSQL server of ``url`` (its postmaster or one of its
+    children), on this machine; other servers (other jobs') are not. SQLite: none is."""
+    if not url.startswith("postgresql"):
+        return lambda pid, process: False
+    import psycopg
+
+    with psycopg.connect(dsn(url), autocommit=True) as conn:
+        backend = _one(conn.execute("SELECT pg_backend_pid()").fetchone())
+        server = _processes()[backend].parent
+    return lambda pid, process: pid == server or process.parent == server
 
 
 def _one(row: Any) -> int:
@@ -161,7 +183,7 @@ class Statements:
     ``available`` is False and it reports nothing."""
 
     def __init__(self, url: str) -> None:
-        self.dsn = _dsn(url)
+        self.dsn = dsn(url)
         self.available = False
         self.rows: list[tuple[str, int, float]] = []  # gist, calls, ms
 

@@ -12,6 +12,14 @@ under load >= 0.8 x their rate alone (the same writers, paced, before the load).
     python bench/fleet.py --sqlite             # a SQLite file
     python bench/fleet.py --seconds 10         # shorter
     python bench/fleet.py --auth               # reads need a viewer's token (and carry one)
+    python bench/fleet.py --http               # the writers post to the service, as jobs do
+
+With ``--http`` the writers are jobs recording through the service (``SCALEWATCH_DB=http://``):
+each posts its batches to the service's ingest route with a writer's token, through the
+sender's client and body, and the service writes the store. Either way the report gives
+the CPU of each component per 1000 step records beside raw baselines run after the load
+(``bench/_baselines.py``): the same rows by ``COPY`` (``executemany`` on SQLite), and the
+same SSE bytes written to the same clients.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,15 +43,18 @@ from sqlalchemy import func, select
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from _cpu import CpuSplit, QuerySampler, Statements, shares  # noqa: E402
+from _baselines import Baseline, sse_bytes, store_rows  # noqa: E402
+from _cpu import CpuSplit, Process, QuerySampler, Statements, postmaster, shares  # noqa: E402
 from _figures import figure  # noqa: E402
 
 from scalewatch.store.engine import open_store  # noqa: E402
 from scalewatch.store.identities import Role, create_identity  # noqa: E402
+from scalewatch.store.records import RunRef  # noqa: E402
 from scalewatch.store.runs import create_run, heartbeat, write_steps  # noqa: E402
 from scalewatch.store.schema import steps  # noqa: E402
 from tests._helpers.load import TOKEN_ENV, ServiceDidNotStart, records, serving  # noqa: E402
 
+WRITER = "fleet-writer"
 CONTROL = {"growth_interval": 2000, "growth_factor": 2.0, "backoff_factor": 0.5}
 CATCH_UP_S = 120  # after the writers' last step, for every stream to deliver it
 CHART_TIMEOUT_S = 120
@@ -95,6 +107,12 @@ def _guard_reads(url: str) -> tuple[str, ...]:
     return ("--private-read",)
 
 
+def _writer_token(url: str) -> str:
+    """A writer identity in the store (a job's token): the runs are made in its name."""
+    with open_store(url) as store:
+        return create_identity(store, WRITER, Role.WRITER, by="bench").token
+
+
 def _what_the_service_said(log: Path) -> None:
     lines = log.read_text(errors="replace").splitlines() if log.exists() else []
     said = [
@@ -106,13 +124,16 @@ def _what_the_service_said(log: Path) -> None:
         print(f"the service said ({len(said)} lines, the last 20):", *said[-20:], sep="\n")
 
 
-def _spawn(argv: list[object], stderr: int | None = None) -> subprocess.Popen[str]:
+def _spawn(
+    argv: list[object], stderr: int | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, *map(str, argv)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=stderr,
         text=True,
+        env=env,
     )
 
 
@@ -136,20 +157,29 @@ def _result(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
 
 
 def _writers(
-    url: str, runs: list[int], first: int, args: argparse.Namespace, seconds: float
+    target: tuple[str, dict[str, str] | None],
+    runs: list[RunRef],
+    first: int,
+    args: argparse.Namespace,
+    seconds: float,
 ) -> list[subprocess.Popen[str]]:
-    share = [runs[i :: args.writer_procs] for i in range(args.writer_procs)]
+    """The writer processes, the runs shared among them; ``target``: a store URL, or the
+    service's URL with the environment that gives them a writer's token."""
+    where, env = target
+    names = [run.uid if env else str(run.id) for run in runs]
+    share = [names[i :: args.writer_procs] for i in range(args.writer_procs)]
     return [
         _spawn(
             [
                 "bench/_fleet_writer.py",
-                url,
+                where,
                 ",".join(map(str, part)),
                 first,
                 args.rate,
                 seconds,
                 args.batch,
-            ]
+            ],
+            env=env,
         )
         for part in share
         if part
@@ -170,22 +200,30 @@ def _merge(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def prepare(url: str, args: argparse.Namespace) -> list[int]:
-    """The runs, each with ``--history`` steps already (what the charts draw)."""
+def prepare(url: str, args: argparse.Namespace) -> list[RunRef]:
+    """The runs, each with ``--history`` steps already (what the charts draw); with
+    ``--http``, made in the writer's name, as a job's run is."""
+    owner = WRITER if args.http else None
     with open_store(url) as store:
-        runs = [
-            create_run(store, name=f"fleet-{i:02d}", world_size=8, config={}, control=CONTROL).id
+        refs = [
+            create_run(
+                store, name=f"fleet-{i:02d}", world_size=8, config={}, control=CONTROL, owner=owner
+            )
             for i in range(args.runs)
         ]
-        for run in runs:
+        for run in (ref.id for ref in refs):
             for first in range(1, args.history + 1, 10_000):
                 count = min(10_000, args.history - first + 1)
                 write_steps(store, run, records(first, count, time.time()))
-    return runs
+    return refs
 
 
 def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) -> dict[str, Any]:
-    runs = prepare(url, args)
+    refs = prepare(url, args)
+    runs = [ref.id for ref in refs]
+    target = (
+        (base, {**os.environ, "SCALEWATCH_TOKEN": _writer_token(url)}) if args.http else (url, None)
+    )
     print(
         f"{args.runs} runs of {args.history:,} steps each; writers alone for {args.solo_seconds} s",
         flush=True,
@@ -193,7 +231,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
     solo = _merge(
         [
             _result(p, args.solo_seconds + 60)
-            for p in _writers(url, runs, args.history + 1, args, args.solo_seconds)
+            for p in _writers(target, refs, args.history + 1, args, args.solo_seconds)
         ]
     )
     first = max(solo["last_step"].values()) + 1
@@ -203,12 +241,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         f"under load for {args.seconds} s: steps {first:,}..{last_step:,} of each run", flush=True
     )
     run_list = ",".join(map(str, runs))
-    # Every run's heartbeat fresh as its streams open: a run silent for 15 s reads as
-    # crashed and its streams end at once (a trainer's heartbeat thread beats every 2 s;
-    # the bench's writers only write, and they start after the streams).
-    with open_store(url) as store:
-        for run in runs:
-            heartbeat(store, run)
+    beats = _Heartbeats(url, runs)  # fresh as the streams open, until the writers end
     sse = _spawn(
         [
             "-m",
@@ -228,8 +261,10 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
     parts: dict[int, str] = {server_pid: "service", os.getpid(): "bench clients"}
     parts[sse.pid] = "bench clients"
 
-    def component(pid: int, name: str) -> str | None:
-        return parts.get(pid) or ("PostgreSQL" if name == "postgres" else None)
+    ours = postmaster(url)  # not another job's PostgreSQL on the same machine
+
+    def component(pid: int, process: Process) -> str | None:
+        return parts.get(pid) or ("PostgreSQL" if ours(pid, process) else None)
 
     split = CpuSplit(component).start()
     postgres = url.startswith("postgresql")
@@ -248,11 +283,12 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
             CHART_TIMEOUT_S,
         ]
     )
-    writers = _writers(url, runs, first, args, args.seconds)
+    writers = _writers(target, refs, first, args, args.seconds)
     parts[charts.pid] = "bench clients"
     parts.update((p.pid, "writers") for p in writers)
     try:
         loaded = _merge([_result(p, args.seconds + 120) for p in writers])
+        beats.stop()
         server_cpu = cpu_seconds(server_pid) - server0
         busy1, total1 = machine_busy()
         split.finish()
@@ -262,6 +298,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         chart = _result(charts, CHART_TIMEOUT_S + 60)
         streams = _result(sse, CATCH_UP_S + 60)["clients"]
     finally:
+        beats.stop()
         for process in (*writers, charts, sse):
             if process.poll() is None:
                 process.kill()
@@ -270,6 +307,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         query = select(steps.c.run_id, func.count()).group_by(steps.c.run_id)
         counts = {run: count for run, count in conn.execute(query)}
     stored_ok = all(counts.get(run) == last_step for run in runs)
+    baselines = _baselines(url, args)
     streams_ok = all(
         s["status"] == 200
         and not s["errors"]
@@ -287,15 +325,18 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         for s in streams
         if not (s["first"] == first and s["last"] == last_step and not s["gaps"])
     ]
+    window = split.ended - split.began
+    records_expected = args.runs * batches * args.batch
     return {
         "runs": args.runs,
         "auth": args.auth,
+        "http": args.http,
         "rate_per_run": args.rate,
         "seconds": args.seconds,
         "writers_solo": solo | {"last_step": None},
         "writers_load": loaded | {"last_step": None},
         "writer_ratio": loaded["rate"] / solo["rate"],
-        "records_expected": args.runs * batches * args.batch,
+        "records_expected": records_expected,
         "every_step_stored": stored_ok,
         "every_stream_whole": streams_ok,
         "steps_stored_short": {r: counts.get(r, 0) for r in runs if counts.get(r) != last_step},
@@ -312,6 +353,10 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         "chart_p50_ms": 1000 * statistics.median(latencies) if latencies else None,
         "chart_p99_ms": 1000 * percentile(latencies, 0.99) if latencies else None,
         "cpu_cores_by_component": split.cores(),
+        "cpu_ms_per_1000_records": {
+            name: 1e6 * cores * window / records_expected for name, cores in split.cores().items()
+        },
+        "baselines_cpu_ms_per_1000_records": {b.name: b.per_thousand() for b in baselines},
         "postgres_active_queries": (
             {
                 "samples": queries.samples,
@@ -335,6 +380,44 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
     }
 
 
+def _baselines(url: str, args: argparse.Namespace) -> list[Baseline]:
+    """The raw baselines of the same rows and the same events, the load over."""
+    steps_each = max(1, args.baseline_records // args.runs // args.batch) * args.batch
+    print(f"raw baselines: {steps_each:,} steps of {args.runs} runs", flush=True)
+    return [
+        store_rows(url, args.runs, steps_each, args.batch),
+        sse_bytes(args.runs, args.sse, steps_each, args.batch),
+    ]
+
+
+class _Heartbeats:
+    """Every run's heartbeat, now and every 2 s in a thread until :meth:`stop`, as a
+    trainer's heartbeat thread beats: a run silent for 15 s reads as crashed and its
+    streams end at once, and the bench's writers only write, starting after the streams
+    (on a busy machine, their processes take seconds to start)."""
+
+    def __init__(self, url: str, runs: list[int]) -> None:
+        self.store, self.runs = open_store(url), runs
+        self._beat()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _beat(self) -> None:
+        for run in self.runs:
+            heartbeat(self.store, run)
+
+    def _loop(self) -> None:
+        while not self.stopping.wait(2.0):
+            self._beat()
+
+    def stop(self) -> None:
+        if not self.stopping.is_set():
+            self.stopping.set()
+            self.thread.join()
+            self.store.close()
+
+
 def _ms(p99: float | None, p50: float | None) -> str:
     """A percentile pair, or "none" where nothing was measured (no stream sent an event)."""
     return "none" if p99 is None or p50 is None else f"{p99:.0f} ms (p50 {p50:.0f} ms)"
@@ -346,6 +429,7 @@ def report(f: dict[str, Any], backend: str) -> bool:
     load = f"{f['runs']} runs x {f['rate_per_run']:.0f} steps/s, {f['seconds']:.0f} s"
     if f["auth"]:
         load += ", reads with a viewer's token"
+    load += ", jobs post to the service (HTTP)" if f["http"] else ", jobs write the store"
     rows = [
         (
             "chart p99",
@@ -390,6 +474,11 @@ def report(f: dict[str, Any], backend: str) -> bool:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
     split = ", ".join(f"{name} {cores:.2f}" for name, cores in f["cpu_cores_by_component"].items())
     print(f"CPU by component (cores, over the loaded phase; {os.cpu_count()} in all): {split}")
+    per = ", ".join(f"{name} {ms:.1f}" for name, ms in f["cpu_ms_per_1000_records"].items())
+    print(f"CPU ms per 1000 step records: {per}")
+    for name, parts in f["baselines_cpu_ms_per_1000_records"].items():
+        raw = " + ".join(f"{part} {ms:.1f}" for part, ms in parts.items())
+        print(f"  raw baseline, {name} of the same: {sum(parts.values()):.1f} ({raw})")
     active = f["postgres_active_queries"]
     if active:
         print(
@@ -425,6 +514,18 @@ def main() -> int:
     parser.add_argument("--solo-seconds", type=float, default=10, help="the writers alone")
     parser.add_argument("--history", type=int, default=20_000, help="steps of each run before")
     parser.add_argument("--writer-procs", type=int, default=5, help="processes for the runs")
+    parser.add_argument(
+        "--http",
+        action="store_true",
+        help="the writers post their batches to the service with a writer's token, as jobs"
+        " with SCALEWATCH_DB=http://... do; the service writes the store",
+    )
+    parser.add_argument(
+        "--baseline-records",
+        type=int,
+        default=100_000,
+        help="records of the raw baselines after the load (COPY or executemany; SSE bytes)",
+    )
     parser.add_argument(
         "--auth",
         action="store_true",

@@ -8,9 +8,10 @@ threadpool, one batch of a run at a time.
 from __future__ import annotations
 
 from .models import BatchAnswer, BatchIn, PendingControl, RunOpen, RunOpened
-from .writes import RunBatches, open_job_run, store_batch
+from .writes import STORING_THREADS, RunBatches, open_job_run, store_batch
 
 __all__ = [
+    "STORING_THREADS",
     "BatchAnswer",
     "BatchIn",
     "PendingControl",

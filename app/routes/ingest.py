@@ -3,6 +3,9 @@ batches of its records; each answer carries the run's pending control requests."
 
 from __future__ import annotations
 
+import functools
+
+import anyio
 from fastapi import APIRouter, status
 
 from ..deps import ActorDep, ServicesDep, StoreDep
@@ -26,7 +29,11 @@ def open_run(store: StoreDep, actor: ActorDep, body: RunOpen) -> RunOpened:
 
 
 @router.post("/runs/{run}/batches", responses=_RESPONSES)
-def post_batch(services: ServicesDep, actor: ActorDep, run: RunId, body: BatchIn) -> BatchAnswer:
+async def post_batch(
+    services: ServicesDep, actor: ActorDep, run: RunId, body: BatchIn
+) -> BatchAnswer:
     """Store a batch of the run's records in their order, once: a batch whose ``sequence``
     is stored already stores nothing. The answer carries the pending control requests."""
-    return store_batch(services.store, services.batches, run, body, actor)
+    batches = services.batches
+    store = functools.partial(store_batch, services.store, batches, run, body, actor)
+    return await anyio.to_thread.run_sync(store, limiter=batches.storing)

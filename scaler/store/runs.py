@@ -60,6 +60,7 @@ _INSERT = f"INSERT INTO steps ({', '.join(_STEP_COLUMNS)})"
 _INSERT_OR_REPLACE = f"INSERT OR REPLACE INTO steps ({', '.join(_STEP_COLUMNS)})"
 _LAST_STEP = "SELECT last_step FROM runs WHERE id = ?"
 _ADVANCE = "UPDATE runs SET last_step = GREATEST(last_step, ?), heartbeat_at = ? WHERE id = ?"
+_ADVANCE_SEQUENCE = "UPDATE runs SET batch_sequence = ? WHERE id = ? AND batch_sequence < ?"
 _FINDING_COLUMNS: tuple[str, ...] = tuple(column.name for column in overflow_params.c)
 _FINDING_KEY = ("run_id", "step", "rank", "name")
 _INSERT_FINDINGS = f"INSERT OR REPLACE INTO overflow_params ({', '.join(_FINDING_COLUMNS)})"
@@ -245,11 +246,14 @@ def write_step_values(
     values: Sequence[tuple[Any, ...]],
     findings: Sequence[tuple[Any, ...]] = (),
     norms: Sequence[tuple[Any, ...]] = (),
+    *,
+    sequence: int | None = None,
 ) -> None:
     """:func:`write_steps` of records already turned into :func:`step_values`, their
     findings into :func:`finding_rows` and their largest parameter norms into
     :func:`norm_rows`. The steps' loss and gradient-norm spikes are found and stored in
-    the same transaction (:mod:`.spike_store`)."""
+    the same transaction (:mod:`.spike_store`); so is ``sequence``, the job's last batch
+    stored (:func:`~.batches.advance_sequence`), when given."""
     if not values:
         return
     step_numbers = [row[0] for row in values]
@@ -283,6 +287,8 @@ def write_step_values(
             refresh_rollups(cursor, run_id, rows, fresh=fresh)
             if dialect != "postgresql":
                 cursor.execute(driver_sql(_ADVANCE, dialect), (newest, now, run_id))
+            if sequence is not None:
+                cursor.execute(driver_sql(_ADVANCE_SEQUENCE, dialect), (sequence, run_id, sequence))
         finally:
             cursor.close()
 

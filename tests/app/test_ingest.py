@@ -4,7 +4,10 @@ token reaches its own runs and nothing else."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -12,14 +15,29 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from scalewatch._control import ControlOutcome, ControlSource
+from scalewatch.app.ingest.models import StepIn
 from scalewatch.store.engine import Store
 from scalewatch.store.identities import Role, create_identity
 from scalewatch.store.records import ParamFinding
 from scalewatch.store.runs import finding_rows, record_gap, step_values
 from scalewatch.store.schema import overflow_params, runs, steps, telemetry_gaps
+from scalewatch.store.step_rows import COLUMNS
 from scalewatch.telemetry._batches import items
 from scalewatch.telemetry._queue import Diagnosed, RecordGap, WriteOutcome
 from tests._helpers.service import CONTROL, auth, simulate
+
+
+def test_a_steps_fields_are_the_steps_columns_in_their_order() -> None:
+    """The ingest takes a validated step's values in order as its row: whatever order the
+    job sent its fields in, and with the fields an older job leaves out at their defaults."""
+    sent = items([step_values(record) for record in simulate(1, set())], reason="")[0]
+    step = dict(reversed(sent["steps"][0].items()))
+    del step["loss_spike"]
+    parsed = StepIn.model_validate(step)
+    assert tuple(vars(parsed)) == COLUMNS
+    assert tuple(vars(parsed).values()) == tuple(
+        False if name == "loss_spike" else sent["steps"][0][name] for name in COLUMNS
+    )
 
 
 def opening(uid: str, *, resume: bool = False) -> dict[str, Any]:
@@ -174,3 +192,43 @@ def test_a_writer_records_its_run_once_on_postgresql(
     pg_client: TestClient, pg_store: Store
 ) -> None:
     test_a_writer_records_its_run_once_and_reaches_nothing_else(pg_client, pg_store)
+
+
+def test_a_sqlite_stores_batches_are_stored_one_at_a_time(
+    client: TestClient, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite has one writer: batches of several runs posted at once are stored by one
+    thread at a time, not by threads that wait on its lock (and all are stored)."""
+    import scalewatch.app.routes.ingest as ingest_route
+
+    writer = auth(create_identity(store, "job-42", Role.WRITER, by="test").token)
+    run_ids = [
+        client.post("/api/ingest/runs", json=opening(uuid.uuid4().hex), headers=writer).json()["id"]
+        for _ in range(4)
+    ]
+    inside, most, lock = 0, 0, threading.Lock()
+    store_batch = ingest_route.store_batch
+
+    def counted(*args: Any) -> Any:
+        nonlocal inside, most
+        with lock:
+            inside += 1
+            most = max(most, inside)
+        try:
+            time.sleep(0.05)  # long enough for the other posts to arrive meanwhile
+            return store_batch(*args)
+        finally:
+            with lock:
+                inside -= 1
+
+    monkeypatch.setattr(ingest_route, "store_batch", counted)
+
+    def post(run: int) -> int:
+        batch = {"sequence": 1, "items": items(step_commands(1, 5), reason="")}
+        answer = client.post(f"/api/ingest/runs/{run}/batches", json=batch, headers=writer)
+        return answer.status_code
+
+    with ThreadPoolExecutor(len(run_ids)) as pool:
+        assert list(pool.map(post, run_ids)) == [200] * len(run_ids)
+    assert most == 1
+    assert [counts(store, run)[0] for run in run_ids] == [5] * len(run_ids)

@@ -21,9 +21,11 @@ from scalewatch.store.runs import (
     heartbeat,
     record_gap,
     resume_run,
+    write_step_values,
     write_steps,
 )
 from scalewatch.store.schema import ROLLUP_LEVELS, runs, steps, telemetry_gaps
+from scalewatch.store.step_rows import step_values
 from tests._helpers.records import step_record
 from tests._helpers.stored import expected_rollups
 
@@ -185,6 +187,21 @@ def test_write_steps_advances_last_step_and_heartbeat(store: Store, run: RunRef)
     assert isinstance(row["heartbeat_at"], float) and row["heartbeat_at"] > 100.0
     write_steps(store, run.id, [])
     assert _run_row(store, run.id)["last_step"] == 9
+
+
+def test_a_jobs_batch_number_is_stored_with_its_steps_and_never_moves_back(
+    store: Store, run: RunRef
+) -> None:
+    """The service's ingest advances a run's last batch stored in the steps' transaction;
+    a lower number (a batch sent again) leaves it, and so do steps written without one."""
+    rng = random.Random(4)
+    rows = [step_values(_record(rng, step)) for step in (1, 2, 3)]
+    write_step_values(store, run.id, rows, sequence=5)
+    assert _run_row(store, run.id)["batch_sequence"] == 5
+    write_step_values(store, run.id, [step_values(_record(rng, 4))], sequence=4)
+    assert _run_row(store, run.id)["batch_sequence"] == 5
+    write_step_values(store, run.id, [step_values(_record(rng, 5))])
+    assert _run_row(store, run.id)["batch_sequence"] == 5
 
 
 def test_inf_ranks_text_form() -> None:
