@@ -39,6 +39,8 @@ from ._recording.step_context import StepContext
 from ._recording.step_values import Captured, StepValues, read_cpu, read_if_clean, read_top
 from ._scale_rules import ScaleRules
 from ._schedules import Schedules
+from ._skip_setting import ENV as SKIP_ENV
+from ._skip_setting import thresholds_from_env
 from ._spike_skip import SPIKE, SkipRule, SpikeSkip, check_z
 from ._step_sample import StepSample, record_of
 from ._torch_compat import (
@@ -106,6 +108,9 @@ class Instrumented(_Base):
         self._control_version = 0
         self._skip_rule: SkipRule | None = None  # skip_on_spike's
         self._reset_transient()
+        skip = os.environ.get(SKIP_ENV, "").strip()  # scalewatch instrument --skip-on-spike
+        if skip and self._enabled:
+            self.skip_on_spike(**thresholds_from_env(skip))
 
     def _reset_transient(self) -> None:
         self._step_context = StepContext()

@@ -8,6 +8,9 @@ import sys
 
 import click
 
+from scalewatch._skip_setting import ENV as SKIP_ENV
+from scalewatch._skip_setting import thresholds_from_env
+
 from ._common import Failed, Refused, command, db_option
 
 __all__ = ["instrument"]
@@ -28,9 +31,19 @@ USAGE = "give the command to run after --, as: scalewatch instrument -- torchrun
     help="do not measure each step's gradient norm (measured by default; a scaler made with"
     " grad_norm= keeps its own choice)",
 )
+@click.option(
+    "--skip-on-spike",
+    metavar="THRESHOLDS",
+    help="skip a step whose gradient norm or loss spikes: grad_norm_z=Z and/or loss_z=Z,"
+    " comma-separated (default: $SCALEWATCH_SKIP_ON_SPIKE, else off)",
+)
 @click.argument("command_line", nargs=-1, type=click.UNPROCESSED, metavar="-- COMMAND [ARGS...]")
 def instrument(
-    db: str | None, run_name: str | None, no_grad_norm: bool, command_line: tuple[str, ...]
+    db: str | None,
+    run_name: str | None,
+    no_grad_norm: bool,
+    skip_on_spike: str | None,
+    command_line: tuple[str, ...],
 ) -> None:
     argv = list(command_line)
     if argv[:1] == ["--"]:
@@ -48,6 +61,12 @@ def instrument(
     if run_name:
         env["SCALEWATCH_RUN_NAME"] = run_name
     env["SCALEWATCH_GRAD_NORM"] = "0" if no_grad_norm else "1"
+    if skip_on_spike is not None:
+        try:  # refused here, in one line, not in every rank of the job
+            thresholds_from_env(skip_on_spike)
+        except ValueError as error:
+            raise Refused(str(error).replace(f"${SKIP_ENV}", "--skip-on-spike")) from None
+        env[SKIP_ENV] = skip_on_spike
     sys.stdout.flush()
     try:  # COMMAND takes this process's place: its exit status and signals are its own
         os.execvpe(argv[0], argv, env)

@@ -104,7 +104,28 @@ dist.destroy_process_group()
 """
 
 
-def _instrument(tmp_path: Path, script: str, *launcher: str) -> subprocess.CompletedProcess[str]:
+SPIKY = """
+import torch
+torch.manual_seed(0)
+gs = torch.amp.GradScaler("cpu", init_scale=1024.0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.001)
+skipped = []
+for step in range(30):
+    opt.zero_grad()
+    target = 100.0 if step == 26 else 1.0  # a batch far off: its gradient norm spikes
+    gs.scale(model(torch.randn(8, 4)).sub(target).pow(2).mean()).backward()
+    gs.step(opt)
+    gs.update()
+    if gs.last_step_skipped:
+        skipped.append(step)
+print(*skipped)
+"""
+
+
+def _instrument(
+    tmp_path: Path, script: str, *launcher: str, options: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "train.py"
     path.write_text(textwrap.dedent(script))
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
@@ -117,7 +138,7 @@ def _instrument(tmp_path: Path, script: str, *launcher: str) -> subprocess.Compl
         f"sqlite:///{tmp_path / 'sw.db'}",
     ]
     return subprocess.run(
-        [*command, "--run-name", "unedited", "--", *launcher, str(path)],
+        [*command, "--run-name", "unedited", *options, "--", *launcher, str(path)],
         capture_output=True,
         text=True,
         timeout=180,
@@ -136,6 +157,21 @@ def test_a_script_that_builds_torchs_scaler_records_a_run(tmp_path: Path) -> Non
         [run] = list_runs(store)
     assert (run.name, run.status, run.steps, run.world_size) == ("unedited", "finished", 5, 1)
     assert run.grad_norm == pytest.approx(3**0.5)  # measured: instrument turns it on
+
+
+@pytest.mark.heavy
+def test_skip_on_spike_reaches_the_scaler_an_unedited_script_builds(tmp_path: Path) -> None:
+    done = _instrument(
+        tmp_path, SPIKY, sys.executable, options=("--skip-on-spike", "grad_norm_z=20")
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["26"]  # the spike's step, and no other
+    refused = _instrument(tmp_path, SPIKY, sys.executable, options=("--skip-on-spike", "z=-1"))
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines() == [
+        "scalewatch instrument: --skip-on-spike takes grad_norm_z=Z and/or loss_z=Z (each a"
+        " number above 0, comma-separated), not 'z=-1'"
+    ]
 
 
 @pytest.mark.slow

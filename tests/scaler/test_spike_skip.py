@@ -173,6 +173,29 @@ def test_either_signal_alone_skips(grad_norm_z: float | None, loss_z: float | No
     assert ours.stats().spike_skips == len(SPIKES)
 
 
+def test_the_environment_turns_it_on_for_a_scaler_built_elsewhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``$SCALEWATCH_SKIP_ON_SPIKE`` (``scalewatch instrument --skip-on-spike``): a scaler
+    that a framework builds skips as one told by ``skip_on_spike``."""
+    monkeypatch.setenv("SCALEWATCH_SKIP_ON_SPIKE", "grad_norm_z=20")
+    reference, ours = pair("plain")
+    assert_same(
+        run(ours, "sgd", overflow=False), run(reference, "sgd", left_out=SPIKES, overflow=False)
+    )
+    assert ours.stats().spike_skips == len(SPIKES)
+
+
+@pytest.mark.parametrize("text", ["grad_norm_z", "loss_z=0", "z=3", "loss_z=2,loss_z=3", "x"])
+def test_an_environment_it_cannot_read_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    monkeypatch.setenv("SCALEWATCH_SKIP_ON_SPIKE", text)
+    with pytest.raises(ValueError, match=r"^\$SCALEWATCH_SKIP_ON_SPIKE takes grad_norm_z=Z") as e:
+        scalewatch.GradScaler("cpu", telemetry=False)
+    assert "\n" not in str(e.value)
+
+
 def test_nothing_is_skipped_before_the_window_holds_enough_values() -> None:
     assert min(SPIKES) >= MIN_HISTORY
     early = (5, 12, MIN_HISTORY - 1)  # the last: its window holds MIN_HISTORY - 1 values
