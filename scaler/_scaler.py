@@ -39,8 +39,6 @@ from ._recording.step_context import StepContext
 from ._recording.step_values import Captured, StepValues, read_cpu, read_if_clean, read_top
 from ._scale_rules import ScaleRules
 from ._schedules import Schedules
-from ._skip_setting import ENV as SKIP_ENV
-from ._skip_setting import thresholds_from_env
 from ._spike_skip import SPIKE, SkipRule, SpikeSkip, check_z
 from ._step_sample import StepSample, record_of
 from ._torch_compat import (
@@ -56,7 +54,7 @@ from .mirrors import Mirror
 from .mirrors._env import chosen_mirrors
 from .stats import ScalerCheckpoint, ScalerStats
 from .store.spikes import DEFAULT as DEFAULT_SPIKES
-from .store.spikes import SpikeRule
+from .store.spikes import SKIP_ENV, SpikeRule, skip_thresholds
 from .telemetry import refuse_unusable_store
 
 ON = ("1", "true", "yes", "on")  # $SCALEWATCH_GRAD_NORM's words for on
@@ -110,7 +108,7 @@ class Instrumented(_Base):
         self._reset_transient()
         skip = os.environ.get(SKIP_ENV, "").strip()  # scalewatch instrument --skip-on-spike
         if skip and self._enabled:
-            self.skip_on_spike(**thresholds_from_env(skip))
+            self.skip_on_spike(**skip_thresholds(skip))
 
     def _reset_transient(self) -> None:
         self._step_context = StepContext()

@@ -8,8 +8,7 @@ import sys
 
 import click
 
-from scalewatch._skip_setting import ENV as SKIP_ENV
-from scalewatch._skip_setting import thresholds_from_env
+from scalewatch.store.spikes import SKIP_ENV, skip_thresholds
 
 from ._common import Failed, Refused, command, db_option
 
@@ -63,7 +62,7 @@ def instrument(
     env["SCALEWATCH_GRAD_NORM"] = "0" if no_grad_norm else "1"
     if skip_on_spike is not None:
         try:  # refused here, in one line, not in every rank of the job
-            thresholds_from_env(skip_on_spike)
+            skip_thresholds(skip_on_spike)
         except ValueError as error:
             raise Refused(str(error).replace(f"${SKIP_ENV}", "--skip-on-spike")) from None
         env[SKIP_ENV] = skip_on_spike

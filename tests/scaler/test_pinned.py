@@ -17,9 +17,9 @@ def test_split_gives_each_optimizers_payload_words() -> None:
     # (the gradient norm and the largest parameter norms travel apart: Captured.read takes
     # them out of the row first)
     split = split_values(values, 2)
-    assert split == (1024.0, 3, 1.0, 0.25, [[2.0, 0.0], [1.5, 4.0]], None, None)
-    assert split_values(values[:6], 1) == (1024.0, 3, 1.0, 0.25, [[2.0, 0.0]], None, None)
-    assert split_values([*values[:3], None], 0) == (1024.0, 3, 1.0, None, [], None, None)
+    assert split == (1024.0, 3, 1.0, 0.25, [[2.0, 0.0], [1.5, 4.0]], None, None, False)
+    assert split_values(values[:6], 1) == (1024.0, 3, 1.0, 0.25, [[2.0, 0.0]], None, None, False)
+    assert split_values([*values[:3], None], 0) == (1024.0, 3, 1.0, None, [], None, None, False)
 
 
 DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.cuda)]

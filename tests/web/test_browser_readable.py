@@ -34,6 +34,20 @@ LABEL_BOXES = """() => [...document.querySelectorAll(
     .map(([text, r]) => [text, r.left, r.top, r.right, r.bottom])"""
 
 
+# What the page says, less what is read as a word or exactly on purpose: an overflow's kinds
+# ("NaN", "inf + NaN"), and a scale, written to its last digit where it is no power of two
+# (another test's run of 65,536.0390625 shares the store).
+EXEMPT = '[data-label="Kinds"], [data-label="Current scale"], [data-fact="scale"]'
+READ_TEXT = f"""(() => {{
+    const exempt = [...document.querySelectorAll('{EXEMPT}')];
+    const shown = exempt.map((node) => node.style.display);
+    exempt.forEach((node) => {{ node.style.display = 'none'; }});
+    const text = document.body.innerText;
+    exempt.forEach((node, i) => {{ node.style.display = shown[i]; }});
+    return text;
+}})()"""
+
+
 def _significant(number: str) -> int:
     digits = number.replace(",", "").replace(".", "").lstrip("0")
     return len(digits.rstrip("0")) if "." not in number else len(digits)
@@ -99,7 +113,7 @@ def test_each_page_reads_as_a_person_reads_it(tab: Tab, served: Served, where: s
     else:
         open_run(tab, served.run_id if where == "run" else _healthy_run(served))
         page.locator("[data-fact=steps]").filter(has_not_text="\u2013").wait_for()
-    text = page.evaluate("document.body.innerText")
-    assert _unreadable(text) == [], text
     assert _overlapping(page.evaluate(LABEL_BOXES)) == []
+    text = page.evaluate(READ_TEXT)
+    assert _unreadable(text) == [], text
     assert tab.unexpected_errors() == []
