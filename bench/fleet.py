@@ -374,6 +374,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
             else None
         ),
         "cpu_s_server": server_cpu,
+        "loaded_s": window,  # the writers' whole loaded phase: longer than --seconds if held back
         "machine_busy_share": (busy1 - busy0) / (total1 - total0),
         "load_average_before": load_before,
         "cpu_s_writers": loaded["cpu_s"],
@@ -468,7 +469,7 @@ def report(f: dict[str, Any], backend: str) -> bool:
     print(
         f"\nfleet benchmark on {backend}: {load}, {os.cpu_count()} CPUs; load average"
         f" {f['load_average_before']:.1f} before, machine {f['machine_busy_share']:.0%} busy"
-        f" while loaded, the service {f['cpu_s_server'] / f['seconds']:.2f} CPUs"
+        f" while loaded, the service {f['cpu_s_server'] / f['loaded_s']:.2f} CPUs"
     )
     for row in table:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
