@@ -45,6 +45,18 @@ def fully_shard_net(net: Net) -> nn.Module:
     return fully_shard(net)
 
 
+def wrapped_net(kind: str) -> nn.Module:
+    """A new :class:`Net` on cpu under ``kind``: ``ddp``, ``fsdp1`` or ``fsdp2``."""
+    net = Net()
+    if kind == "ddp":
+        return nn.parallel.DistributedDataParallel(net)
+    if kind == "fsdp2":
+        return fully_shard_net(net)
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    return FSDP(net, device_id=torch.device("cpu"))
+
+
 def wrap(kind: str, module: nn.Module, device: str) -> nn.Module:
     """``module`` wrapped by ``kind``: ``ddp``, ``fsdp1``, ``fsdp1-offload`` or ``fsdp2``."""
     if kind == "ddp":

@@ -18,24 +18,13 @@ import torch
 from torch import nn
 
 import scalewatch
-from tests._helpers.nets import FSDP2_HERE, Net, fully_shard_net
+from tests._helpers.nets import FSDP2_HERE, wrapped_net
 from tests._helpers.ranks import run_ranks
 
 STEPS = 4
 OVERFLOW = 2  # inf in rank 1's gradients (on both ranks under DDP, whose replicas agree)
 KINDS = ["ddp", "fsdp1", *(["fsdp2"] if FSDP2_HERE else [])]
 RELATIVE = 1e-5
-
-
-def wrap(kind: str) -> nn.Module:
-    net = Net()
-    if kind == "ddp":
-        return nn.parallel.DistributedDataParallel(net)
-    if kind == "fsdp2":
-        return fully_shard_net(net)
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    return FSDP(net, device_id=torch.device("cpu"))
 
 
 def framework_norm(kind: str, model: nn.Module) -> float:
@@ -53,7 +42,7 @@ def framework_norm(kind: str, model: nn.Module) -> float:
 def train(rank: int, kind: str) -> list[tuple[float, float | None]]:
     """(ours, the framework's) after ``unscale_``, each step; the framework's is not asked
     at the overflow (clipping by a norm that is not finite writes NaN into the gradients)."""
-    model = wrap(kind)
+    model = wrapped_net(kind)
     gs = scalewatch.ShardedGradScaler("cpu", init_scale=1024.0, telemetry=False, grad_norm=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     out: list[tuple[float, float | None]] = []

@@ -22,7 +22,7 @@ from torch import nn
 
 import scalewatch
 from scalewatch.store.spikes import MIN_HISTORY
-from tests._helpers.nets import FSDP2_HERE, Net, fully_shard_net
+from tests._helpers.nets import FSDP2_HERE, wrapped_net
 from tests._helpers.ranks import run_ranks
 
 STEPS = MIN_HISTORY + 6
@@ -34,17 +34,6 @@ RULES: dict[str, dict[str, float | None]] = {
 }
 
 
-def wrap(kind: str) -> nn.Module:
-    net = Net()
-    if kind == "ddp":
-        return nn.parallel.DistributedDataParallel(net)
-    if kind == "fsdp2":
-        return fully_shard_net(net)
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    return FSDP(net, device_id=torch.device("cpu"))
-
-
 def local(model: nn.Module) -> list[torch.Tensor]:
     return [getattr(p, "_local_tensor", p).detach().clone() for p in model.parameters()]
 
@@ -52,7 +41,7 @@ def local(model: nn.Module) -> list[torch.Tensor]:
 def train(rank: int, kind: str, rule: str, gs: Any) -> dict[str, Any]:
     """Each step: whether it was said skipped, whether this rank's parameters moved, the
     scale after it."""
-    model = wrap(kind)
+    model = wrapped_net(kind)
     gs.skip_on_spike(**RULES[rule])
     opt = torch.optim.SGD(model.parameters(), lr=0.001)
     said, moved, scales = [], [], []
@@ -74,7 +63,7 @@ def train(rank: int, kind: str, rule: str, gs: Any) -> dict[str, Any]:
 
 def refused(rank: int) -> str:
     """What GradScaler says to ``loss_z`` in a process group of two."""
-    model = wrap("ddp")
+    model = wrapped_net("ddp")
     gs = scalewatch.GradScaler("cpu", telemetry=False)
     gs.skip_on_spike(loss_z=6.0)
     opt = torch.optim.SGD(model.parameters(), lr=0.001)
