@@ -42,6 +42,7 @@ import scalewatch
 from scalewatch.store import StepRecord, open_store, upgrade
 from scalewatch.store.records import ParamFinding
 from scalewatch.store.runs import create_run, step_rows, write_steps
+from scalewatch.store.step_rows import COLUMNS
 from scalewatch.store.sqlite import BUSY_TIMEOUT_MS
 from scalewatch.telemetry import TelemetrySettings
 
@@ -63,11 +64,10 @@ _RAW_PRAGMAS = (
     "PRAGMA synchronous = NORMAL",
     "PRAGMA foreign_keys = ON",
 )
+# every column of a step, as the store writes them (the declaration's order)
 _RAW_INSERT = (
-    "INSERT INTO steps (run_id, step, wall_time, scale, overflow, skipped, inf_ranks,"
-    " scale_after, growth_tracker, growth_interval, growth_factor, backoff_factor,"
-    " control_version, loss, loss_nonfinite_ranks, params_omitted, lr, lr_groups,"
-    " schedule_drift) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    f"INSERT INTO steps (run_id, {', '.join(COLUMNS)})"
+    f" VALUES ({', '.join('?' * (len(COLUMNS) + 1))})"
 )
 
 
@@ -133,8 +133,10 @@ def _raw_rate(directory: Path, records: list[StepRecord], batch: int) -> float:
         for pragma in _RAW_PRAGMAS:
             conn.execute(pragma)
         conn.execute(
-            "INSERT INTO runs VALUES (1, 'raw', 'raw', 'running', 8, '{}', '{}', 0, '', '',"
-            " 0, 0.0, NULL, 0.0, 0, 0)"
+            "INSERT INTO runs (id, uid, name, status, world_size, config, control,"
+            " control_version, torch_version, host, pid, started_at, heartbeat_at,"
+            " last_step, dropped)"
+            " VALUES (1, 'raw', 'raw', 'running', 8, '{}', '{}', 0, '', '', 0, 0.0, 0.0, 0, 0)"
         )
         began = time.perf_counter()
         for first in range(0, len(rows), batch):
