@@ -42,8 +42,8 @@ import scalewatch
 from scalewatch.store import StepRecord, open_store, upgrade
 from scalewatch.store.records import ParamFinding
 from scalewatch.store.runs import create_run, step_rows, write_steps
-from scalewatch.store.step_rows import COLUMNS
 from scalewatch.store.sqlite import BUSY_TIMEOUT_MS
+from scalewatch.store.step_rows import COLUMNS
 from scalewatch.telemetry import TelemetrySettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

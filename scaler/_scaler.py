@@ -40,7 +40,7 @@ from ._recording.step_values import Captured, StepValues, read_cpu, read_if_clea
 from ._scale_rules import ScaleRules
 from ._schedules import Schedules
 from ._spike_skip import SPIKE, SkipRule, SpikeSkip, check_z
-from ._step_sample import StepSample, record_of
+from ._step_sample import StepSample, record_of, row_rates
 from ._torch_compat import (
     OptState,
     _refresh_per_optimizer_state,
@@ -497,7 +497,7 @@ class Instrumented(_Base):
                     top,
                 )
             else:
-                param_norms = self._named(read_top(top and top[0]), top)
+                param_norms = () if top is None else self._named(read_top(top[0]), top)
                 self._clean_row(add_row, clean, stepped, scale_set, rates, schedule, param_norms)
             return
         loss = diagnoser.take_loss()
@@ -600,7 +600,8 @@ class Instrumented(_Base):
                 self._backoff_factor,
                 self._control_version,
                 loss,
-                rates,
+                # row_rates, inline: the one rate itself keeps the row plain (no tuple in it)
+                rates[0][0] if len(rates) == 1 and len(rates[0]) == 1 else rates,
                 drift,
                 norm,
                 param_norms,
@@ -647,7 +648,7 @@ class Instrumented(_Base):
             self._backoff_factor,
             self._control_version,
             loss,
-            rates,
+            row_rates(rates),
             drift,
             norm,
             self._named(top_read, top),

@@ -25,10 +25,23 @@ from typing import Any, NamedTuple
 
 from ._control import ControlOutcome
 from .store.records import StepRecord
+from .store.step_rows import values_function
 
-__all__ = ["Rates", "StepSample", "TrainingRow", "record_of", "step_rates"]
+__all__ = [
+    "Rates",
+    "RowRates",
+    "StepSample",
+    "TrainingRow",
+    "record_of",
+    "row_rates",
+    "row_values",
+    "step_rates",
+]
 
 Rates = tuple[float | None, ...]  # one optimizer's learning rates, group by group
+# A row's rates: one optimizer's one group's rate, itself (None: not read), else each
+# optimizer's (row_rates)
+RowRates = float | None | tuple[Rates, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +73,7 @@ class TrainingRow(NamedTuple):
     backoff_factor: float
     control_version: int
     loss: float | None
-    rates: tuple[Rates, ...]
+    rates: RowRates
     schedule_drift: int | None
     grad_norm: float | None
     param_norms: tuple[tuple[str, float], ...]
@@ -123,12 +136,58 @@ def record_of(row: tuple[Any, ...]) -> StepRecord:
     return record
 
 
-def step_rates(rates: Sequence[Rates]) -> tuple[float | None, tuple[Rates, ...] | None]:
+def row_rates(rates: tuple[Rates, ...]) -> RowRates:
+    """A step's rates as its row carries them: the rate itself where one optimizer with one
+    param group stepped, else each optimizer's.
+
+    A row of plain values (no tuple within) is one the garbage collector stops tracking at
+    its first collection; a row holding a tuple stays tracked while it waits to be sent,
+    and rows that survive collections bring on the full ones, which take a training
+    process hundreds of milliseconds.
+
+    >>> row_rates(((0.1,),)), row_rates(((0.1, 0.01),)), row_rates(())
+    (0.1, ((0.1, 0.01),), ())
+    """
+    if len(rates) == 1 and len(rates[0]) == 1:
+        return rates[0][0]
+    return rates
+
+
+def step_rates(rates: Sequence[Rates] | RowRates) -> tuple[float | None, tuple[Rates, ...] | None]:
     """``(lr, groups)`` of a step: the first group's rate of the first optimizer stepped,
-    and every group's, optimizer by optimizer, only when one differs from it."""
+    and every group's, optimizer by optimizer, only when one differs from it. ``rates``:
+    each optimizer's, or one rate as a row carries it (:func:`row_rates`)."""
+    if rates is None or isinstance(rates, float | int):
+        return None if rates is None else float(rates), None
     if not rates or not rates[0]:
         return None, None
     first = rates[0][0]
     if all(rate == first for one in rates for rate in one):
         return first, None
     return first, tuple(rates)
+
+
+def _row_sources() -> dict[str, str]:
+    """Each StepRecord field's value, as an expression of a row ``r`` in TrainingRow's order
+    (``lr`` and ``lr_groups`` bound by the prologue; a field no row carries, its default)."""
+    at = {name: i for i, name in enumerate(TrainingRow._fields)}
+    sources = {"lr": "lr", "lr_groups": "lr_groups"}
+    for f in fields(StepRecord):
+        if f.name in at:
+            value = f"r[{at[f.name]}]"
+            # an int as torch keeps it: stored as float (as record_of)
+            sources[f.name] = f"float({value})" if f.type == "float" else value
+        elif f.name not in sources:
+            sources[f.name] = repr(f.default)
+    return sources
+
+
+row_values = values_function(
+    "row_values",
+    _row_sources(),
+    prologue=f"    lr, lr_groups = step_rates(r[{TrainingRow._fields.index('rates')}])\n",
+    namespace={"step_rates": step_rates},
+)
+row_values.__doc__ = """A row in TrainingRow's order as its ``steps`` row after ``run_id``: the
+:func:`~scalewatch.store.step_rows.step_values` of its :func:`record_of`, made in one call
+with no record between (the writer process's way, every clean step)."""

@@ -11,14 +11,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from math import isfinite
 from typing import Any
 
 from .records import format_inf_ranks, format_lr_groups, parse_lr_groups
 from .step_schema import STEP_FIELDS, Kind, StepField, StepRecord
 
-__all__ = ["COLUMNS", "EXPORT_COLUMNS", "parse_ranks", "step_dict", "step_values"]
+__all__ = [
+    "COLUMNS",
+    "EXPORT_COLUMNS",
+    "parse_ranks",
+    "step_dict",
+    "step_values",
+    "values_function",
+]
 
 # The columns of ``steps`` after ``run_id``, in table order.
 COLUMNS: tuple[str, ...] = tuple(f.name for f in STEP_FIELDS)
@@ -27,9 +34,8 @@ EXPORT_COLUMNS: tuple[str, ...] = tuple(f.export_name for f in STEP_FIELDS)
 Convert = Callable[[Any], Any]
 
 
-def _stored(f: StepField) -> str:
-    """The expression of a field's column value, of a record ``r``."""
-    value = f"r.{f.name}"
+def _stored(f: StepField, value: str) -> str:
+    """The expression of a field's column value, ``value`` being the field's own."""
     if f.kind is Kind.RANKS:
         return f'(format_inf_ranks({value}) if {value} else "")'
     if f.kind is Kind.FLOAT_GROUPS:
@@ -39,17 +45,35 @@ def _stored(f: StepField) -> str:
     return value
 
 
-def _row_function() -> Callable[[StepRecord], tuple[Any, ...]]:
-    # Written out as one expression, as dataclasses writes __init__: the writer's queue
-    # calls it for every step, and a loop over the fields took four times as long.
-    source = f"def step_values(r):\n    return ({', '.join(map(_stored, STEP_FIELDS))},)\n"
-    namespace: dict[str, Any] = {
+def values_function(
+    name: str,
+    sources: Mapping[str, str],
+    prologue: str = "",
+    namespace: Mapping[str, Any] | None = None,
+) -> Callable[[Any], tuple[Any, ...]]:
+    """A function of one argument ``r`` that returns a ``steps`` row after its ``run_id``:
+    each field's column value made of ``sources[field]``, a Python expression of ``r``
+    (and of names ``prologue``, run first, binds).
+
+    Written out as one expression, as dataclasses writes ``__init__``: the writer calls it
+    for every step, and a loop over the fields took four times as long. The source is
+    made of the declaration and of the caller's own expressions, never of input.
+    """
+    body = ", ".join(_stored(f, sources[f.name]) for f in STEP_FIELDS)
+    source = f"def {name}(r):\n{prologue}    return ({body},)\n"
+    scope: dict[str, Any] = {
         "format_inf_ranks": format_inf_ranks,
         "format_lr_groups": format_lr_groups,
         "isfinite": isfinite,
+        **(namespace or {}),
     }
-    exec(source, namespace)  # the source is the declaration's, never input
-    function: Callable[[StepRecord], tuple[Any, ...]] = namespace["step_values"]
+    exec(source, scope)
+    function: Callable[[Any], tuple[Any, ...]] = scope[name]
+    return function
+
+
+def _record_values() -> Callable[[StepRecord], tuple[Any, ...]]:
+    function = values_function("step_values", {f.name: f"r.{f.name}" for f in STEP_FIELDS})
     function.__doc__ = """``r`` as a ``steps`` row after its ``run_id``: plain values, in column
     order. A tuple of plain values is dropped from the garbage collector's tracking at its
     first collection, so records queued for the writer cost later collections nothing."""
@@ -72,7 +96,7 @@ _FROM_ROW: tuple[tuple[int, Convert], ...] = tuple(
 )
 
 
-step_values = _row_function()
+step_values = _record_values()
 
 
 def step_dict(row: Sequence[Any], keys: Sequence[str] = EXPORT_COLUMNS) -> dict[str, Any]:

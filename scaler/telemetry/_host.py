@@ -29,7 +29,7 @@ from typing import Any
 
 from .._control import ControlUpdate
 from .._control.inbox import ControlInbox
-from .._step_sample import StepSample, record_of
+from .._step_sample import StepSample, TrainingRow, record_of
 from ..store.records import ScaleLoad
 from ..store.states import RunStatus
 from . import Telemetry
@@ -177,11 +177,25 @@ class Host:
             thread.join()
 
 
+_PARAM_NORMS = TrainingRow._fields.index("param_norms")
+
+
 def _take(telemetry: Telemetry, items: list[Any]) -> None:
-    """Queue ``items`` (rows, samples, loads, gaps) in their order."""
+    """Queue ``items`` (rows, samples, loads, gaps) in their order: a run of plain rows
+    (no parameter norms named) straight as their ``steps`` rows, the rest as samples."""
+    rows: list[tuple[Any, ...]] = []
     samples: list[StepSample] = []
     for item in items:
         kind = type(item)
+        if kind is tuple and not item[_PARAM_NORMS]:
+            if samples:
+                telemetry.submit(samples)
+                samples = []
+            rows.append(item)
+            continue
+        if rows:
+            telemetry.submit_rows(rows)
+            rows = []
         if kind is tuple:
             samples.append(StepSample(record_of(item)))
         elif kind is StepSample:
@@ -194,6 +208,8 @@ def _take(telemetry: Telemetry, items: list[Any]) -> None:
                 telemetry.note_scale_load(item)
             elif kind is RecordGap:
                 telemetry.note_gap(item)
+    if rows:
+        telemetry.submit_rows(rows)
     if samples:
         telemetry.submit(samples)
 

@@ -125,12 +125,28 @@ class CommandQueue:
                     commands.append(step_values(record))
                 for outcome in sample.controls:
                     commands.append(WriteOutcome(record.step, record.wall_time, outcome))
-            self._steps += len(samples)
-            # The batch being written counts: it may fail and come back.
-            overflow = self._steps + self.in_flight - self._max_pending
-            if overflow > 0:
-                self._drop_oldest(min(overflow, self._steps))
-            full = self._steps >= self._batch
+            full = self._added(len(samples))
+        self._woken(full)
+
+    def put_values(self, values: list[tuple[Any, ...]]) -> None:
+        """Steps already made their ``steps`` rows (:func:`step_values`), with nothing rare
+        about them: no findings, no parameter norms, no control outcome. Never blocks."""
+        with self.lock:
+            self.commands.extend(values)
+            full = self._added(len(values))
+        self._woken(full)
+
+    def _added(self, count: int) -> bool:
+        """``count`` steps were queued (``lock`` held): drop the oldest past the bound;
+        whether a whole batch waits."""
+        self._steps += count
+        # The batch being written counts: it may fail and come back.
+        overflow = self._steps + self.in_flight - self._max_pending
+        if overflow > 0:
+            self._drop_oldest(min(overflow, self._steps))
+        return self._steps >= self._batch
+
+    def _woken(self, full: bool) -> None:
         if full:
             self._hurry.set()
         self._wake.set()
