@@ -239,7 +239,7 @@ class Instrumented(_Base):
             raise ValueError(fp16_refusal(optimizer, names.lookup)) from None
         state["stage"] = OptState.UNSCALED
         if self._grad_norm.on:
-            self._grad_norm.measure(optimizer, scale.device, sharded=self._agrees_norm())
+            self._grad_norm.measure(optimizer, scale.device, ranks=self._norm_ranks())
         self._checked(optimizer, state)
         if self._spike_skip is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
             self._gate_fused(optimizer, state)
@@ -260,17 +260,18 @@ class Instrumented(_Base):
         if self._grad_norm.on:  # the gradients are still scaled: the fused step unscales them
             scale, _ = self._check_scale_growth_tracker("step")
             inverse = self._step_context.inverse_of(scale)
-            self._grad_norm.measure(optimizer, scale.device, inverse, self._agrees_norm())
+            self._grad_norm.measure(optimizer, scale.device, inverse, self._norm_ranks())
         state = self._per_optimizer_states[id(optimizer)]
         self._checked(optimizer, state)
         if self._spike_skip is not None:
             self._gate_fused(optimizer, state)
         return found
 
-    def _agrees_norm(self) -> bool:
-        """Whether the squares of gradient shards ride in an all-reduce (ShardedGradScaler
-        in a process group): otherwise every gradient counts as whole."""
-        return False
+    def _norm_ranks(self) -> int | None:
+        """The ranks the squares of gradient shards are summed over, in the all-reduce that
+        agrees found_inf (ShardedGradScaler in a process group); None: no such all-reduce,
+        every gradient counts as whole."""
+        return None
 
     def _maybe_opt_step(
         self,
