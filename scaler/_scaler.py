@@ -23,7 +23,13 @@ import torch
 
 from . import _control
 from ._agreement.payload import Attribution
-from ._checkpoint_state import STATE_KEY, checkpoint_state_dict, note_load, our_state
+from ._checkpoint_state import (
+    STATE_KEY,
+    checkpoint_state_dict,
+    loaded_spike_windows,
+    note_load,
+    our_state,
+)
 from ._config import Options, not_an_integer, refusal
 from ._control import ControlOutcome, ControlUpdate
 from ._control import changes as _changes
@@ -78,6 +84,7 @@ class Instrumented(_Base):
         "_diagnoser",
         "_grad_norm",
         "_spike_skip",
+        "_spike_windows_loaded",
     )
     _FOUND_SHAPE: tuple[int, ...] = ()  # of a found_inf, as torch's class makes it
     _ALLOW_FP16 = False  # whether unscale_ takes fp16 gradients, as torch's class does
@@ -120,6 +127,8 @@ class Instrumented(_Base):
         self._grad_norm = GradNorm(getattr(self, "_measures_grad_norm", False))
         rule = getattr(self, "_skip_rule", None)  # pickled before skip_on_spike: none
         self._spike_skip: SpikeSkip | None = None if rule is None else SpikeSkip(rule)
+        # windows loaded before skip_on_spike() was called, for it to take
+        self._spike_windows_loaded: dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ steps
 
@@ -388,6 +397,9 @@ class Instrumented(_Base):
         if grad_norm_z is not None:
             self._measures_grad_norm = self._grad_norm.on = True
         self._spike_skip = None if self._skip_rule is None else SpikeSkip(self._skip_rule)
+        loaded, self._spike_windows_loaded = self._spike_windows_loaded, {}
+        if self._spike_skip is not None and loaded:  # load_state_dict() came first
+            self._spike_skip.load(loaded, None if self._scale is None else self._scale.device)
 
     def _multiply_scale(self, scale: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
         """``scale * factor`` rounded as torch's update rounds it."""
@@ -753,8 +765,10 @@ class Instrumented(_Base):
         """
         state = super().state_dict()
         if self._enabled:
+            skip = self._spike_skip
+            windows = self._spike_windows_loaded if skip is None else skip.state()
             state[STATE_KEY] = our_state(
-                self._step_count, self._run_uid, self._scale_rules, self._control_version
+                self._step_count, self._run_uid, self._scale_rules, self._control_version, windows
             )
         return state
 
@@ -789,6 +803,11 @@ class Instrumented(_Base):
         if ours is not None:
             self._scale_rules.load(ours)
             self._control_version = int(ours.get("control_version", 0))
+        windows = loaded_spike_windows(ours)
+        if self._spike_skip is None:
+            self._spike_windows_loaded = windows
+        else:
+            self._spike_skip.load(windows, None if self._scale is None else self._scale.device)
         _changes.clamp_scale(self, self._scale_rules)
         scale = self._scale_rules.clamped(float(state_dict["scale"]))
         self._step_context.scale_host = scale
