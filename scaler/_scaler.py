@@ -383,9 +383,11 @@ class Instrumented(_Base):
         all-reduce, one element more). The decision is taken at the step's first
         ``step()`` (a fused optimizer's: as its found_inf is checked), from the norm of the
         gradients unscaled by then: with several optimizers, ``unscale_`` each before the
-        first ``step()`` to judge the whole step's norm. The windows are kept on the device
-        and start empty in a copy of the scaler or a resumed job (20 steps before the
-        first skip). Raises ``ValueError`` for a z that is not a number above 0.
+        first ``step()`` to judge the whole step's norm. The windows are kept on the device;
+        ``state_dict()`` carries them and ``load_state_dict()`` lays them back (before or
+        after this call), so a resumed job skips with no warm-up; a copy of the scaler
+        starts them empty (20 steps before the first skip). Raises ``ValueError`` for a z
+        that is not a number above 0.
         """
         grad_norm_z = check_z("grad_norm_z", grad_norm_z)
         loss_z = check_z("loss_z", loss_z)
