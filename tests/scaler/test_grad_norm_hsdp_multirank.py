@@ -3,8 +3,8 @@
 The scaler agrees found_inf over all four ranks, while each shard is held by both
 replicas: its squares, summed over the four, would count twice. One spawn trains the same
 model under FSDP1's ``HYBRID_SHARD`` (flat parameters, and with ``use_orig_params=True``
-their originals; the shard and replicate groups handed in, as a job without one GPU a
-rank must) and under FSDP2 on a 2-D mesh (replicate, shard), with
+their originals; the shard and replicate groups handed in: left to itself FSDP1 makes
+them from the node's count of GPUs) and under FSDP2 on a 2-D mesh (replicate, shard), with
 ``ShardedGradScaler(grad_norm=True)`` over the world. After each ``unscale_`` every rank's
 ``last_grad_norm`` is compared with FSDP1's ``clip_grad_norm_`` there, or FSDP2's DTensor
 norm made whole; an inf in one rank's shard makes it inf on all four.
