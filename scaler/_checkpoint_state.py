@@ -2,9 +2,10 @@
 the note a load leaves in its run.
 
 Runs on the training thread of every rank. ``state_dict()`` is torch's five entries and
-``"scalewatch"`` (``STATE_KEY``: the extras, the step count, the run); a dict of torch's
-loads too, and starts a new run. A copy of a scaler (pickle, deepcopy) leaves its
-transient parts behind and makes them anew.
+``"scalewatch"`` (``STATE_KEY``: the extras, the step count, the run and, with
+``skip_on_spike``, its windows under ``SPIKE_WINDOWS``), which torch's ``load_state_dict``
+leaves unread; a dict of torch's loads too, and starts a new run (its windows empty). A
+copy of a scaler (pickle, deepcopy) leaves its transient parts behind and makes them anew.
 
 A load into a run that has steps is recorded in it (``note_load``): the step, the scale
 before and after, and whether the scale jumped. Only the reporting rank records it: the
@@ -16,12 +17,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
+
 from ._recording import RunSession
 from ._scale_rules import ScaleRules
 from .stats import ScalerCheckpoint
 from .store.records import ScaleLoad
 
 STATE_KEY = "scalewatch"
+# In the STATE_KEY entry: skip_on_spike's windows, by signal, oldest value first.
+SPIKE_WINDOWS = "spike_windows"
 # What a checkpoint's STATE_KEY entry holds (the rest of it is torch's entries).
 _CHECKPOINT_KEYS = (
     "step",
@@ -35,18 +40,32 @@ _CHECKPOINT_KEYS = (
 
 
 def our_state(
-    step: int, run_uid: str | None, rules: ScaleRules, control_version: int
+    step: int,
+    run_uid: str | None,
+    rules: ScaleRules,
+    control_version: int,
+    spike_windows: dict[str, torch.Tensor],
 ) -> dict[str, Any]:
-    """The ``STATE_KEY`` entry of a ``state_dict()``.
+    """The ``STATE_KEY`` entry of a ``state_dict()`` (``spike_windows``: none, no entry).
 
     .. warning:: reads the hysteresis tracker, if there is one: a CPU-GPU sync.
     """
-    return {
+    state = {
         "step": step,
         "run_uid": run_uid,
         **rules.state(),
         "control_version": control_version,
     }
+    if spike_windows:
+        state[SPIKE_WINDOWS] = spike_windows
+    return state
+
+
+def loaded_spike_windows(ours: dict[str, Any] | None) -> dict[str, torch.Tensor]:
+    """The spike windows a ``STATE_KEY`` entry carries (none in torch's dict, or in ours
+    from before they were saved: the windows start empty)."""
+    windows = None if ours is None else ours.get(SPIKE_WINDOWS)
+    return dict(windows) if isinstance(windows, dict) else {}
 
 
 def checkpoint_state_dict(checkpoint: ScalerCheckpoint) -> dict[str, Any]:

@@ -4,9 +4,13 @@ Runs on the training thread of every rank. The total L2 norm of the unscaled gra
 is the value ``torch.nn.utils.clip_grad_norm_`` returns for them: each gradient's norm in
 one fused pass per device and dtype (``torch._foreach_norm``), then the norm of those.
 Gradients every rank holds whole (a plain module, DDP) count once; the squares of the
-shards a rank holds (FSDP1's flat parameters, FSDP2's sharded DTensors) ride in the
-all-reduce that agrees on found_inf, so every rank ends with the same total and no
-collective is added. Everything stays on the device: no value is read on the host.
+shards a rank holds (FSDP1's flat parameters and, with ``use_orig_params=True``, the
+originals that are views into them; FSDP2's sharded DTensors) ride in the all-reduce that
+agrees on found_inf, so every rank ends with the same total and no collective is added.
+That all-reduce sums over every rank of the scaler's group: where replicas hold the same
+shards (HSDP: FSDP1's ``HYBRID_SHARD``, FSDP2 on a 2-D mesh) each shard is summed once per
+replica, so each rank's squares are weighted by shards / ranks before it. Everything
+stays on the device: no value is read on the host.
 """
 
 from __future__ import annotations
@@ -15,13 +19,11 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from ._torch_compat import foreach_l2_norm, holds_shard, local_tensor
+from ._torch_compat import foreach_l2_norm, local_tensor, shard_count
 
-# (device, dtype, shards) -> (parameters, their gradients): one fused pass per device and
-# dtype, as torch's clip_grad_norm_ makes
-Buckets = dict[
-    tuple[torch.device, torch.dtype, bool], tuple[list[torch.Tensor], list[torch.Tensor]]
-]
+# (device, dtype, count of shards: 1 for whole) -> (parameters, their gradients): one fused
+# pass per device and dtype, as torch's clip_grad_norm_ makes
+Buckets = dict[tuple[torch.device, torch.dtype, int], tuple[list[torch.Tensor], list[torch.Tensor]]]
 
 
 class GradNorm:
@@ -50,25 +52,28 @@ class GradNorm:
         optimizer: torch.optim.Optimizer,
         device: torch.device,
         factor: torch.Tensor | None = None,
-        sharded: bool = False,
+        ranks: int | None = None,
     ) -> None:
         """Add ``optimizer``'s gradients (times ``factor``, where they are still scaled).
 
-        ``sharded``: a ShardedGradScaler that agrees found_inf across ranks; the squares of
-        the shards this rank holds are left in ``shard_squares`` for that all-reduce (zero
-        where it holds none: every rank's payload has the same length) and added by
-        :meth:`add_reduced`.
+        ``ranks``: the size of the group a ShardedGradScaler agrees found_inf over (None:
+        no such all-reduce, every gradient counts as whole); the squares of the shards this
+        rank holds, weighted by their count of shards over ``ranks``, are left in
+        ``shard_squares`` for that all-reduce (zero where it holds none: every rank's
+        payload has the same length) and added by :meth:`add_reduced`.
         """
         whole: list[torch.Tensor] = []
         shards: list[torch.Tensor] = []
+        weights: list[float] = []
         whole_params: list[torch.Tensor] = []
         shard_params: list[torch.Tensor] = []
-        for (_, _, shard), (params, grads) in _bucketed(optimizer).items():
+        for (_, _, count), (params, grads) in _bucketed(optimizer).items():
             norms = torch.stack(foreach_l2_norm(grads)).to(device, torch.float32)
             if factor is not None:  # a fused optimizer's gradients, still scaled
                 norms = norms * factor
-            if shard and sharded:
+            if count > 1 and ranks is not None:
                 shards.append(norms)
+                weights.append(count / ranks)
                 shard_params.extend(params)
             else:
                 whole.append(norms)
@@ -81,8 +86,8 @@ class GradNorm:
         self.params.extend(whole_params + shard_params)
         self.param_norms.append(norms)
         squares = _squares(whole, device)
-        if sharded:
-            self.shard_squares = _squares(shards, device).double().reshape(1)
+        if ranks is not None:
+            self.shard_squares = _weighted_squares(shards, weights, device).double().reshape(1)
         self._add(squares)
 
     def add_reduced(self, squares: torch.Tensor) -> None:
@@ -164,19 +169,19 @@ def named_norms(
 
 def _bucketed(optimizer: torch.optim.Optimizer) -> Buckets:
     """``optimizer``'s parameters with a gradient and their gradients (this rank's shards),
-    by device, dtype and whether they are shards."""
+    by device, dtype and count of shards."""
     buckets: Buckets = {}
     for group in optimizer.param_groups:
         for param in group["params"]:
             grad = param.grad
             if grad is None:
                 continue
-            shard = holds_shard(param, grad)
+            count = shard_count(param, grad)
             if grad.is_sparse:
                 local = (grad if grad.is_coalesced() else grad.coalesce())._values()
             else:
                 local = local_tensor(grad)
-            params, grads = buckets.setdefault((local.device, local.dtype, shard), ([], []))
+            params, grads = buckets.setdefault((local.device, local.dtype, count), ([], []))
             params.append(param)
             grads.append(local)
     return buckets
@@ -189,3 +194,13 @@ def _squares(norms: Iterable[torch.Tensor], device: torch.device) -> torch.Tenso
         return torch.zeros((), dtype=torch.float32, device=device)
     vector = parts[0] if len(parts) == 1 else torch.cat(parts)
     return vector.square().sum()
+
+
+def _weighted_squares(
+    norms: list[torch.Tensor], weights: list[float], device: torch.device
+) -> torch.Tensor:
+    """The sum of the squares of ``norms``, each vector's times its weight, a 0-d float32."""
+    if all(weight == 1.0 for weight in weights):  # each shard held once: no multiply
+        return _squares(norms, device)
+    parts = [vector.square().sum() * weight for vector, weight in zip(norms, weights, strict=True)]
+    return parts[0] if len(parts) == 1 else torch.stack(parts).sum()

@@ -23,7 +23,13 @@ import torch
 
 from . import _control
 from ._agreement.payload import Attribution
-from ._checkpoint_state import STATE_KEY, checkpoint_state_dict, note_load, our_state
+from ._checkpoint_state import (
+    STATE_KEY,
+    checkpoint_state_dict,
+    loaded_spike_windows,
+    note_load,
+    our_state,
+)
 from ._config import Options, not_an_integer, refusal
 from ._control import ControlOutcome, ControlUpdate
 from ._control import changes as _changes
@@ -78,6 +84,7 @@ class Instrumented(_Base):
         "_diagnoser",
         "_grad_norm",
         "_spike_skip",
+        "_spike_windows_loaded",
     )
     _FOUND_SHAPE: tuple[int, ...] = ()  # of a found_inf, as torch's class makes it
     _ALLOW_FP16 = False  # whether unscale_ takes fp16 gradients, as torch's class does
@@ -120,6 +127,8 @@ class Instrumented(_Base):
         self._grad_norm = GradNorm(getattr(self, "_measures_grad_norm", False))
         rule = getattr(self, "_skip_rule", None)  # pickled before skip_on_spike: none
         self._spike_skip: SpikeSkip | None = None if rule is None else SpikeSkip(rule)
+        # windows loaded before skip_on_spike() was called, for it to take
+        self._spike_windows_loaded: dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ steps
 
@@ -239,7 +248,7 @@ class Instrumented(_Base):
             raise ValueError(fp16_refusal(optimizer, names.lookup)) from None
         state["stage"] = OptState.UNSCALED
         if self._grad_norm.on:
-            self._grad_norm.measure(optimizer, scale.device, sharded=self._agrees_norm())
+            self._grad_norm.measure(optimizer, scale.device, ranks=self._norm_ranks())
         self._checked(optimizer, state)
         if self._spike_skip is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
             self._gate_fused(optimizer, state)
@@ -260,17 +269,18 @@ class Instrumented(_Base):
         if self._grad_norm.on:  # the gradients are still scaled: the fused step unscales them
             scale, _ = self._check_scale_growth_tracker("step")
             inverse = self._step_context.inverse_of(scale)
-            self._grad_norm.measure(optimizer, scale.device, inverse, self._agrees_norm())
+            self._grad_norm.measure(optimizer, scale.device, inverse, self._norm_ranks())
         state = self._per_optimizer_states[id(optimizer)]
         self._checked(optimizer, state)
         if self._spike_skip is not None:
             self._gate_fused(optimizer, state)
         return found
 
-    def _agrees_norm(self) -> bool:
-        """Whether the squares of gradient shards ride in an all-reduce (ShardedGradScaler
-        in a process group): otherwise every gradient counts as whole."""
-        return False
+    def _norm_ranks(self) -> int | None:
+        """The ranks the squares of gradient shards are summed over, in the all-reduce that
+        agrees found_inf (ShardedGradScaler in a process group); None: no such all-reduce,
+        every gradient counts as whole."""
+        return None
 
     def _maybe_opt_step(
         self,
@@ -373,9 +383,11 @@ class Instrumented(_Base):
         all-reduce, one element more). The decision is taken at the step's first
         ``step()`` (a fused optimizer's: as its found_inf is checked), from the norm of the
         gradients unscaled by then: with several optimizers, ``unscale_`` each before the
-        first ``step()`` to judge the whole step's norm. The windows are kept on the device
-        and start empty in a copy of the scaler or a resumed job (20 steps before the
-        first skip). Raises ``ValueError`` for a z that is not a number above 0.
+        first ``step()`` to judge the whole step's norm. The windows are kept on the device;
+        ``state_dict()`` carries them and ``load_state_dict()`` lays them back (before or
+        after this call), so a resumed job skips with no warm-up; a copy of the scaler
+        starts them empty (20 steps before the first skip). Raises ``ValueError`` for a z
+        that is not a number above 0.
         """
         grad_norm_z = check_z("grad_norm_z", grad_norm_z)
         loss_z = check_z("loss_z", loss_z)
@@ -387,6 +399,9 @@ class Instrumented(_Base):
         if grad_norm_z is not None:
             self._measures_grad_norm = self._grad_norm.on = True
         self._spike_skip = None if self._skip_rule is None else SpikeSkip(self._skip_rule)
+        loaded, self._spike_windows_loaded = self._spike_windows_loaded, {}
+        if self._spike_skip is not None and loaded:  # load_state_dict() came first
+            self._spike_skip.load(loaded, None if self._scale is None else self._scale.device)
 
     def _multiply_scale(self, scale: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
         """``scale * factor`` rounded as torch's update rounds it."""
@@ -753,8 +768,10 @@ class Instrumented(_Base):
         """
         state = super().state_dict()
         if self._enabled:
+            skip = self._spike_skip
+            windows = self._spike_windows_loaded if skip is None else skip.state()
             state[STATE_KEY] = our_state(
-                self._step_count, self._run_uid, self._scale_rules, self._control_version
+                self._step_count, self._run_uid, self._scale_rules, self._control_version, windows
             )
         return state
 
@@ -789,6 +806,11 @@ class Instrumented(_Base):
         if ours is not None:
             self._scale_rules.load(ours)
             self._control_version = int(ours.get("control_version", 0))
+        windows = loaded_spike_windows(ours)
+        if self._spike_skip is None:
+            self._spike_windows_loaded = windows
+        else:
+            self._spike_skip.load(windows, None if self._scale is None else self._scale.device)
         _changes.clamp_scale(self, self._scale_rules)
         scale = self._scale_rules.clamped(float(state_dict["scale"]))
         self._step_context.scale_host = scale

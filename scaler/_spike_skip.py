@@ -23,6 +23,10 @@ are summed in the found_inf all-reduce), and so is the loss a ``ShardedGradScale
 process group compares (the mean of the ranks' losses, summed in that same all-reduce);
 each rank's windows have taken the same values.
 
+The windows are state: ``state()`` gives each signal's, oldest value first, for the
+scaler's ``state_dict()``; ``load()`` takes them back, so a resumed job judges its first
+step by the window it left off with (no new warm-up).
+
 >>> import torch
 >>> skip = SpikeSkip(SkipRule(grad_norm_z=6.0, loss_z=None, window=50))
 >>> clean = torch.zeros(())
@@ -44,11 +48,14 @@ import torch
 
 from .store.spikes import MAD_TO_SIGMA, MIN_HISTORY
 
-__all__ = ["SPIKE", "SkipRule", "SpikeSkip", "check_z", "spiked_of"]
+__all__ = ["SIGNALS", "SPIKE", "SkipRule", "SpikeSkip", "check_z", "spiked_of"]
 
 # What a skip for a spike adds to the step's found_inf as the record carries it: found_inf
 # is 0 or at least 1, so a word strictly between says "skipped for a spike, no overflow".
 SPIKE = 0.5
+
+# The signals judged, by name, in the order of the windows' rows (those with a threshold).
+SIGNALS = ("grad_norm", "loss")
 
 
 def spiked_of(word: float) -> tuple[float, bool]:
@@ -108,6 +115,24 @@ class _Windows:
         above = (value - median).gt(self._z * mad)
         return (above & finite & held.ge(MIN_HISTORY) & mad.gt(0)).any()
 
+    def ordered(self) -> torch.Tensor:
+        """Each row's values, oldest first (the empty slots, NaN, before them): on the
+        device, nothing read."""
+        size = self._values.shape[1]
+        where = torch.arange(size, device=self._values.device) + self._slots
+        return self._values.gather(1, where.remainder_(size))
+
+    def fill(self, row: int, history: torch.Tensor) -> None:
+        """Row ``row`` holds ``history`` (oldest first; its last ``size`` values): at the
+        end of the row, the empty slots before them taken first, as a ring filled so far."""
+        size = self._values.shape[1]
+        kept = history.detach().reshape(-1)[-size:]
+        kept = kept.to(self._values.device, torch.float32, non_blocking=True)
+        self._values[row].fill_(math.nan)
+        if kept.numel():
+            self._values[row, size - kept.numel() :] = kept
+        self._slots[row].zero_()
+
     def push(self, value: torch.Tensor, keep: torch.Tensor) -> None:
         """Keep each of ``value`` (a column) where ``keep`` (a column)."""
         slots = self._slots
@@ -119,8 +144,9 @@ class _Windows:
 
 class SpikeSkip:
     """A scaler's skip on spikes: the windows, this step's decision, and the found_inf of
-    the fused optimizers it gated (put back before the scale is updated). Transient: a
-    copy of the scaler, or a resumed job, starts with empty windows."""
+    the fused optimizers it gated (put back before the scale is updated). A resumed job
+    takes its windows back from the state dict (:meth:`state`, :meth:`load`); a copy of
+    the scaler (pickle, deepcopy) starts with empty ones."""
 
     def __init__(self, rule: SkipRule) -> None:
         self.rule = rule
@@ -132,6 +158,52 @@ class SpikeSkip:
         self._windows: _Windows | None = None
         # this step's values judged (a column, a signal each), and where they are finite
         self._value: tuple[torch.Tensor, torch.Tensor] | None = None
+        # windows loaded (by signal, oldest first), laid in when the windows are made
+        self._loaded: dict[str, torch.Tensor] = {}
+
+    @property
+    def signals(self) -> tuple[str, ...]:
+        """The names of the signals judged, in the order of the windows' rows."""
+        rule = self.rule
+        return tuple(
+            name
+            for name, z in zip(SIGNALS, (rule.grad_norm_z, rule.loss_z), strict=True)
+            if z is not None
+        )
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Each judged signal's window, oldest first, NaN where empty (a float32 vector of
+        the rule's ``window`` values on cpu); empty before the first step and load.
+
+        .. warning:: copies the windows to the host: a CPU-GPU sync on a GPU (as
+           ``state_dict()`` reads the scale), never in a step.
+        """
+        if self._windows is None:
+            return {name: history.clone() for name, history in self._loaded.items()}
+        rows = self._windows.ordered().cpu()
+        return {name: rows[row].clone() for row, name in enumerate(self.signals)}
+
+    def load(self, histories: dict[str, torch.Tensor], device: torch.device | None) -> None:
+        """Judge from now on by ``histories`` (as :meth:`state` gave them; a signal absent
+        starts empty), in place of the windows held so far; laid on ``device`` (the
+        scale's) now, or where the first step decides (None: not known yet)."""
+        self._loaded = {
+            name: torch.as_tensor(history, dtype=torch.float32).detach().reshape(-1).cpu()
+            for name, history in histories.items()
+            if name in SIGNALS
+        }
+        self._windows = None if device is None or not self._loaded else self._made_windows(device)
+
+    def _made_windows(self, device: torch.device) -> _Windows:
+        """New windows on ``device``, holding what was loaded."""
+        rule = self.rule
+        thresholds = [z for z in (rule.grad_norm_z, rule.loss_z) if z is not None]
+        windows = _Windows(rule.window, thresholds, device)
+        for row, name in enumerate(self.signals):
+            if name in self._loaded:
+                windows.fill(row, self._loaded[name])
+        self._loaded = {}
+        return windows
 
     def decide(
         self, norm: torch.Tensor | None, loss: torch.Tensor | None, found: torch.Tensor
@@ -145,8 +217,7 @@ class SpikeSkip:
         signals = [(norm, rule.grad_norm_z), (loss, rule.loss_z)]
         judged = [value for value, z in signals if z is not None]
         if self._windows is None:
-            thresholds = [z for _, z in signals if z is not None]
-            self._windows = _Windows(rule.window, thresholds, device)
+            self._windows = self._made_windows(device)
         values = [_nan(device) if v is None else _scalar(v, device) for v in judged]
         value = values[0].reshape(1, 1) if len(values) == 1 else torch.stack(values)[:, None]
         finite = (value - value).eq(0)  # NaN and inf give NaN

@@ -143,8 +143,9 @@ class ShardedGradScaler(Instrumented, TorchShardedGradScaler):
     def _checked(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         self._agree_found_inf(optimizer, state)
 
-    def _agrees_norm(self) -> bool:
-        return self._group_info() is not None
+    def _norm_ranks(self) -> int | None:
+        group = self._group_info()
+        return None if group is None else group.size
 
     def _agree_found_inf(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         """One all-reduce: every rank's flag, whether rank 0 carries a request, (with

@@ -3,6 +3,8 @@ wrapped as DDP, FSDP1 (offloading or not) or FSDP2 shards it on real ranks (``wr
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -46,15 +48,28 @@ def fully_shard_net(net: Net) -> nn.Module:
 
 
 def wrapped_net(kind: str) -> nn.Module:
-    """A new :class:`Net` on cpu under ``kind``: ``ddp``, ``fsdp1`` or ``fsdp2``."""
+    """A new :class:`Net` on cpu under ``kind``: ``ddp``, ``fsdp1``, ``fsdp2``, or FSDP1
+    handing the optimizer its original parameters, sharded (``fsdp1-orig``) or not
+    (``fsdp1-orig-no-shard``)."""
     net = Net()
     if kind == "ddp":
         return nn.parallel.DistributedDataParallel(net)
     if kind == "fsdp2":
         return fully_shard_net(net)
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
 
-    return FSDP(net, device_id=torch.device("cpu"))
+    cpu = torch.device("cpu")
+    if kind == "fsdp1":
+        return FSDP(net, device_id=cpu)
+    if kind == "fsdp1-orig":
+        return FSDP(net, device_id=cpu, use_orig_params=True)
+    assert kind == "fsdp1-orig-no-shard"
+    with warnings.catch_warnings():  # torch deprecates NO_SHARD for DDP: still supported
+        warnings.filterwarnings("ignore", "The `NO_SHARD` sharding strategy", FutureWarning)
+        return FSDP(
+            net, device_id=cpu, use_orig_params=True, sharding_strategy=ShardingStrategy.NO_SHARD
+        )
 
 
 def wrap(kind: str, module: nn.Module, device: str) -> nn.Module:

@@ -1,7 +1,9 @@
 """The gradient norm on two real gloo ranks: the framework's own clipping norm, on every rank.
 
-One spawn trains the same model under DDP, FSDP1 (flat parameters, sharded) and FSDP2
-(DTensor shards) with ``ShardedGradScaler(grad_norm=True)``. Each step, after
+One spawn trains the same model under DDP, FSDP1 (flat parameters, sharded; with
+``use_orig_params=True`` its original parameters, views into each rank's shard, and the
+same unsharded, ``NO_SHARD``) and FSDP2 (DTensor shards) with
+``ShardedGradScaler(grad_norm=True)``. Each step, after
 ``unscale_``, every rank's ``last_grad_norm`` is compared with what the framework's
 clipping returns there (``clip_grad_norm_``, FSDP1's ``FullyShardedDataParallel.
 clip_grad_norm_``, FSDP2's DTensor norm made whole); an inf in one rank's shard makes the
@@ -22,15 +24,22 @@ from tests._helpers.nets import FSDP2_HERE, wrapped_net
 from tests._helpers.ranks import run_ranks
 
 STEPS = 4
-OVERFLOW = 2  # inf in rank 1's gradients (on both ranks under DDP, whose replicas agree)
-KINDS = ["ddp", "fsdp1", *(["fsdp2"] if FSDP2_HERE else [])]
+OVERFLOW = 2  # inf in rank 1's gradients (on both where every rank holds them whole)
+KINDS = [
+    "ddp",
+    "fsdp1",
+    "fsdp1-orig",
+    "fsdp1-orig-no-shard",
+    *(["fsdp2"] if FSDP2_HERE else []),
+]
 RELATIVE = 1e-5
+WHOLE = ("ddp", "fsdp1-orig-no-shard")  # every rank holds the same gradients
 
 
 def framework_norm(kind: str, model: nn.Module) -> float:
     """The norm the framework's own clipping returns for the gradients as they are (no
     bound: they are left unchanged)."""
-    if kind == "fsdp1":
+    if kind.startswith("fsdp1"):
         norm: Any = model.clip_grad_norm_(float("inf"))  # type: ignore[operator]
     else:
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))
@@ -50,7 +59,7 @@ def train(rank: int, kind: str) -> list[tuple[float, float | None]]:
         opt.zero_grad()
         x = torch.randn(6, 4, generator=torch.Generator().manual_seed(10 * step + rank))
         gs.scale(model(x).pow(2).mean()).backward()
-        if step == OVERFLOW and (rank == 1 or kind == "ddp"):
+        if step == OVERFLOW and (rank == 1 or kind in WHOLE):
             grad = next(p.grad for p in model.parameters() if p.grad is not None)
             with torch.no_grad():
                 getattr(grad, "_local_tensor", grad).view(-1)[0] = float("inf")

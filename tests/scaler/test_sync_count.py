@@ -136,14 +136,21 @@ def compare(reference: Any, ours: Any, optimizers: str) -> tuple[int, int]:
 
 
 # Ours measuring nothing more, the gradient norm, or the norm and the skip on spikes (whose
-# decision is read with found_inf, in the one read step() makes).
-MODES = ("norm-off", "norm-on", "skip-on")
+# decision is read with found_inf, in the one read step() makes), also resumed with full
+# windows from a state dict (laid on the device at the first step: nothing read back).
+MODES = ("norm-off", "norm-on", "skip-on", "skip-resumed")
 
 
 def ours(cls: Any, mode: str, *args: Any, **kwargs: Any) -> Any:
     gs = cls(*args, grad_norm=mode != "norm-off", **kwargs)
-    if mode == "skip-on":
+    if mode.startswith("skip"):
         gs.skip_on_spike(grad_norm_z=6.0, loss_z=6.0)
+    if mode == "skip-resumed":
+        state = gs.state_dict()
+        g = torch.Generator().manual_seed(0)
+        windows = {name: torch.rand(200, generator=g) + 1.0 for name in ("grad_norm", "loss")}
+        state["scalewatch"]["spike_windows"] = windows
+        gs.load_state_dict(state)
     return gs
 
 

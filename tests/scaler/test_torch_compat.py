@@ -244,3 +244,24 @@ def test_flat_param_parts_name_the_originals_in_this_shard(group: None) -> None:
     (flat,) = model.parameters()
     assert compat.flat_param_parts(flat) == [("weight", 0, 6), ("bias", 6, 2)]
     assert compat.flat_param_parts(torch.nn.Parameter(torch.ones(2))) is None
+
+
+@pytest.mark.filterwarnings("ignore:FSDP is switching to use `NO_SHARD`:UserWarning")
+def test_shard_count_finds_an_original_parameters_flat_parameter(group: None) -> None:
+    """What ``shard_count`` relies on: FSDP1 marks the originals it hands the optimizer
+    (``use_orig_params=True``) and lists them in their flat parameter's ``_params``. In a
+    world of one FSDP keeps them whole (``NO_SHARD``): 1. (Sharded counts, on real ranks:
+    test_grad_norm_multirank, test_grad_norm_hsdp_multirank.)"""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    model = FSDP(torch.nn.Linear(3, 2), device_id=torch.device("cpu"), use_orig_params=True)
+    originals = list(model.parameters())
+    assert all(getattr(p, "_fsdp_flattened", False) for p in originals)
+    flat = model._flat_param
+    assert [f for f in compat._flat_params() if f is flat] == [flat]  # found among all
+    assert all(any(p is o for o in flat._params) for p in originals)
+    model(torch.ones(1, 3)).sum().backward()
+    assert [compat.shard_count(p, p.grad) for p in originals] == [1, 1]
+    assert compat.shard_count(flat, torch.ones(1)) == 1
+    plain = torch.nn.Parameter(torch.ones(2))
+    assert compat.shard_count(plain, torch.ones(2)) == 1
