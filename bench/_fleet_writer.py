@@ -86,7 +86,9 @@ def _write(
         else:
             late = max(late, -wait)
         began = time.monotonic()
-        write(records(step, out["batch"], time.time()))
+        # Each step at its own time: the first of a batch waited the whole interval,
+        # as a trainer's does for its sender or writer, and a stream's lag counts it.
+        write(records(step, out["batch"], time.time(), interval / out["batch"]))
         busy.append(time.monotonic() - began)
         step += out["batch"]
     out.update(busy=busy, late=late, last_step=step - 1, ended=time.monotonic())
