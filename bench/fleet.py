@@ -200,6 +200,7 @@ def _merge(results: list[dict[str, Any]]) -> dict[str, Any]:
         "max_late_s": max(r["max_late_s"] for r in results),
         "last_step": {k: v for r in results for k, v in r["last_step"].items()},
         "cpu_s": sum(r["cpu_s"] for r in results),
+        "retried": sum(r.get("retried", 0) for r in results),
     }
 
 
@@ -463,7 +464,8 @@ def report(f: dict[str, Any], backend: str) -> bool:
             f["writer_ratio"] >= 0.8,
             f"{f['writer_ratio']:.3f} x alone ({f['writers_solo']['rate']:,.0f} records/s);"
             f" batch p99 {f['writers_load']['batch_p99_ms']:.0f} ms"
-            f" (alone {f['writers_solo']['batch_p99_ms']:.0f} ms)",
+            f" (alone {f['writers_solo']['batch_p99_ms']:.0f} ms);"
+            f" {f['writers_load']['retried']} posts answered 429/503 and tried again",
         ),
     ]
     table = [("goal", "measured", "target", "met", "notes")]
