@@ -91,7 +91,7 @@ class TelemetrySettings:
             ``$SCALEWATCH_SPOOL_BYTES``, else 256 MiB. Past it, steps are dropped and counted.
         send_interval_s: for a store URL ``http(s)://``: how long records gather before
             they are posted, in place of ``coalesce_s``. The service's CPU a record falls
-            with fewer, larger posts (each costs it ~2 ms whatever it carries); a step
+            with fewer, larger posts (each costs it a few ms whatever it carries); a step
             waits up to this long before it is sent, and a control request as long for
             the answer that carries it.
     """
