@@ -21,7 +21,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -31,11 +33,15 @@ from scalewatch.store.engine import open_store  # noqa: E402
 from scalewatch.store.records import StepRecord  # noqa: E402
 from scalewatch.store.runs import write_steps  # noqa: E402
 from scalewatch.store.step_rows import step_values  # noqa: E402
+from scalewatch.telemetry import TelemetrySettings  # noqa: E402
 from scalewatch.telemetry._batches import items  # noqa: E402
 from scalewatch.telemetry._queue import Command  # noqa: E402
 from tests._helpers.load import records  # noqa: E402
 
 Write = Callable[[list[StepRecord]], None]
+T = TypeVar("T")
+RETRIED = [0]  # posts answered 429 or 503 and tried again
+_RETRIED_LOCK = threading.Lock()
 
 
 def opening(uid: str) -> dict[str, Any]:
@@ -60,16 +66,32 @@ def _store_writer(url: str, run: str) -> tuple[Write, Callable[[], None]]:
     return (lambda batch: write_steps(store, run_id, batch)), store.close
 
 
+def _retried(call: Callable[[], T]) -> T:
+    """``call()``, tried again after the sender's ``retry_s`` while the service answers
+    429 or 503."""
+    while True:
+        try:
+            return call()
+        except httpx.HTTPStatusError:
+            with _RETRIED_LOCK:
+                RETRIED[0] += 1
+            time.sleep(TelemetrySettings().retry_s)
+
+
 def _service_writer(url: str, uid: str) -> tuple[Write, Callable[[], None]]:
-    """Batches posted as the sender posts them: the steps' rows as ``items`` makes them."""
+    """Batches posted as the sender posts them: the steps' rows as ``items`` makes them.
+    An answer worth another try (429, 503: the service behind) is tried again after the
+    sender's ``retry_s``, with the same number, as the sender does from its spool; the
+    retries are counted (``RETRIED``)."""
     client = ServiceClient(url)
-    run_id, sequence = client.open_run(opening(uid))
+    run_id, sequence = _retried(lambda: client.open_run(opening(uid)))
 
     def post(batch: list[StepRecord]) -> None:
         nonlocal sequence
         sequence += 1
         rows: list[Command] = [step_values(record) for record in batch]
-        client.post_batch(run_id, {"sequence": sequence, "items": items(rows, reason="")})
+        body = {"sequence": sequence, "items": items(rows, reason="")}
+        _retried(lambda: client.post_batch(run_id, body))
 
     return post, client.close
 
@@ -86,7 +108,9 @@ def _write(
         else:
             late = max(late, -wait)
         began = time.monotonic()
-        write(records(step, out["batch"], time.time()))
+        # Each step at its own time: the first of a batch waited the whole interval,
+        # as a trainer's does for its sender or writer, and a stream's lag counts it.
+        write(records(step, out["batch"], time.time(), interval / out["batch"]))
         busy.append(time.monotonic() - began)
         step += out["batch"]
     out.update(busy=busy, late=late, last_step=step - 1, ended=time.monotonic())
@@ -124,6 +148,7 @@ def write(
         "max_late_s": max(out["late"] for out in outs),
         "last_step": {run: out["last_step"] for run, out in zip(runs, outs, strict=True)},
         "cpu_s": time.process_time() - cpu,
+        "retried": RETRIED[0],
     }
 
 

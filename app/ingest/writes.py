@@ -22,7 +22,7 @@ from scalewatch.store import runs as store_runs
 from scalewatch.store.batches import (
     BatchState,
     advance_sequence,
-    batch_state,
+    batch_state_and_pending,
     batch_state_of_uid,
     code_change_stored,
     gap_stored,
@@ -122,10 +122,11 @@ def store_batch(
     store: Store, batches: RunBatches, run_id: int, body: BatchIn, who: Identity
 ) -> BatchAnswer:
     """Store ``body``'s items in their order, then its end, unless its number is stored
-    already; answer with the run's pending control requests."""
+    already; answer with the run's pending control requests (read with the run's state,
+    and again after a batch that settled some: an outcome, or the run's end)."""
     beats = batches.beats
     with batches.lock(run_id):
-        state = batch_state(store, run_id)
+        state, pending = batch_state_and_pending(store, run_id)
         check_owner(state, who)
         fresh = body.sequence > state.sequence
         if fresh:
@@ -141,10 +142,11 @@ def store_batch(
                 advance_sequence(store, run_id, body.sequence)
             if any(isinstance(item, StepsIn) for item in body.items):  # steps set the heartbeat
                 beats[run_id] = time.monotonic()
+            if body.end is not None or any(isinstance(i, OutcomeIn) for i in body.items):
+                pending = store_control.pending_requests(store, run_id)  # settled some
         elif time.monotonic() - beats.get(run_id, 0.0) >= store_runs.HEARTBEAT_INTERVAL_S:
             store_runs.heartbeat(store, run_id)  # a poll says the job is alive
             beats[run_id] = time.monotonic()
-        pending = store_control.pending_requests(store, run_id)
     return BatchAnswer(
         sequence=max(body.sequence, state.sequence),
         stored=fresh,

@@ -46,6 +46,7 @@ __all__ = [
     "file_request",
     "mark_applied",
     "mark_rejected",
+    "pending_in",
     "pending_requests",
     "record_code_change",
     "request_control",
@@ -171,14 +172,19 @@ class PendingProbe:
 def pending_requests(store: Store, run_id: int) -> list[ControlRequestRow]:
     """The run's pending requests, oldest first."""
     with store.read() as conn:
-        rows = conn.execute(
-            select(control_requests)
-            .where(
-                control_requests.c.run_id == run_id,
-                control_requests.c.status == RequestStatus.PENDING,
-            )
-            .order_by(control_requests.c.id)
-        ).all()
+        return pending_in(conn, run_id)
+
+
+def pending_in(conn: Connection, run_id: int) -> list[ControlRequestRow]:
+    """:func:`pending_requests` read on ``conn``, beside what else it reads."""
+    rows = conn.execute(
+        select(control_requests)
+        .where(
+            control_requests.c.run_id == run_id,
+            control_requests.c.status == RequestStatus.PENDING,
+        )
+        .order_by(control_requests.c.id)
+    ).all()
     return [_to_row(row) for row in rows]
 
 

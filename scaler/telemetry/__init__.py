@@ -89,6 +89,11 @@ class TelemetrySettings:
             ``$SCALEWATCH_SPOOL_DIR``, else ``scalewatch-spool-<uid>`` in the temporary folder.
         spool_bytes: the most bytes waiting there, all runs together; None:
             ``$SCALEWATCH_SPOOL_BYTES``, else 256 MiB. Past it, steps are dropped and counted.
+        send_interval_s: for a store URL ``http(s)://``: how long records gather before
+            they are posted, in place of ``coalesce_s``. The service's CPU a record falls
+            with fewer, larger posts (each costs it a few ms whatever it carries); a step
+            waits up to this long before it is sent, and a control request as long for
+            the answer that carries it.
     """
 
     store: str | Store | None = None
@@ -102,6 +107,7 @@ class TelemetrySettings:
     writer: str = "process"
     spool_dir: str | None = None
     spool_bytes: int | None = None
+    send_interval_s: float = 0.5
 
     def __setstate__(self, state: list[Any]) -> None:
         """A pickle made before a field was added takes that field's default."""
@@ -114,7 +120,13 @@ class TelemetrySettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("coalesce_s", "poll_interval_s", "retry_s", "close_failing_s"):
+        for name in (
+            "coalesce_s",
+            "poll_interval_s",
+            "retry_s",
+            "close_failing_s",
+            "send_interval_s",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
@@ -224,7 +236,7 @@ class Telemetry:
                 run,
                 self._queue,
                 Handout(self._queue, inbox),
-                coalesce_s=settings.coalesce_s,
+                coalesce_s=settings.send_interval_s,
                 retry_s=settings.retry_s,
                 poll_s=settings.poll_interval_s,
                 spool=Spool(spool_root(settings.spool_dir), self.uid),

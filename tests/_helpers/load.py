@@ -123,11 +123,14 @@ def serving(
             end_process(process, timeout=15)
 
 
-def records(first: int, count: int, wall_time: float) -> list[StepRecord]:
+def records(first: int, count: int, wall_time: float, spacing: float = 0.0) -> list[StepRecord]:
+    """Steps ``first``.. of a run, the last at ``wall_time``, each ``spacing`` seconds after
+    the one before (a batch's steps happened over the time it gathered)."""
+    last = first + count - 1
     return [
         step_record(
             step,
-            wall_time=wall_time,
+            wall_time=wall_time - (last - step) * spacing,
             scale=65536.0,
             overflow=step % 1000 == 0,
             inf_ranks=(1,) if step % 1000 == 0 else (),

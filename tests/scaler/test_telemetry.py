@@ -574,6 +574,7 @@ def test_an_unwritable_store_drops_past_the_bound_and_records_the_gap(
         {"coalesce_s": -1.0},
         {"retry_s": math.nan},
         {"close_failing_s": "5"},
+        {"send_interval_s": -0.5},
     ],
     ids=repr,
 )
