@@ -5,8 +5,11 @@ Imports no torch: the telemetry writer's own process reads these too
 
 A step with nothing rare about it (no control change, no overflow explained) travels as a
 plain tuple in :class:`TrainingRow`'s order: made on the training thread in a tenth of the
-time a :class:`~scalewatch.store.records.StepRecord` takes, and pickled as fast. The
-writer turns it into its record (:func:`record_of`).
+time a :class:`~scalewatch.store.records.StepRecord` takes, and pickled as fast. It holds
+plain values only (one optimizer's one learning rate is the rate itself: :func:`row_rates`),
+so the garbage collector stops tracking it at its first collection while it waits to be
+sent. The writer process makes it its ``steps`` row (:func:`row_values`), or its record
+(:func:`record_of`) where a mirror or its parameter norms need one.
 
 >>> row = TrainingRow(7, 1.5, 1024.0, False, False, (), 1024.0, 3, 100, 2, 0.5, 0, 2.5,
 ...                   ((0.1,),), None, 0.75, (), False)
