@@ -43,7 +43,7 @@ XDIST := -n $(JOBS) --dist loadgroup
 
 test: $(STAMP) $(LINKS)
 	node --test web/tests/
-	$(BIN)/python -m pytest -q $(XDIST) -m "not alone"
+	$(BIN)/python -m pytest -q --durations=30 $(XDIST) -m "not alone"
 	$(BIN)/python -m pytest -q -m alone
 
 # Before a commit (about a minute): lint, then every test but the slow and heavy ones (real

@@ -81,8 +81,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 # Each on one worker, one test after the other: the browser tests (one Chromium, one served
-# live run) and the demo's (each trains several ranks: two at once starve each other).
-GROUPS = ("tests/web/", "tests/app/test_demo.py")
+# live run), the demo's (each trains several ranks: two at once starve each other) and the
+# documents' examples (one module fixture starts every example the session's items name: a
+# worker's items are the whole collection, so on three workers each example ran three times).
+GROUPS = ("tests/web/", "tests/app/test_demo.py", "tests/test_readme.py")
 
 
 @pytest.fixture(autouse=True)
