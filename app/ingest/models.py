@@ -62,6 +62,8 @@ Count = Annotated[int, Strict(), Field(ge=0, le=INT4_MAX), _WHOLE]
 StrictInt = Annotated[int, Strict(), Field(ge=-INT4_MAX, le=INT4_MAX), _WHOLE]
 WorldSize = Annotated[int, Strict(), Field(ge=1, le=INT4_MAX), _WHOLE]
 RequestId = Annotated[int, Strict(), Field(ge=1, le=INT4_MAX), _WHOLE]
+# A JSON number (an integer too); not a boolean, which a lax float takes as 0.0 or 1.0
+Real = Annotated[float, Strict()]
 # JSON numbers and nulls in lists in a list, as format_lr_groups writes them.
 _NUMBER = r"(null|-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?)"
 _GROUP = rf"\[({_NUMBER}(,{_NUMBER})*)?\]"
@@ -83,7 +85,7 @@ def _lr_groups(text: str | None) -> str | None:
 
 _TYPES: dict[Kind, Any] = {
     Kind.INT: StrictInt,
-    Kind.FLOAT: float,
+    Kind.FLOAT: Real,
     Kind.BOOL: StrictBool,
     Kind.RANKS: Annotated[str, Field(max_length=65536, pattern=r"^(\d{1,9}(,\d{1,9})*)?$")],
     Kind.FLOAT_GROUPS: Annotated[
@@ -150,13 +152,13 @@ class LoadIn(BaseModel):
     model_config = FORBID
     kind: Literal["load"]
     step: Count
-    at: float
-    scale_after: float
-    scale_before: float | None = None
+    at: Real
+    scale_after: Real
+    scale_before: Real | None = None
     from_step: Count | None = None
 
 
-Number = StrictInt | float
+Number = StrictInt | Real
 
 
 # The scaler's factors, one property each: a map keyed by their names would leave the keys
@@ -183,7 +185,7 @@ class OutcomeIn(BaseModel):
     model_config = FORBID
     kind: Literal["outcome"]
     step: Count | None
-    at: float
+    at: Real
     source: Literal["request", "code"]
     request_id: RequestId | None
     values: ControlValuesIn  # type: ignore[valid-type]
@@ -230,7 +232,7 @@ class RunOpen(BaseModel):
     world_size: WorldSize
     config: Annotated[dict[str, Any], Field(max_length=100)]
     control: ControlIn  # type: ignore[valid-type]
-    started_at: float
+    started_at: Real
     resume: StrictBool = False
     host: Annotated[str, Field(max_length=255)]
     pid: Count

@@ -15,7 +15,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from scalewatch._control import ControlOutcome, ControlSource
-from scalewatch.app.ingest.models import StepIn
+from pydantic import ValidationError
+
+from scalewatch.app.ingest.models import ControlIn, ControlValuesIn, StepIn
 from scalewatch.store.engine import Store
 from scalewatch.store.identities import Role, create_identity
 from scalewatch.store.records import ParamFinding
@@ -81,6 +83,23 @@ def counts(store: Store, run_id: int) -> tuple[int, int, int, int]:
         gaps = conn.execute(select(func.count()).where(telemetry_gaps.c.run_id == run_id)).scalar()
         dropped = conn.execute(select(runs.c.dropped).where(runs.c.id == run_id)).scalar()
     return int(stored or 0), int(found or 0), int(gaps or 0), int(dropped or 0)
+
+
+@pytest.mark.parametrize("body", ['{"hysteresis": true}', '{"growth_factor": false}'])
+def test_a_boolean_is_no_factor(body: str) -> None:
+    """A lax float takes true as 1.0: a body its schema calls invalid would be stored."""
+    for model in (ControlIn, ControlValuesIn):
+        with pytest.raises(ValidationError):
+            model.model_validate_json(body)
+        assert model.model_validate_json(body.replace("true", "2").replace("false", "2.0"))
+
+
+def test_a_boolean_is_no_number_of_a_step() -> None:
+    step = items([step_values(record) for record in simulate(1, set())], reason="")[0]["steps"][0]
+    StepIn.model_validate(step)
+    for name in ("scale", "wall_time", "growth_factor"):
+        with pytest.raises(ValidationError):
+            StepIn.model_validate({**step, name: True})
 
 
 def test_a_writer_records_its_run_once_and_reaches_nothing_else(
