@@ -12,11 +12,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 from sqlalchemy import func, select
 
 from scalewatch._control import ControlOutcome, ControlSource
-from pydantic import ValidationError
-
 from scalewatch.app.ingest.models import ControlIn, ControlValuesIn, StepIn
 from scalewatch.store.engine import Store
 from scalewatch.store.identities import Role, create_identity
