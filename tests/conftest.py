@@ -88,6 +88,19 @@ GROUPS = ("tests/web/", "tests/app/test_demo.py", "tests/test_readme.py")
 
 
 @pytest.fixture(autouse=True)
+def _no_event_loop_left_running(request: pytest.FixtureRequest) -> None:
+    """No test starts inside an event loop an earlier test left running in this thread (the
+    browser tests' Playwright runs one while it is open): asyncio.run would refuse, and a
+    test would fail for where it was scheduled."""
+    if request.node.nodeid.startswith("tests/web/"):
+        return
+    import asyncio
+
+    loop = asyncio.events._get_running_loop()
+    assert loop is None, f"an event loop is left running in this thread: {loop!r}"
+
+
+@pytest.fixture(autouse=True)
 def _private_default_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SCALEWATCH_DB", f"sqlite:///{tmp_path / 'default-store.db'}")
     monkeypatch.setenv("SCALEWATCH_SPOOL_DIR", str(tmp_path / "spool"))  # never the user's

@@ -16,14 +16,18 @@ from tests._helpers.harness import (
 )
 
 
-@pytest.fixture(scope="session")
+# Package-scoped, not session-scoped: the browser tests run one after the other on one worker
+# (tests/conftest.py's GROUPS), and both end with the last of them. Playwright's sync API keeps
+# its event loop running in the main thread while it is open, and a later test on the same
+# worker that calls asyncio.run would find it there.
+@pytest.fixture(scope="package")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp_dir: Path = tmp_path_factory.mktemp("web")
     with serve_live_run(tmp_dir, ended_runs=[(HOSTILE_NAME, 120)]) as live:
         yield live
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     """Chromium, for every browser test (a module that needs nothing else from the
     browser than this fixture is skipped here as the others skip themselves)."""
