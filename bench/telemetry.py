@@ -275,13 +275,14 @@ def _timed(loop: Any, steps: int) -> tuple[float, float]:
     return (time.perf_counter() - wall) / steps, (time.thread_time() - cpu) / steps
 
 
-def _model_step(gs: Any, steps: int, device: str = "cpu") -> tuple[float, float]:
-    """Per step of a tiny model's whole step: forward, backward, step, update."""
-    return _timed(_model_loop(gs, device), steps)
+def _run(make_loop: Any, device: str, gs: Any, steps: int) -> tuple[float, float]:
+    """(wall, CPU) seconds per step of ``steps`` steps of ``make_loop(gs, device)``."""
+    return _timed(make_loop(gs, device), steps)
 
 
 def _model_loop(gs: Any, device: str) -> Any:
-    """``loop(n)``: n steps of a tiny model (made once), then a sync on cuda."""
+    """``loop(n)``: n steps of a tiny model's whole step (forward, backward, step, update;
+    the model made once), then a sync on cuda."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
     model.to(device)
@@ -299,13 +300,9 @@ def _model_loop(gs: Any, device: str) -> Any:
     return loop
 
 
-def _scaler_calls(gs: Any, steps: int, device: str = "cpu") -> tuple[float, float]:
-    """Per step of the scaler's own calls: scale, unscale_, step (lr 0), update."""
-    return _timed(_calls_loop(gs, device), steps)
-
-
 def _calls_loop(gs: Any, device: str) -> Any:
-    """``loop(n)``: n steps of the scaler's calls alone, then a sync on cuda."""
+    """``loop(n)``: n steps of the scaler's own calls alone (scale, unscale_, step with lr
+    0, update), then a sync on cuda."""
     param = torch.nn.Parameter(torch.zeros(8, device=device))
     param.grad = torch.ones(8, device=device)
     opt = torch.optim.SGD([param], lr=0.0)
@@ -338,9 +335,9 @@ def _blocked_cpu(
     time (the round-level wall rows do).
     """
     cpu = dict.fromkeys(loops, 0.0)
+    names = list(loops)
     turns = max(1, steps // block)
     for turn in range(turns):
-        names = list(loops)
         for name in names[::-1] if turn % 2 else names:
             scalers[name].update(new_scale=INIT_SCALE)  # untimed: see INIT_SCALE
             began = time.thread_time()
@@ -380,11 +377,8 @@ def bench_training_thread(
         )
         try:
             for kind in ("GradScaler", "ShardedGradScaler"):
-                for workload, work in (
-                    ("model step", _model_step),
-                    ("scaler calls", _scaler_calls),
-                ):
-                    fn = functools.partial(work, device=device)
+                for workload, make_loop in _LOOPS.items():
+                    fn = functools.partial(_run, make_loop, device)
                     url = f"sqlite:///{Path(tmp) / f'{kind}-{workload}.db'}"
                     variants = _variants(kind, url, device)
                     samples: dict[str, list[tuple[float, float]]] = {n: [] for n in variants}
@@ -411,7 +405,7 @@ def bench_training_thread(
                             if name == "on":
                                 threads_cpu.append((_telemetry_threads_cpu(gs) - before) / n)
                         scalers = {name: variants[name] for name in BLOCKED}
-                        loops = {name: _LOOPS[workload](gs, device) for name, gs in scalers.items()}
+                        loops = {name: make_loop(gs, device) for name, gs in scalers.items()}
                         blocked.append(_blocked_cpu(scalers, loops, n, max(1, n // BLOCKS_A_ROUND)))
                     written = all(
                         variants[name]._session.telemetry is not None
