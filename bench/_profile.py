@@ -11,9 +11,16 @@ by h11 is the socket's).
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import subprocess
+import sys
+import time
 from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
 
-__all__ = ["OWNERS", "PARTS", "split_stacks"]
+__all__ = ["OWNERS", "PARTS", "sampled", "split_stacks"]
 
 # (part, fragments of a frame's "function (file:line)"), tried on the whole stack, in order.
 OWNERS: list[tuple[str, tuple[str, ...]]] = [
@@ -97,3 +104,35 @@ def split_stacks(text: str) -> list[tuple[float, str]]:
         counts[_part(stack, frames)] += int(count)
     total = sum(counts.values()) or 1
     return [(n / total, part) for part, n in counts.most_common()]
+
+
+@contextlib.contextmanager
+def sampled(pid: int, path: Path | None) -> Iterator[None]:
+    """py-spy samples of ``pid`` written to ``path`` while the block runs (None: none)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if path is None:
+        yield
+        return
+    process = subprocess.Popen(
+        [
+            spy,
+            "record",
+            "--pid",
+            str(pid),
+            "--rate",
+            "250",
+            "--format",
+            "raw",
+            "--output",
+            str(path),
+            "--nonblocking",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(1.0)  # attached
+    try:
+        yield
+    finally:
+        process.send_signal(2)
+        process.wait(timeout=30)

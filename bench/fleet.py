@@ -15,6 +15,7 @@ under load >= 0.8 x their rate alone (the same writers, paced, before the load).
     python bench/fleet.py --seconds 10         # shorter
     python bench/fleet.py --auth               # reads need a viewer's token (and carry one)
     python bench/fleet.py --http               # the writers post to the service, as jobs do
+    python bench/fleet.py --profile out.txt    # also where the service's CPU went (py-spy)
 
 With ``--http`` the writers are jobs recording through the service (``SCALEWATCH_DB=http://``):
 each posts its batches to the service's ingest route with a writer's token, through the
@@ -48,6 +49,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _baselines import Baseline, sse_bytes, store_rows  # noqa: E402
 from _cpu import CpuSplit, Process, QuerySampler, Statements, postmaster, shares  # noqa: E402
 from _figures import figure  # noqa: E402
+from _profile import sampled, split_stacks  # noqa: E402
 
 from scalewatch.store.engine import open_store  # noqa: E402
 from scalewatch.store.identities import Role, create_identity  # noqa: E402
@@ -290,8 +292,10 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
     writers = _writers(target, refs, first, args, args.seconds)
     parts[charts.pid] = "bench clients"
     parts.update((p.pid, "writers") for p in writers)
+    profile = None if args.profile is None else Path(args.profile)
     try:
-        loaded = _merge([_result(p, args.seconds + 120) for p in writers])
+        with sampled(server_pid, profile):
+            loaded = _merge([_result(p, args.seconds + 120) for p in writers])
         beats.stop()
         server_cpu = cpu_seconds(server_pid) - server0
         busy1, total1 = machine_busy()
@@ -361,6 +365,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
             name: 1e6 * cores * window / records_expected for name, cores in split.cores().items()
         },
         "baselines_cpu_ms_per_1000_records": {b.name: b.per_thousand() for b in baselines},
+        "service_samples": None if profile is None else split_stacks(profile.read_text()),
         "postgres_active_queries": (
             {
                 "samples": queries.samples,
@@ -485,6 +490,10 @@ def report(f: dict[str, Any], backend: str) -> bool:
     for name, parts in f["baselines_cpu_ms_per_1000_records"].items():
         raw = " + ".join(f"{part} {ms:.1f}" for part, ms in parts.items())
         print(f"  raw baseline, {name} of the same: {sum(parts.values()):.1f} ({raw})")
+    if f["service_samples"]:
+        print("where the service's samples went (py-spy, the loaded phase; idle left out):")
+        for share, part in f["service_samples"]:
+            print(f"  {share:6.1%}  {part}")
     active = f["postgres_active_queries"]
     if active:
         print(
@@ -542,6 +551,12 @@ def main() -> int:
         "--auth",
         action="store_true",
         help="reads guarded (serve --private-read): every chart and stream with a viewer's token",
+    )
+    parser.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="py-spy's samples of the service over the loaded phase, to FILE (collapsed"
+        " stacks), and split by part in the report (bench/_profile.py)",
     )
     args = parser.parse_args()
     if args.batch is None:

@@ -19,15 +19,11 @@ stacks, and split by part (``bench/_profile.py``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from _fleet_writer import opening  # noqa: E402
-from _profile import split_stacks  # noqa: E402
+from _profile import sampled, split_stacks  # noqa: E402
 
 from scalewatch.spool.client import ServiceClient  # noqa: E402
 from scalewatch.store.engine import open_store  # noqa: E402
@@ -92,38 +88,6 @@ def _in_turn(jobs: list[Job], clients: int, count: int, action: Any) -> None:
         thread.join()
 
 
-@contextlib.contextmanager
-def _sampled(pid: int, path: Path | None) -> Iterator[None]:
-    """py-spy samples of ``pid`` written to ``path`` while the block runs (None: none)."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    if path is None:
-        yield
-        return
-    process = subprocess.Popen(
-        [
-            spy,
-            "record",
-            "--pid",
-            str(pid),
-            "--rate",
-            "250",
-            "--format",
-            "raw",
-            "--output",
-            str(path),
-            "--nonblocking",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    time.sleep(1.0)  # attached
-    try:
-        yield
-    finally:
-        process.send_signal(2)
-        process.wait(timeout=30)
-
-
 def measure(base: str, pid: int, args: argparse.Namespace) -> dict[str, list[float]]:
     uids = [os.urandom(16).hex() for _ in range(args.runs)]
     jobs = [Job(base, uid) for uid in uids]
@@ -133,7 +97,7 @@ def measure(base: str, pid: int, args: argparse.Namespace) -> dict[str, list[flo
         last = round_ == args.rounds - 1
         for size in ["healthz", *args.sizes]:
             profile = Path(f"{args.profile}-{size}.txt") if args.profile and last else None
-            with _sampled(pid, profile):
+            with sampled(pid, profile):
                 before = cpu_seconds(pid)
                 if size == "healthz":
                     _in_turn(jobs, args.clients, args.batches, lambda _: health.get("/healthz"))
