@@ -16,15 +16,20 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from .engine import Store
-from .schema import ROLLUP_LEVELS
+from .schema import ROLLUP_LEVELS, SEALED_LEVELS
 from .sql import driver_sql
 from .step_schema import SERIES, SERIES_KEYS, Fold
 
 __all__ = ["Series", "chart_series", "step_bounds"]
 
-# (level, width), coarsest first.
+# (level, width), coarsest first: the levels widths are chosen on, and every level stored
+# (the sealed ones hold every bucket wholly inside a chart's range: it ends at or before
+# the run's last step).
 _LEVELS: tuple[tuple[int, int], ...] = tuple(
     sorted(ROLLUP_LEVELS.items(), key=lambda item: item[1], reverse=True)
+)
+_STORED: tuple[tuple[int, int], ...] = tuple(
+    sorted((ROLLUP_LEVELS | SEALED_LEVELS).items(), key=lambda item: item[1], reverse=True)
 )
 
 
@@ -62,23 +67,25 @@ def _pieces(lo: int, hi: int, levels: Sequence[tuple[int, int]]) -> list[tuple[i
 
 
 def _bucket_width(span: int, max_points: int) -> tuple[int, list[tuple[int, int]]]:
-    """The bucket width for ``span`` steps and the rollup levels that fit inside it.
+    """The bucket width for ``span`` steps and the rollup levels that tile its buckets.
 
     Aligned buckets of width ``w >= (span - 1) / (max_points - 1)`` number at most
     ``max_points``; the width is rounded up to a multiple of the coarsest rollup width
-    not above ``2 w``, so buckets are whole rollup buckets and at least about half of
-    ``max_points`` remain. Below the finest rollup width that allowance is ``4 w`` (at
-    least about a quarter remain): only a window of ``max_points`` steps or fewer is
-    read from ``steps``, one bucket a step.
+    (of ``ROLLUP_LEVELS``) not above ``2 w``, so buckets are whole rollup buckets and at
+    least about half of ``max_points`` remain. Below the finest rollup width that
+    allowance is ``4 w`` (at least about a quarter remain): only a window of
+    ``max_points`` steps or fewer is read from ``steps``, one bucket a step. The levels,
+    coarsest first, are every level stored (sealed ones too) whose width divides it.
     """
     width = max(1, -(-(span - 1) // (max_points - 1)))
     usable = [(level, w) for level, w in _LEVELS if w <= 2 * width]
     if not usable and _LEVELS and _LEVELS[-1][1] <= 4 * width:
         usable = [_LEVELS[-1]]
-    if usable:
-        coarsest = usable[0][1]
-        width = -(-width // coarsest) * coarsest
-    return width, usable
+    if not usable:
+        return width, []
+    coarsest = usable[0][1]
+    width = -(-width // coarsest) * coarsest
+    return width, [(level, w) for level, w in _STORED if w <= width and width % w == 0]
 
 
 def _piece_columns() -> tuple[list[str], list[str], list[str], list[str], list[str]]:

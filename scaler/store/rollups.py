@@ -6,6 +6,10 @@ rows they extend and one write of every row they touch. Other writes (a retried 
 steps replayed after resuming from an older checkpoint) recompute their buckets in SQL
 from what ``steps`` holds.
 
+The levels of ``SEALED_LEVELS`` keep only buckets that are over (their last step at or
+before the run's last step): each is merged from its parent level's rows once, when a
+write takes the run past it, in the same read and write as the other levels'.
+
 Few statements matter as much as little work: the driver releases and retakes the GIL
 around each one, and each time the training thread may have to wait for it.
 """
@@ -21,13 +25,13 @@ from operator import itemgetter
 from typing import Any
 
 from . import postgres
-from .schema import ROLLUP_LEVELS
+from .schema import ROLLUP_LEVELS, SEALED_LEVELS
 from .sql import cursor_dialect, driver_sql
 from .sqlite import insert_rows
 from .step_rows import COLUMNS
 from .step_schema import SERIES, Fold
 
-__all__ = ["contiguous", "refresh_rollups", "rollup_plan"]
+__all__ = ["contiguous", "refresh_rollups", "rollup_plan", "sealed_plan"]
 
 
 def _sql_columns() -> tuple[list[str], list[str], list[str], list[str], list[str]]:
@@ -129,18 +133,63 @@ def rollup_plan(levels: dict[int, int] = ROLLUP_LEVELS) -> Plan:
 # The levels written (a test of an older revision sets its own).
 PLAN = rollup_plan()
 
+SealedPlan = tuple[tuple[int, int, int, int], ...]
+
+
+def sealed_plan(
+    levels: dict[int, int] = SEALED_LEVELS, parents: dict[int, int] = ROLLUP_LEVELS
+) -> SealedPlan:
+    """``(level, width, parent level, parent width)``: each level of ``levels`` and the
+    widest of ``parents`` narrower than it that divides it, which its rows are merged from.
+
+    >>> sealed_plan({7: 16, 9: 128}, {6: 8, 1: 64})
+    ((7, 16, 6, 8), (9, 128, 1, 64))
+    """
+    plan = []
+    for level, width in sorted(levels.items(), key=lambda item: item[1]):
+        divides = [(p, w) for p, w in parents.items() if w < width and width % w == 0]
+        parent, parent_width = max(divides, key=lambda item: item[1])
+        plan.append((level, width, parent, parent_width))
+    return tuple(plan)
+
+
+@dataclass(frozen=True, slots=True)
+class Sealing:
+    """The levels kept for buckets that are over, of those whose parent is written, and
+    the run's last step before a write and after it."""
+
+    plan: SealedPlan
+    before: int
+    after: int
+
+    def newly_over(self, width: int) -> tuple[int, int]:
+        """The buckets of ``width`` steps the write takes the run past: ``[first, last]``."""
+        return (self.before + 1) // width, (self.after + 1) // width - 1
+
+
+SEALED = sealed_plan()
+
 
 def refresh_rollups(
-    cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], *, fresh: bool
+    cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], *, fresh: bool, last_before: int
 ) -> None:
     """Bring the rollups of the buckets ``rows`` (just written ``steps`` rows) fall in up to date.
 
-    ``fresh``: every row is a step after every step stored before them.
+    ``fresh``: every row is a step after every step stored before them; ``last_before``:
+    the run's last step before them.
     """
+    step_numbers = [row[1] for row in rows]
+    written = {(level, width) for level, width, *_ in PLAN}
+    sealing = Sealing(
+        tuple(entry for entry in SEALED if (entry[2], entry[3]) in written),
+        last_before,
+        max(last_before, *step_numbers),
+    )
     if fresh:
-        _fold(cursor, run_id, rows, PLAN)
+        _fold(cursor, run_id, rows, PLAN, sealing)
     else:
-        _recompute(cursor, run_id, [row[1] for row in rows], PLAN)
+        _recompute(cursor, run_id, step_numbers, PLAN)
+        _reseal(cursor, run_id, step_numbers, sealing)
 
 
 @functools.cache
@@ -171,6 +220,36 @@ def _recompute(cursor: Any, run_id: int, step_numbers: Sequence[int], plan: Plan
                     "child_width": child_width,
                     "lo": first * unit,
                     "hi": (last + 1) * unit,
+                },
+            )
+
+
+def _reseal(cursor: Any, run_id: int, step_numbers: Sequence[int], sealing: Sealing) -> None:
+    """Recompute, from their parents' rows, the sealed buckets over that ``step_numbers``
+    fall in, and write those the write takes the run past."""
+    dialect = cursor_dialect(cursor)
+    for level, width, parent, parent_width in sealing.plan:
+        over = {
+            b
+            for b in (step // width for step in step_numbers)
+            if (b + 1) * width - 1 <= sealing.after
+        }
+        spans = contiguous(over)
+        first, last = sealing.newly_over(width)
+        if first <= last:
+            spans.append((first, last))  # may overlap: a bucket written twice is the same row
+        ratio = width // parent_width
+        for low, high in spans:
+            cursor.execute(
+                _statement(_FROM_CHILD, dialect),
+                {
+                    "run": run_id,
+                    "level": level,
+                    "child": parent,
+                    "ratio": ratio,
+                    "child_width": parent_width,
+                    "lo": low * ratio,
+                    "hi": (high + 1) * ratio,
                 },
             )
 
@@ -215,7 +294,9 @@ def _parts() -> tuple[_Part, ...]:
 _PARTS = _parts()
 
 
-def _fold(cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], plan: Plan) -> None:
+def _fold(
+    cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], plan: Plan, sealing: Sealing
+) -> None:
     """Fold new steps into every level: one read of the rows they extend, one write."""
     # The batch's columns in step order (a transpose costs less than a pass per column).
     columns = tuple(zip(*sorted(rows, key=itemgetter(1)), strict=True))
@@ -227,14 +308,35 @@ def _fold(cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], plan: Plan)
             levels[level] = _from_child(levels[child], width // child_width)
     # Only the first bucket of a level can hold stored steps; its stored row covers them.
     firsts = [(run_id, level, rollups[0][_BUCKET]) for level, rollups in levels.items()]
+    # A sealed bucket the batch takes the run past, whose first steps came before it: its
+    # parent's rows up to the last step before the batch.
+    seals, spans = [], []
+    for level, width, parent, parent_width in sealing.plan:
+        first, last = sealing.newly_over(width)
+        if first <= last:
+            seals.append((level, width // parent_width, parent, first, last))
+            if first * width <= sealing.before:
+                ratio = width // parent_width
+                spans.append((run_id, parent, first * ratio, sealing.before // parent_width))
     dialect = cursor_dialect(cursor)
     cursor.execute(
-        driver_sql(_stored_sql(len(firsts)), dialect), tuple(chain.from_iterable(firsts))
+        driver_sql(_stored_sql(len(firsts), len(spans)), dialect),
+        tuple(chain(chain.from_iterable(firsts), chain.from_iterable(spans))),
     )
-    for level, *stored in cursor.fetchall():
-        rollups = levels[level]
-        rollups[0] = _merge(stored, rollups[0])
+    stored = {(level, rest[_BUCKET]): rest for level, *rest in cursor.fetchall()}
+    for level, rollups in levels.items():
+        extended = stored.get((level, rollups[0][_BUCKET]))
+        if extended is not None:
+            rollups[0] = _merge(extended, rollups[0])
     rows = [(run_id, level, *rollup) for level, rollups in levels.items() for rollup in rollups]
+    for level, ratio, parent, first, last in seals:
+        children = {b: row for (lv, b), row in stored.items() if lv == parent}
+        children.update((row[_BUCKET], row) for row in levels[parent])
+        inside = sorted(
+            (row for b, row in children.items() if first * ratio <= b < (last + 1) * ratio),
+            key=itemgetter(_BUCKET),
+        )
+        rows += [(run_id, level, *rollup) for rollup in _from_child(inside, ratio)]
     if dialect == "sqlite":
         insert_rows(cursor, _INSERT, rows)
     else:
@@ -359,11 +461,16 @@ _merge = _merge_function()
 
 
 @functools.cache
-def _stored_sql(levels: int) -> str:
-    """The stored rollups of ``levels`` (level, bucket) pairs of one run: a primary-key
-    lookup each (``OR``-ed pairs would read every rollup of the run)."""
+def _stored_sql(levels: int, spans: int = 0) -> str:
+    """The stored rollups of ``levels`` (level, bucket) pairs of one run, then of ``spans``
+    (level, first bucket, last bucket): a primary-key lookup or range each (``OR``-ed pairs
+    would read every rollup of the run)."""
     one = f"SELECT {_STORED} FROM step_rollups WHERE run_id = ? AND level = ? AND bucket = ?"
-    return " UNION ALL ".join([one] * levels)
+    span = (
+        f"SELECT {_STORED} FROM step_rollups"
+        " WHERE run_id = ? AND level = ? AND bucket BETWEEN ? AND ?"
+    )
+    return " UNION ALL ".join([one] * levels + [span] * spans)
 
 
 def contiguous(values: set[int]) -> list[tuple[int, int]]:

@@ -11,14 +11,15 @@ from typing import Any
 from scalewatch.store import RunRef, StepRecord, Store
 from scalewatch.store.charts import Series, _bucket_width, chart_series
 from scalewatch.store.runs import write_steps
-from scalewatch.store.schema import ROLLUP_LEVELS
+from scalewatch.store.schema import ROLLUP_LEVELS, SEALED_LEVELS
 from scalewatch.store.step_schema import SERIES, SERIES_KEYS, Fold
 from tests._helpers.records import step_record
 from tests._helpers.stored import step_rows
 
-# Gaps inside buckets of every width the windows below chart at, and a whole empty stretch.
+# Gaps inside buckets of every width the windows below chart at, a whole empty stretch, and
+# the last step inside buckets of every level (a sealed level keeps none of those).
 STEPS = sorted(
-    {*range(1, 9_000), *range(9_013, 9_500), *range(9_700, 21_000), *range(23_000, 30_000)}
+    {*range(1, 9_000), *range(9_013, 9_500), *range(9_700, 21_000), *range(23_000, 30_003)}
     - {7, 64, 65, 200, 4096, 12_345}
 )
 
@@ -69,11 +70,14 @@ def _plain(rows: list[dict[str, Any]], lo: int, hi: int, width: int) -> dict[str
 def _windows(rng: random.Random) -> list[tuple[int | None, int | None, int]]:
     """Windows whose buckets are single steps, a rollup level's rows, and several pieces."""
     fixed: list[tuple[int | None, int | None, int]] = [
-        (None, None, 2000),  # the whole run: 16 steps a bucket, two 8-step rows each
-        (None, None, 470),  # 64 steps a bucket: one rollup row each
+        (None, None, 2000),  # the whole run: 16 steps a bucket, one sealed row each
+        (None, None, 470),  # 64 steps a bucket
         (1_000, 1_499, 2000),  # one step a bucket
         (5, 5_004, 2000),  # 8 steps a bucket, partial ones at both ends
-        (3_333, 27_777, 100),  # 256 steps a bucket: four 64-step rows each
+        (3_333, 27_777, 100),  # 256 steps a bucket
+        (1, 20_000, 1000),  # 24 steps a bucket: three 8-step rows each
+        (2_000, 17_839, 100),  # 192 steps a bucket: three 64-step rows each
+        (25_000, 40_000, 1000),  # past the last step, 16 steps a bucket
         (3_333, 27_777, 2),
         (8_990, 9_750, 7),
         (21_500, 22_500, 50),  # no steps at all
@@ -93,7 +97,7 @@ def test_buckets_equal_a_plain_computation_over_the_steps(store: Store, run: Run
     for i in range(0, len(records), 997):
         write_steps(store, run.id, records[i : i + 997])
     rows = step_rows(store, run.id)
-    level_widths = set(ROLLUP_LEVELS.values())
+    level_widths = {*ROLLUP_LEVELS.values(), *SEALED_LEVELS.values()}
     shapes = set()
 
     for start, end, max_points in _windows(rng):
