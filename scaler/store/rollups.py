@@ -309,15 +309,18 @@ def _fold(
     # Only the first bucket of a level can hold stored steps; its stored row covers them.
     firsts = [(run_id, level, rollups[0][_BUCKET]) for level, rollups in levels.items()]
     # A sealed bucket the batch takes the run past, whose first steps came before it: its
-    # parent's rows up to the last step before the batch.
-    seals, spans = [], []
+    # parent's rows up to the last step before the batch (one range a parent).
+    seals: list[tuple[int, int, int, int, int]] = []
+    starts: dict[int, tuple[int, int]] = {}
     for level, width, parent, parent_width in sealing.plan:
         first, last = sealing.newly_over(width)
         if first <= last:
-            seals.append((level, width // parent_width, parent, first, last))
+            ratio = width // parent_width
+            seals.append((level, ratio, parent, first, last))
             if first * width <= sealing.before:
-                ratio = width // parent_width
-                spans.append((run_id, parent, first * ratio, sealing.before // parent_width))
+                start = (first * ratio, sealing.before // parent_width)
+                starts[parent] = min(starts.get(parent, start), start)
+    spans = [(run_id, parent, *start) for parent, start in starts.items()]
     dialect = cursor_dialect(cursor)
     cursor.execute(
         driver_sql(_stored_sql(len(firsts), len(spans)), dialect),
