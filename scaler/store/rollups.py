@@ -1,15 +1,10 @@
 """Upkeep of ``step_rollups``, the pre-aggregated buckets charts read, as steps are written.
 
 Each level of ``ROLLUP_LEVELS`` groups steps into buckets of its width. Steps newer than
-every stored one (the telemetry writer's batch) are folded on the host
-(:mod:`.rollup_rows`): one read of the rows they extend and one write of every row they
-touch. Other writes (a retried batch,
+every stored one (the telemetry writer's batch) are folded on the host: one read of the
+rows they extend and one write of every row they touch. Other writes (a retried batch,
 steps replayed after resuming from an older checkpoint) recompute their buckets in SQL
 from what ``steps`` holds.
-
-The levels of ``SEALED_LEVELS`` keep only buckets that are over (their last step at or
-before the run's last step): each is merged from its parent level's rows once, when a
-write takes the run past it, in the same read and write as the other levels'.
 
 Few statements matter as much as little work: the driver releases and retakes the GIL
 around each one, and each time the training thread may have to wait for it.
@@ -18,20 +13,21 @@ around each one, and each time the training thread may have to wait for it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
 from typing import Any
 
 from . import postgres
-from .rollup_rows import BUCKET, from_child, from_steps, merge
-from .schema import ROLLUP_LEVELS, SEALED_LEVELS
+from .schema import ROLLUP_LEVELS
 from .sql import cursor_dialect, driver_sql
 from .sqlite import insert_rows
+from .step_rows import COLUMNS
 from .step_schema import SERIES, Fold
 
-__all__ = ["contiguous", "refresh_rollups", "rollup_plan", "sealed_plan"]
+__all__ = ["contiguous", "refresh_rollups", "rollup_plan"]
 
 
 def _sql_columns() -> tuple[list[str], list[str], list[str], list[str], list[str]]:
@@ -133,63 +129,18 @@ def rollup_plan(levels: dict[int, int] = ROLLUP_LEVELS) -> Plan:
 # The levels written (a test of an older revision sets its own).
 PLAN = rollup_plan()
 
-SealedPlan = tuple[tuple[int, int, int, int], ...]
-
-
-def sealed_plan(
-    levels: dict[int, int] = SEALED_LEVELS, parents: dict[int, int] = ROLLUP_LEVELS
-) -> SealedPlan:
-    """``(level, width, parent level, parent width)``: each level of ``levels`` and the
-    widest of ``parents`` narrower than it that divides it, which its rows are merged from.
-
-    >>> sealed_plan({7: 16, 9: 128}, {6: 8, 1: 64})
-    ((7, 16, 6, 8), (9, 128, 1, 64))
-    """
-    plan = []
-    for level, width in sorted(levels.items(), key=lambda item: item[1]):
-        divides = [(p, w) for p, w in parents.items() if w < width and width % w == 0]
-        parent, parent_width = max(divides, key=lambda item: item[1])
-        plan.append((level, width, parent, parent_width))
-    return tuple(plan)
-
-
-@dataclass(frozen=True, slots=True)
-class Sealing:
-    """The levels kept for buckets that are over, of those whose parent is written, and
-    the run's last step before a write and after it."""
-
-    plan: SealedPlan
-    before: int
-    after: int
-
-    def newly_over(self, width: int) -> tuple[int, int]:
-        """The buckets of ``width`` steps the write takes the run past: ``[first, last]``."""
-        return (self.before + 1) // width, (self.after + 1) // width - 1
-
-
-SEALED = sealed_plan()
-
 
 def refresh_rollups(
-    cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], *, fresh: bool, last_before: int
+    cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], *, fresh: bool
 ) -> None:
     """Bring the rollups of the buckets ``rows`` (just written ``steps`` rows) fall in up to date.
 
-    ``fresh``: every row is a step after every step stored before them; ``last_before``:
-    the run's last step before them.
+    ``fresh``: every row is a step after every step stored before them.
     """
-    step_numbers = [row[1] for row in rows]
-    written = {(level, width) for level, width, *_ in PLAN}
-    sealing = Sealing(
-        tuple(entry for entry in SEALED if (entry[2], entry[3]) in written),
-        last_before,
-        max(last_before, *step_numbers),
-    )
     if fresh:
-        _fold(cursor, run_id, rows, PLAN, sealing)
+        _fold(cursor, run_id, rows, PLAN)
     else:
-        _recompute(cursor, run_id, step_numbers, PLAN)
-        _reseal(cursor, run_id, step_numbers, sealing)
+        _recompute(cursor, run_id, [row[1] for row in rows], PLAN)
 
 
 @functools.cache
@@ -224,99 +175,195 @@ def _recompute(cursor: Any, run_id: int, step_numbers: Sequence[int], plan: Plan
             )
 
 
-def _reseal(cursor: Any, run_id: int, step_numbers: Sequence[int], sealing: Sealing) -> None:
-    """Recompute, from their parents' rows, the sealed buckets over that ``step_numbers``
-    fall in, and write those the write takes the run past."""
-    dialect = cursor_dialect(cursor)
-    for level, width, parent, parent_width in sealing.plan:
-        over = {
-            b
-            for b in (step // width for step in step_numbers)
-            if (b + 1) * width - 1 <= sealing.after
-        }
-        spans = contiguous(over)
-        first, last = sealing.newly_over(width)
-        if first <= last:
-            spans.append((first, last))  # may overlap: a bucket written twice is the same row
-        ratio = width // parent_width
-        for low, high in spans:
-            cursor.execute(
-                _statement(_FROM_CHILD, dialect),
-                {
-                    "run": run_id,
-                    "level": level,
-                    "child": parent,
-                    "ratio": ratio,
-                    "child_width": parent_width,
-                    "lo": low * ratio,
-                    "hi": (high + 1) * ratio,
-                },
+# A rollup on the host: the columns of step_rollups after run_id and level, that is the
+# bucket, its first and last step, its number of steps, then each series' (_SERIES_COLUMNS).
+_BUCKET, _FIRST, _LAST, _N = range(4)
+_STEP = 1 + COLUMNS.index("step")  # in a ``steps`` row, run_id first
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """How one series is folded on the host: from the columns of a batch of steps (their
+    indexes in a ``steps`` row), and two rollups into one (at ``at``)."""
+
+    fold: Fold
+    at: int
+    columns: tuple[int, ...]
+    nullable: bool
+    last: int | None  # the column whose last value step_rollups keeps
+
+
+def _parts() -> tuple[_Part, ...]:
+    parts, at = [], _N + 1
+    for spec in SERIES:
+        if spec.fold is Fold.LAST:
+            continue
+        last = spec.last
+        parts.append(
+            _Part(
+                fold=spec.fold,
+                at=at,
+                columns=tuple(1 + COLUMNS.index(f.name) for f in spec.fields),
+                nullable=spec.nullable,
+                last=1 + COLUMNS.index(last.name) if spec.kept_last and last else None,
             )
+        )
+        at += len(spec.stored)
+    return tuple(parts)
 
 
-def _fold(
-    cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], plan: Plan, sealing: Sealing
-) -> None:
+_PARTS = _parts()
+
+
+def _fold(cursor: Any, run_id: int, rows: Sequence[tuple[Any, ...]], plan: Plan) -> None:
     """Fold new steps into every level: one read of the rows they extend, one write."""
     # The batch's columns in step order (a transpose costs less than a pass per column).
     columns = tuple(zip(*sorted(rows, key=itemgetter(1)), strict=True))
     levels: dict[int, list[list[Any]]] = {}
     for level, width, child, child_width in plan:
         if child is None:
-            levels[level] = from_steps(columns, width)
+            levels[level] = _from_steps(columns, width)
         else:
-            levels[level] = from_child(levels[child], width // child_width)
+            levels[level] = _from_child(levels[child], width // child_width)
     # Only the first bucket of a level can hold stored steps; its stored row covers them.
-    firsts = [(run_id, level, rollups[0][BUCKET]) for level, rollups in levels.items()]
-    # A sealed bucket the batch takes the run past, whose first steps came before it: its
-    # parent's rows up to the last step before the batch (one range a parent).
-    seals: list[tuple[int, int, int, int, int]] = []
-    starts: dict[int, tuple[int, int]] = {}
-    for level, width, parent, parent_width in sealing.plan:
-        first, last = sealing.newly_over(width)
-        if first <= last:
-            ratio = width // parent_width
-            seals.append((level, ratio, parent, first, last))
-            if first * width <= sealing.before:
-                start = (first * ratio, sealing.before // parent_width)
-                starts[parent] = min(starts.get(parent, start), start)
-    spans = [(run_id, parent, *start) for parent, start in starts.items()]
+    firsts = [(run_id, level, rollups[0][_BUCKET]) for level, rollups in levels.items()]
     dialect = cursor_dialect(cursor)
     cursor.execute(
-        driver_sql(_stored_sql(len(firsts), len(spans)), dialect),
-        tuple(chain(chain.from_iterable(firsts), chain.from_iterable(spans))),
+        driver_sql(_stored_sql(len(firsts)), dialect), tuple(chain.from_iterable(firsts))
     )
-    stored = {(level, rest[BUCKET]): rest for level, *rest in cursor.fetchall()}
-    for level, rollups in levels.items():
-        extended = stored.get((level, rollups[0][BUCKET]))
-        if extended is not None:
-            rollups[0] = merge(extended, rollups[0])
+    for level, *stored in cursor.fetchall():
+        rollups = levels[level]
+        rollups[0] = _merge(stored, rollups[0])
     rows = [(run_id, level, *rollup) for level, rollups in levels.items() for rollup in rollups]
-    for level, ratio, parent, first, last in seals:
-        children = {b: row for (lv, b), row in stored.items() if lv == parent}
-        children.update((row[BUCKET], row) for row in levels[parent])
-        inside = sorted(
-            (row for b, row in children.items() if first * ratio <= b < (last + 1) * ratio),
-            key=itemgetter(BUCKET),
-        )
-        rows += [(run_id, level, *rollup) for rollup in from_child(inside, ratio)]
     if dialect == "sqlite":
         insert_rows(cursor, _INSERT, rows)
     else:
         postgres.upsert_rows(cursor, "step_rollups", _COLUMN_NAMES, _KEY, rows)
 
 
+Folder = Callable[[int, int, int], tuple[Any, ...]]
+
+
+def _folders(columns: tuple[tuple[Any, ...], ...]) -> list[Folder]:
+    """For each series kept, its values of the steps ``[start, end)`` of a batch's
+    ``columns`` (``last`` the bucket's last): one call a series and bucket."""
+    folders: list[Folder] = []
+    for part in _PARTS:
+        values = [columns[c] for c in part.columns]
+        kept = columns[part.last] if part.last is not None else None
+        if part.fold is Fold.COUNT:
+            folders.append(functools.partial(_count, values[0]))
+        elif any(None in v for v in values):
+            # Steps without a value (NULL) are left out of the range, as SQL's min() does.
+            folders.append(functools.partial(_present_range, values, kept))
+        elif len(values) == 1:
+            folders.append(functools.partial(_range, values[0], kept))
+        else:
+            folders.append(functools.partial(_ranges, values, kept))
+    return folders
+
+
+def _count(flags: Sequence[int], start: int, end: int, last: int) -> tuple[Any, ...]:
+    return (sum(flags[start:end]),)
+
+
+def _range(
+    values: Sequence[Any], kept: Sequence[Any] | None, start: int, end: int, last: int
+) -> tuple[Any, ...]:
+    bucket = values[start:end]
+    if kept is None:
+        return min(bucket), max(bucket)
+    return min(bucket), max(bucket), kept[last]
+
+
+def _ranges(
+    columns: Sequence[Sequence[Any]], kept: Sequence[Any] | None, start: int, end: int, last: int
+) -> tuple[Any, ...]:
+    buckets = [values[start:end] for values in columns]
+    low, high = min(map(min, buckets)), max(map(max, buckets))
+    return (low, high) if kept is None else (low, high, kept[last])
+
+
+def _present_range(
+    columns: Sequence[Sequence[Any]], kept: Sequence[Any] | None, start: int, end: int, last: int
+) -> tuple[Any, ...]:
+    present = [v for values in columns for v in values[start:end] if v is not None]
+    low, high = (min(present), max(present)) if present else (None, None)
+    return (low, high) if kept is None else (low, high, kept[last])
+
+
+def _from_steps(columns: tuple[tuple[Any, ...], ...], width: int) -> list[list[Any]]:
+    """The rollups of ``width``-step buckets of the ``steps`` columns, in step order."""
+    numbers = columns[_STEP]
+    folders = _folders(columns)
+    rollups: list[list[Any]] = []
+    start = 0
+    while start < len(numbers):
+        bucket = numbers[start] // width
+        end = bisect_left(numbers, (bucket + 1) * width, start)
+        last = end - 1
+        rollup = [bucket, numbers[start], numbers[last], end - start]
+        for folder in folders:
+            rollup += folder(start, end, last)
+        rollups.append(rollup)
+        start = end
+    return rollups
+
+
+def _least(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _greatest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _from_child(children: list[list[Any]], ratio: int) -> list[list[Any]]:
+    """Rollups of buckets ``ratio`` times as wide as ``children``'s, in order."""
+    rollups: list[list[Any]] = []
+    for child in children:
+        bucket = child[_BUCKET] // ratio
+        if rollups and rollups[-1][_BUCKET] == bucket:
+            rollups[-1] = _merge(rollups[-1], child)
+        else:
+            rollups.append([bucket, *child[1:]])
+    return rollups
+
+
+def _merge_function() -> Callable[[Sequence[Any], Sequence[Any]], list[Any]]:
+    """``_merge``, written out from the series as one list (as ``step_values`` is): the
+    writer merges a few rollups a step, and a loop over the series took three times as long."""
+    values = ["earlier[_BUCKET]", "earlier[_FIRST]", "later[_LAST]", "earlier[_N] + later[_N]"]
+    for part in _PARTS:
+        at = part.at
+        if part.fold is Fold.COUNT:
+            values.append(f"earlier[{at}] + later[{at}]")
+            continue
+        low, high = ("_least", "_greatest") if part.nullable else ("min", "max")
+        values += [
+            f"{low}(earlier[{at}], later[{at}])",
+            f"{high}(earlier[{at + 1}], later[{at + 1}])",
+        ]
+        if part.last is not None:
+            values.append(f"later[{at + 2}]")
+    source = f"def _merge(earlier, later):\n    return [{', '.join(values)}]\n"
+    namespace: dict[str, Any] = {"_least": _least, "_greatest": _greatest}
+    namespace.update(_BUCKET=_BUCKET, _FIRST=_FIRST, _LAST=_LAST, _N=_N)
+    exec(source, namespace)  # the source is the declaration's, never input
+    merge: Callable[[Sequence[Any], Sequence[Any]], list[Any]] = namespace["_merge"]
+    merge.__doc__ = "One rollup of two in ``earlier``'s bucket, ``earlier``'s steps all first."
+    return merge
+
+
+_merge = _merge_function()
+
+
 @functools.cache
-def _stored_sql(levels: int, spans: int = 0) -> str:
-    """The stored rollups of ``levels`` (level, bucket) pairs of one run, then of ``spans``
-    (level, first bucket, last bucket): a primary-key lookup or range each (``OR``-ed pairs
-    would read every rollup of the run)."""
+def _stored_sql(levels: int) -> str:
+    """The stored rollups of ``levels`` (level, bucket) pairs of one run: a primary-key
+    lookup each (``OR``-ed pairs would read every rollup of the run)."""
     one = f"SELECT {_STORED} FROM step_rollups WHERE run_id = ? AND level = ? AND bucket = ?"
-    span = (
-        f"SELECT {_STORED} FROM step_rollups"
-        " WHERE run_id = ? AND level = ? AND bucket BETWEEN ? AND ?"
-    )
-    return " UNION ALL ".join([one] * levels + [span] * spans)
+    return " UNION ALL ".join([one] * levels)
 
 
 def contiguous(values: set[int]) -> list[tuple[int, int]]:

@@ -284,7 +284,7 @@ def write_step_values(
                     cursor.execute(driver_sql(_DELETE_FINDINGS, dialect), (run_id, first, last))
             if found_rows:
                 _insert_findings(cursor, found_rows, dialect=dialect)
-            refresh_rollups(cursor, run_id, rows, fresh=fresh, last_before=found[0])
+            refresh_rollups(cursor, run_id, rows, fresh=fresh)
             if dialect != "postgresql":
                 cursor.execute(driver_sql(_ADVANCE, dialect), (newest, now, run_id))
             if sequence is not None:

@@ -38,23 +38,6 @@ metadata = MetaData(naming_convention=NAMING_CONVENTION)
 # finest (8 steps), came last: before it a chart of 20k steps at 2000 points read every
 # step. Changing the levels needs a revision that builds or rebuilds their rows.
 ROLLUP_LEVELS: dict[int, int] = {6: 8, 1: 64, 2: 512, 3: 4096, 4: 32768, 5: 262144}
-# Levels 2 and 4 times each of those, kept only for the buckets that are over (whose last
-# step is at or before the run's last step), so that a chart 2 or 4 times a level's width
-# reads one row a bucket rather than grouping several. Each is merged from the widest
-# level above that divides it when buckets are over, not rewritten by every batch as the
-# levels above are: a batch of 40 steps writes a few of their rows, not one a level.
-SEALED_LEVELS: dict[int, int] = {
-    7: 16,
-    8: 32,
-    9: 128,
-    10: 256,
-    11: 1024,
-    12: 2048,
-    13: 8192,
-    14: 16384,
-    15: 65536,
-    16: 131072,
-}
 
 runs = Table(
     "runs",
@@ -139,7 +122,7 @@ step_rollups = Table(
     "step_rollups",
     metadata,
     Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
-    Column("level", Integer, primary_key=True),  # key of ROLLUP_LEVELS or SEALED_LEVELS
+    Column("level", Integer, primary_key=True),  # key of ROLLUP_LEVELS
     Column("bucket", Integer, primary_key=True),  # step // width
     Column("first_step", Integer, nullable=False),
     Column("last_step", Integer, nullable=False),

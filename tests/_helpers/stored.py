@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import select
 
 from scalewatch.store import StepRecord, Store
-from scalewatch.store.schema import ROLLUP_LEVELS, SEALED_LEVELS, steps
+from scalewatch.store.schema import ROLLUP_LEVELS, steps
 
 CONTROL = {
     "growth_interval": 2000,
@@ -32,7 +32,6 @@ def expected_rollups(
     records: Iterable[StepRecord],
     levels: Mapping[int, int] = ROLLUP_LEVELS,
     *,
-    sealed: Mapping[int, int] = SEALED_LEVELS,
     with_loss: bool = True,
     with_lr: bool = True,
     with_grad_norm: bool = True,
@@ -40,22 +39,16 @@ def expected_rollups(
     """The ``step_rollups`` rows of ``records`` at ``levels`` (level -> width), computed by
     brute force from the records themselves: the oracle for the store's rollups.
 
-    ``sealed``: levels whose buckets are kept only once the run's last step is at or past
-    their end (revision b7e3c1f9a5d2 on);
     ``with_loss``: with the min and max of the finite losses (revision 7c25d1a9e5f0 on);
     ``with_lr``: of the learning rates (revision b41e7f2c9d08 on); ``with_grad_norm``: of
     the finite gradient norms (revision f5a3c9e1d7b2 on).
     """
     expected: set[tuple[int | float | None, ...]] = set()
-    records = list(records)
-    last_step = max((r.step for r in records), default=0)
-    for level, width in (*levels.items(), *sealed.items()):
+    for level, width in levels.items():
         buckets: dict[int, list[StepRecord]] = {}
         for record in records:
             buckets.setdefault(record.step // width, []).append(record)
         for bucket, members in buckets.items():
-            if level in sealed and (bucket + 1) * width - 1 > last_step:
-                continue
             last = max(members, key=lambda r: r.step)
             scales = [r.scale for r in members] + [r.scale_after for r in members]
             trackers = [r.growth_tracker for r in members]

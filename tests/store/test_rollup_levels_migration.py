@@ -1,5 +1,5 @@
-"""The revisions that move step_rollups to levels 8 times apart, add the finest (8 steps), and
-add the sealed levels 2 and 4 times each, each on a store filled before it."""
+"""The revisions that move step_rollups to levels 8 times apart and add the finest (8 steps),
+each on a store filled before it."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from scalewatch.store.queries import EXPORT_COLUMNS
 from scalewatch.store.records import StepRecord
 from scalewatch.store.rollups import rollup_plan
 from scalewatch.store.runs import create_run, write_steps
-from scalewatch.store.schema import ROLLUP_LEVELS, SEALED_LEVELS
+from scalewatch.store.schema import ROLLUP_LEVELS
 from tests._helpers.records import step_record
 from tests._helpers.stored import CONTROL, expected_rollups
 
@@ -29,7 +29,6 @@ REVISION = "394d114978d2"
 OLD_LEVELS = {1: 64, 2: 4096, 3: 262144}
 FIVE_LEVELS = {1: 64, 2: 512, 3: 4096, 4: 32768, 5: 262144}  # REVISION's
 BEFORE_LEVEL_8, LEVEL_8 = "c7d3e9a1b5f2", "d4b8f2a6c1e9"
-BEFORE_SEALED, SEALED = "a9d2e4f6b8c1", "b7e3c1f9a5d2"
 
 Rollup = tuple[int | float, ...]
 
@@ -53,12 +52,10 @@ def _brute_force(
     *,
     with_loss: bool = True,
     with_grad_norm: bool = True,
-    sealed_too: bool = True,
 ) -> set[Rollup]:
     """Without ``with_loss``: the rollups as they were before revision 7c25d1a9e5f0 (and
     so before the learning rate's and the gradient norm's columns too); without
-    ``with_grad_norm``: before revision f5a3c9e1d7b2; with the head's levels, the sealed
-    ones too unless not ``sealed_too`` (before revision b7e3c1f9a5d2)."""
+    ``with_grad_norm``: before revision f5a3c9e1d7b2."""
     return {
         row
         for run_id, records in stored.items()
@@ -66,7 +63,6 @@ def _brute_force(
             run_id,
             records.values(),
             levels,
-            sealed=SEALED_LEVELS if levels == ROLLUP_LEVELS and sealed_too else {},
             with_loss=with_loss,
             with_lr=with_loss,
             with_grad_norm=with_loss and with_grad_norm,
@@ -127,18 +123,6 @@ def test_the_revision_builds_the_levels_of_the_schema() -> None:
     assert finest.down_revision == BEFORE_LEVEL_8
     # A later change of levels needs a revision of its own.
     assert FIVE_LEVELS | {finest.LEVEL: finest.WIDTH} == ROLLUP_LEVELS
-    sealed = importlib.import_module(
-        f"scalewatch.migrations.versions.{SEALED}_sealed_rollup_levels"
-    )
-    assert sealed.down_revision == BEFORE_SEALED
-    assert {level: width for level, (width, _, _) in sealed.NEW_LEVELS.items()} == SEALED_LEVELS
-    assert (
-        tuple(
-            (level, width, parent, parent_width)
-            for level, (width, parent, parent_width) in sealed.NEW_LEVELS.items()
-        )
-        == store_rollups.SEALED
-    )
 
 
 def test_upgrade_rebuilds_the_rollups_of_a_store_filled_before_it(
@@ -218,39 +202,6 @@ def test_the_level_of_8_steps_is_built_for_a_store_filled_before_it(
 
     downgrade(db_url, BEFORE_LEVEL_8)
     assert _rollups(db_url) == _brute_force(FIVE_LEVELS, stored, with_grad_norm=False)
-
-
-def test_the_sealed_levels_are_built_for_a_store_filled_before_them(
-    db_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    upgrade(db_url)
-    # The writer before SEALED: the same levels, none sealed.
-    monkeypatch.setattr(store_rollups, "SEALED", ())
-    rng = random.Random(16)
-    stored: dict[int, dict[int, StepRecord]] = {}
-    with Store(db_url, make_engine(db_url)) as store:
-        # Across the edges of the sealed levels of 16 to 16384 steps, with gaps; the last
-        # step inside a bucket of each; a second run.
-        stored[1] = _fill(store, rng, {*range(0, 700), *range(4090, 4300), 9000, 16_390})
-        stored[2] = _fill(store, rng, range(3, 2500, 5))
-    monkeypatch.undo()
-    downgrade(db_url, BEFORE_SEALED)
-    assert _rollups(db_url) == _brute_force(ROLLUP_LEVELS, stored, sealed_too=False)
-
-    upgrade(db_url)
-    assert _rollups(db_url) == _brute_force(ROLLUP_LEVELS, stored)
-    with Store(db_url, make_engine(db_url)) as store:  # and keeps them up to date
-        # New steps past a gap, new steps in the same bucket, then some replayed.
-        batches = [range(16_400, 16_420), range(16_420, 16_500), range(40_000, 40_100)]
-        batches += [range(650, 720), range(39_990, 40_110)]
-        for numbers in batches:
-            batch = [_record(rng, step) for step in numbers]
-            write_steps(store, 1, batch)
-            stored[1].update((r.step, r) for r in batch)
-            assert _rollups(db_url) == _brute_force(ROLLUP_LEVELS, stored)
-
-    downgrade(db_url, BEFORE_SEALED)
-    assert _rollups(db_url) == _brute_force(ROLLUP_LEVELS, stored, sealed_too=False)
 
 
 def test_upgrade_of_an_empty_store_and_of_runs_without_steps(db_url: str) -> None:
