@@ -7,7 +7,7 @@ from itertools import pairwise
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scalewatch.store.queries import _bucket_width, _pieces
+from scalewatch.store.charts import _bucket_width, _pieces
 from scalewatch.store.schema import ROLLUP_LEVELS
 
 WIDTHS = sorted(ROLLUP_LEVELS.values())
