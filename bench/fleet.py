@@ -556,7 +556,9 @@ def main() -> int:
         "--profile",
         metavar="FILE",
         help="py-spy's samples of the service over the loaded phase, to FILE (collapsed"
-        " stacks), and split by part in the report (bench/_profile.py)",
+        " stacks), and split by part in the report (bench/_profile.py); py-spy's own CPU"
+        " (about half a core here) shows as 'other' and slows the service: a profiled run's"
+        " figures are not comparable with others'",
     )
     args = parser.parse_args()
     if args.batch is None:
