@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -81,15 +80,13 @@ def _bucket_width(span: int, max_points: int) -> tuple[int, list[tuple[int, int]
     return width, usable
 
 
-def _piece_columns() -> tuple[list[str], list[str], list[str], list[str], list[str]]:
-    """The chart query's columns, series by series: of a step as a piece of its own, of a
-    rollup row, of the pieces grouped, of the answer, and of a step as a bucket of its own
-    in the answer."""
+def _piece_columns() -> tuple[list[str], list[str], list[str], list[str]]:
+    """The chart query's columns, series by series: of a step as a bucket of its own, of a
+    rollup row, of the buckets grouped, and of the answer."""
     raw = ["step AS first_step", "step AS last_step", "1 AS n"]
     kept = ["first_step", "last_step", "n"]
     grouped = ["min(first_step) AS first_step", "max(last_step) AS last_step", "sum(n) AS n"]
     answer = ["g.first_step", "g.last_step", "g.n"]
-    step = ["step", "step", "1"]
     for spec in SERIES:
         names = [f.name for f in spec.fields]
         kept.extend(spec.kept)
@@ -97,24 +94,21 @@ def _piece_columns() -> tuple[list[str], list[str], list[str], list[str], list[s
         if spec.fold is Fold.RANGE:
             low, high = spec.kept
             if len(names) == 1:
-                ends = [names[0], names[0]]
+                raw += [f"{names[0]} AS {low}", f"{names[0]} AS {high}"]
             else:
-                ends = [f"LEAST({', '.join(names)})", f"GREATEST({', '.join(names)})"]
-            raw += [f"{ends[0]} AS {low}", f"{ends[1]} AS {high}"]
-            step += ends
+                raw += [f"LEAST({', '.join(names)}) AS {low}"]
+                raw += [f"GREATEST({', '.join(names)}) AS {high}"]
             grouped += [f"min({low}) AS {low}", f"max({high}) AS {high}"]
         elif spec.fold is Fold.COUNT:
             raw.append(f"CAST({names[0]} AS INTEGER) AS {spec.name}")
-            step.append(f"CAST({names[0]} AS INTEGER)")
             grouped.append(f"sum({spec.name}) AS {spec.name}")
         last = spec.last
         if last is not None:
             answer.append(f"s.{last.name}")
-            step.append(last.name)
-    return raw, kept, grouped, answer, step
+    return raw, kept, grouped, answer
 
 
-_RAW, _KEPT, _GROUPS, _ANSWER, _STEP_ANSWER = _piece_columns()
+_RAW, _KEPT, _GROUPS, _ANSWER = _piece_columns()
 _RAW_PIECE = (
     f"SELECT {', '.join(_RAW)}"
     " FROM steps WHERE run_id = :run AND step BETWEEN :lo{i} AND :hi{i}"
@@ -123,60 +117,13 @@ _ROLLUP_PIECE = (
     f"SELECT {', '.join(_KEPT)} FROM step_rollups"
     " WHERE run_id = :run AND level = :level{i} AND bucket BETWEEN :lo{i} AND :hi{i}"
 )
-# Buckets of several pieces each: grouped, then the values at each one's last step.
 _GROUPED = (
-    f"SELECT {', '.join(_ANSWER)} FROM ("
-    f"SELECT first_step / :width AS ob, {', '.join(_GROUPS)}"
-    " FROM ({pieces}) AS p GROUP BY ob"
-    ") AS g JOIN steps AS s ON s.run_id = :run AND s.step = g.last_step"
+    "WITH p AS ({pieces})"
+    f" SELECT {', '.join(_ANSWER)} FROM ("
+    f"  SELECT first_step / :width AS ob, {', '.join(_GROUPS)}"
+    "  FROM p GROUP BY ob"
+    " ) AS g JOIN steps AS s ON s.run_id = :run AND s.step = g.last_step ORDER BY g.ob"
 )
-# Buckets of one rollup row each (the chart's width is a level's), or of one step each:
-# read as they are stored, with no grouping (18 aggregates a row cost more than the rest
-# of the query).
-_ROLLUP_BUCKETS = (
-    f"SELECT {', '.join(_ANSWER)} FROM step_rollups AS g"
-    " JOIN steps AS s ON s.run_id = :run AND s.step = g.last_step"
-    " WHERE g.run_id = :run AND g.level = :level AND g.bucket BETWEEN :first AND :last"
-)
-_STEP_BUCKETS = (
-    f"SELECT {', '.join(_STEP_ANSWER)}"
-    " FROM steps WHERE run_id = :run AND step BETWEEN :first AND :last"
-)
-
-
-def _chart_sql(
-    lo: int, hi: int, width: int, levels: Sequence[tuple[int, int]]
-) -> tuple[str, dict[str, int]]:
-    """The statement of the buckets over steps ``[lo, hi]``, in no order, and its parameters
-    but the run.
-
-    Where the width is a rollup level's, the buckets wholly inside are that level's rows,
-    and only the partial ones at both ends are grouped from finer pieces.
-    """
-    params = {"width": width}
-    if width == 1:
-        params.update(first=lo, last=hi)
-        return _STEP_BUCKETS, params
-    level = next((level for level, w in levels if w == width), None)
-    first, last = -(-lo // width), (hi + 1) // width - 1  # the buckets wholly inside
-    arms, ranges = [], [(lo, hi)]
-    if level is not None and first <= last:
-        params.update(level=level, first=first, last=last)
-        arms.append(_ROLLUP_BUCKETS)
-        ranges = [(lo, first * width - 1), ((last + 1) * width, hi)]
-    selects = []
-    for i, (piece_level, low, high) in enumerate(
-        piece for a, b in ranges for piece in _pieces(a, b, levels)
-    ):
-        params[f"lo{i}"], params[f"hi{i}"] = low, high
-        if piece_level:
-            params[f"level{i}"] = piece_level
-            selects.append(_ROLLUP_PIECE.format(i=i))
-        else:
-            selects.append(_RAW_PIECE.format(i=i))
-    if selects:
-        arms.append(_GROUPED.format(pieces=" UNION ALL ".join(selects)))
-    return " UNION ALL ".join(arms), params
 
 
 # Two sub-selects: SQLite answers a lone min() or max() from the index, not both at once;
@@ -221,12 +168,20 @@ def chart_series(
             return series
         width, levels = _bucket_width(hi - lo + 1, max_points)
         series.bucket_width = width
-        sql, params = _chart_sql(lo, hi, width, levels)
-        params["run"] = run_id
+        params: dict[str, int] = {"run": run_id, "width": width}
+        selects = []
+        for i, (level, first, last) in enumerate(_pieces(lo, hi, levels)):
+            params[f"lo{i}"], params[f"hi{i}"] = first, last
+            if level:
+                params[f"level{i}"] = level
+                selects.append(_ROLLUP_PIECE.format(i=i))
+            else:
+                selects.append(_RAW_PIECE.format(i=i))
+        sql = _GROUPED.format(pieces=" UNION ALL ".join(selects))
         cursor = conn.connection.cursor()  # the driver's tuples: no Row a bucket
         try:
             cursor.execute(driver_sql(sql, conn.dialect.name), params)
-            rows = sorted(cursor.fetchall(), key=itemgetter(0))  # by first step
+            rows = cursor.fetchall()
         finally:
             cursor.close()
     for key, values in zip(SERIES_KEYS, zip(*rows, strict=True), strict=False):
