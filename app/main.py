@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 import anyio
 from fastapi import FastAPI
 
+from scalewatch.store.chart_cache import ChartCache
 from scalewatch.store.engine import open_store
 
 from .alerts.config import AlertConfig, default_rules, load_rules
@@ -86,6 +87,7 @@ def create_app(
                 app.state.services = Services(
                     store=store,
                     chart_limiter=anyio.CapacityLimiter(CHART_THREADS[store.engine.dialect.name]),
+                    charts=ChartCache(),
                     hubs=hubs,
                     alerts=watched,
                     metrics=metrics_registry(store, watched.sender),

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from starlette.applications import Starlette
 
+    from scalewatch.store.chart_cache import ChartCache
     from scalewatch.store.engine import Store
 
     from .alerts.service import Alerts
@@ -41,6 +42,7 @@ class Services:
 
     store: Store
     chart_limiter: anyio.CapacityLimiter  # chart queries that run at once
+    charts: ChartCache  # chart buckets that can no longer change, read once
     hubs: Hubs  # the live streams' pollers
     alerts: Alerts  # the evaluator and the webhook sender
     metrics: CollectorRegistry  # what /metrics serves

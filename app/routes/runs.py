@@ -8,6 +8,7 @@ import anyio
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
 from scalewatch.store import diagnosis, forecast, queries, scale_loads, spike_list
+from scalewatch.store.chart_cache import ChartCache
 from scalewatch.store.engine import Store
 from scalewatch.store.queries import BEFORE_FIRST_STEP, INT64_MAX, RunInfo
 
@@ -88,11 +89,18 @@ def _forecast(store: Store, detail: RunDetail) -> ScaleForecastOut | None:
 
 
 def chart_json(
-    store: Store, run: int, start: int | None, end: int | None, max_points: int
+    store: Store,
+    run: int,
+    start: int | None,
+    end: int | None,
+    max_points: int,
+    cache: ChartCache | None = None,
 ) -> Response:
     """The chart series of a run as a JSON response, built and validated off the event loop."""
     require_run_exists(store, run)
-    series = queries.chart_series(store, run, start=start, end=end, max_points=max_points)
+    series = queries.chart_series(
+        store, run, start=start, end=end, max_points=max_points, cache=cache
+    )
     body = StepSeries.model_validate(
         {
             "run": series.run,
@@ -134,7 +142,9 @@ async def get_steps(
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
     try:
-        return await anyio.to_thread.run_sync(chart_json, store, run, start, end, max_points)
+        return await anyio.to_thread.run_sync(
+            chart_json, store, run, start, end, max_points, services.charts
+        )
     finally:
         limiter.release()
 

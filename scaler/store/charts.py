@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from .chart_cache import ChartCache
 from .engine import Store
 from .schema import ROLLUP_LEVELS
 from .sql import driver_sql
@@ -134,6 +135,14 @@ _BOUNDS = (
 )
 
 
+# The bounds, and the count of writes that replaced stored steps (a ChartCache's check).
+_BOUNDS_AND_REWRITES = (
+    "SELECT (SELECT step FROM steps WHERE run_id = :run ORDER BY step ASC LIMIT 1),"
+    " (SELECT step FROM steps WHERE run_id = :run ORDER BY step DESC LIMIT 1),"
+    " (SELECT step_rewrites FROM runs WHERE id = :run)"
+)
+
+
 def step_bounds(conn: Connection, run_id: int) -> tuple[int, int] | None:
     """The first and last step stored of a run, or None when it has none."""
     first, last = conn.execute(text(_BOUNDS), {"run": run_id}).one()
@@ -147,20 +156,22 @@ def chart_series(
     start: int | None = None,
     end: int | None = None,
     max_points: int = 1000,
+    cache: ChartCache | None = None,
 ) -> Series:
     """At most ``max_points`` buckets over steps ``[start, end]`` (default: the whole run).
 
     A bucket with an overflow has ``overflows > 0`` and a ``scale_min`` at or below the
-    scale the overflow dropped to; narrow ranges come back one step per bucket.
+    scale the overflow dropped to; narrow ranges come back one step per bucket. With a
+    ``cache``, buckets of rollup rows that can no longer change are read once.
     """
     if max_points < 2:
         raise ValueError("max_points must be at least 2")
     with store.engine.connect() as conn:
-        bounds = step_bounds(conn, run_id)
-        if bounds is None:
+        first, last, rewrites = conn.execute(text(_BOUNDS_AND_REWRITES), {"run": run_id}).one()
+        if first is None or last is None:
             return Series(run_id, start, end, 1)
-        lo = bounds[0] if start is None else max(start, bounds[0])
-        hi = bounds[1] if end is None else min(end, bounds[1])
+        lo = first if start is None else max(start, first)
+        hi = last if end is None else min(end, last)
         # An end not asked for is the run's last step, or none past it (no reversed range).
         shown_end = (hi if hi >= lo else None) if end is None else end
         series = Series(run_id, lo if start is None else start, shown_end, 1)
@@ -168,22 +179,52 @@ def chart_series(
             return series
         width, levels = _bucket_width(hi - lo + 1, max_points)
         series.bucket_width = width
-        params: dict[str, int] = {"run": run_id, "width": width}
-        selects = []
-        for i, (level, first, last) in enumerate(_pieces(lo, hi, levels)):
-            params[f"lo{i}"], params[f"hi{i}"] = first, last
-            if level:
-                params[f"level{i}"] = level
-                selects.append(_ROLLUP_PIECE.format(i=i))
-            else:
-                selects.append(_RAW_PIECE.format(i=i))
-        sql = _GROUPED.format(pieces=" UNION ALL ".join(selects))
-        cursor = conn.connection.cursor()  # the driver's tuples: no Row a bucket
-        try:
-            cursor.execute(driver_sql(sql, conn.dialect.name), params)
-            rows = cursor.fetchall()
-        finally:
-            cursor.close()
+
+        def read(spans: list[tuple[int, int]]) -> Sequence[Any]:
+            return _read_buckets(conn, run_id, width, levels, spans)
+
+        if cache is None or not levels:  # one step a bucket: nothing worth keeping
+            rows: Sequence[Any] = read([(lo, hi)])
+        else:
+            rows = cache.series_rows(
+                run_id,
+                width,
+                rewrites=rewrites or 0,
+                span=(lo, hi),
+                stored=(first, last),
+                read=read,
+            )
     for key, values in zip(SERIES_KEYS, zip(*rows, strict=True), strict=False):
         series.columns[key] = list(values)
     return series
+
+
+def _read_buckets(
+    conn: Connection,
+    run_id: int,
+    width: int,
+    levels: Sequence[tuple[int, int]],
+    spans: Sequence[tuple[int, int]],
+) -> Sequence[Any]:
+    """The buckets of steps ``spans`` (apart, each whole buckets but at the ends of the
+    chart), in step order: one query, whatever the spans."""
+    params: dict[str, int] = {"run": run_id, "width": width}
+    selects = []
+    pieces = (piece for lo, hi in spans for piece in _pieces(lo, hi, levels))
+    for i, (level, first, last) in enumerate(pieces):
+        params[f"lo{i}"], params[f"hi{i}"] = first, last
+        if level:
+            params[f"level{i}"] = level
+            selects.append(_ROLLUP_PIECE.format(i=i))
+        else:
+            selects.append(_RAW_PIECE.format(i=i))
+    if not selects:
+        return []
+    sql = _GROUPED.format(pieces=" UNION ALL ".join(selects))
+    cursor = conn.connection.cursor()  # the driver's tuples: no Row a bucket
+    try:
+        cursor.execute(driver_sql(sql, conn.dialect.name), params)
+        rows: Sequence[Any] = cursor.fetchall()
+    finally:
+        cursor.close()
+    return rows

@@ -61,6 +61,7 @@ _INSERT_OR_REPLACE = f"INSERT OR REPLACE INTO steps ({', '.join(_STEP_COLUMNS)})
 _LAST_STEP = "SELECT last_step FROM runs WHERE id = ?"
 _ADVANCE = "UPDATE runs SET last_step = GREATEST(last_step, ?), heartbeat_at = ? WHERE id = ?"
 _ADVANCE_SEQUENCE = "UPDATE runs SET batch_sequence = ? WHERE id = ? AND batch_sequence < ?"
+_REWRITTEN = "UPDATE runs SET step_rewrites = step_rewrites + 1 WHERE id = ?"
 _FINDING_COLUMNS: tuple[str, ...] = tuple(column.name for column in overflow_params.c)
 _FINDING_KEY = ("run_id", "step", "rank", "name")
 _INSERT_FINDINGS = f"INSERT OR REPLACE INTO overflow_params ({', '.join(_FINDING_COLUMNS)})"
@@ -233,7 +234,8 @@ def write_steps(store: Store, run_id: int, records: Sequence[StepRecord]) -> Non
     buckets, in one transaction.
 
     Also advances ``runs.last_step`` and the heartbeat. Writing a step again replaces it
-    and its findings, so a retried batch leaves the same rows and rollups as one write.
+    and its findings, so a retried batch leaves the same rows and rollups as one write, and
+    counts in ``runs.step_rewrites``.
     """
     write_step_values(
         store, run_id, [step_values(r) for r in records], finding_rows(records), norm_rows(records)
@@ -282,6 +284,7 @@ def write_step_values(
             if not fresh:  # a step written again loses the findings it had
                 for first, last in contiguous(set(step_numbers)):
                     cursor.execute(driver_sql(_DELETE_FINDINGS, dialect), (run_id, first, last))
+                cursor.execute(driver_sql(_REWRITTEN, dialect), (run_id,))
             if found_rows:
                 _insert_findings(cursor, found_rows, dialect=dialect)
             refresh_rollups(cursor, run_id, rows, fresh=fresh)

@@ -63,6 +63,8 @@ runs = Table(
     Column("owner", String(200), nullable=True),
     # The last batch of it the service stored: a batch sent again stores nothing twice.
     Column("batch_sequence", Integer, nullable=False, server_default="0"),
+    # Writes that replaced stored steps: buckets read before it changed may be stale.
+    Column("step_rewrites", Integer, nullable=False, server_default="0"),
 )
 
 _TYPES: dict[Kind, type[TypeEngine[Any]]] = {

@@ -166,3 +166,15 @@ def test_an_end_below_the_start_is_an_empty_range(client: TestClient, store: Sto
     for what in ("steps", "overflows"):
         export = client.get(f"/api/runs/{run}/export?what={what}&start=3&end=1&format=jsonl")
         assert export.status_code == 200 and export.text == "", what
+
+
+def test_a_chart_asked_again_reads_only_its_newest_buckets(
+    client: TestClient, store: Store
+) -> None:
+    run = add_run(store, simulate(3_000, {10, 2_000}))
+    charts = client.app.state.services.charts  # type: ignore[attr-defined]
+    first = client.get(f"/api/runs/{run}/steps?max_points=200").json()
+    read = charts.read_buckets
+    again = client.get(f"/api/runs/{run}/steps?max_points=200").json()
+    assert again == first and first["bucket_width"] > 1
+    assert charts.read_buckets - read <= 1 and charts.kept_buckets >= len(first["series"]["n"]) - 1

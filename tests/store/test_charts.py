@@ -4,16 +4,14 @@ grouped from several pieces."""
 
 from __future__ import annotations
 
-import math
 import random
-from typing import Any
 
-from scalewatch.store import RunRef, StepRecord, Store
+from scalewatch.store import RunRef, Store
 from scalewatch.store.charts import Series, _bucket_width, chart_series
 from scalewatch.store.runs import write_steps
 from scalewatch.store.schema import ROLLUP_LEVELS
-from scalewatch.store.step_schema import SERIES, SERIES_KEYS, Fold
-from tests._helpers.records import step_record
+from scalewatch.store.step_schema import SERIES_KEYS
+from tests._helpers.chart_oracle import chart_record, plain_columns
 from tests._helpers.stored import step_rows
 
 # Gaps inside buckets of every width the windows below chart at, and a whole empty stretch.
@@ -21,49 +19,6 @@ STEPS = sorted(
     {*range(1, 9_000), *range(9_013, 9_500), *range(9_700, 21_000), *range(23_000, 30_000)}
     - {7, 64, 65, 200, 4096, 12_345}
 )
-
-
-def _record(rng: random.Random, step: int) -> StepRecord:
-    overflow = rng.random() < 0.02
-    return step_record(
-        step,
-        scale=2.0 ** rng.randint(0, 24),
-        overflow=overflow,
-        skipped=overflow and rng.random() < 0.8,
-        inf_ranks=(1,) if overflow else (),
-        scale_after=2.0 ** rng.randint(0, 24),
-        growth_tracker=rng.randint(0, 2000),
-        loss=rng.choice([rng.uniform(0.0, 9.0)] * 6 + [None, math.inf, math.nan]),
-        lr=rng.choice([rng.uniform(1e-5, 1e-3)] * 8 + [None]),
-        schedule_drift=rng.choice([None, rng.randint(0, 50)]),
-        grad_norm=rng.choice([rng.uniform(0.0, 40.0)] * 6 + [None, math.nan]),
-        loss_spike=rng.random() < 0.01,
-        grad_norm_spike=rng.random() < 0.01,
-    )
-
-
-def _plain(rows: list[dict[str, Any]], lo: int, hi: int, width: int) -> dict[str, list[Any]]:
-    """The chart columns of the stored ``rows`` in ``[lo, hi]``, one step at a time."""
-    buckets: dict[int, list[dict[str, Any]]] = {}
-    for row in rows:
-        if lo <= row["step"] <= hi:
-            buckets.setdefault(row["step"] // width, []).append(row)
-    columns: dict[str, list[Any]] = {key: [] for key in SERIES_KEYS}
-    for members in buckets.values():
-        last = members[-1]
-        values: list[Any] = [members[0]["step"], last["step"], len(members)]
-        for spec in SERIES:
-            if spec.fold is Fold.RANGE:
-                present = [m[f.name] for m in members for f in spec.fields]
-                present = [v for v in present if v is not None]
-                values += [min(present), max(present)] if present else [None, None]
-            elif spec.fold is Fold.COUNT:
-                values.append(sum(int(m[spec.fields[0].name]) for m in members))
-            if spec.last is not None:
-                values.append(last[spec.last.name])
-        for key, value in zip(SERIES_KEYS, values, strict=True):
-            columns[key].append(value)
-    return columns
 
 
 def _windows(rng: random.Random) -> list[tuple[int | None, int | None, int]]:
@@ -89,7 +44,7 @@ def _windows(rng: random.Random) -> list[tuple[int | None, int | None, int]]:
 
 def test_buckets_equal_a_plain_computation_over_the_steps(store: Store, run: RunRef) -> None:
     rng = random.Random(7)
-    records = [_record(rng, step) for step in STEPS]
+    records = [chart_record(rng, step) for step in STEPS]
     for i in range(0, len(records), 997):
         write_steps(store, run.id, records[i : i + 997])
     rows = step_rows(store, run.id)
@@ -111,6 +66,6 @@ def test_buckets_equal_a_plain_computation_over_the_steps(store: Store, run: Run
         width = series.bucket_width
         assert width == _bucket_width(hi - lo + 1, max_points)[0]
         assert len(series.columns["n"]) <= max_points
-        assert series.columns == _plain(rows, lo, hi, width), (start, end, max_points)
+        assert series.columns == plain_columns(rows, lo, hi, width), (start, end, max_points)
         shapes.add("step" if width == 1 else "row" if width in level_widths else "grouped")
     assert shapes == {"step", "row", "grouped"}
