@@ -13,18 +13,21 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from scalewatch.store.alerts import AlertRow, Firing, fire_alert, firing_alerts, resolve_alert
 from scalewatch.store.engine import Store
-from scalewatch.store.queries import parse_ranks
 from scalewatch.store.states import RunStatus
 from scalewatch.store.watched import RUNS_PER_READ, new_steps, recorded_last_step, watched_runs
 
 from .config import Rule
-from .kinds import KINDS, Reading, RunView, StepView, Watch
+from .kinds import KINDS, Reading, RunView, Watch
+from .steps import StepBatch
 
 __all__ = ["BATCH_STEPS", "TICK_STEPS", "Evaluator"]
 
@@ -64,6 +67,9 @@ class _Watched:
     fed_at: float | None = None  # that step's wall time
     warm: bool = False  # history fed and reconciled: transitions are stored from now on
     done: list[AlertRow] = field(default_factory=list)
+    # Where a rule's condition turned in the steps fed, to store in step order: (step, its
+    # wall time, the rule, the reading); what a failed write left waits for the next tick.
+    turns: deque[tuple[int, float, _Rule, Reading]] = field(default_factory=deque)
     stepping: list[_Rule] = field(init=False)  # the rules whose kind looks at steps
 
     def __post_init__(self) -> None:
@@ -196,6 +202,8 @@ class Evaluator:
         of each run a statement (many runs in one), at most ``tick_steps`` a run a tick."""
         pending = {entry.run.id: entry for entry in watched}
         fed = dict.fromkeys(pending, 0)
+        for entry in watched:
+            self._store_turns(entry)
         while pending:
             cursors = {run_id: entry.fed for run_id, entry in pending.items()}
             rows = new_steps(
@@ -203,9 +211,10 @@ class Evaluator:
             )
             read = dict.fromkeys(pending, 0)
             try:
-                for row in rows:
-                    read[row[0]] += 1
-                    self._step(pending[row[0]], _step_view(row))
+                for run_id, steps in groupby(rows, key=itemgetter(0)):
+                    batch = StepBatch(list(steps))
+                    read[run_id] = len(batch.rows)
+                    self._feed_run(pending[run_id], batch)
             finally:  # also when a store write failed: the clock side sees what was fed
                 for run_id, count in read.items():
                     entry = pending[run_id]
@@ -218,21 +227,33 @@ class Evaluator:
                 if count < self.batch_steps or fed[run_id] >= self.tick_steps:  # read to its end
                     del pending[run_id]
 
-    def _step(self, watched: _Watched, step: StepView) -> None:
-        """Feed every watch ``step``, then store what changed: a failed write leaves no
-        watch fed twice, and the change is made again at the next step it still holds."""
-        changed: list[tuple[_Rule, Reading]] = []
-        for entry in watched.stepping:
-            reading = entry.watch.step(step)
-            if reading is None:
-                continue
-            entry.value = reading.value
-            if bool(reading.on) != (entry.episode is not None):  # most steps change nothing
-                changed.append((entry, reading))
-        watched.fed, watched.fed_at = step.step, step.wall_time
-        for entry, reading in changed:
-            self._read(entry, reading, step.step, step.wall_time)
-            self._sync(watched, entry)
+    def _feed_run(self, watched: _Watched, batch: StepBatch) -> None:
+        """Feed every watch ``batch``, then store where each condition turned, step by
+        step: a failed write leaves no watch fed twice, and the turns after it to the next
+        tick."""
+        turns: list[tuple[int, _Rule, Reading]] = []
+        for entry in watched.stepping:  # most batches turn nothing
+            fed = entry.watch.feed(batch, entry.episode is not None)
+            if fed.last is not None:
+                entry.value = fed.last.value
+            turns += [(i, entry, reading) for i, reading in fed.turns]
+        turns.sort(key=itemgetter(0))  # by step; at one step, in the rules' order
+        steps, times = batch.steps, batch.wall_times
+        watched.turns += [(steps[i], times[i], entry, reading) for i, entry, reading in turns]
+        watched.fed, watched.fed_at = steps[-1], times[-1]
+        self._store_turns(watched)
+
+    def _store_turns(self, watched: _Watched) -> None:
+        """Follow and store each turn in order. A turn is taken off before its write, whose
+        failure :meth:`_sync` makes good later; the rule's value stays its last step's."""
+        while watched.turns:
+            step, at, entry, reading = watched.turns.popleft()
+            latest = entry.value
+            self._read(entry, reading, step, at)
+            try:
+                self._sync(watched, entry)
+            finally:
+                entry.value = latest
 
     def _read(self, entry: _Rule, reading: Reading, step: int, at: float) -> None:
         """Follow the watch's word in memory: an episode starts, or ends."""
@@ -318,14 +339,3 @@ def _with(view: RunView, **changes: Any) -> RunView:
     values = {name: getattr(view, name) for name in RunView.__slots__}
     values.update(changes)
     return RunView(**values)
-
-
-def _step_view(row: Sequence[Any]) -> StepView:
-    """A row of ``new_steps`` (``WATCHED_COLUMNS``) as the rules read it."""
-    _run, step, wall_time, scale, scale_after, overflow, skipped, inf_ranks, drift, *spiked = row
-    ranks = tuple(parse_ranks(inf_ranks)) if inf_ranks else ()
-    view = StepView(
-        step, wall_time, scale, scale_after, bool(overflow), bool(skipped), ranks, drift
-    )
-    view.loss_spike, view.grad_norm_spike = bool(spiked[0]), bool(spiked[1])
-    return view

@@ -18,19 +18,21 @@ it compared. A new kind is a parameters model and a watch class, registered with
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scalewatch.store.forecast import WINDOW, ScaleStep, read_forecast
 
+from .steps import StepBatch, StepView
 from .units import Unit
 
 __all__ = [
     "KINDS",
     "AutopilotGaveUp",
+    "Fed",
     "GradNormSpike",
     "Kind",
     "LossSpike",
@@ -51,24 +53,6 @@ __all__ = [
 ]
 
 
-# StepView and Reading are made for every step and rule (tens of thousands a second on a
-# busy service): not frozen, whose __init__ costs three times as much; nothing changes them.
-@dataclass(slots=True)
-class StepView:
-    """One stored step, as the rules read it."""
-
-    step: int
-    wall_time: float
-    scale: float
-    scale_after: float
-    overflow: bool
-    skipped: bool
-    inf_ranks: tuple[int, ...] = ()
-    schedule_drift: int | None = None  # None: no LR scheduler registered
-    loss_spike: bool = False  # the step's loss spiked (scalewatch.store.spikes)
-    grad_norm_spike: bool = False  # its gradient norm did
-
-
 @dataclass(frozen=True, slots=True)
 class RunView:
     """A run as the clock side of the rules reads it, once per tick."""
@@ -84,6 +68,7 @@ class RunView:
     min_scale: float | None = None  # the scaler's min_scale, where it was made with one
 
 
+# Reading is made for many steps and rules: not frozen, whose __init__ costs three times as much.
 @dataclass(slots=True)
 class Reading:
     """Whether a rule's condition holds, the value compared with its threshold, and, when
@@ -93,6 +78,14 @@ class Reading:
     value: float
     detail: str = ""
     at: float | None = None
+
+
+class Fed(NamedTuple):
+    """What a watch says of a batch of steps: the readings at which its condition turned,
+    by their index in the batch, and the last step's reading (None: it read no step)."""
+
+    turns: list[tuple[int, Reading]]
+    last: Reading | None
 
 
 class Params(BaseModel):
@@ -120,6 +113,30 @@ class Watch(Generic[P]):
 
     def step(self, row: StepView) -> Reading | None:
         """After each new step; None: this kind does not look at steps."""
+        return None
+
+    def feed(self, batch: StepBatch, on: bool) -> Fed:
+        """:meth:`step` over each step of ``batch``, saying where the condition turns from
+        ``on`` (whether it held before the batch); a batch that :meth:`quiet` takes whole
+        is not read step by step."""
+        last = None if on else self.quiet(batch)
+        if last is not None:
+            return Fed([], last)
+        turns = []
+        for i, row in enumerate(batch.views):
+            reading = self.step(row)
+            if reading is None:
+                continue
+            last = reading
+            if bool(reading.on) != on:
+                on = not on
+                turns.append((i, reading))
+        return Fed(turns, last)
+
+    def quiet(self, batch: StepBatch) -> Reading | None:
+        """With the condition off before ``batch``: if none of its steps can turn it on,
+        take them in at once and return the last one's reading; None: read them one by one
+        (the default)."""
         return None
 
     def clock(self, run: RunView, now: float) -> Reading | None:
@@ -180,6 +197,12 @@ class ScaleBelow(Watch[Floor]):
     def step(self, row: StepView) -> Reading:
         return Reading(row.scale_after < self.params.threshold, row.scale_after)
 
+    def quiet(self, batch: StepBatch) -> Reading | None:
+        floor = self.params.threshold
+        if any(after < floor for after in batch.scale_after):
+            return None
+        return Reading(False, batch.scale_after[-1])
+
 
 class Drops(Params):
     window: int = Field(default=100, gt=0, le=1_000_000)
@@ -210,6 +233,13 @@ class _Windowed(Watch[P]):
             gone.append(self.items.popleft()[1])
         return gone
 
+    def pass_over(self, steps: Sequence[int]) -> None:
+        """Take in ``steps`` that add no item: what leaves the window by the last leaves."""
+        if self.first is None:
+            self.first = steps[0]
+        while self.items and self.items[0][0] <= steps[-1] - self.window:
+            self.items.popleft()
+
     def full(self, row: StepView) -> bool:
         return self.first is not None and row.step - self.first + 1 >= self.window
 
@@ -230,6 +260,14 @@ class ScaleDrop(_Windowed[Drops]):
         self.slide(row, True if row.scale_after < row.scale else None)
         count = len(self.items)
         return Reading(count >= self.params.threshold, float(count), self.within)
+
+    def quiet(self, batch: StepBatch) -> Reading | None:
+        if any(
+            after < before for before, after in zip(batch.scale, batch.scale_after, strict=True)
+        ):
+            return None
+        self.pass_over(batch.steps)  # the count only falls
+        return Reading(False, float(len(self.items)), self.within)
 
 
 class Skips(Params):
@@ -259,6 +297,24 @@ class SkipRate(_Windowed[Skips]):
         on = self.full(row) and rate > self.params.threshold
         return Reading(on, rate, f"last {len(self.seen)} steps" if on else "")
 
+    def quiet(self, batch: StepBatch) -> Reading | None:
+        """No skipped step: the rate stays 0, or, the window full before and no step
+        missing, it only falls (each step adds one to the divisor as one leaves)."""
+        steps = batch.steps
+        if any(batch.skipped):
+            return None
+        if self.items:
+            last, first = (self.seen[-1], self.first) if self.seen else (None, None)
+            if last is None or first is None or last - first + 1 < self.window:
+                return None
+            if steps[0] != last + 1 or steps[-1] - steps[0] != len(steps) - 1:
+                return None
+        self.pass_over(steps)
+        self.seen.extend(steps)
+        while self.seen[0] <= steps[-1] - self.window:
+            self.seen.popleft()
+        return Reading(False, len(self.items) / len(self.seen), "")
+
 
 class Streak(Params):
     threshold: float = Field(default=10, ge=1, description="skipped steps in a row")
@@ -284,6 +340,12 @@ class SkipStreak(Watch[Streak]):
         self.streak = self.streak + 1 if row.skipped else 0
         return Reading(self.streak >= self.params.threshold, float(self.streak))
 
+    def quiet(self, batch: StepBatch) -> Reading | None:
+        if any(batch.skipped):
+            return None
+        self.streak = 0
+        return Reading(False, 0.0)
+
 
 class Lead(Params):
     threshold: float = Field(default=10, ge=1, description="steps the schedule is ahead by")
@@ -299,7 +361,15 @@ class Lead(Params):
 )
 class ScheduleDrift(Watch[Lead]):
     def step(self, row: StepView) -> Reading:
-        drift = row.schedule_drift
+        return self._reading(row.schedule_drift)
+
+    def quiet(self, batch: StepBatch) -> Reading | None:
+        lead = self.params.threshold
+        if any(drift is not None and drift >= lead for drift in batch.schedule_drift):
+            return None
+        return self._reading(batch.schedule_drift[-1])
+
+    def _reading(self, drift: int | None) -> Reading:
         if drift is None:
             return Reading(False, 0.0)
         return Reading(drift >= self.params.threshold, float(drift), _steps(drift))
@@ -323,6 +393,12 @@ class _SpikeWatch(_Windowed[Spikes]):
         self.slide(row, True if getattr(row, self.flag) else None)
         count = len(self.items)
         return Reading(count >= self.params.threshold, float(count), self.within)
+
+    def quiet(self, batch: StepBatch) -> Reading | None:
+        if any(batch.flags(self.flag)):
+            return None
+        self.pass_over(batch.steps)  # the count only falls
+        return Reading(False, float(len(self.items)), self.within)
 
 
 @kind(
@@ -447,6 +523,15 @@ class RankHotspot(_Windowed[Hotspot]):
             self.reading = self._reading()
         return self.reading
 
+    def quiet(self, batch: StepBatch) -> Reading | None:
+        """No overflow named a rank and none leaves the window: the reading stays."""
+        if any(over and ranks for over, ranks in zip(batch.overflow, batch.inf_ranks, strict=True)):
+            return None
+        if self.items and self.items[0][0] <= batch.steps[-1] - self.window:
+            return None
+        self.pass_over(batch.steps)
+        return self.reading
+
     def _reading(self) -> Reading:
         if len(self.items) < self.params.min_overflows or not self.total:
             return Reading(False, 0.0)
@@ -522,17 +607,40 @@ class ScaleForecastWatch(Watch[Heading]):
         changed = row.scale_after != row.scale
         if changed:
             self.changes.append(now)
-        first = row.step - self.params.window + 1
-        while self.changes and self.changes[0].step < first:
-            left = self.changes.popleft()
-            self.start = ScaleStep(first, left.scale_after, left.scale_after)
-        if self.start.step < first:
-            self.start = ScaleStep(first, self.start.scale_after, self.start.scale_after)
+        self._slide(row.step)
         self.since += 1
         if changed or self.since >= self.EVERY:
             self.since = 0
             self.reading = self._reading(now)
         return self.reading
+
+    def feed(self, batch: StepBatch, on: bool) -> Fed:
+        """A batch where the scale does not change is read only where a reading is due
+        (every ``EVERY`` steps): between them the window moves and nothing else."""
+        scale, after = batch.scale, batch.scale_after
+        if self.start is None or any(a != s for s, a in zip(scale, after, strict=True)):
+            return super().feed(batch, on)
+        steps, turns = batch.steps, []
+        for i in range(self.EVERY - self.since - 1, len(steps), self.EVERY):
+            self._slide(steps[i])
+            self.reading = self._reading(ScaleStep(steps[i], scale[i], after[i]))
+            if bool(self.reading.on) != on:
+                on = not on
+                turns.append((i, self.reading))
+        self._slide(steps[-1])
+        self.since = (self.since + len(steps)) % self.EVERY
+        return Fed(turns, self.reading)
+
+    def _slide(self, step: int) -> None:
+        """Move the window to end at ``step``: the changes before it leave, the scale it
+        starts from is the last of them."""
+        assert self.start is not None
+        first = step - self.params.window + 1
+        while self.changes and self.changes[0].step < first:
+            left = self.changes.popleft()
+            self.start = ScaleStep(first, left.scale_after, left.scale_after)
+        if self.start.step < first:
+            self.start = ScaleStep(first, self.start.scale_after, self.start.scale_after)
 
     def _reading(self, now: ScaleStep) -> Reading:
         assert self.start is not None

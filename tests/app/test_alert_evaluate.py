@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from scalewatch.app.alerts import evaluate
 from scalewatch.app.alerts.config import default_rules, parse_rules
 from scalewatch.app.alerts.evaluate import Evaluator
+from scalewatch.app.alerts.kinds import ScaleForecastWatch, Watch
 from scalewatch.app.alerts.text import alert_text
 from scalewatch.store import watched as watched_store
 from scalewatch.store.alerts import AlertRow, alert_page
@@ -287,13 +290,13 @@ def test_many_runs_are_read_a_batch_at_a_time_and_each_step_fed_once(
         first = streak_at[run]
         write_steps(store, run, _records(1, 30, skipped={first, first + 1, first + 2}))
     fed: dict[int, list[int]] = {run: [] for run in ids}
-    real_step = Evaluator._step
+    real_feed = Evaluator._feed_run
 
-    def step(self: Evaluator, watched: Any, view: Any) -> None:
-        fed[watched.run.id].append(view.step)
-        real_step(self, watched, view)
+    def feed_run(self: Evaluator, watched: Any, batch: Any) -> None:
+        fed[watched.run.id] += batch.steps
+        real_feed(self, watched, batch)
 
-    monkeypatch.setattr(Evaluator, "_step", step)
+    monkeypatch.setattr(Evaluator, "_feed_run", feed_run)
     reads: list[str] = []
     real_sql = watched_store.driver_sql
 
@@ -333,3 +336,75 @@ def test_a_schedule_that_drifts_fires_with_its_lead_in_words(any_store: Store) -
         "scalewatch: drift (schedule_drift) firing on run 'bert' (#1) at step 5:"
         " schedule ahead of the weights by 2 steps (threshold 2)"
     )
+
+
+def _stormy(first: int, last: int, seed: int) -> list[StepRecord]:
+    """Calm stretches and stormy ones on 4 ranks: overflows, backoffs, growths, a drifting
+    schedule."""
+    rng = random.Random(seed)
+    records, scale, drift, storm = [], 2.0**12, 0, 0.0
+    for step in range(first, last + 1):
+        if rng.random() < 0.004:
+            storm = rng.choice([0.0, 0.0, 0.0, 0.05, 0.3])
+        overflow = rng.random() < storm
+        after = max(1.0, scale / 2) if overflow else scale * (2 if rng.random() < 0.01 else 1)
+        drift = drift + 1 if overflow else max(0, drift - (rng.random() < 0.05))
+        ranks = tuple(sorted(rng.sample(range(4), rng.choice([1, 1, 2])))) if overflow else ()
+        records.append(step_record(step, wall_time=2000.0 + step, overflow=overflow,
+                                   scale=scale, scale_after=min(after, 2.0**16),
+                                   inf_ranks=ranks, schedule_drift=drift))  # fmt: skip
+        scale = min(after, 2.0**16)
+    return records
+
+
+STORMY_RULES = parse_rules(
+    "\n".join(
+        f'[[rule]]\nname = "{kind}"\nkind = "{kind}"\n{params}\n'
+        for kind, params in [
+            ("scale_below", "threshold = 256"),
+            ("scale_drop", "window = 20\nthreshold = 3"),
+            ("skip_rate", "window = 30\nthreshold = 0.1"),
+            ("skip_streak", "threshold = 3"),
+            ("schedule_drift", "threshold = 2"),
+            ("rank_hotspot", "window = 40\nthreshold = 0.6\nmin_overflows = 2"),
+            ("scale_forecast", "window = 100\nthreshold = 5000"),
+        ]
+    )
+).rules
+
+
+def _stormy_alerts(url: str) -> list[tuple[Any, ...]]:
+    """Every alert of a stormy run of 4000 steps, written and evaluated in batches of
+    different sizes."""
+    clock, rng = Clock(), random.Random(7)
+    with open_store(url) as store:
+        run = create_run(store, name="bert", world_size=4, config={}, control={})
+        evaluator = Evaluator(store, STORMY_RULES, clock=clock)
+        evaluator.tick()
+        records = _stormy(1, 4000, seed=3)
+        while records:
+            size = rng.choice([1, 5, 40, 200, 700])
+            batch, records = records[:size], records[size:]
+            write_steps(store, run.id, batch)
+            clock.now = batch[-1].wall_time
+            evaluator.tick()
+        return [
+            (a.rule, a.fired_step, a.fired_at, a.value, a.detail, a.resolved_step,
+             a.resolved_at, a.resolved_value)
+            for a in alert_page(store, limit=1000)[0][::-1]
+        ]  # fmt: skip
+
+
+def test_steps_fed_a_batch_at_a_time_fire_and_resolve_where_fed_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches a rule takes whole (no step of them can turn it on) and batches it reads
+    step by step store the same alerts, at the same steps, as every step read alone."""
+    batched = _stormy_alerts(f"sqlite:///{tmp_path / 'batched.db'}")
+    monkeypatch.setattr(Watch, "quiet", lambda self, batch: None)
+    monkeypatch.setattr(ScaleForecastWatch, "feed", Watch.feed)
+    one_by_one = _stormy_alerts(f"sqlite:///{tmp_path / 'one_by_one.db'}")
+    assert batched == one_by_one
+    fired = {alert[0] for alert in batched}
+    assert fired == {rule.name for rule in STORMY_RULES}  # every kind fired
+    assert sum(alert[5] is not None for alert in batched) > len(fired)  # many resolved
