@@ -106,13 +106,23 @@ def split_stacks(text: str) -> list[tuple[float, str]]:
     return [(n / total, part) for part, n in counts.most_common()]
 
 
+def py_spy() -> str:
+    """py-spy's path, on PATH or beside the interpreter; exits with one line when neither
+    has it (a bench checks before its minutes of load, not after)."""
+    beside = Path(sys.executable).with_name("py-spy")
+    spy = shutil.which("py-spy") or (str(beside) if beside.exists() else None)
+    if spy is None:
+        sys.exit("--profile needs py-spy, on PATH or beside the interpreter: pip install py-spy")
+    return spy
+
+
 @contextlib.contextmanager
 def sampled(pid: int, path: Path | None) -> Iterator[None]:
     """py-spy samples of ``pid`` written to ``path`` while the block runs (None: none)."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if path is None:
         yield
         return
+    spy = py_spy()
     process = subprocess.Popen(
         [
             spy,

@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _baselines import Baseline, sse_bytes, store_rows  # noqa: E402
 from _cpu import CpuSplit, Process, QuerySampler, Statements, postmaster, shares  # noqa: E402
 from _figures import figure  # noqa: E402
-from _profile import sampled, split_stacks  # noqa: E402
+from _profile import py_spy, sampled, split_stacks  # noqa: E402
 
 from scalewatch.store.engine import open_store  # noqa: E402
 from scalewatch.store.identities import Role, create_identity  # noqa: E402
@@ -561,6 +561,8 @@ def main() -> int:
         " figures are not comparable with others'",
     )
     args = parser.parse_args()
+    if args.profile:
+        py_spy()
     if args.batch is None:
         defaults = TelemetrySettings()
         gather = defaults.send_interval_s if args.http else defaults.coalesce_s

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from _fleet_writer import opening  # noqa: E402
-from _profile import sampled, split_stacks  # noqa: E402
+from _profile import py_spy, sampled, split_stacks  # noqa: E402
 
 from scalewatch.spool.client import ServiceClient  # noqa: E402
 from scalewatch.store.engine import open_store  # noqa: E402
@@ -122,6 +122,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", help="py-spy's samples of the last round to PREFIX-SIZE.txt")
     args = parser.parse_args()
+    if args.profile:
+        py_spy()
     with tempfile.TemporaryDirectory(prefix="scalewatch-ingest-") as tmp:
         url = args.db or f"sqlite:///{Path(tmp) / 'ingest.db'}"
         with open_store(url) as store:
