@@ -60,7 +60,7 @@ def _json_safe(value: Any) -> Any:
 
 
 async def _request_validation(request: Request, exc: Exception) -> JSONResponse:
-    if _body_not_json(request):
+    if body_not_json(request):
         detail = [{"loc": ["body"], "msg": NOT_JSON, "type": "content_type"}]
         return JSONResponse({"detail": detail}, status.HTTP_422_UNPROCESSABLE_CONTENT)
     # FastAPI's own handler echoes the input, and a NaN there fails to serialise (a 500).
@@ -75,7 +75,7 @@ NOT_JSON = (
 )
 
 
-def _body_not_json(request: Request) -> bool:
+def body_not_json(request: Request) -> bool:
     """A request with a body that does not say it is JSON: FastAPI then reads it as no
     object at all, and its 422 does not say why (``curl -d`` sends a form)."""
     if request.method not in ("POST", "PUT", "PATCH"):

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 
 from scalewatch.store.identities import Role
 
+from .ingest import batch_schemas
 from .middleware.roles import ROUTE_ROLES
 
 __all__ = ["install_openapi", "with_roles", "without_null_parameters"]
@@ -81,6 +82,10 @@ def install_openapi(app: FastAPI) -> None:
     write = app.openapi
 
     def openapi() -> dict[str, Any]:
-        return with_roles(without_null_parameters(write()))  # in place, on FastAPI's cached one
+        document = with_roles(without_null_parameters(write()))  # in place, on FastAPI's cached one
+        schemas = document.setdefault("components", {}).setdefault("schemas", {})
+        for name, schema in batch_schemas().items():  # a body the route reads itself
+            schemas.setdefault(name, schema)
+        return document
 
     app.openapi = openapi  # type: ignore[method-assign]

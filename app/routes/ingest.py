@@ -6,10 +6,24 @@ from __future__ import annotations
 import functools
 
 import anyio
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Request, status
+from fastapi.exceptions import RequestValidationError
+
+from scalewatch.store.engine import Store
 
 from ..deps import ActorDep, ServicesDep, StoreDep
-from ..ingest import BatchAnswer, BatchIn, RunOpen, RunOpened, open_job_run, store_batch
+from ..errors import body_not_json
+from ..ingest import (
+    BATCH_BODY,
+    BatchAnswer,
+    RunBatches,
+    RunOpen,
+    RunOpened,
+    open_job_run,
+    parse_batch,
+    store_batch,
+)
+from ..middleware.identity import Identity
 from ..models import ErrorMessage
 from .runs import RunId
 from .write_responses import WRITE_RESPONSES
@@ -28,12 +42,21 @@ def open_run(store: StoreDep, actor: ActorDep, body: RunOpen) -> RunOpened:
     return open_job_run(store, body, actor)
 
 
-@router.post("/runs/{run}/batches", responses=_RESPONSES)
+@router.post("/runs/{run}/batches", responses=_RESPONSES, openapi_extra=BATCH_BODY)
 async def post_batch(
-    services: ServicesDep, actor: ActorDep, run: RunId, body: BatchIn
+    services: ServicesDep, actor: ActorDep, run: RunId, request: Request
 ) -> BatchAnswer:
-    """Store a batch of the run's records in their order, once: a batch whose ``sequence``
-    is stored already stores nothing. The answer carries the pending control requests."""
+    """Store a batch of the run's records (a ``BatchIn``) in their order, once: a batch
+    whose ``sequence`` is stored already stores nothing. The answer carries the pending
+    control requests."""
+    if body_not_json(request):
+        raise RequestValidationError([])  # answered as any body that says it is not JSON
+    raw = await request.body()
     batches = services.batches
-    store = functools.partial(store_batch, services.store, batches, run, body, actor)
+    store = functools.partial(_store, services.store, batches, run, raw, actor)
     return await anyio.to_thread.run_sync(store, limiter=batches.storing)
+
+
+def _store(store: Store, batches: RunBatches, run: int, raw: bytes, who: Identity) -> BatchAnswer:
+    """The batch validated from its bytes and stored, off the event loop."""
+    return store_batch(store, batches, run, parse_batch(raw), who)

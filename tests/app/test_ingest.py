@@ -10,6 +10,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import jsonschema_rs
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
@@ -250,3 +251,40 @@ def test_a_sqlite_stores_batches_are_stored_one_at_a_time(
         assert list(pool.map(post, run_ids)) == [200] * len(run_ids)
     assert most == 1
     assert [counts(store, run)[0] for run in run_ids] == [5] * len(run_ids)
+
+
+def test_a_batch_is_refused_as_fastapi_words_a_body_and_documented_as_it_is_read(
+    client: TestClient, store: Store
+) -> None:
+    """The route validates a batch from its bytes itself: its 422s locate each error under
+    ``body``, a body that is not JSON is told so, and the OpenAPI document's schema of the
+    body takes what the sender sends and refuses what the route refuses."""
+    writer = auth(create_identity(store, "job-42", Role.WRITER, by="test").token)
+    run = client.post("/api/ingest/runs", json=opening(uuid.uuid4().hex), headers=writer).json()
+    path = f"/api/ingest/runs/{run['id']}/batches"
+    good = {"sequence": 1, "items": items(step_commands(1, 5), reason="")}
+    bad = {"sequence": 1, "items": [{"kind": "steps", "steps": [{"step": -1}]}]}
+
+    refused = client.post(path, json=bad, headers=writer)
+    assert refused.status_code == 422
+    locations = [error["loc"] for error in refused.json()["detail"]]
+    assert ["body", "items", 0, "steps", "steps", 0, "step"] in locations
+    assert all(loc[0] == "body" for loc in locations)
+    for raw in (b"{", b"", b"[]"):
+        garbled = client.post(
+            path, content=raw, headers={**writer, "Content-Type": "application/json"}
+        )
+        assert garbled.status_code == 422 and garbled.json()["detail"][0]["loc"][0] == "body"
+    form = client.post(
+        path, content=b"sequence=1", headers={**writer, "Content-Type": "text/plain"}
+    )
+    assert form.status_code == 422 and form.json()["detail"][0]["type"] == "content_type"
+    assert counts(store, run["id"]) == (0, 0, 0, 0)
+
+    document = client.get("/openapi.json", headers=writer).json()
+    body = document["paths"]["/api/ingest/runs/{run}/batches"]["post"]["requestBody"]
+    schema = {**body["content"]["application/json"]["schema"], "components": document["components"]}
+    validator = jsonschema_rs.validator_for(schema)
+    assert validator.is_valid(good) and not validator.is_valid(bad)
+    stored = client.post(path, json=good, headers=writer)
+    assert stored.status_code == 200 and counts(store, run["id"])[0] == 5
