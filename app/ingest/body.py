@@ -36,11 +36,14 @@ def batch_schemas() -> dict[str, Any]:
 
 def parse_batch(raw: bytes) -> BatchIn:
     """``raw`` as a :class:`BatchIn`; what it is not is a 422 as FastAPI words one (each
-    error located under ``body``)."""
+    error located under ``body``; a body that cannot be decoded is not echoed)."""
     try:
         return BatchIn.model_validate_json(raw)
     except ValidationError as error:
-        errors = [
-            {**found, "loc": ("body", *found["loc"])} for found in error.errors(include_url=False)
-        ]
+        errors: list[dict[str, Any]] = []
+        for found in error.errors(include_url=False):
+            located: dict[str, Any] = {**found, "loc": ("body", *found["loc"])}
+            if found["type"] == "json_invalid":  # its input is the whole body, undecoded
+                del located["input"]
+            errors.append(located)
         raise RequestValidationError(errors) from None

@@ -42,7 +42,11 @@ def open_run(store: StoreDep, actor: ActorDep, body: RunOpen) -> RunOpened:
     return open_job_run(store, body, actor)
 
 
-@router.post("/runs/{run}/batches", responses=_RESPONSES, openapi_extra=BATCH_BODY)
+# A batch is decoded with its validation: what cannot be decoded is a 422 json_invalid too.
+_BATCH_RESPONSES = {code: answer for code, answer in _RESPONSES.items() if code != 400}
+
+
+@router.post("/runs/{run}/batches", responses=_BATCH_RESPONSES, openapi_extra=BATCH_BODY)
 async def post_batch(
     services: ServicesDep, actor: ActorDep, run: RunId, request: Request
 ) -> BatchAnswer:
