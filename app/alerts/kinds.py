@@ -1,20 +1,6 @@
 """Rule kinds: each a parameters model and the watch that evaluates it, registered with
 :func:`~.watch.kind` in :data:`~.watch.KINDS` (in this order: the default rules' and
-docs/ALERTS.md's).
-
-A watch is one rule on one run. The evaluator feeds it the run's steps in order and, once
-per tick, the clock; after each it says whether the rule's condition holds and the value
-it compared. A new kind is a parameters model and a watch class, registered with
-:func:`kind`::
-
-    class Floor(Params):
-        threshold: float = 1.0
-
-    @kind("scale_below", Floor, "the scale after a step under the threshold",
-          unit=Unit.SCALE, says="scale {value}")
-    class ScaleBelow(Watch):
-        def step(self, row: StepView) -> Reading:
-            return Reading(row.scale_after < self.params.threshold, row.scale_after)
+docs/ALERTS.md's). :mod:`.watch` says what a watch is, and how a new kind is written.
 """
 
 from __future__ import annotations
@@ -70,9 +56,9 @@ class ScaleBelow(Watch[Floor]):
 
     def quiet(self, batch: StepBatch) -> Reading | None:
         floor = self.params.threshold
-        if any(after < floor for after in batch.scale_after):
+        if any(after < floor for after in batch.column("scale_after")):
             return None
-        return Reading(False, batch.scale_after[-1])
+        return Reading(False, batch.column("scale_after")[-1])
 
 
 class Drops(Params):
@@ -99,7 +85,10 @@ class ScaleDrop(Windowed[Drops]):
 
     def quiet(self, batch: StepBatch) -> Reading | None:
         if any(
-            after < before for before, after in zip(batch.scale, batch.scale_after, strict=True)
+            after < before
+            for before, after in zip(
+                batch.column("scale"), batch.column("scale_after"), strict=True
+            )
         ):
             return None
         self.pass_over(batch.steps)  # the count only falls
@@ -137,7 +126,7 @@ class SkipRate(Windowed[Skips]):
         """No skipped step: the rate stays 0, or, the window full before and no step
         missing, it only falls (each step adds one to the divisor as one leaves)."""
         steps = batch.steps
-        if any(batch.skipped):
+        if any(batch.column("skipped")):
             return None
         if self.items:
             last, first = (self.seen[-1], self.first) if self.seen else (None, None)
@@ -177,7 +166,7 @@ class SkipStreak(Watch[Streak]):
         return Reading(self.streak >= self.params.threshold, float(self.streak))
 
     def quiet(self, batch: StepBatch) -> Reading | None:
-        if any(batch.skipped):
+        if any(batch.column("skipped")):
             return None
         self.streak = 0
         return Reading(False, 0.0)
@@ -201,9 +190,9 @@ class ScheduleDrift(Watch[Lead]):
 
     def quiet(self, batch: StepBatch) -> Reading | None:
         lead = self.params.threshold
-        if any(drift is not None and drift >= lead for drift in batch.schedule_drift):
+        if any(drift is not None and drift >= lead for drift in batch.column("schedule_drift")):
             return None
-        return self._reading(batch.schedule_drift[-1])
+        return self._reading(batch.column("schedule_drift")[-1])
 
     def _reading(self, drift: int | None) -> Reading:
         if drift is None:
@@ -231,7 +220,7 @@ class _SpikeWatch(Windowed[Spikes]):
         return Reading(count >= self.params.threshold, float(count), self.within)
 
     def quiet(self, batch: StepBatch) -> Reading | None:
-        if any(batch.flags(self.flag)):
+        if any(batch.column(self.flag)):
             return None
         self.pass_over(batch.steps)  # the count only falls
         return Reading(False, float(len(self.items)), self.within)
@@ -361,7 +350,10 @@ class RankHotspot(Windowed[Hotspot]):
 
     def quiet(self, batch: StepBatch) -> Reading | None:
         """No overflow named a rank and none leaves the window: the reading stays."""
-        if any(over and ranks for over, ranks in zip(batch.overflow, batch.inf_ranks, strict=True)):
+        if any(
+            over and ranks
+            for over, ranks in zip(batch.column("overflow"), batch.column("inf_ranks"), strict=True)
+        ):
             return None
         if self.items and self.items[0][0] <= batch.steps[-1] - self.window:
             return None
@@ -453,7 +445,7 @@ class ScaleForecastWatch(Watch[Heading]):
     def feed(self, batch: StepBatch, on: bool) -> Fed:
         """A batch where the scale does not change is read only where a reading is due
         (every ``EVERY`` steps): between them the window moves and nothing else."""
-        scale, after = batch.scale, batch.scale_after
+        scale, after = batch.column("scale"), batch.column("scale_after")
         if self.start is None or any(a != s for s, a in zip(scale, after, strict=True)):
             return super().feed(batch, on)
         steps, turns = batch.steps, []

@@ -2,7 +2,7 @@
 run read at once (:class:`StepBatch`, rows of ``scalewatch.store.watched.new_steps``).
 
 >>> batch = StepBatch([(7, 1, 10.0, 8.0, 4.0, 1, 1, "0,1", None, 0, 0)])
->>> batch.steps, batch.skipped, batch.views[0].inf_ranks
+>>> batch.steps, batch.column("skipped"), batch.views[0].inf_ranks
 ((1,), (1,), (0, 1))
 """
 
@@ -14,6 +14,7 @@ from functools import cached_property
 from typing import Any
 
 from scalewatch.store.queries import parse_ranks
+from scalewatch.store.watched import WATCHED_COLUMNS
 
 __all__ = ["StepBatch", "StepView"]
 
@@ -50,49 +51,25 @@ class StepBatch:
     def _columns(self) -> list[tuple[Any, ...]]:
         return list(zip(*self.rows, strict=True))
 
+    def column(self, name: str) -> tuple[Any, ...]:
+        """The values of one of ``WATCHED_COLUMNS`` (``inf_ranks`` as stored: ``"0,3"``, or
+        empty), in step order."""
+        return self._columns[_COLUMN[name]]
+
     @property
     def steps(self) -> tuple[int, ...]:
-        return self._columns[1]
+        return self.column("step")
 
     @property
     def wall_times(self) -> tuple[float, ...]:
-        return self._columns[2]
-
-    @property
-    def scale(self) -> tuple[float, ...]:
-        return self._columns[3]
-
-    @property
-    def scale_after(self) -> tuple[float, ...]:
-        return self._columns[4]
-
-    @property
-    def overflow(self) -> tuple[Any, ...]:
-        return self._columns[5]
-
-    @property
-    def skipped(self) -> tuple[Any, ...]:
-        return self._columns[6]
-
-    @property
-    def inf_ranks(self) -> tuple[str | None, ...]:
-        """As stored: ``"0,3"``, or empty."""
-        return self._columns[7]
-
-    @property
-    def schedule_drift(self) -> tuple[int | None, ...]:
-        return self._columns[8]
-
-    def flags(self, name: str) -> tuple[Any, ...]:
-        """A spike flag's column: ``loss_spike`` or ``grad_norm_spike``."""
-        return self._columns[_FLAGS[name]]
+        return self.column("wall_time")
 
     @cached_property
     def views(self) -> list[StepView]:
         return [_step_view(row) for row in self.rows]
 
 
-_FLAGS = {"loss_spike": 9, "grad_norm_spike": 10}
+_COLUMN = {name: i for i, name in enumerate(WATCHED_COLUMNS)}
 
 
 def _step_view(row: Sequence[Any]) -> StepView:
