@@ -129,18 +129,13 @@ _GROUPED = (
 
 # Two sub-selects: SQLite answers a lone min() or max() from the index, not both at once;
 # one statement: one round trip to a server.
-_BOUNDS = (
-    "SELECT (SELECT step FROM steps WHERE run_id = :run ORDER BY step ASC LIMIT 1),"
+_FIRST_AND_LAST = (
+    "(SELECT step FROM steps WHERE run_id = :run ORDER BY step ASC LIMIT 1),"
     " (SELECT step FROM steps WHERE run_id = :run ORDER BY step DESC LIMIT 1)"
 )
-
-
+_BOUNDS = f"SELECT {_FIRST_AND_LAST}"
 # The bounds, and the count of writes that replaced stored steps (a ChartCache's check).
-_BOUNDS_AND_REWRITES = (
-    "SELECT (SELECT step FROM steps WHERE run_id = :run ORDER BY step ASC LIMIT 1),"
-    " (SELECT step FROM steps WHERE run_id = :run ORDER BY step DESC LIMIT 1),"
-    " (SELECT step_rewrites FROM runs WHERE id = :run)"
-)
+_BOUNDS_AND_REWRITES = f"SELECT {_FIRST_AND_LAST}, (SELECT step_rewrites FROM runs WHERE id = :run)"
 
 
 def step_bounds(conn: Connection, run_id: int) -> tuple[int, int] | None:
