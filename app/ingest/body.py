@@ -8,6 +8,7 @@ the body in the OpenAPI document itself (:data:`BATCH_BODY`, :func:`batch_schema
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
@@ -26,6 +27,7 @@ BATCH_BODY: dict[str, Any] = {
 }
 
 
+@functools.cache  # made once: the document asks at each of its requests
 def batch_schemas() -> dict[str, Any]:
     """The schemas of :class:`BatchIn` and of the models it holds, by name, for the OpenAPI
     document's components."""
