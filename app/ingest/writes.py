@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import anyio
 from fastapi import HTTPException, status
@@ -58,13 +59,20 @@ log = logging.getLogger("scalewatch.app")
 STORING_THREADS = {"sqlite": 1, "postgresql": 4}
 
 
+# Told of a run's steps just stored after its last one, in the storing thread.
+Appends = Callable[[int, store_runs.Appended], None]
+
+
 class RunBatches:
     """The service's batches in progress: a lock per run, so that one batch of a run is
     stored at a time; the worker threads that store batches (``storing``, at most
     ``threads`` at once); and when a poll last set each run's heartbeat (monotonic).
-    Made in the event loop (the app's lifespan)."""
+    ``appended``, when given, is told of each write of steps after a run's last one (the
+    live streams' :meth:`~scalewatch.app.live.hubs.Hubs.offer`). Made in the event loop (the
+    app's lifespan)."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, appended: Appends | None = None) -> None:
+        self.appended = appended
         self.storing = anyio.CapacityLimiter(threads)
         self._locks: dict[int, threading.Lock] = {}
         self._lock = threading.Lock()
@@ -135,7 +143,7 @@ def store_batch(
             carried = isinstance(last, StepsIn)
             for item in body.items:
                 sequence = body.sequence if carried and item is last else None
-                _store_item(store, run_id, item, sequence=sequence)
+                _store_item(store, run_id, item, sequence=sequence, appended=batches.appended)
             if body.end is not None:
                 store_runs.end_run(store, run_id, body.end)
             if not carried:
@@ -160,8 +168,10 @@ def _store_item(
     item: StepsIn | GapIn | LoadIn | OutcomeIn,
     *,
     sequence: int | None = None,
+    appended: Appends | None = None,
 ) -> None:
-    """``item`` stored; ``sequence``: a number the steps' transaction advances the run to."""
+    """``item`` stored; ``sequence``: a number the steps' transaction advances the run to;
+    ``appended``: told of steps stored after the run's last one."""
     if isinstance(item, StepsIn):
         # A step's fields are the columns, in their order (StepIn is derived from them;
         # pinned by a test): its values as they are, five times cheaper than by name.
@@ -171,7 +181,9 @@ def _store_item(
         if any(finding[0] not in numbers for finding in findings):
             log.warning("scalewatch: findings of steps not in their batch, of run %d", run_id)
             findings = [finding for finding in findings if finding[0] in numbers]
-        store_runs.write_step_values(store, run_id, rows, findings, sequence=sequence)
+        added = store_runs.write_step_values(store, run_id, rows, findings, sequence=sequence)
+        if added is not None and appended is not None:
+            appended(run_id, added)
     elif isinstance(item, GapIn):
         if item.last < item.first:
             log.warning("scalewatch: a gap that ends before it begins, of run %d", run_id)

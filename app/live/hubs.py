@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import functools
 import logging
 import time
@@ -24,11 +25,12 @@ from scalewatch.store import notify, queries
 from scalewatch.store.control import control_history
 from scalewatch.store.engine import Store
 from scalewatch.store.errors import storage_failure
+from scalewatch.store.runs import Appended
 from scalewatch.store.states import RunStatus
 
 from ..models import ControlRequestOut
 from ..settings import Settings
-from .sse import coalesced_event, sse_event, step_events
+from .sse import coalesced_event, plain_step_events, sse_event, step_events
 
 __all__ = ["Chunk", "Ended", "Hub", "Hubs", "Pacing"]
 
@@ -82,10 +84,10 @@ class Chunk:
 
     __slots__ = ("data", "read_at", "steps")
 
-    def __init__(self, rows: Sequence[Sequence[Any]]) -> None:
+    def __init__(self, rows: Sequence[Sequence[Any]], events: str | None = None) -> None:
         self.steps = tuple(row[0] for row in rows)
         # JSON is ASCII here (ensure_ascii): one character, one byte.
-        self.data = step_events(rows).encode("ascii")
+        self.data = (step_events(rows) if events is None else events).encode("ascii")
         self.read_at = time.monotonic()
 
     @classmethod
@@ -94,6 +96,17 @@ class Chunk:
         chunk = cls(())
         chunk.steps, chunk.data = (to,), coalesced_event(after, to)
         return chunk
+
+    def since(self, step: int) -> Chunk | None:
+        """The chunk of its steps after ``step`` (itself when that is all of them)."""
+        if not self.steps or self.steps[0] > step:
+            return self
+        if self.steps[-1] <= step:
+            return None
+        part = Chunk(())
+        part.steps = self.steps[bisect.bisect_right(self.steps, step) :]
+        part.data, part.read_at = self.after(step), self.read_at
+        return part
 
     def after(self, step: int) -> bytes:
         """The events of the steps after ``step``."""
@@ -218,7 +231,10 @@ class Hub:
                     _read_new, self.store, self.run_id, self.after, status=known, newest=late
                 )
                 for chunk in chunks:
-                    self._keep(chunk)
+                    # Steps the ingest handed over while the read ran are kept already.
+                    new = chunk.since(self.after)
+                    if new is not None:
+                        self._keep(new)
                 polls += 1
                 if polls % CONTROL_EVERY == 0 or status is not RunStatus.RUNNING:
                     await self._read_control(marks)
@@ -231,7 +247,11 @@ class Hub:
                     await asyncio.sleep(self.pacing.poll_s)
                 else:
                     pacing = self.pacing
-                    woken = await waiter.wait(max(pacing.poll_s, pacing.listen_fallback_s))
+                    wait = max(pacing.poll_s, pacing.listen_fallback_s)
+                    woken = await waiter.wait(wait)
+                    # Announced steps that the ingest has handed over already: no read.
+                    while woken and waiter.announced is not None and waiter.announced <= self.after:
+                        woken = await waiter.wait(wait)
         except Exception as error:
             self.failed = True
             reason = storage_failure(error)
@@ -252,6 +272,14 @@ class Hub:
                 marks[row.id] = mark
                 out = ControlRequestOut.model_validate(row, from_attributes=True).model_dump()
                 self.control_log.append(sse_event("control", out).encode())
+
+    def take(self, after: int, chunk: Chunk) -> None:
+        """The steps of ``chunk``, just stored by the ingest after the run's last step
+        ``after``: kept and sent when the hub holds every step up to ``after`` (else its
+        next read finds them)."""
+        if self.ended is None and not self.failed and self.after == after:
+            self._keep(chunk)
+            self.wake()
 
     def _keep(self, chunk: Chunk) -> None:
         self.chunks.append(chunk)
@@ -330,12 +358,26 @@ class Hub:
 
 
 class Hubs:
-    """The hubs of the live runs of one app's store, by run."""
+    """The hubs of the live runs of one app's store, by run. Made in the event loop."""
 
     def __init__(self, store: Store, pacing: Pacing) -> None:
         self.store, self.pacing = store, pacing
         self.reads = anyio.CapacityLimiter(HUB_READS)
         self._hubs: dict[int, Hub] = {}
+        self._loop = asyncio.get_running_loop()
+
+    def offer(self, run_id: int, appended: Appended) -> None:
+        """From the thread that has just stored ``appended`` (committed): the steps, encoded
+        here, handed to the run's hub, which sends them without reading them back. Rows
+        that are not plain (:func:`~.sse.plain_step_events`) are left to the hub's read."""
+        hub = self._hubs.get(run_id)
+        if hub is None or hub.after != appended.after:
+            return
+        events = plain_step_events(appended.rows)
+        if events:
+            chunk = Chunk(appended.rows, events)
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._loop.call_soon_threadsafe(hub.take, appended.after, chunk)
 
     def __len__(self) -> int:
         return len(self._hubs)

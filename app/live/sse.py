@@ -10,13 +10,20 @@ import json
 import re
 from collections.abc import Sequence
 from itertools import chain
-from math import isfinite
+from math import copysign, isfinite
 from typing import Any
 
 from scalewatch.store.step_rows import step_dict
 from scalewatch.store.step_schema import STEP_FIELDS, Kind, StepField
 
-__all__ = ["KEEP_ALIVE", "coalesced_event", "opening", "sse_event", "step_events"]
+__all__ = [
+    "KEEP_ALIVE",
+    "coalesced_event",
+    "opening",
+    "plain_step_events",
+    "sse_event",
+    "step_events",
+]
 
 KEEP_ALIVE = b": keep-alive\n\n"
 
@@ -87,12 +94,24 @@ def step_events(rows: Sequence[Sequence[Any]]) -> str:
     """The ``event: step`` events of raw step rows (the ``steps`` columns' order): for each,
     exactly ``sse_event("step", step_dict(row, keys), step)`` with the fields' stream keys.
 
-    A step row is ints, finite floats, 0/1 flags, ranks strings like ``"1,3"``, a loss and
-    a learning rate that are finite floats or None and (mostly) no ``lr_groups``, so one
-    ``%`` over the whole page writes what the JSON encoder would (``repr`` of a float is
-    its JSON) several times faster; a page with anything else (a non-finite float, a value
-    of another type, ranks not in canonical form, learning rates by group) goes through
-    the JSON encoder.
+    :func:`plain_step_events` writes most pages; a page with anything else (a non-finite
+    float, a value of another type, ranks not in canonical form, learning rates by group)
+    goes through the JSON encoder.
+    """
+    fast = plain_step_events(rows)
+    if fast is not None:
+        return fast
+    return "".join(sse_event("step", step_dict(row, _SSE_KEYS), row[0]) for row in rows)
+
+
+def plain_step_events(rows: Sequence[Sequence[Any]]) -> str | None:
+    """:func:`step_events` of a page of plain rows, None for any other page.
+
+    A plain row is ints, finite floats, 0/1 flags, ranks strings like ``"1,3"``, a loss and
+    a learning rate that are finite floats or None and no ``lr_groups``, so one ``%`` over
+    the whole page writes what the JSON encoder would (``repr`` of a float is its JSON)
+    several times faster. A plain row is also stored and read back as it is, on SQLite
+    and PostgreSQL: -0.0 (which SQLite reads back as 0.0) is not plain.
     """
     if not rows:
         return ""
@@ -100,30 +119,40 @@ def step_events(rows: Sequence[Sequence[Any]]) -> str:
     values = list(chain.from_iterable(rows))
     columns = {i: values[i::width] for i in (*_INTS, *_FLOATS, *_RANKS, *_MAYBE_FLOATS)}
     present = [v for i in _MAYBE_FLOATS for v in columns[i] if v is not None]
-    if (
+    floats = [v for i in _FLOATS for v in columns[i]]
+    zero = 0.0 in floats or 0.0 in present
+    if not (
         all(set(map(type, columns[i])) == {int} for i in _INTS)
         and all(set(map(type, columns[i])) == {float} for i in _FLOATS)
-        and all(all(map(isfinite, columns[i])) for i in _FLOATS)
+        and all(map(isfinite, floats))
         and set(map(type, present)) <= {float}
         and all(map(isfinite, present))
-        and all(values[i::width].count(None) == len(rows) for i in _GROUPS)
+        and not (zero and _negative_zero(floats, present))
+    ):
+        return None
+    if not (
+        all(values[i::width].count(None) == len(rows) for i in _GROUPS)
         and all(set(map(type, values[i::width])) <= {int, type(None)} for i in _MAYBE_INTS)
         and all(set(map(type, columns[i])) == {str} for i in _RANKS)
         and all(_RANK_LISTS.fullmatch(";".join(columns[i])) is not None for i in _RANKS)
     ):
-        out: list[Any] = [None] * (len(rows) * (width + 1))
-        # Column 0 twice: the step is the event's id and the first field of its data.
-        out[0 :: width + 1] = columns[0]
-        for i in range(width):
-            column = columns[i] if i in columns else values[i::width]
-            if i in _BOOLS:
-                column = list(map(_JSON_BOOL, map(bool, column)))
-            elif i in _MAYBE_FLOATS:
-                column = ["null" if v is None else repr(v) for v in column]
-            elif i in _GROUPS:
-                column = ["null"] * len(rows)
-            elif i in _MAYBE_INTS:
-                column = ["null" if v is None else v for v in column]
-            out[i + 1 :: width + 1] = column
-        return (_STEP_EVENT * len(rows)) % tuple(out)
-    return "".join(sse_event("step", step_dict(row, _SSE_KEYS), row[0]) for row in rows)
+        return None
+    out: list[Any] = [None] * (len(rows) * (width + 1))
+    # Column 0 twice: the step is the event's id and the first field of its data.
+    out[0 :: width + 1] = columns[0]
+    for i in range(width):
+        column = columns[i] if i in columns else values[i::width]
+        if i in _BOOLS:
+            column = list(map(_JSON_BOOL, map(bool, column)))
+        elif i in _MAYBE_FLOATS:
+            column = ["null" if v is None else repr(v) for v in column]
+        elif i in _GROUPS:
+            column = ["null"] * len(rows)
+        elif i in _MAYBE_INTS:
+            column = ["null" if v is None else v for v in column]
+        out[i + 1 :: width + 1] = column
+    return (_STEP_EVENT * len(rows)) % tuple(out)
+
+
+def _negative_zero(*groups: list[float]) -> bool:
+    return any(v == 0.0 and copysign(1.0, v) < 0 for group in groups for v in group)

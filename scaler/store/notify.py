@@ -52,10 +52,13 @@ class Waiter:
 
     def __init__(self, run_id: int, loop: asyncio.AbstractEventLoop) -> None:
         self.run_id = run_id
+        self.announced: int | None = None  # the run's last step, as the last wake-up told it
         self._loop = loop
         self._event = asyncio.Event()
 
-    def wake(self) -> None:
+    def wake(self, last: int | None = None) -> None:
+        """Wake the waiter; ``last``: the run's last step, where the announcer read it."""
+        self.announced = last
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
             self._loop.call_soon_threadsafe(self._event.set)
 
@@ -82,11 +85,12 @@ class Announcer:
     def _run(self) -> None:
         raise NotImplementedError
 
-    def _wake_runs(self, run_ids: Iterable[int]) -> None:
+    def _wake_runs(self, moved: Iterable[tuple[int, int | None]]) -> None:
+        """Wake the waiters of each run of ``moved``: (run id, its last step or None)."""
         with _LOCK:
-            waiters = [w for run_id in run_ids for w in self.waiters.get(run_id, ())]
-        for waiter in waiters:
-            waiter.wake()
+            waiters = [(w, last) for run_id, last in moved for w in self.waiters.get(run_id, ())]
+        for waiter, last in waiters:
+            waiter.wake(last)
 
     def _wake_all(self) -> None:
         with _LOCK:
@@ -118,7 +122,7 @@ class Listener(Announcer):
                     while self.waiters:
                         for note in conn.notifies(timeout=_TICK_S):
                             if note.payload.isdigit():
-                                self._wake_runs((int(note.payload),))
+                                self._wake_runs(((int(note.payload), None),))
             except psycopg.Error as error:
                 self.listening.clear()
                 log.warning("scalewatch: listening for new steps failed (%s); retrying", error)
@@ -161,8 +165,9 @@ class CommitWatcher(Announcer):
                 threading.Event().wait(_RECONNECT_S)
         self.listening.clear()
 
-    def _moved(self, cursor: Any, seen: dict[int, int]) -> list[int]:
-        """The runs whose last step differs from the one in ``seen`` (kept up to date)."""
+    def _moved(self, cursor: Any, seen: dict[int, int]) -> list[tuple[int, int]]:
+        """The runs whose last step differs from the one in ``seen`` (kept up to date),
+        with that step."""
         with _LOCK:
             runs = sorted(self.waiters)
         if not runs:
@@ -171,7 +176,7 @@ class CommitWatcher(Announcer):
         rows = cursor.execute(
             f"SELECT id, last_step FROM runs WHERE id IN ({marks})", runs
         ).fetchall()
-        moved = [run_id for run_id, last in rows if seen.get(run_id) != last]
+        moved = [(run_id, last) for run_id, last in rows if seen.get(run_id) != last]
         seen.clear()
         seen.update(rows)
         return moved

@@ -12,6 +12,8 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from sqlalchemy import Connection, RowMapping, exc, select, update
@@ -37,6 +39,7 @@ from .step_rows import COLUMNS, step_values
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
     "HEARTBEAT_TIMEOUT_S",
+    "Appended",
     "create_run",
     "effective_status",
     "end_run",
@@ -224,6 +227,16 @@ def finding_rows(records: Iterable[StepRecord]) -> list[tuple[Any, ...]]:
     return [(r.step, p.rank, p.name, p.kind, p.count) for r in records for p in r.params]
 
 
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """Steps a write added after a run's last one, in step order: ``after``, the run's
+    last step before the write, and the ``rows`` stored, in the ``steps`` columns' order
+    without ``run_id`` (as a live tail reads them back)."""
+
+    after: int
+    rows: list[tuple[Any, ...]]
+
+
 def step_rows(run_id: int, records: Sequence[StepRecord]) -> list[tuple[Any, ...]]:
     """``records`` as rows of the ``steps`` table, in its column order."""
     return [(run_id, *step_values(r)) for r in records]
@@ -250,14 +263,17 @@ def write_step_values(
     norms: Sequence[tuple[Any, ...]] = (),
     *,
     sequence: int | None = None,
-) -> None:
+) -> Appended | None:
     """:func:`write_steps` of records already turned into :func:`step_values`, their
     findings into :func:`finding_rows` and their largest parameter norms into
     :func:`norm_rows`. The steps' loss and gradient-norm spikes are found and stored in
     the same transaction (:mod:`.spike_store`); so is ``sequence``, the job's last batch
-    stored (:func:`~.batches.advance_sequence`), when given."""
+    stored (:func:`~.batches.advance_sequence`), when given.
+
+    Returns, once committed, the rows it stored when they all follow the run's last step
+    in order (the service hands them to its live streams); None otherwise."""
     if not values:
-        return
+        return None
     step_numbers = [row[0] for row in values]
     if min(step_numbers) < 0:
         raise ValueError("step numbers are >= 0")
@@ -294,6 +310,9 @@ def write_step_values(
                 cursor.execute(driver_sql(_ADVANCE_SEQUENCE, dialect), (sequence, run_id, sequence))
         finally:
             cursor.close()
+    if not fresh or any(a > b for a, b in pairwise(step_numbers)):
+        return None
+    return Appended(after=found[0], rows=[row[1:] for row in rows])
 
 
 def _finding_rows(
