@@ -365,13 +365,18 @@ class Hubs:
         self.reads = anyio.CapacityLimiter(HUB_READS)
         self._hubs: dict[int, Hub] = {}
         self._loop = asyncio.get_running_loop()
+        # A SQLite store's watcher tells a hub the run's last step, and a hub that holds
+        # it does not read. PostgreSQL's NOTIFY (the run's id, as every release sends it)
+        # wakes a hub to read before the ingest can hand the steps over: there a hub reads.
+        self._handing = store.engine.dialect.name == "sqlite"
 
     def offer(self, run_id: int, appended: Appended) -> None:
         """From the thread that has just stored ``appended`` (committed): the steps, encoded
         here, handed to the run's hub, which sends them without reading them back. Rows
-        that are not plain (:func:`~.sse.plain_step_events`) are left to the hub's read."""
+        that are not plain (:func:`~.sse.plain_step_events`) are left to the hub's read,
+        and so are all steps of a PostgreSQL store."""
         hub = self._hubs.get(run_id)
-        if hub is None or hub.after != appended.after:
+        if not self._handing or hub is None or hub.after != appended.after:
             return
         events = plain_step_events(appended.rows)
         if events:

@@ -51,7 +51,8 @@ def test_posted_steps_stream_as_the_store_would_send_them(
     """Five batches posted while a stream follows the run: every step once, in order, the
     same events a stream that reads the finished run from the store gets. On SQLite the
     store's watcher and the hub's own poll are held off (30 s) once the hub's first read is
-    done, so the steps can only have come from the ingest, and the hub read none back."""
+    done, so the steps can only have come from the ingest, and the hub read none back.
+    PostgreSQL's hubs read the steps its NOTIFY announces."""
     read_back: list[int] = []
     hub_read = threading.Event()
     real_read = queries.step_rows_after
