@@ -12,12 +12,13 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Select, and_, select, update
 
-from .control import pending_in
+from .control import pending_requests
 from .engine import Store
 from .errors import RunNotFound
 from .records import ControlRequestRow
 from .schema import control_requests, runs, scale_loads, telemetry_gaps
-from .states import RequestSource
+from .sql import driver_sql
+from .states import RequestSource, RequestStatus
 
 __all__ = [
     "BatchState",
@@ -50,20 +51,35 @@ def batch_state(store: Store, run_id: int) -> BatchState:
     return BatchState(int(row.id), row.owner, int(row.batch_sequence))
 
 
+# The run's state and whether it has pending requests, in one statement.
+_STATE_AND_PENDING = (
+    "SELECT owner, batch_sequence, EXISTS (SELECT 1 FROM control_requests"
+    f" WHERE run_id = ? AND status = '{RequestStatus.PENDING}') FROM runs WHERE id = ?"
+)
+
+
 def batch_state_and_pending(
     store: Store, run_id: int
 ) -> tuple[BatchState, list[ControlRequestRow]]:
-    """:func:`batch_state` and the run's pending control requests (oldest first), in one
-    read: what a batch's answer needs, for one trip to the store where it took two.
+    """:func:`batch_state` and the run's pending control requests (oldest first): what a
+    batch's answer needs. One statement through the driver's cursor when none is pending
+    (a job's every batch; SQLAlchemy's connection, transaction and statement took 25
+    times as long), and the requests read after it when some are.
     Raises :class:`RunNotFound` for no such run."""
-    with store.read() as conn:
-        row = conn.execute(
-            select(runs.c.id, runs.c.owner, runs.c.batch_sequence).where(runs.c.id == run_id)
-        ).first()
-        if row is None:
-            raise RunNotFound(run_id)
-        pending = pending_in(conn, run_id)
-    return BatchState(int(row.id), row.owner, int(row.batch_sequence)), pending
+    dialect = store.engine.dialect.name
+    raw = store.engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        cursor.execute(driver_sql(_STATE_AND_PENDING, dialect), (run_id, run_id))
+        row = cursor.fetchone()
+        cursor.close()
+    finally:
+        raw.close()  # back to the pool, its transaction rolled back
+    if row is None:
+        raise RunNotFound(run_id)
+    owner, sequence, any_pending = row
+    pending = pending_requests(store, run_id) if any_pending else []
+    return BatchState(run_id, owner, int(sequence)), pending
 
 
 def batch_state_of_uid(store: Store, uid: str) -> BatchState | None:
