@@ -197,6 +197,7 @@ class Hub:
         self.failed = False
         self.tick = asyncio.Event()
         self.streams = 0
+        self.handed = 0  # chunks the ingest handed over since the control was last read
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -236,7 +237,13 @@ class Hub:
                     if new is not None:
                         self._keep(new)
                 polls += 1
-                if polls % CONTROL_EVERY == 0 or status is not RunStatus.RUNNING:
+                # Chunks the ingest handed over count as polls: they are the reads saved.
+                if (
+                    polls % CONTROL_EVERY == 0
+                    or self.handed >= CONTROL_EVERY
+                    or status is not RunStatus.RUNNING
+                ):
+                    self.handed = 0
                     await self._read_control(marks)
                 if status is not RunStatus.RUNNING:
                     self.ended = Ended(None if status is None else RunStatus(status))
@@ -247,11 +254,12 @@ class Hub:
                     await asyncio.sleep(self.pacing.poll_s)
                 else:
                     pacing = self.pacing
-                    wait = max(pacing.poll_s, pacing.listen_fallback_s)
-                    woken = await waiter.wait(wait)
-                    # Announced steps that the ingest has handed over already: no read.
+                    due = time.monotonic() + max(pacing.poll_s, pacing.listen_fallback_s)
+                    woken = await waiter.wait(due - time.monotonic())
+                    # Announced steps that the ingest has handed over already: no read, but
+                    # the fallback poll (the run's end, its control) still comes when due.
                     while woken and waiter.announced is not None and waiter.announced <= self.after:
-                        woken = await waiter.wait(wait)
+                        woken = await waiter.wait(due - time.monotonic())
         except Exception as error:
             self.failed = True
             reason = storage_failure(error)
@@ -279,6 +287,7 @@ class Hub:
         next read finds them)."""
         if self.ended is None and not self.failed and self.after == after:
             self._keep(chunk)
+            self.handed += 1
             self.wake()
 
     def _keep(self, chunk: Chunk) -> None:

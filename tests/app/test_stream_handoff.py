@@ -4,8 +4,10 @@ read back from the store: the same events, each once, in order."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -201,3 +203,47 @@ def test_a_plain_page_is_the_page_the_store_gives_back(
         # Written again, or out of order: nothing is handed over.
         assert write_step_values(store, run, [row(4)]) is None
         assert write_step_values(store, run, [row(6), row(5)]) is None
+
+
+def test_a_stream_fed_by_the_ingest_still_tells_of_control_requests(tmp_path: Path) -> None:
+    """While a job posts batch after batch (each handed over, none read back), the hub's
+    fallback poll still comes when due: a control request filed meanwhile reaches the
+    stream within seconds, not once the job stops posting; and the run's end, which no
+    step announces, ends the stream."""
+    url = f"sqlite:///{tmp_path / 'scalewatch.db'}"
+    with open_store(url) as store:
+        token = auth(create_identity(store, "job-42", Role.WRITER, by="test").token)
+    with (
+        serve_on_thread(url, poll_s=0.05, stream_listen_fallback_s=1.0) as server,
+        httpx.Client(base_url=server, timeout=10) as http,
+    ):
+        run = http.post("/api/ingest/runs", json=opening(uuid.uuid4().hex), headers=token).json()[
+            "id"
+        ]
+        first = {"sequence": 1, "items": items(step_commands(1, 20), reason="")}
+        assert http.post(f"/api/ingest/runs/{run}/batches", json=first, headers=token).is_success
+        with http.stream("GET", f"/api/runs/{run}/stream", headers={"Last-Event-ID": "20"}) as r:
+            stream = events(r)
+            asked = http.post(
+                f"/api/runs/{run}/control", json={"growth_interval": 3}, headers=auth("t")
+            )
+            assert asked.status_code == 202, asked.text
+            deadline = time.monotonic() + 10
+            batch, seen = 1, []
+            while not any(e.event == "control" for e in seen):
+                assert time.monotonic() < deadline, "no control event while batches flowed"
+                batch += 1
+                steps = items(step_commands(batch * 20 - 19, 20), reason="")
+                body = {"sequence": batch, "items": steps}
+                assert http.post(
+                    f"/api/ingest/runs/{run}/batches", json=body, headers=token
+                ).is_success
+                while sum(e.event == "step" for e in seen) < (batch - 1) * 20:
+                    seen.append(next(stream))
+            # The run's end reaches the stream too, though no step announces it.
+            end = {"sequence": batch + 1, "end": "finished"}
+            assert http.post(f"/api/ingest/runs/{run}/batches", json=end, headers=token).is_success
+            rest = list(stream)  # the stream ends with the run
+            assert [e.event for e in rest if e.event != "control"] == ["end"]
+    control = next(e for e in seen if e.event == "control")
+    assert json.loads(control.data)["values"] == {"growth_interval": 3}
