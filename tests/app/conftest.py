@@ -33,6 +33,15 @@ def server(db_url: str, store: Store) -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def both_backends_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A new store on each backend in turn: a SQLite file, a PostgreSQL database."""
+    if request.param == "postgresql":
+        url: str = request.getfixturevalue("postgres_url")
+        return url
+    return f"sqlite:///{tmp_path / 'scalewatch.db'}"
+
+
 @pytest.fixture
 def pg_url(postgres_url: str) -> str:
     return postgres_url.replace("postgres@", f"postgres:{PASSWORD}@", 1)

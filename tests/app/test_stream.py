@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -40,13 +39,10 @@ for line in sys.stdin:
 """
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+@pytest.fixture
+def db_url(both_backends_url: str) -> str:
     """Live streams on both backends, each told of new steps by the store."""
-    if request.param == "postgresql":
-        url: str = request.getfixturevalue("postgres_url")
-        return url
-    return f"sqlite:///{tmp_path / 'scalewatch.db'}"
+    return both_backends_url
 
 
 class Writer:

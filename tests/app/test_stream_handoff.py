@@ -26,7 +26,7 @@ from scalewatch.store.states import RunStatus
 from scalewatch.store.step_schema import STEP_FIELDS, Kind
 from scalewatch.telemetry._batches import items
 from tests._helpers.service import add_run, auth, simulate
-from tests._helpers.serving import events, serve_on_thread
+from tests._helpers.serving import Event, events, serve_on_thread
 from tests.app.test_ingest import opening, step_commands
 from tests.app.test_stream_encoding import row as read_row
 
@@ -39,16 +39,19 @@ def row(step: int, **changes: Any) -> tuple[Any, ...]:
     )
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgresql":
-        url: str = request.getfixturevalue("postgres_url")
-        return url
-    return f"sqlite:///{tmp_path / 'scalewatch.db'}"
+# The hubs' own polls held off: what a hub holds came from the ingest or from its first read.
+SLOW = Pacing(
+    poll_s=30.0,
+    listen_fallback_s=30.0,
+    buffered_steps=1000,
+    behind_page=100,
+    behind_pages=4,
+    max_lag_s=60.0,
+)
 
 
 def test_posted_steps_stream_as_the_store_would_send_them(
-    db_url: str, monkeypatch: pytest.MonkeyPatch
+    both_backends_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Five batches posted while a stream follows the run: every step once, in order, the
     same events a stream that reads the finished run from the store gets. On SQLite the
@@ -69,10 +72,10 @@ def test_posted_steps_stream_as_the_store_would_send_them(
     monkeypatch.setattr(notify, "SQLITE_POLL_S", 30.0)
     # The watcher's first look (all its runs woken) is a read at a time of its own.
     monkeypatch.setattr(notify.CommitWatcher, "_wake_all", lambda self: None)
-    with open_store(db_url) as store:
+    with open_store(both_backends_url) as store:
         token = auth(create_identity(store, "job-42", Role.WRITER, by="test").token)
     with (
-        serve_on_thread(db_url, poll_s=30.0, stream_listen_fallback_s=30.0) as server,
+        serve_on_thread(both_backends_url, poll_s=30.0, stream_listen_fallback_s=30.0) as server,
         httpx.Client(base_url=server, timeout=10) as http,
     ):
         opened = http.post("/api/ingest/runs", json=opening(uuid.uuid4().hex), headers=token)
@@ -93,7 +96,7 @@ def test_posted_steps_stream_as_the_store_would_send_them(
                 assert answer.json()["stored"] is True
                 live += [next(stream) for _ in range(20)]
         assert [int(e.id or 0) for e in live] == list(range(21, 121))
-        if db_url.startswith("sqlite"):
+        if both_backends_url.startswith("sqlite"):
             assert read_back == []
         end = {"sequence": 7, "end": "finished"}
         assert http.post(f"/api/ingest/runs/{run}/batches", json=end, headers=token).is_success
@@ -113,15 +116,7 @@ def test_a_hub_keeps_steps_handed_over_during_its_read_once(tmp_path: Path) -> N
 
 
 async def _handed_over_during_read(store: Store, run: int, rows: list[Any]) -> list[int]:
-    pacing = Pacing(
-        poll_s=30.0,
-        listen_fallback_s=30.0,
-        buffered_steps=1000,
-        behind_page=100,
-        behind_pages=4,
-        max_lag_s=60.0,
-    )
-    hub = Hub(store, run, 5, pacing)
+    hub = Hub(store, run, 5, SLOW)
     loop = asyncio.get_running_loop()
     taken = threading.Event()
 
@@ -150,15 +145,7 @@ async def _handed_over_during_read(store: Store, run: int, rows: list[Any]) -> l
 def test_a_hub_takes_only_the_steps_that_follow_its_own() -> None:
     """Steps handed over after a step the hub does not hold yet (it is behind) wait for
     its read; so do they once its run has ended."""
-    pacing = Pacing(
-        poll_s=1,
-        listen_fallback_s=1,
-        buffered_steps=100,
-        behind_page=10,
-        behind_pages=2,
-        max_lag_s=2,
-    )
-    hub = Hub(None, 1, 5, pacing)  # type: ignore[arg-type]
+    hub = Hub(None, 1, 5, SLOW)  # type: ignore[arg-type]
     hub.take(7, Chunk([row(8), row(9)]))
     assert hub.after == 5 and hub.chunks == []
     hub.take(5, Chunk([row(6), row(7)]))
@@ -187,11 +174,11 @@ def test_a_hub_takes_only_the_steps_that_follow_its_own() -> None:
     ],
 )
 def test_a_plain_page_is_the_page_the_store_gives_back(
-    db_url: str, changes: dict[str, Any], plain: bool
+    both_backends_url: str, changes: dict[str, Any], plain: bool
 ) -> None:
     """Rows the ingest would hand over are encoded as the same rows read back from the
     store are; rows that the store would change are not handed over."""
-    with open_store(db_url) as store:
+    with open_store(both_backends_url) as store:
         run = add_run(store, simulate(2, set()))
         values = [row(3, **changes), row(4)]
         appended = write_step_values(store, run, values)
@@ -229,7 +216,7 @@ def test_a_stream_fed_by_the_ingest_still_tells_of_control_requests(tmp_path: Pa
             )
             assert asked.status_code == 202, asked.text
             deadline = time.monotonic() + 10
-            batch, seen = 1, []
+            batch, seen = 1, list[Event]()
             while not any(e.event == "control" for e in seen):
                 assert time.monotonic() < deadline, "no control event while batches flowed"
                 batch += 1
