@@ -181,7 +181,9 @@ def _store_item(
         if any(finding[0] not in numbers for finding in findings):
             log.warning("scalewatch: findings of steps not in their batch, of run %d", run_id)
             findings = [finding for finding in findings if finding[0] in numbers]
-        added = store_runs.write_step_values(store, run_id, rows, findings, sequence=sequence)
+        added = store_runs.write_step_values(
+            store, run_id, rows, findings, sequence=sequence, appended=appended is not None
+        )
         if added is not None and appended is not None:
             appended(run_id, added)
     elif isinstance(item, GapIn):

@@ -263,6 +263,7 @@ def write_step_values(
     norms: Sequence[tuple[Any, ...]] = (),
     *,
     sequence: int | None = None,
+    appended: bool = False,
 ) -> Appended | None:
     """:func:`write_steps` of records already turned into :func:`step_values`, their
     findings into :func:`finding_rows` and their largest parameter norms into
@@ -270,8 +271,9 @@ def write_step_values(
     the same transaction (:mod:`.spike_store`); so is ``sequence``, the job's last batch
     stored (:func:`~.batches.advance_sequence`), when given.
 
-    Returns, once committed, the rows it stored when they all follow the run's last step
-    in order (the service hands them to its live streams); None otherwise."""
+    With ``appended``, returns, once committed, the rows it stored when they all follow
+    the run's last step in order (the service hands them to its live streams); None
+    otherwise."""
     if not values:
         return None
     step_numbers = [row[0] for row in values]
@@ -310,7 +312,7 @@ def write_step_values(
                 cursor.execute(driver_sql(_ADVANCE_SEQUENCE, dialect), (sequence, run_id, sequence))
         finally:
             cursor.close()
-    if not fresh or any(a > b for a, b in pairwise(step_numbers)):
+    if not appended or not fresh or any(a > b for a, b in pairwise(step_numbers)):
         return None
     return Appended(after=found[0], rows=[row[1:] for row in rows])
 

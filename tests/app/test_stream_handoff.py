@@ -181,15 +181,16 @@ def test_a_plain_page_is_the_page_the_store_gives_back(
     with open_store(both_backends_url) as store:
         run = add_run(store, simulate(2, set()))
         values = [row(3, **changes), row(4)]
-        appended = write_step_values(store, run, values)
+        appended = write_step_values(store, run, values, appended=True)
         assert isinstance(appended, Appended) and appended.after == 2
         events = plain_step_events(appended.rows)
         assert (events is not None) is plain
         if plain:
             assert events == step_events(queries.step_rows_after(store, run, 2))
         # Written again, or out of order: nothing is handed over.
-        assert write_step_values(store, run, [row(4)]) is None
-        assert write_step_values(store, run, [row(6), row(5)]) is None
+        assert write_step_values(store, run, [row(4)], appended=True) is None
+        assert write_step_values(store, run, [row(6), row(5)], appended=True) is None
+        assert write_step_values(store, run, [row(7)]) is None  # not asked for
 
 
 def test_a_stream_fed_by_the_ingest_still_tells_of_control_requests(tmp_path: Path) -> None:
