@@ -12,13 +12,12 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import Select, and_, select, update
 
-from .control import pending_requests
+from .control import ANY_PENDING, pending_requests
 from .engine import Store
 from .errors import RunNotFound
 from .records import ControlRequestRow
 from .schema import control_requests, runs, scale_loads, telemetry_gaps
-from .sql import driver_sql
-from .states import RequestSource, RequestStatus
+from .states import RequestSource
 
 __all__ = [
     "BatchState",
@@ -52,10 +51,7 @@ def batch_state(store: Store, run_id: int) -> BatchState:
 
 
 # The run's state and whether it has pending requests, in one statement.
-_STATE_AND_PENDING = (
-    "SELECT owner, batch_sequence, EXISTS (SELECT 1 FROM control_requests"
-    f" WHERE run_id = ? AND status = '{RequestStatus.PENDING}') FROM runs WHERE id = ?"
-)
+_STATE_AND_PENDING = f"SELECT owner, batch_sequence, EXISTS ({ANY_PENDING}) FROM runs WHERE id = ?"
 
 
 def batch_state_and_pending(
@@ -66,18 +62,10 @@ def batch_state_and_pending(
     (a job's every batch; SQLAlchemy's connection, transaction and statement took 25
     times as long), and the requests read after it when some are.
     Raises :class:`RunNotFound` for no such run."""
-    dialect = store.engine.dialect.name
-    raw = store.engine.raw_connection()
-    try:
-        cursor = raw.cursor()
-        cursor.execute(driver_sql(_STATE_AND_PENDING, dialect), (run_id, run_id))
-        row = cursor.fetchone()
-        cursor.close()
-    finally:
-        raw.close()  # back to the pool, its transaction rolled back
-    if row is None:
+    rows = store.driver_rows(_STATE_AND_PENDING, (run_id, run_id))
+    if not rows:
         raise RunNotFound(run_id)
-    owner, sequence, any_pending = row
+    owner, sequence, any_pending = rows[0]
     pending = pending_requests(store, run_id) if any_pending else []
     return BatchState(run_id, owner, int(sequence)), pending
 

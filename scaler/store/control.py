@@ -32,6 +32,7 @@ from .sql import driver_sql
 from .states import RequestSource, RequestStatus, RunStatus
 
 __all__ = [
+    "ANY_PENDING",
     "CONTROL_FIELDS",
     "CONTROL_SOURCES",
     "ControlValidationError",
@@ -141,7 +142,11 @@ def file_request(
     return _request(conn, int(key[0]))
 
 
-_ANY_PENDING = "SELECT 1 FROM control_requests WHERE run_id = ? AND status = 'pending' LIMIT 1"
+# Whether run ``?`` has a pending request: a statement a row exists for.
+ANY_PENDING = (
+    "SELECT 1 FROM control_requests"
+    f" WHERE run_id = ? AND status = '{RequestStatus.PENDING}' LIMIT 1"
+)
 
 
 class PendingProbe:
@@ -154,7 +159,7 @@ class PendingProbe:
 
     def __init__(self, store: Store) -> None:
         self._conn = store.engine.raw_connection()
-        self._sql = driver_sql(_ANY_PENDING, store.engine.dialect.name)
+        self._sql = driver_sql(ANY_PENDING, store.engine.dialect.name)
 
     def __call__(self, run_id: int) -> bool:
         cursor = self._conn.cursor()

@@ -11,15 +11,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine
 
 from . import postgres, sqlite
 from .revisions import downgrade_engine, upgrade_engine
+from .sql import driver_sql
 from .sqlite import check_integrity
 from .timeouts import DEFAULTS, Timeouts
 from .urls import default_url, parse_store_url, shown_url, store_url
@@ -71,6 +72,24 @@ class Store:
             conn.execution_options(sqlite_begin="IMMEDIATE")
             with conn.begin():
                 yield conn
+
+    def driver_rows(
+        self, sql: str, params: Sequence[Any] | Mapping[str, Any]
+    ) -> list[tuple[Any, ...]]:
+        """The rows of one statement run on the driver's own cursor (``sql`` as
+        :func:`~scalewatch.store.sql.driver_sql` takes it): a tuple a row and nothing more,
+        for the reads made many times a second, where SQLAlchemy's connection, transaction
+        and result objects cost many times the statement. The connection goes back to the
+        pool after, its transaction rolled back."""
+        raw = self.engine.raw_connection()
+        try:
+            cursor = raw.cursor()
+            cursor.execute(driver_sql(sql, self.engine.dialect.name), params)
+            rows: list[tuple[Any, ...]] = list(cursor.fetchall())  # tuples already
+            cursor.close()
+        finally:
+            raw.close()
+        return rows
 
     def probe(self) -> None:
         """Read the first and the last rows of each table: quick (a few pages), and it

@@ -15,7 +15,6 @@ from .charts import Series, chart_series, step_bounds
 from .engine import Store
 from .runs import effective_status
 from .schema import ROLLUP_LEVELS, runs, steps
-from .sql import driver_sql
 from .states import RunStatus
 from .step_rows import COLUMNS, EXPORT_COLUMNS, parse_ranks, step_dict
 from .step_schema import SERIES_KEYS
@@ -180,20 +179,11 @@ def iter_step_pages(
     where = "run_id = :run AND step > :after AND step <= :last"
     if overflows_only:
         where += " AND overflow"
-    dialect = store.engine.dialect.name
-    sql = driver_sql(
-        f"SELECT {_STEP_SELECT[dialect]} FROM steps WHERE {where} ORDER BY step LIMIT :limit",
-        dialect,
-    )
+    columns = _STEP_SELECT[store.engine.dialect.name]
+    sql = f"SELECT {columns} FROM steps WHERE {where} ORDER BY step LIMIT :limit"
     while True:
-        raw = store.engine.raw_connection()
-        try:
-            cursor = raw.cursor()
-            cursor.execute(sql, {"run": run_id, "after": after, "last": last, "limit": page_size})
-            page = list(cursor.fetchall())  # sqlite3 rows are tuples already
-            cursor.close()
-        finally:
-            raw.close()
+        params = {"run": run_id, "after": after, "last": last, "limit": page_size}
+        page = store.driver_rows(sql, params)
         if not page:
             return
         yield page
@@ -214,23 +204,15 @@ def step_rows_after(
 ) -> list[tuple[Any, ...]]:
     """Raw step rows after ``after`` (and at most ``until``) in ``EXPORT_COLUMNS`` order,
     oldest first: sqlite3's own tuples, for a live tail that formats many rows a second."""
-    raw = store.engine.raw_connection()
-    try:
-        cursor = raw.cursor()
-        cursor.execute(
-            driver_sql(_ROWS_AFTER[store.engine.dialect.name], store.engine.dialect.name),
-            {
-                "run": run_id,
-                "after": after,
-                "until": INT64_MAX if until is None else until,
-                "limit": limit,
-            },
-        )
-        rows: list[tuple[Any, ...]] = list(cursor.fetchall())  # tuples already
-        cursor.close()
-    finally:
-        raw.close()
-    return rows
+    return store.driver_rows(
+        _ROWS_AFTER[store.engine.dialect.name],
+        {
+            "run": run_id,
+            "after": after,
+            "until": INT64_MAX if until is None else until,
+            "limit": limit,
+        },
+    )
 
 
 def last_step(store: Store, run_id: int) -> int | None:
