@@ -97,7 +97,7 @@ def create_app(
                     tickets=tickets,
                     known_tokens=known_tokens,
                     revocations=revocations,
-                    batches=RunBatches(STORING_THREADS[store.engine.dialect.name], hubs.offer),
+                    batches=RunBatches(STORING_THREADS[store.engine.dialect.name], hubs.appends),
                     reads_open=reads_open(settings),
                 )
                 tasks.start_soon(run_loop, autopilot, settings.autopilot_interval_s)

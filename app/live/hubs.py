@@ -196,6 +196,9 @@ class Hub:
         self.ended: Ended | None = None  # set once the run is not running
         self.failed = False
         self.tick = asyncio.Event()
+        # Set once the control requests as they stand are read (or the hub has failed):
+        # every change after that reaches the streams.
+        self.watching = asyncio.Event()
         self.streams = 0
         self.handed = 0  # chunks the ingest handed over since the control was last read
         self.task: asyncio.Task[None] | None = None
@@ -215,6 +218,7 @@ class Hub:
         waiter = notify.subscribe(self.store, self.run_id)
         try:
             marks = await self._run(_control_marks, self.store, self.run_id)
+            self.watching.set()
             polls, woken = 0, False
             began = None
             while True:
@@ -270,6 +274,7 @@ class Hub:
                         self.run_id, reason)  # fmt: skip
         finally:
             notify.unsubscribe(self.store, waiter)
+            self.watching.set()
             self.wake()
 
     async def _read_control(self, marks: dict[int, tuple[str, Any]]) -> None:
@@ -379,13 +384,19 @@ class Hubs:
         # wakes a hub to read before the ingest can hand the steps over: there a hub reads.
         self._handing = store.engine.dialect.name == "sqlite"
 
+    @property
+    def appends(self) -> Callable[[int, Appended], None] | None:
+        """What the ingest tells of the steps it stores after a run's last one:
+        :meth:`offer` on SQLite; None on PostgreSQL, whose hubs read the steps, so that
+        its ingest does not ask the store for the rows it appended."""
+        return self.offer if self._handing else None
+
     def offer(self, run_id: int, appended: Appended) -> None:
         """From the thread that has just stored ``appended`` (committed): the steps, encoded
         here, handed to the run's hub, which sends them without reading them back. Rows
-        that are not plain (:func:`~.sse.plain_step_events`) are left to the hub's read,
-        and so are all steps of a PostgreSQL store."""
+        that are not plain (:func:`~.sse.plain_step_events`) are left to the hub's read."""
         hub = self._hubs.get(run_id)
-        if not self._handing or hub is None or hub.after != appended.after:
+        if hub is None or hub.after != appended.after:
             return
         events = plain_step_events(appended.rows)
         if events:

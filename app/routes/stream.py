@@ -41,13 +41,15 @@ async def _events(
     when the run does, or when the server stops (``stopping``, set by sse-starlette): a
     whole response, which the client reconnects after. It ends too, with ``event:
     refused``, once ``still()`` says why its client may no longer read (a revocation wakes
-    every stream to ask)."""
-    yield opening(run_id, after)
+    every stream to ask). Its first bytes come once the hub watches the run's control
+    requests: every change made after a client has them reaches it."""
     hub = hubs.join(run_id, after)
-    seen_control = len(hub.control_log)
-    live = False  # caught up once: from then on, never more than max_lag_s behind
     wake = asyncio.ensure_future(_wake_on(stopping, hub))
     try:
+        await hub.watching.wait()
+        yield opening(run_id, after)
+        seen_control = len(hub.control_log)
+        live = False  # caught up once: from then on, never more than max_lag_s behind
         while not stopping.is_set():
             tick = hub.tick
             if why := still():

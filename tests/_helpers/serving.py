@@ -30,9 +30,19 @@ class Event:
     id: str | None
 
 
-def events(response: httpx.Response) -> Iterator[Event]:
+def events(response: httpx.Response, *, opened: bool = False) -> Iterator[Event]:
+    """The events of a stream's response. With ``opened``, the stream's opening comment is
+    read first, here: from then on the server sends every control change."""
+    lines = response.iter_lines()
+    if opened:
+        while not next(lines).startswith(": streaming run"):
+            pass
+    return _parsed(lines)
+
+
+def _parsed(lines: Iterator[str]) -> Iterator[Event]:
     fields: dict[str, str] = {}
-    for line in response.iter_lines():
+    for line in lines:
         if not line:
             if "event" in fields:
                 yield Event(fields["event"], fields.get("data", ""), fields.get("id"))

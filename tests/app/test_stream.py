@@ -5,7 +5,9 @@ import dataclasses
 import json
 import subprocess
 import sys
+import threading
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -16,7 +18,7 @@ from scalewatch.app.live.sse import sse_event
 from scalewatch.store.engine import Store, open_store
 from scalewatch.store.identities import Role, create_identity
 from scalewatch.store.runs import end_run
-from tests._helpers.service import add_run, simulate
+from tests._helpers.service import add_run, auth, simulate
 from tests._helpers.serving import events, serve_on_thread
 
 WRITER = """
@@ -226,6 +228,40 @@ def test_sse_event_format() -> None:
     assert sse_event("step", {"step": 7}, 7) == 'id: 7\nevent: step\ndata: {"step":7}\n\n'
 
 
+def test_a_control_request_filed_once_the_stream_opened_reaches_it(
+    db_url: str, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request filed as soon as the stream's first bytes arrive is sent on it as pending,
+    though the new hub's first read of the requests is held up (here until the request is
+    filed, or for a second): the stream opens only once that read is done. The run is
+    ended after 10 s at the latest, which rejects the request: a stream that missed the
+    filing sees it first as rejected."""
+    run = add_run(store, simulate(5, set()))
+    filed = threading.Event()
+    real_marks = hubs_module._control_marks
+
+    def held(*args: Any) -> Any:
+        filed.wait(1.0)
+        return real_marks(*args)
+
+    monkeypatch.setattr(hubs_module, "_control_marks", held)
+    ender = threading.Timer(10.0, end_run, (store, run))
+    with (
+        serve_on_thread(db_url, poll_s=0.05) as server,
+        httpx.Client(base_url=server, timeout=30) as http,
+        http.stream("GET", f"/api/runs/{run}/stream") as response,
+    ):
+        stream = events(response, opened=True)
+        url = f"/api/runs/{run}/control"
+        asked = http.post(url, json={"growth_interval": 9}, headers=auth("t"))
+        filed.set()
+        ender.start()
+        assert asked.status_code == 202
+        first = json.loads(next(e for e in stream if e.event == "control").data)
+    ender.cancel()
+    assert first["status"] == "pending"
+
+
 def test_a_control_event_names_who_asked(server: str, store: Store) -> None:
     run = add_run(store, simulate(5, set()))
     token = create_identity(store, "olga", Role.OPERATOR, by="test").token
@@ -237,7 +273,7 @@ def test_a_control_event_names_who_asked(server: str, store: Store) -> None:
         httpx.Client(base_url=server, timeout=30) as http,
         http.stream("GET", f"/api/runs/{run}/stream") as response,
     ):
-        stream = events(response)
+        stream = events(response, opened=True)
         asked = http.post(
             url, json={"growth_interval": 9}, headers={"Authorization": f"Bearer {token}"}
         )

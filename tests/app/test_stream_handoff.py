@@ -19,6 +19,7 @@ import scalewatch.app.live.hubs as hubs_module
 from scalewatch.app.live.hubs import Chunk, Hub, Pacing
 from scalewatch.app.live.sse import plain_step_events, step_events
 from scalewatch.store import notify, queries
+from scalewatch.store import runs as store_runs
 from scalewatch.store.engine import Store, open_store
 from scalewatch.store.identities import Role, create_identity
 from scalewatch.store.runs import Appended, write_step_values
@@ -57,8 +58,16 @@ def test_posted_steps_stream_as_the_store_would_send_them(
     same events a stream that reads the finished run from the store gets. On SQLite the
     store's watcher and the hub's own poll are held off (30 s) once the hub's first read is
     done, so the steps can only have come from the ingest, and the hub read none back.
-    PostgreSQL's hubs read the steps its NOTIFY announces."""
+    PostgreSQL's hubs read the steps its NOTIFY announces, and there the ingest asks the
+    store for no rows back."""
     read_back: list[int] = []
+    asked_back: list[bool] = []
+    real_write = store_runs.write_step_values
+
+    def write(*args: Any, appended: bool = False, **kwargs: Any) -> Any:
+        asked_back.append(appended)
+        return real_write(*args, appended=appended, **kwargs)
+
     hub_read = threading.Event()
     real_read = queries.step_rows_after
 
@@ -69,6 +78,7 @@ def test_posted_steps_stream_as_the_store_would_send_them(
         return rows
 
     monkeypatch.setattr(queries, "step_rows_after", counted)
+    monkeypatch.setattr(store_runs, "write_step_values", write)
     monkeypatch.setattr(notify, "SQLITE_POLL_S", 30.0)
     # The watcher's first look (all its runs woken) is a read at a time of its own.
     monkeypatch.setattr(notify.CommitWatcher, "_wake_all", lambda self: None)
@@ -96,7 +106,9 @@ def test_posted_steps_stream_as_the_store_would_send_them(
                 assert answer.json()["stored"] is True
                 live += [next(stream) for _ in range(20)]
         assert [int(e.id or 0) for e in live] == list(range(21, 121))
-        if both_backends_url.startswith("sqlite"):
+        on_sqlite = both_backends_url.startswith("sqlite")
+        assert asked_back == [on_sqlite] * 6
+        if on_sqlite:
             assert read_back == []
         end = {"sequence": 7, "end": "finished"}
         assert http.post(f"/api/ingest/runs/{run}/batches", json=end, headers=token).is_success
@@ -211,7 +223,7 @@ def test_a_stream_fed_by_the_ingest_still_tells_of_control_requests(tmp_path: Pa
         first = {"sequence": 1, "items": items(step_commands(1, 20), reason="")}
         assert http.post(f"/api/ingest/runs/{run}/batches", json=first, headers=token).is_success
         with http.stream("GET", f"/api/runs/{run}/stream", headers={"Last-Event-ID": "20"}) as r:
-            stream = events(r)
+            stream = events(r, opened=True)
             asked = http.post(
                 f"/api/runs/{run}/control", json={"growth_interval": 3}, headers=auth("t")
             )
