@@ -1,7 +1,8 @@
 """A synthetic finished run of many steps for the service benchmarks, written straight into
 a store at the head: steps in one transaction (SQLite ``executemany``, PostgreSQL COPY),
-then rollups computed in SQL, level by level (``INSERT ... SELECT ... GROUP BY``), the
-finest from ``steps``, each coarser one from the level below.
+each row made by the store's own ``step_values`` from a ``StepRecord``; then the rollups
+by the store's own recomputation in SQL (``refresh_rollups``), level by level. Nothing
+here names a step's columns: a field added to the step schema reaches these rows too.
 """
 
 from __future__ import annotations
@@ -16,28 +17,16 @@ from typing import Any
 from sqlalchemy import make_url
 
 from scalewatch.store.engine import open_store
+from scalewatch.store.rollups import refresh_rollups
 from scalewatch.store.runs import create_run, end_run
-from scalewatch.store.schema import ROLLUP_LEVELS, step_rollups, steps
+from scalewatch.store.schema import ROLLUP_LEVELS
 from scalewatch.store.schema import steps as steps_table
+from scalewatch.store.step_rows import step_values
+from scalewatch.store.step_schema import StepRecord
 
 CONTROL = {"growth_interval": 2000, "growth_factor": 2.0, "backoff_factor": 0.5}
 CHUNK = 1_000_000
-TAIL = (2000, 2.0, 0.5, 0)  # growth_interval, growth_factor, backoff_factor, control_version
-_COLUMNS = ", ".join(column.name for column in steps.c)
-_ROLLUP_COLUMNS = ", ".join(column.name for column in step_rollups.c)
-# Per dialect: the scale's bounds over both columns, and a flag as a number.
-_DIALECT = {
-    "sqlite": {
-        "lo": "min(min(scale), min(scale_after))",
-        "hi": "max(max(scale), max(scale_after))",
-        "int": "{}",
-    },
-    "postgresql": {
-        "lo": "least(min(scale), min(scale_after))",
-        "hi": "greatest(max(scale), max(scale_after))",
-        "int": "{}::int",
-    },
-}
+_COLUMNS = ", ".join(column.name for column in steps_table.c)
 
 
 def step_rows(
@@ -46,55 +35,42 @@ def step_rows(
     """Rows of a scaler with torch's rules (interval 2000) that overflows at ``overflows``."""
     scale, tracker, t0 = 2.0**16, 0, 1_700_000_000.0
     for step in range(1, steps + 1):
-        if step in overflows:
-            new, tracker, ranks = scale * 0.5, 0, str(step % 8)
+        over = step in overflows
+        if over:
+            new, tracker, ranks = scale * 0.5, 0, (step % 8,)
             after[step] = new
         elif tracker == 1999:
-            new, tracker, ranks = min(scale * 2.0, 2.0**24), 0, ""
+            new, tracker, ranks = min(scale * 2.0, 2.0**24), 0, ()
         else:
-            new, tracker, ranks = scale, tracker + 1, ""
-        over = step in overflows
-        loss = 2.0 + 1.0 / step  # a loss every step, as the scaler records it
-        lr = 1e-3 * min(1.0, step / 1000)  # and a learning rate: a warmup, then flat
-        yield (run_id, step, t0 + step * 0.1, scale, over, over, ranks, new, tracker, *TAIL,
-               loss, "", 0, lr, None, None)  # fmt: skip
+            new, tracker, ranks = scale, tracker + 1, ()
+        record = StepRecord(
+            step=step,
+            wall_time=t0 + step * 0.1,
+            scale=scale,
+            overflow=over,
+            skipped=over,
+            inf_ranks=ranks,
+            scale_after=new,
+            growth_tracker=tracker,
+            growth_interval=CONTROL["growth_interval"],
+            growth_factor=CONTROL["growth_factor"],
+            backoff_factor=CONTROL["backoff_factor"],
+            control_version=0,
+            loss=2.0 + 1.0 / step,  # a loss every step, as the scaler records it
+            lr=1e-3 * min(1.0, step / 1000),  # and a learning rate: a warmup, then flat
+        )
+        yield (run_id, *step_values(record))
         scale = new
 
 
-def _rollup_sql(dialect: str, run: int) -> Iterator[tuple[str, int, int]]:
-    """(statements, level, width) for each level, finest first."""
-    d = _DIALECT[dialect]
-    child: tuple[int, int] | None = None
-    for level, width in sorted(ROLLUP_LEVELS.items(), key=lambda item: item[1]):
-        if child is None:
-            source = (
-                f"SELECT run_id, {level}, step / {width}, min(step), max(step), count(*),"
-                f" {d['lo']}, {d['hi']}, 0.0, min(growth_tracker), max(growth_tracker), 0,"
-                f" sum({d['int'].format('overflow')}), sum({d['int'].format('skipped')}),"
-                " min(loss), max(loss), min(lr), max(lr)"
-                f" FROM steps WHERE run_id = {run} GROUP BY run_id, step / {width}"
-            )
-        else:
-            ratio = width // child[1]
-            source = (
-                f"SELECT run_id, {level}, bucket / {ratio}, min(first_step), max(last_step),"
-                " sum(n), min(scale_min), max(scale_max), 0.0, min(tracker_min),"
-                " max(tracker_max), 0, sum(overflows), sum(skipped), min(loss_min),"
-                " max(loss_max), min(lr_min), max(lr_max) FROM step_rollups"
-                f" WHERE run_id = {run} AND level = {child[0]} GROUP BY run_id, bucket / {ratio}"
-            )
-        yield f"INSERT INTO step_rollups ({_ROLLUP_COLUMNS}) {source}", level, width
-        yield (
-            (
-                "UPDATE step_rollups SET (scale_last, tracker_last) = (SELECT scale_after,"
-                " growth_tracker FROM steps WHERE steps.run_id = step_rollups.run_id"
-                " AND steps.step = step_rollups.last_step)"
-                f" WHERE run_id = {run} AND level = {level}"
-            ),
-            level,
-            width,
-        )
-        child = (level, width)
+def _rollups(cursor: Any, run: int, steps: int) -> None:
+    """Every level's buckets of steps 1..``steps``, recomputed in SQL by the store's own
+    statements: told of one step in each finest bucket, which covers every bucket."""
+    finest = min(ROLLUP_LEVELS.values())
+    marks = [(run, step) for step in [*range(1, steps + 1, finest), steps]]
+    started = time.perf_counter()
+    refresh_rollups(cursor, run, marks, fresh=False)
+    print(f"  rollups of {len(ROLLUP_LEVELS)} levels {time.perf_counter() - started:6.1f} s")
 
 
 def build(url: str, steps: int, n_overflows: int) -> tuple[int, dict[int, float]]:
@@ -120,21 +96,18 @@ def _progress(done: int, steps: int, started: float) -> None:
     print(f"  steps {done:>11,} / {steps:,}  {time.perf_counter() - started:6.1f} s", flush=True)
 
 
-def _build_sqlite(path: Path, run: int, steps: int, rows: Iterator[tuple[Any, ...]]) -> None:
+def _build_sqlite(path: Path, run: int, total: int, rows: Iterator[tuple[Any, ...]]) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA synchronous = OFF")
     started = time.perf_counter()
     conn.execute("BEGIN")
-    for done in range(0, steps, CHUNK):
+    for done in range(0, total, CHUNK):
         batch = [row for _, row in zip(range(CHUNK), rows, strict=False)]
         marks = ",".join("?" * len(steps_table.c))
         conn.executemany(f"INSERT INTO steps ({_COLUMNS}) VALUES ({marks})", batch)
-        _progress(done + len(batch), steps, started)
-    for sql, level, width in _rollup_sql("sqlite", run):
-        conn.execute(sql)
-        if sql.startswith("UPDATE"):
-            print(f"  rollups level {level} (width {width})", flush=True)
-    conn.execute("UPDATE runs SET last_step = ? WHERE id = ?", (steps, run))
+        _progress(done + len(batch), total, started)
+    _rollups(conn.cursor(), run, total)
+    conn.execute("UPDATE runs SET last_step = ? WHERE id = ?", (total, run))
     conn.execute("COMMIT")
     conn.execute("ANALYZE")
     conn.close()
@@ -151,10 +124,7 @@ def _build_postgres(conninfo: str, run: int, steps: int, rows: Iterator[tuple[An
                     copy.write_row(row)
                     if done % CHUNK == 0:
                         _progress(done, steps, started)
-            for sql, level, width in _rollup_sql("postgresql", run):
-                cursor.execute(sql.encode())
-                if sql.startswith("UPDATE"):
-                    print(f"  rollups level {level} (width {width})", flush=True)
+            _rollups(cursor, run, steps)
             cursor.execute(b"UPDATE runs SET last_step = %s WHERE id = %s", (steps, run))
         conn.autocommit = True
         conn.execute(b"VACUUM ANALYZE steps")
