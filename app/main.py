@@ -97,7 +97,11 @@ def create_app(
                     tickets=tickets,
                     known_tokens=known_tokens,
                     revocations=revocations,
-                    batches=RunBatches(STORING_THREADS[store.engine.dialect.name], hubs.appends),
+                    batches=RunBatches(
+                        STORING_THREADS[store.engine.dialect.name],
+                        hubs.appends,
+                        watched.evaluator.offer,
+                    ),
                     reads_open=reads_open(settings),
                 )
                 tasks.start_soon(run_loop, autopilot, settings.autopilot_interval_s)

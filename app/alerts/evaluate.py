@@ -17,13 +17,22 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
+from math import isfinite
 from operator import itemgetter
 from typing import Any
 
 from scalewatch.store.alerts import AlertRow, Firing, fire_alert, firing_alerts, resolve_alert
 from scalewatch.store.engine import Store
+from scalewatch.store.runs import Appended
 from scalewatch.store.states import RunStatus
-from scalewatch.store.watched import RUNS_PER_READ, new_steps, recorded_last_step, watched_runs
+from scalewatch.store.step_rows import COLUMNS
+from scalewatch.store.watched import (
+    RUNS_PER_READ,
+    WATCHED_COLUMNS,
+    new_steps,
+    recorded_last_step,
+    watched_runs,
+)
 
 from .config import Rule
 from .kinds import KINDS, Reading, RunView, Watch
@@ -34,6 +43,14 @@ __all__ = ["BATCH_STEPS", "TICK_STEPS", "Evaluator"]
 # The defaults of Evaluator's batch_steps and tick_steps.
 BATCH_STEPS = 1000  # steps read of a run at once (of many runs in one statement)
 TICK_STEPS = 50_000  # steps fed per run and tick at most: a long backlog spreads over ticks
+# Writes handed over of one run kept for the next tick at most (two a second from a job
+# that posts every 0.5 s); beyond it the tick reads them instead.
+HANDED_WRITES = 64
+# A stored row (its columns after run_id) as new_steps reads it, without the run.
+_WATCHED = itemgetter(*(COLUMNS.index(name) for name in WATCHED_COLUMNS[1:]))
+# Of those, the floats that must be finite for a row to read as the store gives it back
+# (SQLite keeps a NaN as NULL).
+_FLOATS = tuple(WATCHED_COLUMNS[1:].index(name) for name in ("wall_time", "scale", "scale_after"))
 
 
 @dataclass
@@ -106,6 +123,22 @@ class Evaluator:
         self._idle: set[int] = set()  # seen not running: looked at again once running
         self._changes: list[AlertRow] = []  # stored in this tick, delivered at its end
         self._lock = threading.Lock()
+        # Steps the ingest stored, by run: (the run's last step before them, the rows).
+        self._handed: dict[int, list[tuple[int, list[tuple[Any, ...]]]]] = {}
+        self._handing = threading.Lock()  # never held across a tick: an offer never waits
+
+    def offer(self, run_id: int, appended: Appended) -> None:
+        """From the thread that has just stored ``appended`` (committed) after the run's
+        last step: kept, if the run is watched, for the next tick, which feeds the steps
+        without reading them back. Steps a tick cannot take so (after a gap, or
+        more than ``HANDED_WRITES`` writes waiting) it reads from the store as before."""
+        if run_id not in self._watched:
+            return  # its first tick reads the history its watches need
+        with self._handing:
+            waiting = self._handed.setdefault(run_id, [])
+            waiting.append((appended.after, appended.rows))
+            if len(waiting) > HANDED_WRITES:
+                del self._handed[run_id]
 
     def tick(self) -> list[AlertRow]:
         """One round over every run; returns the alerts that fired or resolved."""
@@ -204,6 +237,20 @@ class Evaluator:
         fed = dict.fromkeys(pending, 0)
         for entry in watched:
             self._store_turns(entry)
+        with self._handing:
+            handed, self._handed = self._handed, {}
+        for run_id, entry in pending.items():
+            rows = _following(run_id, handed.get(run_id, ()), entry.fed, self.tick_steps)
+            try:
+                for first in range(0, len(rows), self.batch_steps):
+                    self._feed_run(entry, StepBatch(rows[first : first + self.batch_steps]))
+            finally:
+                if rows and entry.fed != entry.run.last_step:
+                    entry.run = _with(entry.run, last_step=entry.fed, last_wall_time=entry.fed_at)
+            fed[run_id] = len(rows)
+        # Then what the store holds beyond (steps handed over only once their run was
+        # watched, written past the service, or after a gap): none, most ticks.
+        pending = {run_id: e for run_id, e in pending.items() if fed[run_id] < self.tick_steps}
         while pending:
             cursors = {run_id: entry.fed for run_id, entry in pending.items()}
             rows = new_steps(
@@ -333,6 +380,29 @@ class Evaluator:
             )
             if resolved is not None:
                 self._changes.append(resolved)
+
+
+def _following(
+    run_id: int, handed: Sequence[tuple[int, list[tuple[Any, ...]]]], fed: int, limit: int
+) -> list[tuple[Any, ...]]:
+    """The steps handed over that follow step ``fed`` with none missing, as
+    :func:`~scalewatch.store.watched.new_steps` reads them; up to the first that does not
+    (a gap, a float the store would not give back as it is) or ``limit`` steps."""
+    rows: list[tuple[Any, ...]] = []
+    for after, chunk in handed:
+        if chunk[-1][0] <= fed:
+            continue  # read by a tick already
+        if after > fed:
+            break
+        for row in chunk if after == fed else [r for r in chunk if r[0] > fed]:
+            watched = _WATCHED(row)
+            if not all(isfinite(watched[i]) for i in _FLOATS):
+                return rows
+            rows.append((run_id, *watched))
+        fed = chunk[-1][0]
+        if len(rows) >= limit:
+            break
+    return rows
 
 
 def _with(view: RunView, **changes: Any) -> RunView:

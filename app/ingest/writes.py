@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import anyio
 from fastapi import HTTPException, status
@@ -67,12 +67,13 @@ class RunBatches:
     """The service's batches in progress: a lock per run, so that one batch of a run is
     stored at a time; the worker threads that store batches (``storing``, at most
     ``threads`` at once); and when a poll last set each run's heartbeat (monotonic).
-    ``appended``, when given, is told of each write of steps after a run's last one (the
-    live streams' :meth:`~scalewatch.app.live.hubs.Hubs.offer`). Made in the event loop (the
-    app's lifespan)."""
+    Each of ``told`` that is not None is told of each write of steps after a run's last
+    one (the live streams' :attr:`~scalewatch.app.live.hubs.Hubs.appends`, the alert
+    evaluator's :meth:`~scalewatch.app.alerts.evaluate.Evaluator.offer`). Made in the event
+    loop (the app's lifespan)."""
 
-    def __init__(self, threads: int, appended: Appends | None = None) -> None:
-        self.appended = appended
+    def __init__(self, threads: int, *told: Appends | None) -> None:
+        self.told = tuple(tell for tell in told if tell is not None)
         self.storing = anyio.CapacityLimiter(threads)
         self._locks: dict[int, threading.Lock] = {}
         self._lock = threading.Lock()
@@ -143,7 +144,7 @@ def store_batch(
             carried = isinstance(last, StepsIn)
             for item in body.items:
                 sequence = body.sequence if carried and item is last else None
-                _store_item(store, run_id, item, sequence=sequence, appended=batches.appended)
+                _store_item(store, run_id, item, sequence=sequence, told=batches.told)
             if body.end is not None:
                 store_runs.end_run(store, run_id, body.end)
             if not carried:
@@ -168,10 +169,10 @@ def _store_item(
     item: StepsIn | GapIn | LoadIn | OutcomeIn,
     *,
     sequence: int | None = None,
-    appended: Appends | None = None,
+    told: Sequence[Appends] = (),
 ) -> None:
     """``item`` stored; ``sequence``: a number the steps' transaction advances the run to;
-    ``appended``: told of steps stored after the run's last one."""
+    ``told``: told of steps stored after the run's last one."""
     if isinstance(item, StepsIn):
         # A step's fields are the columns, in their order (StepIn is derived from them;
         # pinned by a test): its values as they are, five times cheaper than by name.
@@ -182,10 +183,11 @@ def _store_item(
             log.warning("scalewatch: findings of steps not in their batch, of run %d", run_id)
             findings = [finding for finding in findings if finding[0] in numbers]
         added = store_runs.write_step_values(
-            store, run_id, rows, findings, sequence=sequence, appended=appended is not None
+            store, run_id, rows, findings, sequence=sequence, appended=bool(told)
         )
-        if added is not None and appended is not None:
-            appended(run_id, added)
+        if added is not None:
+            for tell in told:
+                tell(run_id, added)
     elif isinstance(item, GapIn):
         if item.last < item.first:
             log.warning("scalewatch: a gap that ends before it begins, of run %d", run_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +21,9 @@ from scalewatch.store.alerts import AlertRow, alert_page
 from scalewatch.store.autopilot import disable_autopilot, save_decision, set_autopilot
 from scalewatch.store.engine import Store, open_store
 from scalewatch.store.records import StepRecord
-from scalewatch.store.runs import create_run, end_run, write_steps
+from scalewatch.store.runs import create_run, end_run, write_step_values, write_steps
 from scalewatch.store.states import AlertState
+from scalewatch.store.step_rows import step_values
 from tests._helpers.records import step_record
 
 RULES = parse_rules(
@@ -373,19 +375,32 @@ STORMY_RULES = parse_rules(
 ).rules
 
 
-def _stormy_alerts(url: str) -> list[tuple[Any, ...]]:
+def _stormy_alerts(url: str, handed: list[int] | None = None) -> list[tuple[Any, ...]]:
     """Every alert of a stormy run of 4000 steps, written and evaluated in batches of
-    different sizes."""
+    different sizes. With ``handed``, each write but the first and every fifth is handed to
+    the evaluator as the ingest hands it over, and its steps added to ``handed``. (The
+    first follows no step fed: a run without steps is watched from before any step, and
+    a step 0 written is never handed over.)"""
     clock, rng = Clock(), random.Random(7)
     with open_store(url) as store:
         run = create_run(store, name="bert", world_size=4, config={}, control={})
         evaluator = Evaluator(store, STORMY_RULES, clock=clock)
         evaluator.tick()
         records = _stormy(1, 4000, seed=3)
+        writes = 0
         while records:
             size = rng.choice([1, 5, 40, 200, 700])
             batch, records = records[:size], records[size:]
-            write_steps(store, run.id, batch)
+            if handed is None:
+                write_steps(store, run.id, batch)
+            else:
+                values = [step_values(record) for record in batch]
+                added = write_step_values(store, run.id, values, appended=True)
+                assert added is not None
+                writes += 1
+                if writes > 1 and writes % 5:
+                    evaluator.offer(run.id, added)
+                    handed += [record.step for record in batch]
             clock.now = batch[-1].wall_time
             evaluator.tick()
         return [
@@ -408,3 +423,58 @@ def test_steps_fed_a_batch_at_a_time_fire_and_resolve_where_fed_one_by_one(
     fired = {alert[0] for alert in batched}
     assert fired == {rule.name for rule in STORMY_RULES}  # every kind fired
     assert sum(alert[5] is not None for alert in batched) > len(fired)  # many resolved
+
+
+def test_steps_the_ingest_hands_over_are_fed_as_if_read_and_not_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The steps of writes handed to the evaluator are fed without a read, and store the
+    alerts reading them would; those of a write not handed over (a gap before the next)
+    are read from the store, and only they."""
+    read = _stormy_alerts(f"sqlite:///{tmp_path / 'read.db'}")
+    read_back: list[int] = []
+    real_new_steps = evaluate.new_steps
+
+    def counted(*args: Any, **kwargs: Any) -> list[tuple[Any, ...]]:
+        rows = real_new_steps(*args, **kwargs)
+        read_back.extend(row[1] for row in rows)
+        return rows
+
+    monkeypatch.setattr(evaluate, "new_steps", counted)
+    handed: list[int] = []
+    assert _stormy_alerts(f"sqlite:///{tmp_path / 'handed.db'}", handed) == read
+    assert len(handed) > 2000
+    assert sorted(read_back) == sorted(set(range(1, 4001)) - set(handed))
+
+
+def test_handed_steps_that_do_not_follow_the_fed_ones_are_read_instead(
+    any_store: Store,
+) -> None:
+    """A hand-over after a gap, one of steps fed already, and one with a scale the store
+    would not give back as it is (not finite): the evaluator reads the store, each step
+    fed once, in order."""
+    store, clock, changes = any_store, Clock(), []
+    run = create_run(store, name="bert", world_size=1, config={}, control={})
+    evaluator = _evaluator(store, clock, changes)
+    evaluator.tick()
+    fed: list[int] = []
+    real_feed = evaluator._feed_run
+
+    def feed_run(watched: Any, batch: Any) -> None:
+        fed.extend(batch.steps)
+        real_feed(watched, batch)
+
+    evaluator._feed_run = feed_run  # type: ignore[method-assign]
+
+    def write(first: int, last: int, **changes: Any) -> Any:
+        records = [dataclasses.replace(r, **changes) for r in _records(first, last, set())]
+        return write_step_values(store, run.id, [step_values(r) for r in records], appended=True)
+
+    first, second = write(1, 4), write(5, 8)
+    evaluator.offer(run.id, second)  # after a gap: steps 1-4 were not handed over
+    evaluator.tick()
+    assert fed == list(range(1, 9))
+    evaluator.offer(run.id, first)  # fed already
+    evaluator.offer(run.id, write(9, 10, scale=math.inf))
+    evaluator.tick()
+    assert fed == list(range(1, 11))
