@@ -90,7 +90,7 @@ def _service_writer(url: str, uid: str) -> tuple[Write, Callable[[], None]]:
         nonlocal sequence
         sequence += 1
         rows: list[Command] = [step_values(record) for record in batch]
-        body = {"sequence": sequence, "items": items(rows, reason="")}
+        body = {"sequence": sequence, "items": items(rows, reason="", rows=client.takes_rows)}
         _retried(lambda: client.post_batch(run_id, body))
 
     return post, client.close

@@ -3,16 +3,18 @@
 Starts a real ``scalewatch serve`` (SQLite in a temporary folder, or ``--db URL``), opens
 ``--runs`` runs in a writer identity's name, and posts ``--batches`` batches of each size
 in ``--sizes`` (steps a batch, as the sender posts them: ``ServiceClient`` and ``items``)
-from ``--clients`` threads, the runs taken in turn. The service's CPU (user + system,
-from ``/proc``) over each size's posts gives its CPU a batch and per 1000 records; a
-``GET /healthz`` as many times gives the floor of a request that does nothing. The sizes
+from ``--clients`` threads, the runs taken in turn, each size with the steps as rows and
+as objects (``--wires``). The service's CPU (user + system, from ``/proc``) over each
+case's posts gives its CPU a batch and per 1000 records, and this process's own CPU over
+them the posting threads' (the jobs' side: the items made, encoded and sent); a
+``GET /healthz`` as many times gives the floor of a request that does nothing. The cases
 are measured in turn, ``--rounds`` times, so a busy machine's swings fall on all of them.
 
     python bench/ingest.py                          # sizes 40 100 200, SQLite
     python bench/ingest.py --sizes 40 --profile out # also py-spy's samples of the service
 
 ``--profile PREFIX``: ``py-spy record`` (on PATH or beside the interpreter) samples the
-service over the last round of each size, written to ``PREFIX-SIZE.txt`` as collapsed
+service over the last round of each case, written to ``PREFIX-SIZE-WIRE.txt`` as collapsed
 stacks, and split by part (``bench/_profile.py``).
 """
 
@@ -58,10 +60,11 @@ class Job:
         self.run_id, self.sequence = self.client.open_run(opening(uid))
         self.step = 1
 
-    def post(self, size: int) -> None:
+    def post(self, size: int, wire: str) -> None:
         rows: list[Any] = [step_values(r) for r in records(self.step, size, time.time())]
         self.sequence += 1
-        body = {"sequence": self.sequence, "items": items(rows, reason="")}
+        as_rows = wire == "rows" and self.client.takes_rows
+        body = {"sequence": self.sequence, "items": items(rows, reason="", rows=as_rows)}
         try:
             self.client.post_batch(self.run_id, body)
         except httpx.TransportError:  # a kept-alive connection the service closed meanwhile
@@ -93,20 +96,25 @@ def measure(base: str, pid: int, args: argparse.Namespace) -> dict[str, list[flo
     jobs = [Job(base, uid) for uid in uids]
     health = httpx.Client(base_url=base)
     out: dict[str, list[float]] = {}
+    cases: list[tuple[str, int, str]] = [("healthz", 0, "")]
+    cases += [(f"{size} {wire}", size, wire) for size in args.sizes for wire in args.wires]
     for round_ in range(args.rounds):
         last = round_ == args.rounds - 1
-        for size in ["healthz", *args.sizes]:
-            profile = Path(f"{args.profile}-{size}.txt") if args.profile and last else None
+        for name, size, wire in cases:
+            label = name.replace(" ", "-")
+            profile = Path(f"{args.profile}-{label}.txt") if args.profile and last else None
             with sampled(pid, profile):
-                before = cpu_seconds(pid)
-                if size == "healthz":
+                before, own = cpu_seconds(pid), time.process_time()
+                if size == 0:
                     _in_turn(jobs, args.clients, args.batches, lambda _: health.get("/healthz"))
                 else:
-                    _in_turn(jobs, args.clients, args.batches, lambda job, n=size: job.post(n))
-                spent = cpu_seconds(pid) - before
-            out.setdefault(str(size), []).append(1000 * spent / args.batches)
+                    post = lambda job, n=size, w=wire: job.post(n, w)  # noqa: E731
+                    _in_turn(jobs, args.clients, args.batches, post)
+                spent, posting = cpu_seconds(pid) - before, time.process_time() - own
+            out.setdefault(name, []).append(1000 * spent / args.batches)
+            out.setdefault(f"{name} (jobs)", []).append(1000 * posting / args.batches)
             if profile is not None:
-                print(f"\n{size}: where the service's samples went ({profile})")
+                print(f"\n{name}: where the service's samples went ({profile})")
                 for share, part in split_stacks(profile.read_text()):
                     print(f"  {share:6.1%}  {part}")
     return out
@@ -120,6 +128,13 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--clients", type=int, default=8, help="threads posting at once")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--wires",
+        nargs="+",
+        choices=["rows", "objects"],
+        default=["rows", "objects"],
+        help="how the steps travel: as rows of the columns the service names, or as objects",
+    )
     parser.add_argument("--profile", help="py-spy's samples of the last round to PREFIX-SIZE.txt")
     args = parser.parse_args()
     if args.profile:
@@ -134,15 +149,19 @@ def main() -> int:
         with serving(url, Path(tmp), token="bench-admin") as (base, pid):
             figures = measure(base, pid, args)
         print(f"load average {os.getloadavg()[0]:.1f} after")
-    print("the service's CPU ms a request, each round (a batch's steps: per 1000 records):")
-    for size, values in figures.items():
+    print(
+        "CPU ms a request, each round, of the service and (jobs) of the posting threads"
+        " (a batch's steps: per 1000 records):"
+    )
+    for name, values in figures.items():
         rounds = " ".join(f"{v:.2f}" for v in values)
+        size = int(name.split()[0]) if name[0].isdigit() else 0
         per = (
-            ""
-            if size == "healthz"
-            else "  per 1000 records: " + " ".join(f"{1000 * v / int(size):.0f}" for v in values)
+            "  per 1000 records: " + " ".join(f"{1000 * v / size:.0f}" for v in values)
+            if size
+            else ""
         )
-        print(f"  {size:>8}: {rounds}{per}")
+        print(f"  {name:>22}: {rounds}{per}")
     return 0
 
 

@@ -45,6 +45,7 @@ from .models import (
     PendingControl,
     RunOpen,
     RunOpened,
+    StepRowsIn,
     StepsIn,
 )
 
@@ -141,7 +142,7 @@ def store_batch(
         if fresh:
             # A batch that ends with steps advances its number in their transaction.
             last = body.items[-1] if body.items and body.end is None else None
-            carried = isinstance(last, StepsIn)
+            carried = isinstance(last, StepsIn | StepRowsIn)
             for item in body.items:
                 sequence = body.sequence if carried and item is last else None
                 _store_item(store, run_id, item, sequence=sequence, told=batches.told)
@@ -149,7 +150,7 @@ def store_batch(
                 store_runs.end_run(store, run_id, body.end)
             if not carried:
                 advance_sequence(store, run_id, body.sequence)
-            if any(isinstance(item, StepsIn) for item in body.items):  # steps set the heartbeat
+            if any(isinstance(item, StepsIn | StepRowsIn) for item in body.items):  # steps: alive
                 beats[run_id] = time.monotonic()
             if body.end is not None or any(isinstance(i, OutcomeIn) for i in body.items):
                 pending = store_control.pending_requests(store, run_id)  # settled some
@@ -166,17 +167,20 @@ def store_batch(
 def _store_item(
     store: Store,
     run_id: int,
-    item: StepsIn | GapIn | LoadIn | OutcomeIn,
+    item: StepsIn | StepRowsIn | GapIn | LoadIn | OutcomeIn,
     *,
     sequence: int | None = None,
     told: Sequence[Appends] = (),
 ) -> None:
     """``item`` stored; ``sequence``: a number the steps' transaction advances the run to;
     ``told``: told of steps stored after the run's last one."""
-    if isinstance(item, StepsIn):
+    if isinstance(item, StepsIn | StepRowsIn):
         # A step's fields are the columns, in their order (StepIn is derived from them;
         # pinned by a test): its values as they are, five times cheaper than by name.
-        rows = [tuple(vars(step).values()) for step in item.steps]
+        if isinstance(item, StepRowsIn):
+            rows = item.rows
+        else:
+            rows = [tuple(vars(step).values()) for step in item.steps]
         numbers = {row[0] for row in rows}
         findings = [(f.step, f.rank, f.name, f.kind, f.count) for f in item.findings]
         if any(finding[0] not in numbers for finding in findings):

@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 
+from ..store.step_rows import COLUMNS
+
 __all__ = ["TOKEN_ENV", "ServiceClient", "ServiceRefused", "is_service_url", "one_line"]
 
 TOKEN_ENV = "SCALEWATCH_TOKEN"
@@ -45,6 +47,9 @@ class ServiceClient:
     def __init__(self, url: str, *, transport: httpx.BaseTransport | None = None) -> None:
         token = os.environ.get(TOKEN_ENV, "")
         self.url = url
+        # Whether the service takes this job's steps as rows: it named their columns when
+        # the run was opened (an older service names none, a newer one may name others).
+        self.takes_rows = False
         self._client = httpx.Client(
             base_url=url.rstrip("/") + "/",
             headers={"Authorization": f"Bearer {token}"} if token else {},
@@ -55,6 +60,7 @@ class ServiceClient:
     def open_run(self, body: dict[str, Any]) -> tuple[int, int]:
         """(the run's id, its last batch stored)."""
         answer = self._post("api/ingest/runs", body)
+        self.takes_rows = tuple(answer.get("step_columns") or ()) == COLUMNS
         return int(answer["id"]), int(answer["sequence"])
 
     def post_batch(self, run_id: int, body: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """The writer's commands as the service's ingest routes take them: JSON-ready items.
 
 A step travels as an object keyed by its fields' names (``step_values`` zipped with the
-step schema's columns), so a field declared in the schema travels with no change here.
+step schema's columns), or, to a service that takes them (``rows``), as its
+``step_values`` under one list of the columns; either way a field declared in the schema
+travels with no change here.
 Pure functions; the sender to the service (``_sender``) calls them on its thread.
 
 >>> from scalewatch.telemetry._queue import RecordGap
@@ -24,9 +26,9 @@ def steps_in(commands: list[Command]) -> int:
     return sum(1 for command in commands if is_step(command))
 
 
-def items(commands: list[Command], *, reason: str) -> list[dict[str, Any]]:
+def items(commands: list[Command], *, reason: str, rows: bool = False) -> list[dict[str, Any]]:
     """``commands`` (as :meth:`CommandQueue.take` gives them) as a batch's items, in their
-    order; ``reason``: why a gap's steps were dropped."""
+    order; ``reason``: why a gap's steps were dropped; ``rows``: steps as rows."""
     if not commands:
         return []
     head = commands[0]
@@ -50,8 +52,10 @@ def items(commands: list[Command], *, reason: str) -> list[dict[str, Any]]:
         {"step": step, "rank": rank, "name": name, "kind": str(kind), "count": count}
         for step, rank, name, kind, count in findings_of(commands)
     ]
-    rows = cast(list[tuple[Any, ...]], commands)  # take() gives steps alone, or none
-    steps = [dict(zip(COLUMNS, values, strict=True)) for values in rows]
+    values = cast(list[tuple[Any, ...]], commands)  # take() gives steps alone, or none
+    if rows:
+        return [{"kind": "step_rows", "columns": COLUMNS, "rows": values, "findings": findings}]
+    steps = [dict(zip(COLUMNS, row, strict=True)) for row in values]
     return [{"kind": "steps", "steps": steps, "findings": findings}]
 
 

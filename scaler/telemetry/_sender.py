@@ -32,7 +32,7 @@ from ..spool.folder import Spool, send_orphans, send_spool, unsent_bytes
 from ..store.states import RunStatus
 from ._batches import items, steps_in
 from ._control_poller import Handout
-from ._queue import Command, CommandQueue
+from ._queue import Command, CommandQueue, is_step
 from ._writer import RunSpec
 
 __all__ = ["ServiceSender"]
@@ -167,10 +167,9 @@ class ServiceSender:
             raise _Unnumbered("the run to resume is not opened yet")  # its number unknown
         reason = self.failing or "telemetry queue full"
         self._numbered += 1
-        body = {"sequence": self._numbered, "items": items(commands, reason=reason)}
         if self.failing is None and not self._spool.pending() and self.run_id is not None:
             try:
-                self._post(body)
+                self._post_commands(self._numbered, commands, reason)
                 return
             except ServiceRefused as refused:
                 dropped = steps_in(commands)
@@ -179,7 +178,24 @@ class ServiceSender:
                 return
             except httpx.HTTPError as error:
                 self._failed(one_line(error))
+        # Spooled as objects: whichever service sends them on takes those.
+        body = {"sequence": self._numbered, "items": items(commands, reason=reason)}
         self._spool_batch(body, commands)
+
+    def _post_commands(self, sequence: int, commands: list[Command], reason: str) -> None:
+        """Post ``commands`` as the batch ``sequence``: steps as rows where the service
+        takes them. Rows refused (a service restarted with other columns) are posted again
+        as objects, under the same number, and no rows are sent after."""
+        if self._client.takes_rows and is_step(commands[0]):
+            rows = {"sequence": sequence, "items": items(commands, reason=reason, rows=True)}
+            try:
+                self._post(rows)
+                return
+            except ServiceRefused as refused:
+                self._client.takes_rows = False
+                log.warning("scalewatch: the service refused steps as rows (%s); sent as objects",
+                            refused)  # fmt: skip
+        self._post({"sequence": sequence, "items": items(commands, reason=reason)})
 
     def _spool_batch(self, body: dict[str, Any], commands: list[Command]) -> None:
         spool = self._spool

@@ -4,6 +4,7 @@ token reaches its own runs and nothing else."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -291,3 +292,79 @@ def test_a_batch_is_refused_as_fastapi_words_a_body_and_documented_as_it_is_read
     assert validator.is_valid(good) and not validator.is_valid(bad)
     stored = client.post(path, json=good, headers=writer)
     assert stored.status_code == 200 and counts(store, run["id"])[0] == 5
+
+
+def _overflows(client: TestClient, run: int) -> list[str]:
+    """The run's overflows as its export writes them (a loopback read), less the header."""
+    answer = client.get(f"/api/runs/{run}/export", params={"what": "overflows"})
+    assert answer.status_code == 200, answer.text
+    return answer.text.splitlines()[1:]
+
+
+def test_steps_sent_as_rows_are_stored_as_the_same_steps_sent_as_objects(
+    client: TestClient, store: Store
+) -> None:
+    """A run's opening names the columns of a step row; steps posted as rows of them (the
+    overflow's findings with them) store what the same steps posted as objects do."""
+    writer = auth(create_identity(store, "job-42", Role.WRITER, by="test").token)
+    runs_of: dict[bool, int] = {}
+    for rows in (False, True):
+        opened = client.post("/api/ingest/runs", json=opening(uuid.uuid4().hex), headers=writer)
+        assert opened.json()["step_columns"] == list(COLUMNS)
+        run = runs_of[rows] = opened.json()["id"]
+        body = json.loads(
+            json.dumps({"sequence": 1, "items": items(step_commands(1, 10), reason="", rows=rows)})
+        )
+        assert body["items"][0]["kind"] == ("step_rows" if rows else "steps")
+        answer = client.post(f"/api/ingest/runs/{run}/batches", json=body, headers=writer)
+        assert answer.json() == {"sequence": 1, "stored": True, "control": []}
+        assert counts(store, run) == (10, 1, 0, 0)
+    as_rows, as_objects = (_overflows(client, runs_of[rows]) for rows in (True, False))
+    assert as_rows == as_objects
+    assert len(as_rows) == 1 and "layers.0.weight" in as_rows[0]
+    with store.read() as conn:
+        stored = [
+            conn.execute(
+                select(*[c for c in steps.c if c.name != "run_id"])
+                .where(steps.c.run_id == runs_of[rows])
+                .order_by(steps.c.step)
+            ).all()
+            for rows in (True, False)
+        ]
+    assert stored[0] == stored[1] and len(stored[0]) == 10
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        (lambda item: item["columns"].reverse(), ["columns"]),
+        (lambda item: item["columns"].pop(), ["columns"]),
+        (lambda item: item["rows"][1].pop(), ["rows", 1]),
+        (lambda item: item["rows"][1].append(0), ["rows", 1]),
+        (lambda item: item["rows"][1].__setitem__(0, -1), ["rows", 1, 0]),
+        (lambda item: item["rows"][1].__setitem__(3, 1), ["rows", 1, 3]),  # no boolean
+        (lambda item: item["rows"][1].__setitem__(2, "1.0"), ["rows", 1, 2]),
+        (lambda item: item["rows"].clear(), ["rows"]),
+    ],
+)
+def test_rows_of_other_columns_or_values_are_refused_whole(
+    client: TestClient, store: Store, change: Any, where: list[Any]
+) -> None:
+    """Rows whose columns are not the service's, a row of another length, a value of
+    another type or out of range: a 422 that locates it, and nothing of the batch stored."""
+    writer = auth(create_identity(store, "job-42", Role.WRITER, by="test").token)
+    run = client.post("/api/ingest/runs", json=opening(uuid.uuid4().hex), headers=writer).json()
+    body = json.loads(
+        json.dumps({"sequence": 1, "items": items(step_commands(1, 3), reason="", rows=True)})
+    )
+    change(body["items"][0])
+    refused = client.post(f"/api/ingest/runs/{run['id']}/batches", json=body, headers=writer)
+    assert refused.status_code == 422, refused.text
+    locations = [error["loc"] for error in refused.json()["detail"]]
+    # Under the batch's item and its tag: ["body", "items", 0, "step_rows", ...]
+    assert [
+        list(loc[4 : 4 + len(where)])
+        for loc in locations
+        if loc[:4] == ["body", "items", 0, "step_rows"]
+    ] == [where] * len(locations), locations
+    assert counts(store, run["id"]) == (0, 0, 0, 0)
