@@ -160,7 +160,11 @@ class StepRowsIn(BaseModel):
 
     model_config = FORBID
     kind: Literal["step_rows"]
-    columns: Annotated[list[str], Field(max_length=len(COLUMNS)), AfterValidator(_same_columns)]
+    columns: Annotated[
+        list[str],
+        Field(max_length=len(COLUMNS), json_schema_extra={"const": list(COLUMNS)}),
+        AfterValidator(_same_columns),
+    ]
     rows: Annotated[list[StepRow], Field(min_length=1, max_length=MAX_STEPS)]
     findings: Annotated[list[FindingIn], Field(max_length=MAX_STEPS)] = []
 
