@@ -16,6 +16,7 @@ each batch's time inside the write (or the post), and how late a batch started a
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -41,6 +42,7 @@ from tests._helpers.load import records  # noqa: E402
 Write = Callable[[list[StepRecord]], None]
 T = TypeVar("T")
 RETRIED = [0]  # posts answered 429 or 503 and tried again
+WIRE_ENV = "SCALEWATCH_BENCH_WIRE"  # "objects": steps posted as objects, not rows
 _RETRIED_LOCK = threading.Lock()
 
 
@@ -90,7 +92,8 @@ def _service_writer(url: str, uid: str) -> tuple[Write, Callable[[], None]]:
         nonlocal sequence
         sequence += 1
         rows: list[Command] = [step_values(record) for record in batch]
-        body = {"sequence": sequence, "items": items(rows, reason="", rows=client.takes_rows)}
+        as_rows = client.takes_rows and os.environ.get(WIRE_ENV) != "objects"
+        body = {"sequence": sequence, "items": items(rows, reason="", rows=as_rows)}
         _retried(lambda: client.post_batch(run_id, body))
 
     return post, client.close

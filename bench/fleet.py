@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _baselines import Baseline, sse_bytes, store_rows  # noqa: E402
 from _cpu import CpuSplit, Process, QuerySampler, Statements, postmaster, shares  # noqa: E402
 from _figures import figure  # noqa: E402
+from _fleet_writer import WIRE_ENV  # noqa: E402
 from _profile import py_spy, sampled, split_stacks  # noqa: E402
 
 from scalewatch.store.engine import open_store  # noqa: E402
@@ -228,7 +229,9 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
     refs = prepare(url, args)
     runs = [ref.id for ref in refs]
     target = (
-        (base, {**os.environ, "SCALEWATCH_TOKEN": _writer_token(url)}) if args.http else (url, None)
+        (base, {**os.environ, "SCALEWATCH_TOKEN": _writer_token(url), WIRE_ENV: args.wire})
+        if args.http
+        else (url, None)
     )
     print(
         f"{args.runs} runs of {args.history:,} steps each; writers alone for {args.solo_seconds} s",
@@ -339,6 +342,7 @@ def run_fleet(url: str, base: str, server_pid: int, args: argparse.Namespace) ->
         "runs": args.runs,
         "auth": args.auth,
         "http": args.http,
+        "wire": args.wire if args.http else None,
         "rate_per_run": args.rate,
         "seconds": args.seconds,
         "writers_solo": solo | {"last_step": None},
@@ -439,7 +443,8 @@ def report(f: dict[str, Any], backend: str) -> bool:
     load = f"{f['runs']} runs x {f['rate_per_run']:.0f} steps/s, {f['seconds']:.0f} s"
     if f["auth"]:
         load += ", reads with a viewer's token"
-    load += ", jobs post to the service (HTTP)" if f["http"] else ", jobs write the store"
+    http = f", jobs post to the service (HTTP, steps as {f.get('wire') or 'rows'})"
+    load += http if f["http"] else ", jobs write the store"
     rows = [
         (
             "chart p99",
@@ -540,6 +545,13 @@ def main() -> int:
         action="store_true",
         help="the writers post their batches to the service with a writer's token, as jobs"
         " with SCALEWATCH_DB=http://... do; the service writes the store",
+    )
+    parser.add_argument(
+        "--wire",
+        choices=["rows", "objects"],
+        default="rows",
+        help="with --http: the steps posted as rows of the columns the service names (as a"
+        " job does), or as objects (as a job does to a service that names none)",
     )
     parser.add_argument(
         "--baseline-records",
