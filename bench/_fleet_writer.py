@@ -92,7 +92,7 @@ def _service_writer(url: str, uid: str) -> tuple[Write, Callable[[], None]]:
         nonlocal sequence
         sequence += 1
         rows: list[Command] = [step_values(record) for record in batch]
-        as_rows = client.takes_rows and os.environ.get(WIRE_ENV) != "objects"
+        as_rows = None if os.environ.get(WIRE_ENV) == "objects" else client.row_columns
         body = {"sequence": sequence, "items": items(rows, reason="", rows=as_rows)}
         _retried(lambda: client.post_batch(run_id, body))
 

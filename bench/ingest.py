@@ -63,7 +63,7 @@ class Job:
     def post(self, size: int, wire: str) -> None:
         rows: list[Any] = [step_values(r) for r in records(self.step, size, time.time())]
         self.sequence += 1
-        as_rows = wire == "rows" and self.client.takes_rows
+        as_rows = self.client.row_columns if wire == "rows" else None
         body = {"sequence": self.sequence, "items": items(rows, reason="", rows=as_rows)}
         try:
             self.client.post_batch(self.run_id, body)

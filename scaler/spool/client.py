@@ -47,9 +47,10 @@ class ServiceClient:
     def __init__(self, url: str, *, transport: httpx.BaseTransport | None = None) -> None:
         token = os.environ.get(TOKEN_ENV, "")
         self.url = url
-        # Whether the service takes this job's steps as rows: it named their columns when
-        # the run was opened (an older service names none, a newer one may name others).
-        self.takes_rows = False
+        # The columns of the step rows the service takes, when this job's steps have each
+        # (it names them when the run is opened: an older service names none, and one
+        # newer than the job may name a column the job's steps lack); else None.
+        self.row_columns: tuple[str, ...] | None = None
         self._client = httpx.Client(
             base_url=url.rstrip("/") + "/",
             headers={"Authorization": f"Bearer {token}"} if token else {},
@@ -60,8 +61,15 @@ class ServiceClient:
     def open_run(self, body: dict[str, Any]) -> tuple[int, int]:
         """(the run's id, its last batch stored)."""
         answer = self._post("api/ingest/runs", body)
-        self.takes_rows = tuple(answer.get("step_columns") or ()) == COLUMNS
+        named = tuple(answer.get("step_columns") or ())
+        ours = set(COLUMNS)
+        fits = named and "step" in named and len(set(named)) == len(named) <= len(ours)
+        self.row_columns = named if fits and ours.issuperset(named) else None
         return int(answer["id"]), int(answer["sequence"])
+
+    @property
+    def takes_rows(self) -> bool:
+        return self.row_columns is not None
 
     def post_batch(self, run_id: int, body: dict[str, Any]) -> dict[str, Any]:
         answer: dict[str, Any] = self._post(f"api/ingest/runs/{run_id}/batches", body)

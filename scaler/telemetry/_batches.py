@@ -26,9 +26,12 @@ def steps_in(commands: list[Command]) -> int:
     return sum(1 for command in commands if is_step(command))
 
 
-def items(commands: list[Command], *, reason: str, rows: bool = False) -> list[dict[str, Any]]:
+def items(
+    commands: list[Command], *, reason: str, rows: tuple[str, ...] | None = None
+) -> list[dict[str, Any]]:
     """``commands`` (as :meth:`CommandQueue.take` gives them) as a batch's items, in their
-    order; ``reason``: why a gap's steps were dropped; ``rows``: steps as rows."""
+    order; ``reason``: why a gap's steps were dropped; ``rows``: steps as rows of these of
+    their columns (those a service takes: a field it does not know is left out)."""
     if not commands:
         return []
     head = commands[0]
@@ -53,8 +56,11 @@ def items(commands: list[Command], *, reason: str, rows: bool = False) -> list[d
         for step, rank, name, kind, count in findings_of(commands)
     ]
     values = cast(list[tuple[Any, ...]], commands)  # take() gives steps alone, or none
-    if rows:
-        return [{"kind": "step_rows", "columns": COLUMNS, "rows": values, "findings": findings}]
+    if rows is not None:
+        if rows != COLUMNS:
+            picked = [COLUMNS.index(name) for name in rows]
+            values = [tuple(row[i] for i in picked) for row in values]
+        return [{"kind": "step_rows", "columns": rows, "rows": values, "findings": findings}]
     steps = [dict(zip(COLUMNS, row, strict=True)) for row in values]
     return [{"kind": "steps", "steps": steps, "findings": findings}]
 

@@ -184,15 +184,17 @@ class ServiceSender:
 
     def _post_commands(self, sequence: int, commands: list[Command], reason: str) -> None:
         """Post ``commands`` as the batch ``sequence``: steps as rows where the service
-        takes them. Rows refused (a service restarted with other columns) are posted again
-        as objects, under the same number, and no rows are sent after."""
-        if self._client.takes_rows and is_step(commands[0]):
-            rows = {"sequence": sequence, "items": items(commands, reason=reason, rows=True)}
+        takes them (of the columns it names: a field newer than the service is left out).
+        Rows refused (a service restarted with other columns) are posted again as objects,
+        under the same number, and no rows are sent after."""
+        columns = self._client.row_columns
+        if columns is not None and is_step(commands[0]):
+            rows = {"sequence": sequence, "items": items(commands, reason=reason, rows=columns)}
             try:
                 self._post(rows)
                 return
             except ServiceRefused as refused:
-                self._client.takes_rows = False
+                self._client.row_columns = None
                 log.warning("scalewatch: the service refused steps as rows (%s); sent as objects",
                             refused)  # fmt: skip
         self._post({"sequence": sequence, "items": items(commands, reason=reason)})

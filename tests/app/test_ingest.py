@@ -313,7 +313,12 @@ def test_steps_sent_as_rows_are_stored_as_the_same_steps_sent_as_objects(
         assert opened.json()["step_columns"] == list(COLUMNS)
         run = runs_of[rows] = opened.json()["id"]
         body = json.loads(
-            json.dumps({"sequence": 1, "items": items(step_commands(1, 10), reason="", rows=rows)})
+            json.dumps(
+                {
+                    "sequence": 1,
+                    "items": items(step_commands(1, 10), reason="", rows=COLUMNS if rows else None),
+                }
+            )
         )
         assert body["items"][0]["kind"] == ("step_rows" if rows else "steps")
         answer = client.post(f"/api/ingest/runs/{run}/batches", json=body, headers=writer)
@@ -355,7 +360,7 @@ def test_rows_of_other_columns_or_values_are_refused_whole(
     writer = auth(create_identity(store, "job-42", Role.WRITER, by="test").token)
     run = client.post("/api/ingest/runs", json=opening(uuid.uuid4().hex), headers=writer).json()
     body = json.loads(
-        json.dumps({"sequence": 1, "items": items(step_commands(1, 3), reason="", rows=True)})
+        json.dumps({"sequence": 1, "items": items(step_commands(1, 3), reason="", rows=COLUMNS)})
     )
     change(body["items"][0])
     refused = client.post(f"/api/ingest/runs/{run['id']}/batches", json=body, headers=writer)

@@ -49,6 +49,11 @@ class Service:
         if self.away:
             return httpx.Response(503, json={"detail": "the store is away"})
         kinds = {i["kind"] for i in body["items"]} & {"steps", "step_rows"}
+        for item in body["items"]:
+            if item["kind"] == "step_rows":  # as the service checks them
+                columns = self.columns or ()
+                assert tuple(item["columns"]) == columns
+                assert all(len(row) == len(columns) for row in item["rows"])
         if "step_rows" in kinds:
             taken = sum(kind == "step_rows" for _, kind in self.kinds)
             if self.rows_until is not None and taken >= self.rows_until:
@@ -123,8 +128,13 @@ def test_a_shorter_send_interval_posts_more_often(service: Service, tmp_path: Pa
 
 @pytest.mark.parametrize(
     ("columns", "sent_as"),
-    [(COLUMNS, "step_rows"), (None, "steps"), ((*COLUMNS, "a_later_field"), "steps")],
-    ids=["its-columns", "an-older-service", "a-newer-service"],
+    [
+        (COLUMNS, "step_rows"),
+        (None, "steps"),
+        ((*COLUMNS, "a_later_field"), "steps"),
+        (tuple(c for c in COLUMNS if c != "grad_norm_spike"), "step_rows"),
+    ],
+    ids=["its-columns", "a-service-before-rows", "a-newer-service", "an-older-service"],
 )
 def test_steps_go_as_rows_only_to_a_service_that_names_their_columns(
     columns: tuple[str, ...] | None,
@@ -132,6 +142,9 @@ def test_steps_go_as_rows_only_to_a_service_that_names_their_columns(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
+    """A service that names the job's columns, or some of them (older than the job: the
+    job's newer fields are left out of its rows), takes rows; one that names none, or a
+    column the job's steps lack (newer than the job), takes objects."""
     service = _serving(Service(columns), monkeypatch)
     settings = TelemetrySettings("http://service.invalid", writer="thread", spool_dir=str(tmp_path))
     taken = _job(settings, service)
