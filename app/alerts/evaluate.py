@@ -26,6 +26,7 @@ from scalewatch.store.engine import Store
 from scalewatch.store.runs import Appended
 from scalewatch.store.states import RunStatus
 from scalewatch.store.step_rows import COLUMNS
+from scalewatch.store.step_schema import STEP_FIELDS, Kind
 from scalewatch.store.watched import (
     RUNS_PER_READ,
     WATCHED_COLUMNS,
@@ -49,8 +50,13 @@ HANDED_WRITES = 64
 # A stored row (its columns after run_id) as new_steps reads it, without the run.
 _WATCHED = itemgetter(*(COLUMNS.index(name) for name in WATCHED_COLUMNS[1:]))
 # Of those, the floats that must be finite for a row to read as the store gives it back
-# (SQLite keeps a NaN as NULL).
-_FLOATS = tuple(WATCHED_COLUMNS[1:].index(name) for name in ("wall_time", "scale", "scale_after"))
+# (SQLite keeps a NaN as NULL): the step schema's non-null floats.
+_KINDS = {f.name: f for f in STEP_FIELDS}
+_FLOATS = tuple(
+    i
+    for i, name in enumerate(WATCHED_COLUMNS[1:])
+    if _KINDS[name].kind is Kind.FLOAT and not _KINDS[name].nullable
+)
 
 
 @dataclass
@@ -245,8 +251,8 @@ class Evaluator:
                 for first in range(0, len(rows), self.batch_steps):
                     self._feed_run(entry, StepBatch(rows[first : first + self.batch_steps]))
             finally:
-                if rows and entry.fed != entry.run.last_step:
-                    entry.run = _with(entry.run, last_step=entry.fed, last_wall_time=entry.fed_at)
+                if rows:
+                    _caught_up(entry)
             fed[run_id] = len(rows)
         # Then what the store holds beyond (steps handed over only once their run was
         # watched, written past the service, or after a gap): none, most ticks.
@@ -264,11 +270,8 @@ class Evaluator:
                     self._feed_run(pending[run_id], batch)
             finally:  # also when a store write failed: the clock side sees what was fed
                 for run_id, count in read.items():
-                    entry = pending[run_id]
-                    if count and entry.fed != entry.run.last_step:
-                        entry.run = _with(
-                            entry.run, last_step=entry.fed, last_wall_time=entry.fed_at
-                        )
+                    if count:
+                        _caught_up(pending[run_id])
             for run_id, count in read.items():
                 fed[run_id] += count
                 if count < self.batch_steps or fed[run_id] >= self.tick_steps:  # read to its end
@@ -380,6 +383,12 @@ class Evaluator:
             )
             if resolved is not None:
                 self._changes.append(resolved)
+
+
+def _caught_up(watched: _Watched) -> None:
+    """The run as the clock side sees it: at the last step its watches were fed."""
+    if watched.fed != watched.run.last_step:
+        watched.run = _with(watched.run, last_step=watched.fed, last_wall_time=watched.fed_at)
 
 
 def _following(

@@ -62,14 +62,9 @@ class ServiceClient:
         """(the run's id, its last batch stored)."""
         answer = self._post("api/ingest/runs", body)
         named = tuple(answer.get("step_columns") or ())
-        ours = set(COLUMNS)
-        fits = named and "step" in named and len(set(named)) == len(named) <= len(ours)
-        self.row_columns = named if fits and ours.issuperset(named) else None
+        fits = "step" in named and len(set(named)) == len(named) and set(named) <= set(COLUMNS)
+        self.row_columns = named if fits else None
         return int(answer["id"]), int(answer["sequence"])
-
-    @property
-    def takes_rows(self) -> bool:
-        return self.row_columns is not None
 
     def post_batch(self, run_id: int, body: dict[str, Any]) -> dict[str, Any]:
         answer: dict[str, Any] = self._post(f"api/ingest/runs/{run_id}/batches", body)
