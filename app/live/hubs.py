@@ -387,8 +387,8 @@ class Hubs:
     @property
     def appends(self) -> Callable[[int, Appended], None] | None:
         """What the ingest tells of the steps it stores after a run's last one:
-        :meth:`offer` on SQLite; None on PostgreSQL, whose hubs read the steps, so that
-        its ingest does not ask the store for the rows it appended."""
+        :meth:`offer` on SQLite; None on PostgreSQL, whose hubs read the steps its NOTIFY
+        announces before the ingest could hand them over."""
         return self.offer if self._handing else None
 
     def offer(self, run_id: int, appended: Appended) -> None:
